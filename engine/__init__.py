@@ -1,0 +1,46 @@
+"""Logit Lab engine: load a local language model, generate token by token, and inspect every choice.
+
+Usable without the app::
+
+    from engine import Engine, GenerationRequest, SamplerSettings
+    with Engine.load() as eng:  # the default model
+        for event in eng.generate(GenerationRequest(prompt="The capital of France is",
+                                                   sampler=SamplerSettings(temperature=0))):
+            ...
+"""
+
+from engine.chat import ChatSession
+from engine.engine import Engine
+from engine.errors import (
+    ContextLengthError,
+    EngineError,
+    HubUnreachableError,
+    ModelLoadError,
+    ModelNotFoundError,
+)
+from engine.events import Done, GenerationStats, StageSnapshot, TokenEvent, TokenProb
+from engine.load import load_model
+from engine.model_info import ModelInfo
+from engine.request import GenerationRequest
+from engine.sampling.settings import DEFAULT_ORDER, STAGE_NAMES, SamplerSettings
+
+__all__ = [
+    "ChatSession",
+    "ContextLengthError",
+    "DEFAULT_ORDER",
+    "Done",
+    "Engine",
+    "EngineError",
+    "GenerationRequest",
+    "GenerationStats",
+    "HubUnreachableError",
+    "ModelInfo",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "STAGE_NAMES",
+    "SamplerSettings",
+    "StageSnapshot",
+    "TokenEvent",
+    "TokenProb",
+    "load_model",
+]

@@ -1,0 +1,1 @@
+"""Model runtimes behind one small protocol (`base.Backend`)."""

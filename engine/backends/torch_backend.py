@@ -1,0 +1,156 @@
+"""The torch backend: transformers' AutoModelForCausalLM with our own KV-cache handling.
+
+CUDA when available, else CPU with every usable core. One `DynamicCache` is
+kept between requests so a request sharing a prefix with the previous one
+only runs its new tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.backends.base import process_peak_rss_bytes
+from engine.errors import ModelLoadError
+from engine.model_info import ModelInfo
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pick_device(device: str | None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype:
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        return DTYPES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # bf16 matmuls are slower than fp32 on CPUs without AMX, and 135M-parameter models fit easily.
+    return torch.float32
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        spec: str,
+        display_name: str,
+        device: str | None = None,
+        dtype: str | None = None,
+        trust_remote_code: bool = False,
+    ):
+        from transformers import AutoModelForCausalLM
+
+        self.device = pick_device(device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(usable_cores())
+        self.dtype = pick_dtype(dtype, self.device)
+        self.tokenizer = Tokenizer.from_folder(folder, trust_remote_code)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(folder), dtype=self.dtype, trust_remote_code=trust_remote_code
+            )
+        except Exception as e:
+            raise ModelLoadError(f"could not load the model in {folder}: {type(e).__name__}: {e}") from e
+        self.model = model.to(self.device).eval()
+        self._cache = None
+        self._tokens: list[int] = []
+        self.info = self._describe(folder, spec, display_name)
+
+    def _describe(self, folder: Path, spec: str, display_name: str) -> ModelInfo:
+        cfg = self.model.config.get_text_config()
+        params = sum(p.numel() for p in self.model.parameters())
+        nbytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        device = str(self.device)
+        if self.device.type == "cuda":
+            device = f"cuda ({torch.cuda.get_device_name(self.device)})"
+        elif self.device.type == "cpu":
+            device = f"cpu ({torch.get_num_threads()} threads)"
+        return ModelInfo(
+            name=display_name,
+            spec=spec,
+            path=str(folder),
+            architecture=(self.model.config.architectures or [type(self.model).__name__])[0],
+            parameters=params,
+            dtype=str(self.dtype).removeprefix("torch."),
+            context_length=int(getattr(cfg, "max_position_embeddings", 0) or 0),
+            vocab_size=int(cfg.vocab_size),
+            bytes=nbytes,
+            backend=self.name,
+            device=device,
+        )
+
+    # --- the Backend protocol -------------------------------------------------
+
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def trim_cache(self, keep: int) -> int:
+        keep = max(0, min(keep, len(self._tokens)))
+        if keep == len(self._tokens):
+            return keep
+        if keep == 0 or self._cache is None:
+            self._reset()
+            return 0
+        try:
+            self._cache.crop(keep - len(self._tokens))  # negative: remove that many from the end
+        except (RuntimeError, ValueError) as e:
+            # Sliding-window layers past their window cannot be rolled back: recompute instead.
+            log.debug("cache cannot be trimmed (%s); rebuilding", e)
+            self._reset()
+            return 0
+        del self._tokens[keep:]
+        return keep
+
+    @torch.inference_mode()
+    def forward(self, token_ids: Sequence[int]) -> np.ndarray:
+        from transformers import DynamicCache
+
+        if self._cache is None:
+            self._cache = DynamicCache(config=self.model.config)
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # (1, T)
+        try:
+            out = self.model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+        except BaseException:
+            self._reset()  # a half-updated cache no longer matches self._tokens
+            raise
+        self._tokens.extend(int(t) for t in token_ids)
+        return out.logits[0, -1].float().cpu().numpy()  # (V,)
+
+    def peak_memory_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return process_peak_rss_bytes()
+
+    def close(self) -> None:
+        self._reset()
+        self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _reset(self) -> None:
+        self._cache = None
+        self._tokens = []

@@ -1,0 +1,252 @@
+"""Command line: `generate` (one shot, streamed), `chat` (multi-turn REPL), `info`.
+
+Errors a user can act on (bad path, offline hub, invalid values, prompt too
+long) are printed as one line on stderr with exit status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import fields
+from typing import TextIO
+
+from engine.errors import EngineError
+from engine.events import Done, TokenEvent
+from engine.sampling.settings import STAGE_NAMES, SamplerSettings
+
+EXIT_USAGE = 2
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="a model folder, a .gguf file or a hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"], help="runtime (default: MLX on Apple Silicon, else torch)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cuda or cpu")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--trust-remote-code", action="store_true", help="run model code shipped in the model folder")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    d = SamplerSettings()
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=d.top_k, help="0 = off")
+    p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--min-p", type=float, default=d.min_p)
+    p.add_argument("--typical-p", type=float, default=d.typical_p)
+    p.add_argument("--repetition-penalty", type=float, default=d.repetition_penalty)
+    p.add_argument("--presence-penalty", type=float, default=d.presence_penalty)
+    p.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty)
+    p.add_argument("--xtc-probability", type=float, default=d.xtc_probability)
+    p.add_argument("--xtc-threshold", type=float, default=d.xtc_threshold)
+    p.add_argument("--order", default=",".join(d.order), help=f"sampler stage order, comma-separated from: {','.join(STAGE_NAMES)}")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable); its text is not printed")
+    p.add_argument("--system", default=None, help="system prompt (chat)")
+    p.add_argument("--show-probs", action="store_true", help="print every token with its probability and top alternatives")
+    p.add_argument("--top-n", type=int, default=5, help="alternatives shown with --show-probs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="logitlab-cli", description="Logit Lab engine: generate, chat, inspect.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="continue a prompt and stream the text")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    _add_model_args(g)
+    _add_sampling_args(g)
+    c = sub.add_parser("chat", help="interactive multi-turn chat (/help for commands)")
+    _add_model_args(c)
+    _add_sampling_args(c)
+    i = sub.add_parser("info", help="print what the model is")
+    _add_model_args(i)
+    return parser
+
+
+def sampler_from_args(args: argparse.Namespace) -> SamplerSettings:
+    return SamplerSettings(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        typical_p=args.typical_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        xtc_probability=args.xtc_probability,
+        xtc_threshold=args.xtc_threshold,
+        seed=args.seed,
+        order=tuple(s.strip() for s in args.order.split(",") if s.strip()),
+    )
+
+
+def _load(args: argparse.Namespace):
+    from engine.engine import Engine
+
+    def progress(message: str, fraction: float | None) -> None:
+        suffix = f" {fraction:.0%}" if fraction is not None else ""
+        print(f"[{message}{suffix}]", file=sys.stderr, flush=True)
+
+    return Engine.load(
+        args.model,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        progress=progress,
+        trust_remote_code=args.trust_remote_code,
+    )
+
+
+def format_token_line(event: TokenEvent) -> str:
+    alts = ", ".join(f"{a.text!r} {a.prob:.3f}" for a in event.top_model if a.token_id != event.token_id)
+    return f"{event.token_text!r:>16} p={event.prob:.3f} rank={event.rank} H={event.entropy:.2f} | {alts}"
+
+
+def stream_to(out: TextIO, engine, request, show_probs: bool) -> Done:
+    """Print a generation as it streams; return its Done."""
+    for event in engine.generate(request):
+        if isinstance(event, Done):
+            return event
+        if show_probs:
+            print(format_token_line(event), file=out, flush=True)
+        else:
+            out.write(event.text)
+            out.flush()
+    raise AssertionError("unreachable")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from engine.request import GenerationRequest
+
+    sampler = sampler_from_args(args)
+    with _load(args) as engine:
+        common = dict(sampler=sampler, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), top_n=args.top_n)
+        if args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
+            request = GenerationRequest(messages=tuple(messages), **common)
+        else:
+            request = GenerationRequest(prompt=args.prompt, **common)
+        done = stream_to(sys.stdout, engine, request, args.show_probs)
+        if args.show_probs:
+            print(done.stats.text)
+        else:
+            print()
+        _print_stats(done)
+    return 0
+
+
+def _print_stats(done: Done) -> None:
+    s = done.stats
+    print(
+        f"[{s.generated_tokens} tokens, {s.finish_reason}; first token {s.time_to_first_token_s * 1000:.0f} ms, "
+        f"{s.decode_tokens_per_s:.1f} tok/s; prompt {s.prompt_tokens} ({s.reused_tokens} reused); seed {s.seed}]",
+        file=sys.stderr,
+    )
+
+
+CHAT_HELP = """commands:
+  /reset              forget the conversation
+  /set NAME VALUE     change a setting, e.g. /set temperature 0.7, /set max_new_tokens 64, /set system Be brief.
+  /show               print the current settings
+  /probs              toggle per-token probabilities
+  /quit               leave (Ctrl-D too); Ctrl-C stops an answer"""
+
+
+def _coerce(name: str, value: str, current):
+    if current is None or isinstance(current, int) and not isinstance(current, bool):
+        if name == "seed" and value.lower() in ("none", "random"):
+            return None
+        return int(value)
+    if isinstance(current, float):
+        return float(value)
+    if isinstance(current, tuple):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    return value
+
+
+def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
+    from engine.chat import ChatSession
+
+    stdin = stdin or sys.stdin
+    sampler = sampler_from_args(args)
+    max_new, show_probs = args.max_new_tokens, args.show_probs
+    session = ChatSession(system_prompt=args.system)
+    with _load(args) as engine:
+        print(f"{engine.info.name} on {engine.info.backend}/{engine.info.device}. /help for commands.", file=sys.stderr)
+        interactive = stdin.isatty()
+        while True:
+            if interactive:
+                print("you> ", end="", flush=True)
+            line = stdin.readline()
+            if not line:
+                break
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            if text.startswith("/"):
+                cmd, _, rest = text[1:].partition(" ")
+                if cmd in ("quit", "exit", "q"):
+                    break
+                if cmd == "help":
+                    print(CHAT_HELP)
+                elif cmd == "reset":
+                    session.reset()
+                    print("(conversation cleared)")
+                elif cmd == "probs":
+                    show_probs = not show_probs
+                elif cmd == "show":
+                    print(sampler.to_dict(), f"max_new_tokens={max_new}", f"system={session.system_prompt!r}")
+                elif cmd == "set":
+                    name, _, value = rest.strip().partition(" ")
+                    try:
+                        if name == "max_new_tokens":
+                            max_new = int(value)
+                        elif name == "system":
+                            session.system_prompt = value or None
+                        elif name in {f.name for f in fields(SamplerSettings)}:
+                            sampler = sampler.with_(**{name: _coerce(name, value, getattr(sampler, name))})
+                        else:
+                            raise ValueError(f"unknown setting {name!r}")
+                        print(f"({name} = {value})")
+                    except ValueError as e:
+                        print(f"error: {e}", file=sys.stderr)
+                else:
+                    print(f"unknown command /{cmd}; /help lists them", file=sys.stderr)
+                continue
+            request = session.request(text, sampler=sampler, max_new_tokens=max_new, stop=tuple(args.stop), top_n=args.top_n)
+            print("assistant> ", end="", flush=True)
+            try:
+                done = stream_to(sys.stdout, engine, request, show_probs)
+            except KeyboardInterrupt:
+                print("\n(stopped)")
+                continue
+            except EngineError as e:
+                print(f"\nerror: {e}", file=sys.stderr)
+                continue
+            print()
+            session.add_turn(text, done.stats.text)
+            _print_stats(done)
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    with _load(args) as engine:
+        print("\n".join(engine.info.summary_lines()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from engine.quiet import quiet_third_party
+
+    quiet_third_party()
+    try:
+        return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info}[args.command](args)
+    except (EngineError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,160 @@
+"""The decode loop: a generator that prefills, then yields one `TokenEvent` per token and a final `Done`.
+
+Shape follows mlx-lm's `generate_step`: the caller pulls events; cancellation
+is a `threading.Event` checked before every forward, so a cancel takes effect
+before the next token. Only small Python values are yielded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from engine.backends.base import Backend, prefill
+from engine.errors import ContextLengthError
+from engine.events import Done, Event, GenerationStats, StageSnapshot, TokenEvent, TokenProb
+from engine.request import GenerationRequest
+from engine.sampling import Pick, SamplerChain
+from engine.stopping import StopStringMatcher
+from engine.tokenizer import StreamDetokenizer, Tokenizer
+
+
+def prompt_ids_for(tokenizer: Tokenizer, request: GenerationRequest) -> list[int]:
+    """The full token sequence the model continues, assistant prefix included."""
+    if request.prompt_ids is not None:
+        ids = list(request.prompt_ids)
+    elif request.messages is not None:
+        ids = tokenizer.chat_ids(request.messages, add_generation_prompt=True)
+    else:
+        assert request.prompt is not None
+        ids = tokenizer.encode(request.prompt)
+    return ids + list(request.assistant_prefix)
+
+
+def check_context(prompt_len: int, max_new_tokens: int, context_length: int) -> None:
+    if context_length and prompt_len + max_new_tokens > context_length:
+        raise ContextLengthError(
+            f"the prompt has {prompt_len} tokens and {max_new_tokens} new tokens were asked for, "
+            f"{prompt_len + max_new_tokens} in all, but the model's context length is {context_length}"
+        )
+
+
+def generate_events(
+    backend: Backend, request: GenerationRequest, cancel: threading.Event | None = None
+) -> Iterator[Event]:
+    """Run one generation on `backend`; yields TokenEvents then exactly one Done."""
+    cancel = cancel or threading.Event()
+    tok = backend.tokenizer
+    t0 = time.perf_counter()
+    prompt = prompt_ids_for(tok, request)
+    check_context(len(prompt), request.max_new_tokens, backend.info.context_length)
+    chain = SamplerChain(request.sampler)
+
+    # Penalties look at prompt + generated tokens; a preallocated buffer avoids O(n^2) appends.
+    history = np.empty(len(prompt) + request.max_new_tokens, dtype=np.int64)
+    history[: len(prompt)] = prompt
+    n_hist = len(prompt)
+
+    detok = StreamDetokenizer(tok, context_ids=prompt)
+    stopper = StopStringMatcher(request.stop)
+    generated: list[int] = []
+    finish = "length"
+    t_first = t_last = None
+    reused = 0
+
+    def done() -> Done:
+        now = time.perf_counter()
+        decode_s = (t_last - t_first) if (t_first is not None and t_last is not None) else 0.0
+        return Done(
+            GenerationStats(
+                finish_reason=finish,
+                prompt_tokens=len(prompt),
+                reused_tokens=reused,
+                generated_tokens=len(generated),
+                time_to_first_token_s=(t_first - t0) if t_first is not None else 0.0,
+                decode_tokens_per_s=(len(generated) - 1) / decode_s if decode_s > 0 else 0.0,
+                total_s=now - t0,
+                peak_memory_bytes=backend.peak_memory_bytes(),
+                seed=chain.seed,
+                text=stopper.text,
+                token_ids=tuple(generated),
+            )
+        )
+
+    if cancel.is_set():
+        finish = "cancelled"
+        yield done()
+        return
+    logits, reused = prefill(backend, prompt)
+
+    for step in range(request.max_new_tokens):
+        forced = request.forced_tokens[step] if step < len(request.forced_tokens) else None
+        pick = chain.pick(
+            logits,
+            history[:n_hist],
+            top_n=request.top_n,
+            record_stages=request.record_stages,
+            force_token=forced,
+        )
+        t_last = time.perf_counter()
+        if t_first is None:
+            t_first = t_last
+        token = pick.token_id
+        generated.append(token)
+        history[n_hist] = token
+        n_hist += 1
+
+        if token in tok.eos_token_ids and not request.ignore_eos:
+            finish = "eos"
+            released, _ = stopper.feed(detok.flush())
+            yield _event(tok, step, pick, released + stopper.flush(), special=True)
+            break
+        released, stopped = stopper.feed(detok.add(token))
+        last = step == request.max_new_tokens - 1
+        if stopped:
+            finish = "stop"
+        elif last:
+            released += stopper.feed(detok.flush())[0] + stopper.flush()
+        yield _event(tok, step, pick, released)
+        if stopped or last:
+            break
+        if cancel.is_set():
+            finish = "cancelled"
+            break
+        logits = backend.forward([token])
+    yield done()
+
+
+def _event(
+    tok: Tokenizer,
+    index: int,
+    pick: Pick,
+    text: str,
+    special: bool = False,
+) -> TokenEvent:
+    def probs(pairs) -> tuple[TokenProb, ...]:
+        return tuple(TokenProb(int(i), tok.token_text(int(i)), float(lp)) for i, lp in pairs)
+
+    stages = None
+    if pick.stages is not None:
+        stages = tuple(
+            StageSnapshot(s.name, s.survivors, s.mass_kept, s.entropy, probs(s.top)) for s in pick.stages
+        )
+    return TokenEvent(
+        index=index,
+        token_id=pick.token_id,
+        text=text,
+        token_text=tok.token_text(pick.token_id),
+        logprob=pick.logprob,
+        sampler_logprob=pick.sampler_logprob,
+        rank=pick.rank,
+        entropy=pick.entropy,
+        top_model=probs(pick.top_model),
+        top_sampler=probs(pick.top_sampler),
+        stages=stages,
+        forced=pick.forced,
+        special=special,
+    )

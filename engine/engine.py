@@ -1,0 +1,123 @@
+"""`Engine`: a loaded model on its own worker thread, with sync and asyncio ways to generate."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
+from typing import TypeVar
+
+from engine.backends.base import Backend
+from engine.events import Done, Event, GenerationStats
+from engine.load import load_model
+from engine.model_info import ModelInfo
+from engine.request import GenerationRequest
+from engine.worker import EventCallback, GenerationHandle, ModelWorker
+
+T = TypeVar("T")
+
+
+class Engine:
+    """Owns one model. Create with `Engine.load(...)` (blocking) or `Engine.start(...)` (background)."""
+
+    def __init__(self, worker: ModelWorker):
+        self._worker = worker
+
+    @classmethod
+    def start(cls, spec: str | None = None, **load_kwargs) -> "Engine":
+        """Begin loading on the worker thread and return at once; see `ready` / `wait_ready`."""
+        return cls(ModelWorker(lambda: load_model(spec, **load_kwargs)))
+
+    @classmethod
+    def load(cls, spec: str | None = None, **load_kwargs) -> "Engine":
+        """Load and wait; load errors are raised here. Arguments as `engine.load_model`."""
+        engine = cls.start(spec, **load_kwargs)
+        try:
+            engine.wait_ready()
+        except BaseException:
+            engine.close()
+            raise
+        return engine
+
+    @classmethod
+    def from_backend(cls, backend: Backend) -> "Engine":
+        """Wrap an already loaded backend (it is used only from the worker thread from now on)."""
+        return cls(ModelWorker(lambda: backend))
+
+    @property
+    def ready(self) -> Future:
+        return self._worker.ready
+
+    def wait_ready(self, timeout: float | None = None) -> Backend:
+        return self._worker.wait_ready(timeout)
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.wait_ready().info
+
+    @property
+    def tokenizer(self):
+        """The tokenizer (thread-safe for encode/decode)."""
+        return self.wait_ready().tokenizer
+
+    def call(self, fn: Callable[[Backend], T]) -> Future[T]:
+        return self._worker.call(fn)
+
+    def submit(self, request: GenerationRequest, on_event: EventCallback) -> GenerationHandle:
+        return self._worker.submit(request, on_event)
+
+    def generate(self, request: GenerationRequest) -> Iterator[Event]:
+        """Blocking iteration over the events of one generation; closing the iterator cancels it."""
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        handle = self.submit(request, events.put)
+        try:
+            while True:
+                event = events.get()
+                if isinstance(event, BaseException):
+                    raise event
+                yield event
+                if isinstance(event, Done):
+                    return
+        finally:
+            handle.cancel()
+
+    def complete(self, request: GenerationRequest) -> GenerationStats:
+        """Run to the end and return the stats (text, token ids, timings)."""
+        for event in self.generate(request):
+            if isinstance(event, Done):
+                return event.stats
+        raise AssertionError("a generation always ends with Done")
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Event]:
+        """`async for event in engine.stream(req)`: TokenEvents, then Done.
+
+        Events are handed to the loop with `call_soon_threadsafe`; leaving the
+        loop early (break, task cancelled) cancels the generation.
+        """
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def deliver(event) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        handle = self.submit(request, deliver)
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, BaseException):
+                    raise event
+                yield event
+                if isinstance(event, Done):
+                    return
+        finally:
+            handle.cancel()
+
+    def close(self) -> None:
+        self._worker.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

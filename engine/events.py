@@ -1,0 +1,109 @@
+"""What leaves the decode thread: small, frozen Python values, never tensors.
+
+A generation yields one `TokenEvent` per token and ends with one `Done`
+carrying `GenerationStats`. These are what the CLI prints, what the app
+draws and stores, and what tests assert on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+FinishReason = Literal["eos", "stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenProb:
+    """One candidate token and its log-probability under some distribution."""
+
+    token_id: int
+    text: str
+    logprob: float
+
+    @property
+    def prob(self) -> float:
+        return math.exp(self.logprob)
+
+
+@dataclass(frozen=True, slots=True)
+class StageSnapshot:
+    """The distribution after one sampler stage (see `engine.sampling.chain.StageStats`)."""
+
+    stage: str
+    survivors: int
+    mass_kept: float
+    entropy: float
+    top: tuple[TokenProb, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One generated token and how it was chosen.
+
+    `text` is the newly *displayable* text: empty while a multi-byte character
+    or a possible stop string is still incomplete, so concatenating `text`
+    over a generation gives exactly the final answer. `token_text` is the
+    token's own surface form, for token views.
+    """
+
+    index: int  # 0-based position among generated tokens
+    token_id: int
+    text: str
+    token_text: str
+    logprob: float  # under the model
+    sampler_logprob: float  # under the sampler's final distribution
+    rank: int  # 0 = the model's most likely token
+    entropy: float  # of the model distribution, nats
+    top_model: tuple[TokenProb, ...]
+    top_sampler: tuple[TokenProb, ...]
+    stages: tuple[StageSnapshot, ...] | None = None
+    forced: bool = False
+    special: bool = False  # an end-of-sequence token: shown in token views, not in text
+
+    @property
+    def prob(self) -> float:
+        return math.exp(self.logprob)
+
+    @property
+    def sampler_prob(self) -> float:
+        return math.exp(self.sampler_logprob)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStats:
+    """How a generation went. Times in seconds, memory in bytes."""
+
+    finish_reason: FinishReason
+    prompt_tokens: int
+    reused_tokens: int  # prompt tokens whose KV cache was reused, not recomputed
+    generated_tokens: int
+    time_to_first_token_s: float
+    decode_tokens_per_s: float  # tokens after the first / time after the first
+    total_s: float
+    peak_memory_bytes: int
+    seed: int
+    text: str
+    token_ids: tuple[int, ...]
+    error: str | None = None
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.reused_tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The last event of every generation."""
+
+    stats: GenerationStats
+
+
+Event = TokenEvent | Done

@@ -1,0 +1,59 @@
+"""`load_model`: spec in, ready backend out."""
+
+from __future__ import annotations
+
+import logging
+
+from engine.backends.base import Backend
+from engine.backends.select import choose_backend
+from engine.loading import ProgressCallback, materialize, resolve_spec
+
+log = logging.getLogger(__name__)
+
+
+def load_model(
+    spec: str | None = None,
+    *,
+    backend: str | None = "auto",
+    device: str | None = None,
+    dtype: str | None = None,
+    progress: ProgressCallback | None = None,
+    trust_remote_code: bool = False,
+) -> Backend:
+    """Load a model for generation on the calling thread.
+
+    Args:
+        spec: None (the default model), a local Hugging Face folder, a `.gguf`
+            file (converted once into the user cache) or a hub id `org/name`.
+        backend: "auto" (MLX on Apple Silicon, else torch), "torch", "mlx" or "mock".
+        device: torch device ("cuda", "cpu", ...); None picks CUDA when present.
+        dtype: "float32", "bfloat16" or "float16"; None picks per device.
+        progress: called with (message, fraction or None) while converting/downloading/loading.
+        trust_remote_code: allow model code from the model folder (off unless asked).
+
+    Raises:
+        ModelNotFoundError, ModelLoadError, HubUnreachableError: with a message for the user.
+    """
+    name = choose_backend(backend)
+    if name == "mock":
+        from engine.backends.mock import MockBackend
+
+        return MockBackend()
+    source = resolve_spec(spec)
+    folder = materialize(source, progress)
+    if progress:
+        progress(f"loading {source.name} ({name})", None)
+    if name == "mlx":
+        from engine.backends.mlx_backend import MlxBackend
+
+        return MlxBackend(folder, spec=source.spec, display_name=source.name, trust_remote_code=trust_remote_code)
+    from engine.backends.torch_backend import TorchBackend
+
+    return TorchBackend(
+        folder,
+        spec=source.spec,
+        display_name=source.name,
+        device=device,
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+    )

@@ -1,0 +1,72 @@
+"""Hub ids (`org/name`): use the local HF cache if it has the model, else download it.
+
+Downloading is real code for users with a network. Where the hub cannot be
+reached the error names the spec and says so within seconds: the metadata
+request has a short timeout and we never retry in a loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from engine.errors import HubUnreachableError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+# What a causal LM folder needs; skips other formats (.bin, .pt, .onnx, .gguf) that would multiply the download.
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]
+METADATA_TIMEOUT_S = 8.0
+
+
+def download(repo_id: str, progress=None) -> Path:
+    """Return a local folder holding `repo_id`, downloading what is missing."""
+    import huggingface_hub
+    from huggingface_hub import errors as hf_errors
+
+    try:  # a complete earlier download works offline and instantly
+        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=ALLOW_PATTERNS, local_files_only=True))
+    except Exception:
+        pass
+    if progress:
+        progress(f"downloading {repo_id}", None)
+    try:
+        # A metadata call with a short timeout first: snapshot_download's own
+        # calls use the library's longer defaults, which on a black-holed
+        # network would look like a hang.
+        huggingface_hub.HfApi().model_info(repo_id, timeout=METADATA_TIMEOUT_S)
+        path = huggingface_hub.snapshot_download(
+            repo_id,
+            allow_patterns=ALLOW_PATTERNS,
+            etag_timeout=METADATA_TIMEOUT_S,
+            tqdm_class=_progress_tqdm(progress) if progress else None,
+        )
+    except hf_errors.RepositoryNotFoundError as e:
+        raise ModelNotFoundError(f"no model {repo_id!r} on the hub (or it is private/gated)") from e
+    except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled) as e:
+        raise HubUnreachableError(
+            f"cannot download {repo_id!r}: the hub cannot be reached and there is no local copy "
+            "(check the network, or pass a local folder or .gguf file)"
+        ) from e
+    except hf_errors.HfHubHTTPError as e:
+        raise HubUnreachableError(f"cannot download {repo_id!r}: the hub answered {e}") from e
+    except Exception as e:  # DNS failure, refused or timed-out connection (httpx errors vary by version)
+        raise HubUnreachableError(
+            f"cannot download {repo_id!r}: the hub cannot be reached ({type(e).__name__}); "
+            "check the network, or pass a local folder or .gguf file"
+        ) from e
+    return Path(path)
+
+
+def _progress_tqdm(progress):
+    """A tqdm subclass that reports byte progress to our callback instead of a terminal."""
+    from tqdm.auto import tqdm
+
+    class _Reporting(tqdm):
+        def update(self, n=1):
+            out = super().update(n)
+            if self.total:
+                progress(self.desc or "downloading", min(1.0, self.n / self.total))
+            return out
+
+    return _Reporting

@@ -1,0 +1,54 @@
+"""A generation request: what to continue, how to sample, when to stop, what to report."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.sampling.settings import SamplerSettings
+
+Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Exactly one of `prompt` (raw text), `messages` (chat) or `prompt_ids` is given.
+
+    `assistant_prefix` are tokens of an answer already under way (continue a
+    cut-off answer, or the kept part of a branch): they join the prompt and
+    get no events. `forced_tokens` are emitted first instead of being
+    sampled, with full inspection (branching from an alternative).
+    """
+
+    prompt: str | None = None
+    messages: tuple[Message, ...] | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    top_n: int = 20
+    record_stages: bool = False
+    assistant_prefix: tuple[int, ...] = ()
+    forced_tokens: tuple[int, ...] = ()
+    ignore_eos: bool = False  # run to max_new_tokens (benchmarks, probing past the end)
+
+    def __post_init__(self) -> None:
+        given = [x is not None for x in (self.prompt, self.messages, self.prompt_ids)]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of prompt, messages or prompt_ids")
+        for name in ("messages", "prompt_ids", "stop", "assistant_prefix", "forced_tokens"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not isinstance(self.top_n, int) or not 0 <= self.top_n <= 1000:
+            raise ValueError(f"top_n must be an integer in [0, 1000], got {self.top_n!r}")
+        if self.messages is not None:
+            for m in self.messages:
+                if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+                    raise ValueError(f"each message needs a role (system/user/assistant) and text content, got {m!r}")
+
+
+def with_messages(messages: Sequence[Message], **kwargs) -> GenerationRequest:
+    return GenerationRequest(messages=tuple(dict(m) for m in messages), **kwargs)

@@ -1,0 +1,97 @@
+"""Shared fixtures: the real default model (converted once), a tiny random-weight Llama, the mock backend.
+
+Models are session-scoped and loaded in this process only: two torch
+processes on two cores crawl, so no test spawns another model process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+# Qt tests run without a display.
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def default_model_folder() -> Path:
+    """The default model's converted folder (converted on first use; cached in the user cache dir)."""
+    from engine.loading import materialize, resolve_spec
+
+    return materialize(resolve_spec(None))
+
+
+@pytest.fixture(scope="session")
+def default_torch(default_model_folder):
+    """SmolLM2-135M-Instruct on the torch backend, shared by the session."""
+    from engine.backends.torch_backend import TorchBackend
+
+    backend = TorchBackend(default_model_folder, spec="default", display_name="SmolLM2-135M-Instruct")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def fresh_default_torch(default_torch):
+    """The shared default model with an empty KV cache."""
+    default_torch.trim_cache(0)
+    return default_torch
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_folder(tmp_path_factory, default_model_folder) -> Path:
+    """A 2-layer random-weight Llama with the default model's tokenizer, saved as a HF folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,  # tied random weights make every token predict itself
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # larger logits than the default init, so distributions are neither flat nor one-hot
+        model.model.embed_tokens.weight.normal_(0, 1.0)
+        model.lm_head.weight.normal_(0, 0.25)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (default_model_folder / name).exists():
+            shutil.copy(default_model_folder / name, folder / name)
+    # mlx-lm reads rope_theta at the top level.
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.setdefault("rope_theta", 10000.0)
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    return folder
+
+
+@pytest.fixture
+def tiny_torch(tiny_llama_folder):
+    from engine.backends.torch_backend import TorchBackend
+
+    backend = TorchBackend(tiny_llama_folder, spec=str(tiny_llama_folder), display_name="tiny-llama")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch) -> Path:
+    """Point the engine's model cache at a temp dir."""
+    monkeypatch.setenv("LOGITLAB_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"

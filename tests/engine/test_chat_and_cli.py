@@ -1,0 +1,75 @@
+"""Multi-turn chat reuses earlier turns' KV cache; the CLI streams, chats, and fails in one clear line."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from engine import cli
+from engine.chat import ChatSession
+from engine.decode import generate_events
+from engine.events import Done
+from engine.sampling.settings import SamplerSettings
+
+GREEDY = SamplerSettings(temperature=0.0)
+
+
+def test_second_turn_reuses_the_first_turn_cache(fresh_default_torch):
+    session = ChatSession(system_prompt="You are brief.")
+    for turn, question in enumerate(["What is 2+2?", "And 3+3?"]):
+        done = list(generate_events(fresh_default_torch, session.request(question, sampler=GREEDY, max_new_tokens=24)))[-1]
+        assert isinstance(done, Done)
+        if turn == 1:
+            assert done.stats.reused_tokens >= first_prompt_tokens
+            assert done.stats.prefilled_tokens < done.stats.prompt_tokens - first_prompt_tokens + 8
+        first_prompt_tokens = done.stats.prompt_tokens
+        session.add_turn(question, done.stats.text)
+
+
+def test_cli_generate_prints_paris(capsys):
+    code = cli.main(["generate", "--prompt", "The capital of France is", "--temperature", "0", "--max-new-tokens", "8"])
+    out = capsys.readouterr().out
+    assert code == 0 and "Paris" in out
+
+
+def test_cli_show_probs_prints_each_token_with_alternatives(capsys, tiny_llama_folder):
+    code = cli.main(["generate", "--model", str(tiny_llama_folder), "--prompt", "hi", "--max-new-tokens", "4",
+                     "--seed", "1", "--show-probs", "--top-n", "3"])
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if " p=" in ln]
+    assert code == 0 and len(lines) == 4 and all("rank=" in ln and "|" in ln for ln in lines)
+
+
+def test_cli_chat_holds_a_three_turn_conversation(capsys, monkeypatch):
+    script = "My name is Ada.\n/set max_new_tokens 32\nWhat is the capital of France?\n/reset\nHello!\n/quit\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(script))
+    code = cli.main(["chat", "--temperature", "0", "--max-new-tokens", "24"])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert captured.out.count("assistant> ") == 3
+    assert "Paris" in captured.out and "(conversation cleared)" in captured.out
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["info", "--model", "/no/such/dir"], "/no/such/dir"),
+        (["generate", "--prompt", "x", "--temperature", "-1"], "temperature must be >= 0"),
+        (["generate", "--prompt", "x", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["generate", "--prompt", "x", "--top-k", "-3"], "top_k must be >= 0"),
+        (["generate", "--prompt", "x", "--max-new-tokens", "9000"], "context length is 8192"),
+    ],
+)
+def test_cli_bad_input_is_one_clear_line(capsys, argv, needle):
+    code = cli.main(argv)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln and not ln.startswith("[")]
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0]
+
+
+def test_cli_corrupt_gguf_is_one_clear_line(capsys, tmp_path, isolated_cache):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 200)
+    code = cli.main(["info", "--model", str(bad)])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln and not ln.startswith("[")]
+    assert code == 2 and len(err) == 1 and "broken.gguf" in err[0]

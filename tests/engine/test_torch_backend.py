@@ -1,0 +1,74 @@
+"""The torch backend on the real default model and on a tiny random Llama: cache reuse is exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.backends.base import prefill
+from engine.decode import generate_events
+from engine.events import Done
+from engine.request import GenerationRequest
+from engine.sampling.settings import SamplerSettings
+
+GREEDY = SamplerSettings(temperature=0.0)
+
+
+def _full_logits(backend, ids) -> np.ndarray:
+    """Reference: the last logits of `ids` computed from scratch, no cache, no chunking."""
+    with torch.inference_mode():
+        out = backend.model(input_ids=torch.tensor([ids]), use_cache=False)
+    return out.logits[0, -1].float().numpy()
+
+
+def test_default_model_says_paris(fresh_default_torch):
+    req = GenerationRequest(prompt="The capital of France is", sampler=GREEDY, max_new_tokens=8)
+    events = list(generate_events(fresh_default_torch, req))
+    assert isinstance(events[-1], Done)
+    assert "Paris" in events[-1].stats.text
+    assert events[-1].stats.finish_reason in ("length", "eos")
+
+
+def test_info_describes_the_default_model(default_torch):
+    info = default_torch.info
+    assert info.architecture == "LlamaForCausalLM"
+    assert 130e6 < info.parameters < 140e6
+    assert info.vocab_size == 49152 and info.context_length == 8192
+    assert info.dtype == "float32" and info.backend == "torch" and info.device.startswith("cpu")
+
+
+def test_prefix_reuse_trims_and_matches_recompute(tiny_torch):
+    tok = tiny_torch.tokenizer
+    first = tok.encode("one two three four five six seven eight nine ten")
+    second = first[:6] + tok.encode(" alpha beta gamma")
+    _, reused = prefill(tiny_torch, first)
+    assert reused == 0
+    logits, reused = prefill(tiny_torch, second)
+    assert reused == 6  # only the new tokens were run
+    assert list(tiny_torch.cached_tokens()) == second
+    np.testing.assert_allclose(logits, _full_logits(tiny_torch, second), atol=1e-4, rtol=1e-4)
+
+
+def test_identical_prompt_reruns_only_its_last_token(tiny_torch):
+    ids = tiny_torch.tokenizer.encode("the same prompt twice")
+    prefill(tiny_torch, ids)
+    logits, reused = prefill(tiny_torch, ids)
+    assert reused == len(ids) - 1
+    np.testing.assert_allclose(logits, _full_logits(tiny_torch, ids), atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_prefill_equals_one_shot(tiny_torch):
+    ids = tiny_torch.tokenizer.encode("a b c d e f g h i j k l m n o p q r s t u v w x y z " * 3)
+    logits, _ = prefill(tiny_torch, ids, chunk=7)
+    np.testing.assert_allclose(logits, _full_logits(tiny_torch, ids), atol=1e-4, rtol=1e-4)
+
+
+def test_cached_greedy_decode_matches_transformers_generate(fresh_default_torch):
+    backend = fresh_default_torch
+    prompt = backend.tokenizer.chat_ids([{"role": "user", "content": "Name three fruits."}])
+    req = GenerationRequest(prompt_ids=tuple(prompt), sampler=GREEDY, max_new_tokens=24)
+    ours = [e.token_id for e in generate_events(backend, req) if not isinstance(e, Done)]
+    with torch.inference_mode():
+        ref = backend.model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt) :]
+    assert ours == ref.tolist()[: len(ours)]
