@@ -12,6 +12,7 @@ import sys
 from dataclasses import fields
 from typing import TextIO
 
+from engine.cli_research import add_batch_parser, cmd_batch, cmd_beams
 from engine.errors import EngineError
 from engine.events import Done, TokenEvent
 from engine.sampling.settings import STAGE_NAMES, SamplerSettings
@@ -55,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="continue a prompt and stream the text")
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--num-beams", type=int, default=1, help="beam search with N beams (deterministic; ignores sampling options)")
+    g.add_argument("--num-return-sequences", type=int, default=1, help="with --num-beams: how many beams to print")
     _add_model_args(g)
     _add_sampling_args(g)
     c = sub.add_parser("chat", help="interactive multi-turn chat (/help for commands)")
@@ -62,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(c)
     i = sub.add_parser("info", help="print what the model is")
     _add_model_args(i)
+    add_batch_parser(sub, _add_model_args)
     return parser
 
 
@@ -121,6 +125,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from engine.request import GenerationRequest
 
     sampler = sampler_from_args(args)
+    if args.num_beams > 1:
+        return cmd_beams(args)
     with _load(args) as engine:
         common = dict(sampler=sampler, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), top_n=args.top_n)
         if args.chat:
@@ -244,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_third_party()
     try:
-        return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info}[args.command](args)
+        commands = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "batch": cmd_batch}
+        return commands[args.command](args)
     except (EngineError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

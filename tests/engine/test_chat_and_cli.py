@@ -73,3 +73,24 @@ def test_cli_corrupt_gguf_is_one_clear_line(capsys, tmp_path, isolated_cache):
     code = cli.main(["info", "--model", str(bad)])
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln and not ln.startswith("[")]
     assert code == 2 and len(err) == 1 and "broken.gguf" in err[0]
+
+
+def test_cli_batch_writes_one_record_per_prompt(tmp_path, tiny_llama_folder):
+    import json
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\n\nthe cat sat\n")
+    out = tmp_path / "out.jsonl"
+    code = cli.main(["batch", "--model", str(tiny_llama_folder), "--input", str(prompts), "--output", str(out),
+                     "--max-new-tokens", "5"])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert code == 0 and [r["prompt"] for r in records] == ["hello there", "the cat sat"]
+    for r in records:
+        assert len(r["token_ids"]) == len(r["logprobs"]) <= 5 and all(lp <= 0 for lp in r["logprobs"])
+
+
+def test_cli_generate_with_beams_prints_scored_beams(capsys, tiny_llama_folder):
+    code = cli.main(["generate", "--model", str(tiny_llama_folder), "--prompt", "hi", "--num-beams", "3",
+                     "--num-return-sequences", "2", "--max-new-tokens", "4"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("[beam ") == 2 and "score -" in out

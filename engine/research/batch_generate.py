@@ -1,0 +1,66 @@
+"""Batch generation (FlexLLMGen `OptLM.generate` shape): one batched forward per step for all rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.sampling import SamplerChain, SamplerSettings
+
+
+def as_rows(inputs: np.ndarray | Sequence[Sequence[int]]) -> list[list[int]]:
+    rows = [list(map(int, r)) for r in (inputs.tolist() if isinstance(inputs, np.ndarray) else inputs)]
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("every input row needs at least one token")
+    return rows
+
+
+def generate_batch(
+    runner,
+    inputs: np.ndarray | Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int = 32,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    stop: int | Sequence[int] | None = None,
+    seed: int | None = None,
+    pad_id: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(B, prompt_len + max_new_tokens) ids and (B, max_new_tokens) model logprobs of the generated tokens.
+
+    Prompts are left-padded with `pad_id`. A row that emits a `stop` token id keeps it and is padded after it; the
+    loop ends early once every row has stopped. Row r samples with seed
+    `seed + r`, so a row's tokens do not depend on which other rows share the batch.
+    """
+    rows = as_rows(inputs)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    settings = SamplerSettings(temperature=temperature if do_sample else 0.0, top_k=top_k, top_p=top_p)
+    base_seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**62)
+    chains = [SamplerChain(settings.with_(seed=base_seed + r)) for r in range(len(rows))]
+    width = max(len(r) for r in rows)
+    out = np.full((len(rows), width + max_new_tokens), pad_id, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, width - len(r) : width] = r
+    stops = set() if stop is None else {int(stop)} if isinstance(stop, (int, np.integer)) else set(map(int, stop))
+    logprobs = np.full((len(rows), max_new_tokens), np.nan, dtype=np.float32)  # NaN where a row had stopped
+    done = np.zeros(len(rows), dtype=bool)
+    logits = runner.start(rows)  # (B, V)
+    for step in range(max_new_tokens):
+        tokens = [pad_id] * len(rows)
+        for i, chain in enumerate(chains):
+            if done[i]:
+                continue
+            history = out[i, width - len(rows[i]) : width + step]
+            pick = chain.pick(logits[i], history, top_n=0)
+            tokens[i] = pick.token_id
+            out[i, width + step] = tokens[i]
+            logprobs[i, step] = pick.logprob
+            done[i] = tokens[i] in stops
+        if done.all() or step == max_new_tokens - 1:
+            break
+        logits = runner.step(tokens)  # finished rows feed a pad; their outputs are ignored
+    return out, logprobs

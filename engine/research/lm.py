@@ -1,0 +1,247 @@
+"""`LanguageModel`: the research interface over a loaded torch or MLX backend.
+
+- `generate(inputs, ...)`: batch generation, prompt + generated ids as one array.
+- `next_token_logprobs_sync(ids)` / `await next_token_logprobs(ids)`: full-vocabulary
+  normalized logprobs, cached in a token trie; concurrent async requests that
+  arrive within `batch_window_s` run as one batch, identical ones once.
+- `sample` / `batch_sample`: ancestral sampling built on the cached logprobs.
+- `beam_search(...)`, `agenerate(...)`.
+
+All model work runs on one private thread (MLX streams are per thread and
+torch is not re-entrant), so async callers never block their event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from engine.research.batch_generate import generate_batch
+from engine.research.beam import BeamResult, beam_search
+from engine.research.runners import runner_for
+from engine.research.trie import TokenTrie
+from engine.sampling import SamplerChain, SamplerSettings
+
+
+MIN_SHARED_PREFIX = 8  # tokens: below this, running the prefix separately costs more than it saves
+
+
+def _normalize(logits: np.ndarray) -> np.ndarray:
+    m = logits.max(axis=-1, keepdims=True)
+    return (logits - m - np.log(np.exp(logits - m).sum(axis=-1, keepdims=True))).astype(np.float32)
+
+
+def _check_ids(token_ids: Sequence[int]) -> tuple[int, ...]:
+    ids = tuple(int(t) for t in token_ids)
+    if not ids:
+        raise ValueError("token_ids is empty: at least one token is needed to predict the next one")
+    return ids
+
+
+class LanguageModel:
+    def __init__(
+        self,
+        backend,
+        *,
+        kv_budget_bytes: int = 1 << 30,
+        max_batch_size: int = 32,
+        batch_window_s: float = 0.005,
+    ):
+        self.backend = backend
+        self.tokenizer = backend.tokenizer
+        self.runner = runner_for(backend)
+        self._states = self.runner.supports_row_states()
+        self.trie = TokenTrie(kv_budget_bytes, self.runner.state_nbytes)
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="logitlab-research")
+        self._pending: dict[tuple[int, ...], asyncio.Future] = {}
+        self._flush_handle: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def load(cls, spec: str | None = None, *, backend: str = "auto", **kwargs) -> "LanguageModel":
+        from engine.load import load_model
+
+        return cls(load_model(spec, backend=backend), **kwargs)
+
+    @property
+    def forward_calls(self) -> int:
+        return self.runner.forward_calls
+
+    # --- next-token logprobs ---------------------------------------------------
+
+    def batch_next_token_logprobs_sync(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
+        """(B, V) normalized logprobs; cached prefixes are free, the rest is one forward per chunk."""
+        keys = [_check_ids(ids) for ids in batch]
+        out: dict[tuple[int, ...], np.ndarray] = {}
+        todo = []
+        for k in dict.fromkeys(keys):  # de-duplicated, order kept
+            hit = self.trie.cached_logprobs(k)
+            if hit is not None:
+                out[k] = hit
+            else:
+                todo.append(k)
+        for start in range(0, len(todo), self.max_batch_size):
+            chunk = todo[start : start + self.max_batch_size]
+            self._warm_shared_prefix(chunk)
+            rows = []
+            for k in chunk:
+                depth, state = self.trie.deepest_state(k[:-1]) if self._states else (0, None)
+                rows.append((state, k[depth:]))
+            logits, states = self.runner.forward_rows(rows, keep_states=self._states)
+            logprobs = _normalize(logits)
+            for k, lp, st in zip(chunk, logprobs, states):
+                self.trie.store(k, lp, st)
+                out[k] = lp
+        return np.stack([out[k] for k in keys])
+
+    def _warm_shared_prefix(self, chunk: list[tuple[int, ...]]) -> None:
+        """Run the chunk's longest common prefix once, so every row then extends its KV state.
+
+        Without this, 32 requests sharing a 200-token prefix would each run
+        those 200 tokens in the batch: 32x the work of running them once.
+        """
+        if not self._states or len(chunk) < 2:
+            return
+        lcp = min(len(k) for k in chunk) - 1  # each row keeps at least its own last token
+        first = chunk[0]
+        for k in chunk[1:]:
+            i = 0
+            while i < lcp and k[i] == first[i]:
+                i += 1
+            lcp = i
+        depth, _ = self.trie.deepest_state(first[:lcp])
+        if lcp - depth >= MIN_SHARED_PREFIX:
+            self.batch_next_token_logprobs_sync([first[:lcp]])
+
+    def next_token_logprobs_sync(self, token_ids: Sequence[int]) -> np.ndarray:
+        return self.batch_next_token_logprobs_sync([token_ids])[0]
+
+    async def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Awaitable; requests arriving within `batch_window_s` of each other share one forward."""
+        key = _check_ids(token_ids)
+        hit = self.trie.cached_logprobs(key)
+        if hit is not None:
+            return hit
+        loop = asyncio.get_running_loop()
+        fut = self._pending.get(key)
+        if fut is None:
+            fut = self._pending[key] = loop.create_future()
+            if len(self._pending) >= self.max_batch_size:
+                self._flush()
+            elif self._flush_handle is None:
+                self._flush_handle = loop.call_later(self.batch_window_s, self._flush)
+        return await asyncio.shield(fut)
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        pending, self._pending = self._pending, {}
+        if not pending:
+            return
+        keys = list(pending)
+        work = asyncio.get_running_loop().run_in_executor(self._executor, self.batch_next_token_logprobs_sync, keys)
+
+        def resolve(done: asyncio.Future) -> None:
+            err = done.exception()
+            for i, k in enumerate(keys):
+                if pending[k].done():
+                    continue
+                if err is not None:
+                    pending[k].set_exception(err)
+                else:
+                    pending[k].set_result(done.result()[i])
+
+        work.add_done_callback(resolve)
+
+    async def batch_next_token_logprobs(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
+        return np.stack(await asyncio.gather(*(self.next_token_logprobs(ids) for ids in batch)))
+
+    def clear_cache(self) -> None:
+        self.trie.clear()
+
+    # --- sampling on top of the cache -------------------------------------------
+
+    def sample(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] = (),
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> tuple[list[int], float]:
+        """Ancestral sampling through the trie; returns (generated ids, their total log-prob under the model)."""
+        ids = list(_check_ids(prompt_ids))
+        chain = SamplerChain(SamplerSettings(temperature=temperature, seed=seed))
+        eos, out, total = set(eos_token_ids), [], 0.0
+        for _ in range(max_tokens):
+            lp = self.next_token_logprobs_sync(ids + out)
+            tok = chain.pick(lp, np.asarray(ids + out), top_n=0).token_id
+            out.append(tok)
+            total += float(lp[tok])
+            if tok in eos:
+                break
+        return out, total
+
+    def batch_sample(
+        self,
+        prompt_ids_list: Sequence[Sequence[int]],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] = (),
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[tuple[list[int], float]]:
+        """`sample` for many prompts, one batched forward per step across the still-running rows."""
+        prompts = [list(_check_ids(p)) for p in prompt_ids_list]
+        chains = [SamplerChain(SamplerSettings(temperature=temperature, seed=None if seed is None else seed + i)) for i in range(len(prompts))]
+        outs: list[list[int]] = [[] for _ in prompts]
+        totals = [0.0] * len(prompts)
+        live = list(range(len(prompts)))
+        eos = set(eos_token_ids)
+        for _ in range(max_tokens):
+            if not live:
+                break
+            lps = self.batch_next_token_logprobs_sync([prompts[i] + outs[i] for i in live])
+            still = []
+            for lp, i in zip(lps, live):
+                tok = chains[i].pick(lp, np.asarray(prompts[i] + outs[i]), top_n=0).token_id
+                outs[i].append(tok)
+                totals[i] += float(lp[tok])
+                if tok not in eos:
+                    still.append(i)
+            live = still
+        return list(zip(outs, totals))
+
+    # --- batch generation and beams ---------------------------------------------
+
+    def generate(self, inputs, max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int = 0, top_p: float = 1.0, stop: int | None = None, seed: int | None = None) -> np.ndarray:
+        """(batch, prompt_len + max_new_tokens) prompt and generated ids; see `generate_batch`."""
+        return self.generate_with_logprobs(inputs, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                           temperature=temperature, top_k=top_k, top_p=top_p, stop=stop, seed=seed)[0]
+
+    def generate_with_logprobs(self, inputs, **kwargs) -> tuple[np.ndarray, np.ndarray]:
+        """`generate` plus the (batch, max_new_tokens) model logprobs of the generated tokens (NaN after a stop)."""
+        return generate_batch(self.runner, inputs, pad_id=self.runner.pad_id, **kwargs)
+
+    async def agenerate(self, inputs, **kwargs) -> np.ndarray:
+        """`generate` on the model thread; the event loop keeps running meanwhile."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: self.generate(inputs, **kwargs))
+
+    def beam_search(self, prompt_ids: Sequence[int], *, num_beams: int = 4, max_new_tokens: int = 32,
+                    length_penalty: float = 1.0, early_stopping: bool | str = False,
+                    num_return_sequences: int = 1) -> list[BeamResult]:
+        return beam_search(self.runner, _check_ids(prompt_ids), num_beams=num_beams, max_new_tokens=max_new_tokens,
+                           length_penalty=length_penalty, early_stopping=early_stopping,
+                           num_return_sequences=num_return_sequences,
+                           eos_token_ids=sorted(self.tokenizer.eos_token_ids), pad_id=self.runner.pad_id)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self.backend.close()
+
