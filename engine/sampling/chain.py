@@ -20,7 +20,12 @@ Per token the chain also reports the model's own view of the chosen token
 (log-prob, rank, entropy, top-N) and, when asked, what every stage did. Only
 small Python values leave `pick`; full-vocabulary arrays stay inside.
 
-A chain owns its random generator, so use one chain per generation run.
+Randomness: a chain owns one PCG64 generator (the same stream on every
+platform), seeded from `settings.seed` or a fresh seed it exposes, so use one
+chain per generation run. Per step, XTC (when in the chain) takes one number
+and a non-greedy pick takes one more, even when the token is forced, so the
+stream position depends only on the step. The draw is an inverse CDF over
+the survivors in token-id order; greedy takes no number.
 """
 
 from __future__ import annotations
@@ -34,8 +39,11 @@ import numpy as np
 from engine.sampling.settings import SamplerSettings
 from engine.sampling.stages import (
     CHUNK,
+    NEG_INF,
     Stage,
     StageContext,
+    exp_sums,
+    finite_part,
     make_min_p,
     make_penalties,
     make_temperature,
@@ -43,8 +51,6 @@ from engine.sampling.stages import (
     make_top_p,
     make_typical_p,
     make_xtc,
-    exp_sums,
-    finite_part,
 )
 
 TopList = tuple[tuple[int, float], ...]
@@ -105,34 +111,39 @@ class Pick:
 
 
 class _Dist:
-    """Softmax summary of one score row, computed on its finite entries only.
+    """Softmax summary of one score row.
 
-    Once a filter has run, the finite entries are usually a few hundred out
-    of the vocabulary, so everything after the compression is cheap. Nothing
-    full-size is kept: `vals` is the row itself when nothing is filtered.
+    Once a filter has run, the finite entries are usually a few hundred out of
+    the vocabulary: they are then gathered (`ids`, `vals`) and everything
+    after is cheap. When most entries are finite the row itself is used, its
+    -inf entries weighing 0, since gathering 262k entries costs more than it
+    saves. Nothing full-size is copied.
     """
 
-    __slots__ = ("ids", "vals", "m", "z", "lse", "entropy")
+    __slots__ = ("ids", "vals", "count", "m", "z", "lse", "entropy")
 
     def __init__(self, scores: np.ndarray) -> None:
-        self.ids, self.vals = finite_part(scores)  # ids None = every token
+        v = scores.size
+        count = v if scores.min() > NEG_INF else int(np.count_nonzero(scores > NEG_INF))
+        self.count = count  # tokens with a finite score
+        if count * 4 <= v:
+            self.ids, self.vals = finite_part(scores)
+        else:
+            self.ids, self.vals = None, scores  # ids None: position = token id
         m = self.vals.max()
-        z, ed = exp_sums(self.vals, m, entropy=True)
+        z, ed = exp_sums(self.vals, m, entropy=True, all_finite=count == self.vals.size)
         self.m = float(m)
         self.z = z
         self.lse = self.m + math.log(z)
         # H = log Z - sum(e * (s - m)) / Z: both terms >= 0, no cancellation.
         self.entropy = max(math.log(z) - ed / z, 0.0)
 
-    @property
-    def count(self) -> int:
-        return self.vals.size
-
     def token_id(self, local: int) -> int:
         return local if self.ids is None else int(self.ids[local])
 
     def top(self, n: int) -> TopList:
         """Top-n (id, logprob), most likely first; ties broken by lower id."""
+        n = min(n, self.count)
         if n <= 0:
             return ()
         local = _top_local(self.vals, n)
@@ -177,6 +188,8 @@ _TOP_REACH: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 def _top_local(vals: np.ndarray, n: int) -> np.ndarray:
     """Positions of the n largest `vals`; among ties at the cut, the lowest positions.
+
+    `n` must not exceed the number of finite entries.
 
     An argpartition over 262k floats costs ~1 ms; counting the entries within
     `reach` of the max costs ~0.03 ms, so widen the reach until it holds n
@@ -309,17 +322,17 @@ class SamplerChain:
         recorded: list[StageStats] | None = [] if record_stages else None
         for name, stage in stages:
             new = stage(out, ctx)
-            if new is out:  # the stage changed nothing
-                if recorded is not None and dist is not None:
-                    recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, dist.top(top_n)))
-                continue
             if recorded is not None:
+                assert dist is not None  # kept up to date while recording
+                if new is out:  # the stage changed nothing
+                    recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, dist.top(top_n)))
+                    continue
                 after = _Dist(new)
                 recorded.append(
-                    StageStats(name, after.count, _mass_kept(dist, out, after), after.entropy, after.top(top_n))
+                    StageStats(name, after.count, _mass_kept(dist, after, new), after.entropy, after.top(top_n))
                 )
                 dist = after
-            else:
+            elif new is not out:
                 dist = None
             out = new
 
@@ -350,10 +363,21 @@ class SamplerChain:
         )
 
 
-def _mass_kept(before: _Dist, scores_before: np.ndarray, after: _Dist) -> float:
-    """Mass, under `before`, of the tokens still finite in `after`."""
-    if after.count == before.count and (after.ids is None or np.array_equal(after.ids, before.ids)):
+def _mass_kept(before: _Dist, after: _Dist, scores_after: np.ndarray) -> float:
+    """Mass, under `before`, of the tokens still finite in `after`.
+
+    Stages never bring a removed token back, so an unchanged count means an
+    unchanged set.
+    """
+    if after.count == before.count:
         return 1.0
-    ids = np.arange(scores_before.size) if after.ids is None else after.ids
-    kept = float(np.exp(scores_before[ids] - np.float32(before.m)).sum(dtype=np.float64))
+    m = np.float32(before.m)
+    if after.ids is not None:  # few survivors: look them up
+        ids = after.ids if before.ids is None else np.searchsorted(before.ids, after.ids)
+        kept = float(np.exp(before.vals[ids] - m).sum(dtype=np.float64))
+    else:  # most survive (both rows are full-size): sum by chunks, where `after` is finite
+        kept = 0.0
+        for i in range(0, scores_after.size, CHUNK):
+            w = np.exp(before.vals[i : i + CHUNK] - m)
+            kept += float(w.sum(dtype=np.float64, where=scores_after[i : i + CHUNK] > NEG_INF))
     return min(max(kept / before.z, 0.0), 1.0)

@@ -12,14 +12,18 @@ when it changes nothing (callers must not mutate what they get back).
 
 Semantics follow transformers' warpers and processors, which the tests use
 as oracles. One deliberate difference: where tokens *tie* exactly at a
-filter's boundary, every tied token is kept (transformers keeps the ones its
-sort happens to put first), so the result never depends on sort stability.
+filter's boundary, every tied token is kept (as transformers' top-k and
+typical-p do; its top-p keeps whichever tied tokens its sort puts last), so
+the result never depends on sort stability.
 
 Speed: the chain runs once per generated token on vocabularies up to ~262k,
-with a budget of a few milliseconds for everything. Full-vocabulary sorts
-(an `argsort` of 262k floats takes ~4 ms) are avoided: top-k uses
-`np.partition`, top-p / typical-p sort only a head of candidates that is
-grown until it holds the requested mass, and min-p is a single comparison.
+with a budget of a few milliseconds for everything. Full-vocabulary argsorts
+(~4 ms for 262k floats) are avoided: top-k uses `np.partition`, top-p and
+typical-p take a values-only sort of a head of candidates that is grown
+until it holds the requested mass (a handful of tokens on a peaked row; most
+of the vocabulary on a flat one, where typical-p costs ~15 ms at 262k), and
+min-p is a single comparison. Sums over the vocabulary go by chunks
+(`exp_sums`) so no full-size temporaries are allocated.
 """
 
 from __future__ import annotations
@@ -88,20 +92,26 @@ def finite_part(scores: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
 
 
 # Full-vocabulary temporaries are computed in chunks of this many entries.
-# A fresh 1 MB array (262k float32) costs more in page faults than in
-# arithmetic once the allocator hands memory back to the OS between tokens;
-# 256 KB chunks are reused from the heap.
-CHUNK = 1 << 16
+# A fresh 1 MB array (262k float32) can cost more in page faults than in
+# arithmetic when the allocator hands memory back to the OS between tokens
+# (glibc trims a heap whose free top exceeds ~2x its largest recent block);
+# 64 KB chunks stay in the heap. Measured: 16k entries is as fast as 64k at
+# 262k and ~1.5x faster at 49k, where bigger buffers trigger the trimming.
+CHUNK = 1 << 14
+_FLOOR = np.float32(-1e30)
 
 
-def exp_sums(vals: np.ndarray, m: float | np.floating, entropy: bool = False) -> tuple[float, float]:
+def exp_sums(
+    vals: np.ndarray, m: float | np.floating, entropy: bool = False, all_finite: bool = False
+) -> tuple[float, float]:
     """(Z, S) with Z = sum(exp(v - m)) and S = sum(exp(v - m) * (v - m)).
 
     `m` is the max, so every term is <= 1 and nothing overflows. The float32
     terms are summed in float64, so a cumulative sum of the same terms (top-p,
     typical-p, the draw) agrees with Z to ~1e-16: a cut at p = 0.999999 is
-    decided by the terms, not by rounding. S (for the entropy, log Z - S / Z) is
-    only computed when asked and needs finite `vals`.
+    decided by the terms, not by rounding. S (for the entropy, log Z - S / Z)
+    is only computed when asked; -inf entries count as 0 in both
+    (`all_finite` promises there are none and skips a guard).
     """
     n = vals.size
     c = min(n, CHUNK)
@@ -112,6 +122,8 @@ def exp_sums(vals: np.ndarray, m: float | np.floating, entropy: bool = False) ->
     for i in range(0, n, c):
         k = min(c, n - i)
         np.subtract(vals[i : i + k], m32, out=d[:k])
+        if entropy and not all_finite:  # exp(-1e30) * -1e30 is 0, exp(-inf) * -inf is NaN
+            np.maximum(d[:k], _FLOOR, out=d[:k])
         np.exp(d[:k], out=e[:k])
         z += float(e[:k].sum(dtype=np.float64))
         if entropy:
@@ -222,12 +234,14 @@ def make_typical_p(p: float) -> Stage:
 
     Ranks tokens by how far their surprise (-log prob) is from the entropy of
     the distribution, and keeps the smallest set of the most *typical* ones
-    whose probability reaches `p`. Unlike top-p this can drop the most
-    likely token when the distribution is flat... except that transformers
-    (and we) always keep at least one token: the most typical. p = 1 is off.
+    whose probability reaches `p`: text that is neither too predictable nor
+    too surprising. Unlike top-p it can drop the most likely token (when that
+    token is far less surprising than average); at least one token, the most
+    typical, always survives, as in transformers. p = 1 is off.
 
     Like top-p, only a head (tokens with |surprise - entropy| <= reach) is
-    sorted; the reach doubles until the head holds mass p.
+    looked at, the reach doubling until the head holds mass p, and only a
+    values-only sort is needed (see `_typical_cut`).
     """
     if not 0 < p <= 1:
         raise ValueError(f"typical_p must be in (0, 1], got {p}")
@@ -237,24 +251,22 @@ def make_typical_p(p: float) -> Stage:
     def typical_p(scores: np.ndarray, ctx: StageContext) -> np.ndarray:
         ids, vals = finite_part(scores)
         m = vals.max()
-        z, ed = exp_sums(vals, m, entropy=True)
+        z, ed = exp_sums(vals, m, entropy=True, all_finite=True)
         log_z = math.log(z)
         ent = log_z - ed / z
-        # |surprise - entropy| = |-(s - m - log Z) - H| = |s - (m + log Z - H)|
-        shift = vals - np.float32(float(m) + log_z - ent)
-        np.abs(shift, out=shift)
+        # surprise - entropy = -(s - m - log Z) - H, so |surprise - entropy| = |s - c|:
+        center = np.float32(float(m) + log_z - ent)
+        shift = np.abs(vals - center)  # (n,) float32
         target = p * z
         head = None
         for reach in _TYPICAL_REACH:
-            cand = np.flatnonzero(shift <= reach)
-            if float(np.exp(vals[cand] - m).sum(dtype=np.float64)) >= target:
+            cand = vals[shift <= reach]
+            if float(np.exp(cand - m).sum(dtype=np.float64)) >= target:
                 head = cand
                 break
         if head is None:
-            head = np.arange(vals.size)
-        order = head[np.argsort(shift[head], kind="stable")]
-        j = _prefix_end(np.exp(vals[order] - m), target)
-        keep = shift <= shift[order[j]]
+            head = vals
+        keep = shift <= _typical_cut(np.sort(head), center, m, target)
         if ids is None:
             return keep_only(scores, keep)
         out = np.full_like(scores, NEG_INF)
@@ -265,6 +277,36 @@ def make_typical_p(p: float) -> Stage:
     return typical_p
 
 
+def _typical_cut(s: np.ndarray, center: np.float32, m: np.floating, target: float) -> np.float32:
+    """The smallest shift k such that the tokens with |s - center| <= k weigh >= target.
+
+    `s` is sorted ascending. No argsort by shift is needed: above the center
+    the shift grows with s, below it shrinks, so each side is already in
+    shift order and the mass within any shift is the sum of two prefix sums.
+    The shifts are computed exactly as `abs(s - center)` would compute them.
+    """
+    split = int(np.searchsorted(s, center, side="left"))
+    above = s[split:]  # s >= center, shift ascending
+    below = s[:split][::-1]  # s < center, shift ascending
+    shift_a = above - center
+    shift_b = center - below
+    cum_a = np.cumsum(np.exp(above - m), dtype=np.float64)
+    cum_b = np.cumsum(np.exp(below - m), dtype=np.float64)
+    best = np.float32(np.inf)
+    for shift_x, cum_x, shift_y, cum_y in ((shift_a, cum_a, shift_b, cum_b), (shift_b, cum_b, shift_a, cum_a)):
+        if shift_x.size == 0:
+            continue
+        # mass within shift_x[i]: this side's prefix plus the other side's tokens within it
+        r = np.searchsorted(shift_y, shift_x, side="right")
+        mass = cum_x + (np.concatenate(([0.0], cum_y))[r])
+        i = int(np.searchsorted(mass, target, side="left"))  # mass is non-decreasing
+        if i < mass.size:
+            best = min(best, shift_x[i])
+    if best == np.inf:  # rounding kept the target out of reach: keep the whole head
+        best = max(shift_a[-1] if shift_a.size else 0, shift_b[-1] if shift_b.size else 0)
+    return np.float32(best)
+
+
 def make_xtc(probability: float, threshold: float) -> Stage:
     """XTC, "exclude top choices" (text-generation-webui / llama.cpp).
 
@@ -272,8 +314,8 @@ def make_xtc(probability: float, threshold: float) -> Stage:
     is >= `threshold` *except the least likely of them*, and only when at
     least two are above the threshold. The idea: when several continuations
     are all clearly viable, skip the most predictable ones for variety, but
-    never leave the model without a viable choice. So this is the one stage
-    that may remove the most likely token, by design.
+    never leave the model without a viable choice. So XTC removes the most
+    likely token by design (typical-p may too, as a side effect).
 
     The draw comes from `ctx.rng` on every call, whether or not XTC then
     fires, so the random stream stays aligned from step to step. Tokens tied

@@ -217,6 +217,14 @@ def test_recorded_stages_follow_the_chain():
     pen, top_k, top_p, min_p, temp = pick.stages
     assert pen.survivors == 800 and pen.mass_kept == 1.0
     assert top_k.survivors == 50 and 0 < top_k.mass_kept < 1
+    # mass_kept is measured under the distribution entering the stage (here: penalized
+    # over the last penalty_last_n = 64 history tokens).
+    penalized = torch.from_numpy(x.copy())[None]
+    window = torch.as_tensor(np.arange(0, 800, 3)[-64:])[None]
+    penalized = RepetitionPenaltyLogitsProcessor(1.2)(window, penalized)
+    p = torch.softmax(penalized.double(), -1).numpy()[0]
+    assert top_k.mass_kept == pytest.approx(np.sort(p)[-50:].sum(), abs=1e-6)
+    assert pen.entropy == pytest.approx(-(p * np.log(p)).sum(), rel=1e-5)
     assert top_p.survivors <= 50 and min_p.survivors <= top_p.survivors
     assert temp.survivors == min_p.survivors and temp.mass_kept == 1.0
     assert temp.top == pick.top_sampler
@@ -303,3 +311,46 @@ def test_final_distribution_matches_transformers_in_the_same_order(order):
         theirs = _hf_chain(s.order, s, x, hist)
         assert sorted(ours) == np.flatnonzero(np.isfinite(theirs)).tolist()
         np.testing.assert_allclose([ours[i] for i in sorted(ours)], theirs[sorted(ours)], atol=1e-5)
+
+
+# ------------------------------------------------------- chunked arithmetic
+
+
+def test_draw_is_an_inverse_cdf_over_token_ids():
+    from engine.sampling.chain import _Dist
+
+    x = logits(1000, scale=1.0)
+    x[::3] = -np.inf
+    dist = _Dist(x)
+    fin = np.flatnonzero(np.isfinite(x))
+    w = np.exp(x[fin] - x.max()).astype(np.float64)  # float32 weights, summed in float64
+    cum = np.cumsum(w)
+    for u in np.linspace(0, 1, 2001, endpoint=False):
+        j = int(np.searchsorted(cum, u * cum[-1], side="right"))
+        if abs(cum[j] - u * cum[-1]) > 1e-9 and (j == 0 or abs(cum[j - 1] - u * cum[-1]) > 1e-9):
+            assert dist.draw(float(u)) == fin[j]
+    assert dist.draw(np.nextafter(1.0, 0.0)) == fin[-1]
+
+
+def test_chunking_does_not_change_results(monkeypatch):
+    from engine.sampling import chain as chain_mod
+    from engine.sampling import stages as stages_mod
+
+    rows = [logits(300, seed=i, scale=1.0) for i in range(30)]
+    s = SamplerSettings(temperature=1.3, typical_p=0.99, xtc_probability=0.5, xtc_threshold=0.05, seed=4)
+
+    def run():
+        chain = SamplerChain(s)
+        return [chain.pick(x, EMPTY, top_n=5, record_stages=True) for x in rows]
+
+    whole = run()
+    monkeypatch.setattr(chain_mod, "CHUNK", 7)
+    monkeypatch.setattr(stages_mod, "CHUNK", 7)
+    chunked = run()
+    assert [p.token_id for p in whole] == [p.token_id for p in chunked]
+    for a, b in zip(whole, chunked):
+        assert a.entropy == pytest.approx(b.entropy, rel=1e-6)
+        assert a.sampler_logprob == pytest.approx(b.sampler_logprob, abs=1e-6)
+        for sa, sb in zip(a.stages, b.stages):
+            assert sa.survivors == sb.survivors
+            assert sa.mass_kept == pytest.approx(sb.mass_kept, abs=1e-6)

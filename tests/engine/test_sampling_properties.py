@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -12,9 +13,9 @@ from hypothesis.extra.numpy import arrays
 from engine.sampling import STAGE_NAMES, SamplerChain, SamplerSettings
 from engine.sampling.stages import StageContext, make_min_p, make_top_k, make_top_p
 
-FAST = settings(max_examples=int(__import__("os").environ.get("SAMPLING_EXAMPLES", 60)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# SAMPLING_EXAMPLES=2000 for a longer hunt; the suite stays fast with 60.
+FAST = settings(max_examples=int(os.environ.get("SAMPLING_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-FILTERS = ("top_k", "top_p", "min_p", "typical_p", "xtc")
 
 
 @st.composite
@@ -128,9 +129,8 @@ def test_model_statistics_match_a_float64_reference(x, s, top_n):
     pick = SamplerChain(s).pick(x, history_for(x), top_n=top_n)
     lp, ent = reference(x)
     t = pick.token_id
-    assert pick.logprob == (-math.inf if np.isneginf(lp[t]) else pick.logprob)
-    if np.isfinite(lp[t]):
-        assert math.isclose(pick.logprob, lp[t], abs_tol=1e-4)
+    assert np.isfinite(lp[t]), "a token the model masked (-inf) is never chosen"
+    assert math.isclose(pick.logprob, lp[t], abs_tol=1e-4)
     assert pick.rank == int(np.count_nonzero(x.astype(np.float64) > x[t]))
     assert math.isclose(pick.entropy, ent, rel_tol=1e-4, abs_tol=1e-5)
     # top-N: most likely first, ties by lower id, only finite tokens.
