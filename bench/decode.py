@@ -70,6 +70,30 @@ def theirs(backend: TorchBackend, prompt_ids: list[int], n: int) -> float:
     return (n - 1) / (last - first)
 
 
+def sampler_cost_ms(backend: TorchBackend, prompt_ids: list[int], n: int = 64) -> dict[str, float]:
+    """Median ms per token of SamplerChain.pick (chain + top-20 + entropy) on this model's real logits."""
+    import numpy as np
+
+    from engine.sampling import SamplerChain
+
+    backend.trim_cache(0)
+    rows, logits = [], backend.forward(prompt_ids)
+    for _ in range(n):  # greedy walk, keeping each step's logits
+        rows.append(logits)
+        logits = backend.forward([int(np.argmax(logits))])
+    history = np.asarray(prompt_ids, dtype=np.int64)
+    settings = SamplerSettings(temperature=0.8, top_p=0.95, min_p=0.05, repetition_penalty=1.1, seed=0)
+    out = {}
+    for record in (False, True):
+        chain, times = SamplerChain(settings), []
+        for row in rows:
+            t = time.perf_counter()
+            chain.pick(row, history, top_n=20, record_stages=record)
+            times.append(time.perf_counter() - t)
+        out["stages" if record else "plain"] = statistics.median(times) * 1000
+    return out
+
+
 def chat_ttft(backend: TorchBackend, turns: int = 5) -> list[float]:
     backend.trim_cache(0)
     session = ChatSession(system_prompt="You are a concise assistant.")
@@ -105,6 +129,9 @@ def main() -> None:
         a.append(ours(backend, prompt_ids, args.new_tokens))
         b.append(theirs(backend, prompt_ids, args.new_tokens))
         print(f"round {r + 1}: ours {a[-1]:.1f} tok/s (inspection: top-20 + entropy), generate() {b[-1]:.1f} tok/s")
+    cost = sampler_cost_ms(backend, prompt_ids)
+    print(f"sampler + inspection on real logits (vocab {backend.info.vocab_size}): {cost['plain']:.2f} ms/token, "
+          f"{cost['stages']:.2f} ms/token with per-stage snapshots")
     print("chat time to first token, equal new input per turn:")
     ttfts = chat_ttft(backend)
     print(f"ttft turn5/turn1 = {ttfts[4] / ttfts[0]:.2f}")

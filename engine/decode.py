@@ -84,11 +84,11 @@ def generate_events(
             )
         )
 
-    if cancel.is_set():
+    logits, reused = prefill(backend, prompt, cancelled=cancel.is_set)
+    if logits is None or cancel.is_set():
         finish = "cancelled"
         yield done()
         return
-    logits, reused = prefill(backend, prompt)
 
     for step in range(request.max_new_tokens):
         forced = request.forced_tokens[step] if step < len(request.forced_tokens) else None

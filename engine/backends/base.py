@@ -8,7 +8,7 @@ events) is backend-neutral and lives in `engine.decode`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -50,11 +50,18 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def prefill(backend: Backend, prompt: Sequence[int], chunk: int = PREFILL_CHUNK) -> tuple[np.ndarray, int]:
+def prefill(
+    backend: Backend,
+    prompt: Sequence[int],
+    chunk: int = PREFILL_CHUNK,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> tuple[np.ndarray | None, int]:
     """Bring the cache to `prompt` reusing the longest cached prefix; return (last logits, reused count).
 
     At least the last prompt token is always run, because its logits are what
-    the first new token is sampled from.
+    the first new token is sampled from. `cancelled` is checked between
+    chunks, so a long prompt can be stopped; then the logits are None (the
+    chunks already run stay cached and are reused next time).
     """
     if not prompt:
         raise ValueError("the prompt is empty: at least one token is needed")
@@ -62,8 +69,9 @@ def prefill(backend: Backend, prompt: Sequence[int], chunk: int = PREFILL_CHUNK)
     reused = backend.trim_cache(reuse)
     logits = None
     for start in range(reused, len(prompt), chunk):
+        if cancelled():
+            return None, reused
         logits = backend.forward(prompt[start : start + chunk])
-    assert logits is not None
     return logits, reused
 
 

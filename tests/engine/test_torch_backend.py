@@ -72,3 +72,13 @@ def test_cached_greedy_decode_matches_transformers_generate(fresh_default_torch)
     with torch.inference_mode():
         ref = backend.model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt) :]
     assert ours == ref.tolist()[: len(ours)]
+
+
+def test_cancel_between_prefill_chunks_keeps_what_ran(tiny_torch):
+    ids = tiny_torch.tokenizer.encode("a b c d e f g h i j k l m n o p")
+    calls = iter([False, False, True])
+    logits, _ = prefill(tiny_torch, ids, chunk=4, cancelled=lambda: next(calls))
+    assert logits is None and list(tiny_torch.cached_tokens()) == ids[:8]
+    logits, reused = prefill(tiny_torch, ids, chunk=4)  # the next request picks up where it stopped
+    assert reused == 8
+    np.testing.assert_allclose(logits, _full_logits(tiny_torch, ids), atol=1e-4, rtol=1e-4)
