@@ -88,6 +88,12 @@ class MlxBackend:
         try:
             with mx.stream(self.stream):
                 inputs = mx.array(list(token_ids), dtype=mx.int32)[None]  # (1, T)
+                if inputs.shape[1] > 1:
+                    # mlx-lm models have no `logits_to_keep`: run all but the last token for
+                    # their cache only, so the (T, V) head projection is never computed.
+                    self.model(inputs[:, :-1], cache=self._cache)
+                    mx.eval([c.state for c in self._cache])
+                    inputs = inputs[:, -1:]
                 logits = self.model(inputs, cache=self._cache)[0, -1].astype(mx.float32)  # (V,)
                 mx.eval(logits)
         except BaseException:
