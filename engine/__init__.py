@@ -20,6 +20,7 @@ from engine.errors import (
 )
 from engine.events import Done, GenerationStats, StageSnapshot, TokenEvent, TokenProb
 from engine.load import load_model
+from engine.loading.default_model import DefaultModelMissingError, download_default_model, models_dir
 from engine.model_info import ModelInfo
 from engine.request import GenerationRequest
 from engine.sampling.settings import DEFAULT_ORDER, STAGE_NAMES, SamplerSettings
@@ -28,6 +29,7 @@ __all__ = [
     "ChatSession",
     "ContextLengthError",
     "DEFAULT_ORDER",
+    "DefaultModelMissingError",
     "Done",
     "Engine",
     "EngineError",
@@ -42,5 +44,7 @@ __all__ = [
     "StageSnapshot",
     "TokenEvent",
     "TokenProb",
+    "download_default_model",
     "load_model",
+    "models_dir",
 ]
