@@ -9,6 +9,7 @@ stream made by that thread, and the streams are cleared when it closes.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -111,7 +112,10 @@ class MlxBackend:
         self._reset()
         self.model = None
         mx.clear_cache()
-        mx.clear_streams()
+        # The engine's worker thread ends after close(): free its thread-local streams. On the
+        # main thread (scripts, tests) they must stay: the default stream lives there too.
+        if threading.current_thread() is not threading.main_thread():
+            mx.clear_streams()
 
     def _reset(self) -> None:
         self._cache = None
