@@ -1,0 +1,104 @@
+"""`python -m app` / `logitlab`: open the window at once and load the model in the background."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import os
+import signal
+import sys
+import tempfile
+
+import qasync
+from PySide6.QtWidgets import QApplication
+
+from app import __version__
+from app.paths import DATA_DIR_ENV, database_path
+
+log = logging.getLogger("app")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="logitlab", description="Chat with a local model and see how it samples.")
+    p.add_argument("--model", help="a model folder, a .gguf file or a hub id (default: the last one used)")
+    p.add_argument("--backend", choices=("auto", "torch", "mlx", "mock"), help="how to run it (default: auto)")
+    p.add_argument("--appearance", choices=("system", "light", "dark"), help="colour scheme (default: as last time)")
+    p.add_argument("--data-dir", help=f"where conversations are kept (default: ${DATA_DIR_ENV} or the user data dir)")
+    p.add_argument(
+        "--screenshot-dir",
+        help="drive the window through the README screenshots, save them here and quit (uses a temporary data dir)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    p.add_argument("--version", action="version", version=f"Logit Lab {__version__}")
+    return p.parse_args(argv)
+
+
+async def main(args: argparse.Namespace) -> int:
+    """Build the window, start loading the model, and run until the window has closed and saved."""
+    from app.engine_host import EngineHost
+    from app.main_window import APPEARANCE_KEY, MainWindow
+    from app.state.store import Store
+    from app.theme import Theme
+
+    app = QApplication.instance()
+    store = Store(database_path())
+    theme = Theme(app, args.appearance or store.get_setting(APPEARANCE_KEY, "system"))
+    host = EngineHost()
+    window = MainWindow(store, host, theme)
+    closed = asyncio.get_running_loop().create_future()
+    window.closed.connect(lambda: closed.done() or closed.set_result(None))
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, window.close)
+    except (NotImplementedError, RuntimeError):  # Windows, or a loop without signal support
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    window.show()
+    # Everything built so far lives as long as the app: keep the cyclic GC from rescanning it.
+    gc.freeze()
+    window.start(args.model, args.backend)
+    if args.screenshot_dir:
+        from app.screenshots import take_screenshots
+
+        try:
+            await take_screenshots(window, args.screenshot_dir)
+        finally:
+            window.close()
+    await closed
+    host.close()
+    store.close()
+    return 0
+
+
+def run(argv: list[str] | None = None) -> int:
+    if "--self-test" in (sys.argv[1:] if argv is None else argv):
+        from app.selftest import run as run_selftest
+
+        return run_selftest(argv)
+    args = parse_args(argv)
+    from app.logs import setup_logging
+
+    setup_logging(args.verbose)  # the user's log file (Help ▸ Show log file), plus stderr when there is one
+    if args.data_dir:
+        os.environ[DATA_DIR_ENV] = args.data_dir
+    elif args.screenshot_dir:
+        os.environ[DATA_DIR_ENV] = tempfile.mkdtemp(prefix="logitlab-screenshots-")
+    from app.qt_compat import guard_none_refcount
+
+    guard_none_refcount()
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("Logit Lab")
+    app.setApplicationDisplayName("Logit Lab")
+    app.setApplicationVersion(__version__)
+    app.setDesktopFileName("logitlab")
+    # main() decides when to quit: after the window has written its last tokens.
+    app.setQuitOnLastWindowClosed(False)
+    if sys.version_info >= (3, 12):
+        return asyncio.run(main(args), loop_factory=qasync.QEventLoop)
+    # Python 3.11's asyncio.run has no loop_factory; asyncio.Runner is what it wraps.
+    with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
+        return runner.run(main(args))
+
+
+if __name__ == "__main__":
+    sys.exit(run())

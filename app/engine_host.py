@@ -1,0 +1,155 @@
+"""Owns the loaded model: loads a replacement in the background and keeps the old one if that fails.
+
+`Engine.start` loads on the engine's own worker thread; progress callbacks
+arrive on that thread and hop to the event loop with `call_soon_threadsafe`
+(qasync's rule: worker threads never touch the UI directly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine import Engine, EngineError, ModelInfo
+
+from app.state.observable import Signal
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str, "float | None"], None]
+EngineFactory = Callable[[str | None, str, ProgressFn], Engine]
+
+
+def start_engine(spec: str | None, backend: str, progress: ProgressFn) -> Engine:
+    """The production factory: load `spec` with `backend` on a new worker thread."""
+    return Engine.start(spec, backend=backend, progress=progress)
+
+
+class NoModelError(EngineError):
+    """Nothing is loaded and nothing is loading."""
+
+
+@dataclass(frozen=True)
+class LoadState:
+    loading: bool
+    spec: str | None = None
+    message: str = ""
+    fraction: float | None = None
+
+
+def describe_error(error: BaseException) -> str:
+    """A message for a person: the engine's own for `EngineError`s, the type and text otherwise."""
+    if isinstance(error, EngineError):
+        return str(error)
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class EngineHost:
+    """The current `Engine` (or None), its `ModelInfo`, and background (re)loading."""
+
+    def __init__(self, factory: EngineFactory = start_engine):
+        self._factory = factory
+        self.engine: Engine | None = None
+        self.info: ModelInfo | None = None
+        self.spec: str | None = None
+        self.backend: str = "auto"
+        self.state = LoadState(False)
+        self.last_error: BaseException | None = None  # why the last load failed (the window offers fixes by type)
+        self._pending: asyncio.Future | None = None  # resolves when the load under way ends
+        self._closed = False
+        self.state_changed = Signal()  # (LoadState)
+        self.model_changed = Signal()  # (ModelInfo)
+        self.load_failed = Signal()  # (spec, message)
+
+    @property
+    def loading(self) -> bool:
+        return self.state.loading
+
+    def load(self, spec: str | None, backend: str = "auto") -> "asyncio.Task[bool]":
+        """Start loading `spec`; the task gives True when it is current, False when it failed.
+
+        The host counts as loading from this call on (not from the task's first step),
+        so a question sent right after start-up waits for this model.
+        """
+        if self.loading:
+            raise RuntimeError("a model is already loading; wait for it to finish")
+        loop = asyncio.get_running_loop()
+        self._pending = loop.create_future()
+        self._set_state(LoadState(True, spec, f"Loading {spec or 'the default model'}…", None))
+        return loop.create_task(self._load(spec, backend, loop))
+
+    async def _load(self, spec: str | None, backend: str, loop: asyncio.AbstractEventLoop) -> bool:
+        """Load `spec` and make it current; on failure keep the current model and return False."""
+        assert self._pending is not None
+        label = spec or "default model"
+
+        def progress(message: str, fraction: float | None) -> None:  # worker thread
+            try:
+                loop.call_soon_threadsafe(self._on_progress, spec, message, fraction)
+            except RuntimeError:  # the loop is closed: the window is gone, nobody is watching
+                pass
+
+        new: Engine | None = None
+        ok = False
+        try:
+            new = self._factory(spec, backend, progress)
+            await asyncio.wrap_future(new.ready)
+            info = new.info
+            if self._closed:  # the window closed while we loaded
+                return False
+            old, self.engine, self.info, self.spec, self.backend = self.engine, new, info, spec, backend
+            ok = True
+            if old is not None:
+                # A generation still running on the old model finishes first (close() drains its queue).
+                _close_in_background(old)
+            self._set_state(LoadState(False))
+            self.model_changed.emit(info)
+            return True
+        except Exception as e:  # noqa: BLE001 - any failure must leave the old model in place
+            log.warning("loading %s failed: %s", label, e, exc_info=not isinstance(e, EngineError))
+            self.last_error = e
+            self._set_state(LoadState(False))
+            self.load_failed.emit(spec, describe_error(e))
+            return False
+        finally:
+            if not ok and new is not None:
+                _close_in_background(new)
+            if self.loading:  # cancelled, or closed while loading
+                self._set_state(LoadState(False))
+            if not self._pending.done():
+                self._pending.set_result(ok)
+
+    async def wait_engine(self) -> Engine:
+        """The engine to generate with; waits for a load under way when nothing is loaded yet."""
+        if self.engine is None and self.loading and self._pending is not None:
+            await asyncio.shield(self._pending)
+        if self.engine is None:
+            raise NoModelError("no model is loaded: open one from Model ▸ Open model…")
+        return self.engine
+
+    def _on_progress(self, spec: str | None, message: str, fraction: float | None) -> None:
+        if self.loading and spec == self.state.spec:
+            self._set_state(LoadState(True, spec, message, fraction))
+
+    def _set_state(self, state: LoadState) -> None:
+        self.state = state
+        self.state_changed.emit(state)
+
+    def close(self, wait: bool = True) -> None:
+        """Release the model (its worker finishes queued work first)."""
+        self._closed = True
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            if wait:
+                engine.close()
+            else:
+                _close_in_background(engine)
+
+
+def _close_in_background(engine: Engine) -> None:
+    # close() joins the worker, which may be mid-generation or mid-load: never on the UI thread.
+    threading.Thread(target=engine.close, name="logitlab-engine-close", daemon=True).start()

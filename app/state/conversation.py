@@ -1,0 +1,249 @@
+"""A conversation is a tree of messages; the window shows one path through it.
+
+Every message remembers which of its children is active (`active_child_id`),
+and the conversation which root is; the visible path starts at the active
+root and follows active children. Regenerating, editing a user message or
+branching from a token adds a sibling and makes it active; the "2 / 3"
+arrows switch the parent's active child. Structure changes are written
+through to the store at once; streamed tokens are buffered and written by
+`flush()` (the controller calls it a few times a second and at the end).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine import TokenEvent
+
+from app.state.observable import Signal
+from app.state.store import ConversationRow, MessageRow, Store
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TITLE = "New chat"
+TITLE_CHARS = 60
+
+
+@dataclass(eq=False)
+class Message:
+    """One message. Assistant messages carry their token records (loaded lazily from the store)."""
+
+    id: int
+    parent_id: int | None
+    role: str  # "user" | "assistant"
+    content: str
+    created: float
+    active_child_id: int | None = None
+    finish_reason: str | None = None  # None: still generating, or cut off by a crash
+    branch_index: int | None = None  # a branch: the token index whose alternative was forced
+    request: dict[str, Any] | None = None  # the generation options and sampler used
+    model: dict[str, Any] | None = None  # the model that wrote it (ModelInfo fields)
+    stats: dict[str, Any] | None = None  # GenerationStats of the last run on it
+    tokens: list[TokenEvent] | None = field(default=None, repr=False)  # None until loaded
+    generating: bool = False
+
+    @property
+    def is_assistant(self) -> bool:
+        return self.role == "assistant"
+
+    @property
+    def can_continue(self) -> bool:
+        """A cut-off answer (length, cancelled, interrupted) can be continued."""
+        return self.is_assistant and not self.generating and self.finish_reason in (None, "length", "cancelled")
+
+    @classmethod
+    def from_row(cls, row: MessageRow) -> "Message":
+        return cls(
+            id=row.id,
+            parent_id=row.parent_id,
+            role=row.role,
+            content=row.content,
+            created=row.created,
+            active_child_id=row.active_child_id,
+            finish_reason=row.finish_reason,
+            branch_index=row.branch_index,
+            request=row.request,
+            model=row.model,
+            stats=row.stats,
+        )
+
+
+class Conversation:
+    """A message tree plus title and system prompt, observable and persisted."""
+
+    def __init__(self, store: Store, row: ConversationRow, rows: list[MessageRow] | None = None):
+        self._store = store
+        self.id = row.id
+        self.title = row.title
+        self.system_prompt = row.system_prompt
+        self.created = row.created
+        self.active_root_id = row.active_root_id
+        self.messages: dict[int, Message] = {r.id: Message.from_row(r) for r in (rows or [])}
+        self._pending: dict[int, list[TokenEvent]] = {}  # streamed, not yet written
+        self._dirty_content: set[int] = set()
+        self.deleted = False  # set by the library; a generation still streaming into it then writes nothing
+
+        self.changed = Signal()  # () title or system prompt
+        self.path_changed = Signal()  # () the visible path changed
+        self.message_changed = Signal()  # (Message) content, state or stats changed, tokens replaced
+        self.tokens_appended = Signal()  # (Message, first new index)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def children(self, parent_id: int | None) -> list[Message]:
+        return sorted((m for m in self.messages.values() if m.parent_id == parent_id), key=lambda m: m.id)
+
+    def siblings(self, message: Message) -> list[Message]:
+        return self.children(message.parent_id)
+
+    def active_child(self, parent_id: int | None) -> Message | None:
+        chosen = self.active_root_id if parent_id is None else self.messages[parent_id].active_child_id
+        kids = self.children(parent_id)
+        if chosen is not None and chosen in self.messages and self.messages[chosen].parent_id == parent_id:
+            return self.messages[chosen]
+        return kids[-1] if kids else None
+
+    def path(self) -> list[Message]:
+        """The visible messages, root first."""
+        out: list[Message] = []
+        node = self.active_child(None)
+        while node is not None:
+            out.append(node)
+            node = self.active_child(node.id)
+        return out
+
+    def ancestry(self, message: Message) -> list[Message]:
+        """`message` and its ancestors, root first."""
+        chain = [message]
+        while chain[-1].parent_id is not None:
+            chain.append(self.messages[chain[-1].parent_id])
+        return chain[::-1]
+
+    def history(self, upto: Message, include: bool = True) -> list[dict[str, str]]:
+        """Chat messages for a request: the system prompt, then `upto`'s ancestry."""
+        chain = self.ancestry(upto) if include else self.ancestry(upto)[:-1]
+        head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt.strip() else []
+        return head + [{"role": m.role, "content": m.content} for m in chain]
+
+    def tokens(self, message: Message) -> list[TokenEvent]:
+        """The token records of `message`, loading them on first use."""
+        if message.tokens is None:
+            message.tokens = self._store.tokens(message.id) if message.is_assistant else []
+        return message.tokens
+
+    # -- structure (written through) -------------------------------------------------------
+
+    def add_message(self, parent: Message | None, role: str, content: str = "", **extra: Any) -> Message:
+        """Add a child of `parent` (None: a new root) and make it the active one."""
+        with self._store.transaction():
+            row = self._store.insert_message(self.id, None if parent is None else parent.id, role, content, **extra)
+            message = Message.from_row(row)
+            message.tokens = []
+            self.messages[message.id] = message
+            self._activate(message)
+            retitled = self.title == DEFAULT_TITLE and role == "user" and bool(content.strip())
+            if retitled:
+                self._set_title(_title_from(content))
+        self.path_changed.emit()
+        if retitled:
+            self.changed.emit()
+        return message
+
+    def select_sibling(self, message: Message, offset: int) -> Message:
+        """Show the sibling `offset` places away (clamped); returns the one now shown."""
+        sibs = self.siblings(message)
+        i = max(0, min(len(sibs) - 1, sibs.index(message) + offset))
+        target = sibs[i]
+        if target is not message:
+            with self._store.transaction():
+                self._activate(target)
+            self.path_changed.emit()
+        return target
+
+    def _activate(self, message: Message) -> None:
+        if message.parent_id is None:
+            self.active_root_id = message.id
+            self._store.update_conversation(self.id, active_root_id=message.id)
+        else:
+            self.messages[message.parent_id].active_child_id = message.id
+            self._store.update_message(message.parent_id, active_child_id=message.id)
+
+    def set_title(self, title: str) -> None:
+        title = " ".join(title.split()) or DEFAULT_TITLE
+        if title != self.title:
+            self._set_title(title)
+            self.changed.emit()
+
+    def _set_title(self, title: str) -> None:
+        self.title = title
+        self._store.update_conversation(self.id, title=title)
+
+    def set_system_prompt(self, text: str) -> None:
+        if text != self.system_prompt:
+            self.system_prompt = text
+            self._store.update_conversation(self.id, system_prompt=text)
+            self.changed.emit()
+
+    # -- streaming -------------------------------------------------------------------------
+
+    def append_tokens(self, message: Message, events: list[TokenEvent]) -> None:
+        """Add streamed tokens (indices already relative to the message); written on `flush()`."""
+        if not events:
+            return
+        tokens = self.tokens(message)
+        start = len(tokens)
+        tokens.extend(events)
+        message.content += "".join(ev.text for ev in events)
+        self._pending.setdefault(message.id, []).extend(events)
+        self._dirty_content.add(message.id)
+        self.tokens_appended.emit(message, start)
+
+    def set_tokens(self, message: Message, events: list[TokenEvent], content: str) -> None:
+        """Give a fresh message its inherited tokens at once (the kept part of a branch)."""
+        message.tokens = list(events)
+        message.content = content
+        self._pending.setdefault(message.id, []).extend(events)
+        self._dirty_content.add(message.id)
+        self.message_changed.emit(message)
+
+    def update_message(self, message: Message, **fields: Any) -> None:
+        """Change stored fields (finish_reason, stats, request, model) and tell the views."""
+        for key, value in fields.items():
+            setattr(message, key, value)
+        with self._store.transaction():
+            self._store.update_message(message.id, **fields)
+            self._store.touch_conversation(self.id)
+        self.message_changed.emit(message)
+
+    def set_generating(self, message: Message, generating: bool) -> None:
+        message.generating = generating
+        self.message_changed.emit(message)
+
+    def flush(self) -> int:
+        """Write buffered tokens and message text in one transaction; returns how many tokens."""
+        if self.deleted:
+            self._pending.clear()
+            self._dirty_content.clear()
+        if not self._pending and not self._dirty_content:
+            return 0
+        written = 0
+        with self._store.transaction():
+            for message_id, events in self._pending.items():
+                self._store.write_tokens(message_id, events)
+                written += len(events)
+            for message_id in self._dirty_content:
+                self._store.update_message(message_id, content=self.messages[message_id].content)
+        self._pending.clear()
+        self._dirty_content.clear()
+        return written
+
+    @property
+    def has_unsaved_tokens(self) -> bool:
+        return bool(self._pending)
+
+
+def _title_from(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"

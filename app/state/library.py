@@ -1,0 +1,96 @@
+"""The set of saved conversations and which one is open."""
+
+from __future__ import annotations
+
+import logging
+
+from app.state.conversation import DEFAULT_TITLE, Conversation
+from app.state.observable import Signal
+from app.state.store import ConversationRow, Store
+
+log = logging.getLogger(__name__)
+
+LAST_OPEN_KEY = "last_conversation_id"
+
+
+class Library:
+    """Lists, creates, opens, renames and deletes conversations; holds the open one."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.current: Conversation | None = None
+        # Conversations opened this session, by id: a generation streaming into one keeps
+        # writing to the same object while another is shown, so reopening it shows its tokens.
+        self._open: dict[int, Conversation] = {}
+        self.list_changed = Signal()  # () titles, order or membership changed
+        self.current_changed = Signal()  # (Conversation | None)
+
+    def summaries(self, query: str = "") -> list[ConversationRow]:
+        return self.store.conversations(query)
+
+    def new(self, system_prompt: str = "") -> Conversation:
+        """Create an empty conversation and open it (an unused empty one is reused)."""
+        if self.current is not None and not self.current.messages and self.current.system_prompt == system_prompt:
+            return self.current
+        row = self.store.create_conversation(DEFAULT_TITLE, system_prompt)
+        conv = Conversation(self.store, row, [])
+        self._open[conv.id] = conv
+        self._set_current(conv)
+        self.list_changed.emit()
+        return conv
+
+    def open(self, conversation_id: int) -> Conversation:
+        if self.current is not None and self.current.id == conversation_id:
+            return self.current
+        conv = self._open.get(conversation_id)
+        if conv is None:
+            row = self.store.conversation(conversation_id)
+            if row is None:
+                raise KeyError(f"no conversation {conversation_id}")
+            conv = self._open[conversation_id] = Conversation(self.store, row, self.store.messages(conversation_id))
+        self._set_current(conv)
+        return conv
+
+    def open_last(self) -> Conversation:
+        """The conversation open at the end of the last session, else the newest, else a new one."""
+        last = self.store.get_setting(LAST_OPEN_KEY)
+        if last is not None and self.store.conversation(int(last)) is not None:
+            return self.open(int(last))
+        rows = self.summaries()
+        return self.open(rows[0].id) if rows else self.new()
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        if self.current is not None and self.current.id == conversation_id:
+            self.current.set_title(title)  # emits changed -> list_changed
+            return
+        self.store.update_conversation(conversation_id, title=" ".join(title.split()) or DEFAULT_TITLE)
+        self.list_changed.emit()
+
+    def delete(self, conversation_id: int) -> None:
+        """Delete a conversation; deleting the open one opens the next newest (or a new one)."""
+        self.store.delete_conversation(conversation_id)
+        gone = self._open.pop(conversation_id, None)
+        if gone is not None:
+            gone.deleted = True
+        if self.current is not None and self.current.id == conversation_id:
+            self.current = None
+            rows = self.summaries()
+            if rows:
+                self.open(rows[0].id)
+            else:
+                self.new()
+        self.list_changed.emit()
+
+    def _set_current(self, conv: Conversation) -> None:
+        if self.current is not None:
+            self.current.flush()
+            self.current.changed.disconnect(self._on_conversation_changed)
+            self.current.path_changed.disconnect(self._on_conversation_changed)
+        self.current = conv
+        conv.changed.connect(self._on_conversation_changed)
+        conv.path_changed.connect(self._on_conversation_changed)
+        self.store.put_setting(LAST_OPEN_KEY, conv.id)
+        self.current_changed.emit(conv)
+
+    def _on_conversation_changed(self) -> None:
+        self.list_changed.emit()

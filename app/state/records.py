@@ -1,0 +1,107 @@
+"""Token records: the engine's `TokenEvent`, stored compactly and rebuilt exactly.
+
+The app keeps the engine's own frozen `TokenEvent` as its token record (one
+type from the decode loop to the inspector). On disk the scalar fields get
+columns and the alternatives one compact JSON array, `[id, text, logprob]`
+per candidate, so a 4,000-token answer with stage snapshots stays a few MB.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from engine import StageSnapshot, TokenEvent, TokenProb
+
+_Row = tuple[int, str, float | None]
+
+
+def _logprob_out(lp: float) -> float | None:
+    # -inf (a forced token the sampler had filtered out) has no JSON spelling.
+    return lp if math.isfinite(lp) else None
+
+
+def _logprob_in(lp: float | None) -> float:
+    return -math.inf if lp is None else float(lp)
+
+
+def _probs_out(probs: tuple[TokenProb, ...]) -> list[_Row]:
+    return [(p.token_id, p.text, _logprob_out(p.logprob)) for p in probs]
+
+
+def _probs_in(rows: list[list[Any]]) -> tuple[TokenProb, ...]:
+    return tuple(TokenProb(int(i), str(t), _logprob_in(lp)) for i, t, lp in rows)
+
+
+def alternatives_json(ev: TokenEvent) -> str:
+    """The candidate lists of one token as compact JSON (the `top_json` column)."""
+    doc: dict[str, Any] = {"m": _probs_out(ev.top_model), "s": _probs_out(ev.top_sampler)}
+    if ev.stages is not None:
+        doc["st"] = [
+            [s.stage, s.survivors, s.mass_kept, s.entropy, _probs_out(s.top)] for s in ev.stages
+        ]
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+def token_row(message_id: int, ev: TokenEvent) -> tuple[Any, ...]:
+    """One `tokens` table row (column order as in `store.SCHEMA`)."""
+    return (
+        message_id,
+        ev.index,
+        ev.token_id,
+        ev.text,
+        ev.token_text,
+        ev.logprob,
+        ev.sampler_logprob,
+        ev.rank,
+        ev.entropy,
+        int(ev.forced),
+        int(ev.special),
+        alternatives_json(ev),
+    )
+
+
+def token_from_row(row: tuple[Any, ...]) -> TokenEvent:
+    """Inverse of `token_row` (without the message id)."""
+    idx, token_id, text, token_text, logprob, sampler_logprob, rank, entropy, forced, special, top = row
+    doc = json.loads(top)
+    stages = None
+    if "st" in doc:
+        stages = tuple(
+            StageSnapshot(str(name), int(surv), float(mass), float(ent), _probs_in(top_rows))
+            for name, surv, mass, ent, top_rows in doc["st"]
+        )
+    return TokenEvent(
+        index=int(idx),
+        token_id=int(token_id),
+        text=str(text),
+        token_text=str(token_text),
+        logprob=_logprob_in(logprob),
+        sampler_logprob=_logprob_in(sampler_logprob),
+        rank=int(rank),
+        entropy=float(entropy),
+        top_model=_probs_in(doc["m"]),
+        top_sampler=_probs_in(doc["s"]),
+        stages=stages,
+        forced=bool(forced),
+        special=bool(special),
+    )
+
+
+def token_to_json(ev: TokenEvent) -> dict[str, Any]:
+    """A token record as standard JSON (non-finite log-probs become null), for export."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    d = clean(ev.to_dict())
+    d["prob"] = ev.prob
+    d["sampler_prob"] = ev.sampler_prob
+    return d

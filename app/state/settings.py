@@ -1,0 +1,202 @@
+"""What the next generation will use (sampler + length + stop strings), presets, and view options.
+
+All values are validated before they are accepted: a `ValueError` leaves the
+state unchanged, so the panel can never hold settings the engine would
+refuse. Everything here is remembered across restarts through the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from engine import SamplerSettings
+
+from app.state.observable import Signal
+from app.state.store import Store
+
+log = logging.getLogger(__name__)
+
+MAX_NEW_TOKENS_LIMIT = 32768
+MAX_STOP_STRINGS = 16
+
+BUILTIN_PRESETS: dict[str, SamplerSettings] = {
+    # Always the most likely token: deterministic, good for checking what the model "thinks".
+    "Greedy": SamplerSettings(temperature=0.0),
+    # A common chat default: trim the tail, mild repetition penalty.
+    "Balanced": SamplerSettings(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.1),
+    # Hotter, with min-p keeping junk out and XTC sometimes skipping the obvious choice.
+    "Creative": SamplerSettings(
+        temperature=1.2, min_p=0.05, repetition_penalty=1.05, xtc_probability=0.5, xtc_threshold=0.1
+    ),
+}
+DEFAULT_PRESET = "Balanced"
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """Sampler settings plus the per-request limits the panel edits."""
+
+    sampler: SamplerSettings = field(default_factory=lambda: BUILTIN_PRESETS[DEFAULT_PRESET])
+    max_new_tokens: int = 512
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_NEW_TOKENS_LIMIT:
+            raise ValueError(f"max new tokens must be an integer in [1, {MAX_NEW_TOKENS_LIMIT}], got {n!r}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty text")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.to_dict(), "max_new_tokens": self.max_new_tokens, "stop": list(self.stop)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GenerationOptions":
+        return cls(
+            sampler=SamplerSettings.from_dict(d["sampler"]),
+            max_new_tokens=int(d["max_new_tokens"]),
+            stop=tuple(d.get("stop", ())),
+        )
+
+
+class SettingsState:
+    """The options for the next generation, and the presets; persisted on every change."""
+
+    KEY = "generation_options"
+
+    def __init__(self, store: Store):
+        self._store = store
+        self.changed = Signal()  # (GenerationOptions)
+        self.presets_changed = Signal()  # ()
+        saved = store.get_setting(self.KEY)
+        try:
+            self.options = GenerationOptions.from_dict(saved) if saved else GenerationOptions()
+        except (ValueError, KeyError, TypeError) as e:
+            # Settings written by another version (a renamed field, a tightened range): start fresh.
+            log.warning("ignoring saved generation options: %s", e)
+            self.options = GenerationOptions()
+
+    def _set(self, options: GenerationOptions) -> None:
+        if options == self.options:
+            return
+        self.options = options
+        self._store.put_setting(self.KEY, options.to_dict())
+        self.changed.emit(options)
+
+    def update_sampler(self, **changes: Any) -> SamplerSettings:
+        """Change sampler fields; raises ValueError (and changes nothing) when the result is invalid."""
+        sampler = self.options.sampler.with_(**changes)
+        self._set(replace(self.options, sampler=sampler))
+        return sampler
+
+    def set_sampler(self, sampler: SamplerSettings) -> None:
+        self._set(replace(self.options, sampler=sampler))
+
+    def set_max_new_tokens(self, n: int) -> None:
+        self._set(replace(self.options, max_new_tokens=n))
+
+    def set_stop(self, stop: list[str] | tuple[str, ...]) -> None:
+        self._set(replace(self.options, stop=tuple(stop)))
+
+    def reset(self) -> None:
+        self._set(GenerationOptions())
+
+    # -- presets ---------------------------------------------------------------------------
+
+    def preset_names(self) -> list[str]:
+        return list(BUILTIN_PRESETS) + [n for n in self._store.presets() if n not in BUILTIN_PRESETS]
+
+    @staticmethod
+    def is_builtin(name: str) -> bool:
+        return name in BUILTIN_PRESETS
+
+    def preset(self, name: str) -> SamplerSettings:
+        if name in BUILTIN_PRESETS:
+            return BUILTIN_PRESETS[name]
+        saved = self._store.presets()
+        if name not in saved:
+            raise KeyError(f"no preset named {name!r}")
+        return SamplerSettings.from_dict(saved[name])
+
+    def apply_preset(self, name: str) -> None:
+        self.set_sampler(self.preset(name))
+
+    def matching_preset(self) -> str | None:
+        """The preset whose sampler settings equal the current ones, if any."""
+        for name in self.preset_names():
+            try:
+                if self.preset(name) == self.options.sampler:
+                    return name
+            except (KeyError, ValueError):
+                continue
+        return None
+
+    def save_preset(self, name: str) -> None:
+        name = name.strip()
+        if not name:
+            raise ValueError("a preset needs a name")
+        if name in BUILTIN_PRESETS:
+            raise ValueError(f"{name!r} is a built-in preset; choose another name")
+        self._store.save_preset(name, self.options.sampler.to_dict())
+        self.presets_changed.emit()
+
+    def delete_preset(self, name: str) -> None:
+        if name in BUILTIN_PRESETS:
+            raise ValueError(f"{name!r} is built in and cannot be deleted")
+        self._store.delete_preset(name)
+        self.presets_changed.emit()
+
+
+HEAT_MODES = ("probability", "surprisal", "entropy")
+
+
+class ViewOptions:
+    """How assistant text is shown: Markdown, or tokens coloured by a metric."""
+
+    KEY = "view_options"
+
+    def __init__(self, store: Store):
+        self._store = store
+        self.changed = Signal()  # ()
+        saved = store.get_setting(self.KEY) or {}
+        self.heatmap: bool = bool(saved.get("heatmap", False))
+        mode = saved.get("mode", "probability")
+        self.mode: str = mode if mode in HEAT_MODES else "probability"
+
+    def set_heatmap(self, on: bool) -> None:
+        if on != self.heatmap:
+            self.heatmap = on
+            self._save()
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in HEAT_MODES:
+            raise ValueError(f"unknown colouring {mode!r}; choose one of {', '.join(HEAT_MODES)}")
+        if mode != self.mode:
+            self.mode = mode
+            self._save()
+
+    def _save(self) -> None:
+        self._store.put_setting(self.KEY, {"heatmap": self.heatmap, "mode": self.mode})
+        self.changed.emit()
+
+
+class Selection:
+    """The token the inspector shows: (message id, token index), or nothing."""
+
+    def __init__(self) -> None:
+        self.message_id: int | None = None
+        self.index: int | None = None
+        self.changed = Signal()  # (message_id | None, index | None)
+
+    def set(self, message_id: int | None, index: int | None) -> None:
+        if (message_id, index) != (self.message_id, self.index):
+            self.message_id, self.index = message_id, index
+            self.changed.emit(message_id, index)
+
+    def clear(self) -> None:
+        self.set(None, None)

@@ -1,0 +1,151 @@
+"""The middle of the window: title and system prompt, the token-view bar, the transcript, the composer."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QPainter
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.controller import ChatController
+from app.state.conversation import Conversation
+from app.state.library import Library
+from app.state.settings import HEAT_MODES, Selection, ViewOptions
+from app.widgets.chat_view import ChatView
+from app.widgets.composer import Composer
+from app.widgets.heat import MODE_LABELS, HeatLegend
+
+
+class ElidedLabel(QLabel):
+    """A bold one-line label that shortens its text with "…" instead of pushing its neighbours away."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        font = self.font()
+        font.setBold(True)
+        self.setFont(font)
+        # Ignored: the layout may make it as narrow as it likes; paintEvent elides.
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+
+    def paintEvent(self, _event) -> None:
+        p = QPainter(self)
+        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, self.width())
+        p.drawText(self.rect(), int(Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft), text)
+
+
+class ChatPane(QWidget):
+    def __init__(
+        self,
+        library: Library,
+        view: ViewOptions,
+        selection: Selection,
+        controller: ChatController,
+        parent: QWidget | None = None,
+    ):
+        super().__init__(parent)
+        self._library = library
+        self._view = view
+        self._conv: Conversation | None = None
+
+        self.title_label = ElidedLabel()
+        self.title_label.setAccessibleName("Conversation title")
+        self.system_button = QToolButton()
+        self.system_button.setCheckable(True)
+        self.system_button.setAutoRaise(True)
+        self.system_button.setAccessibleName("Show system prompt")
+        self.system_button.setToolTip("The system prompt of this conversation")
+        self.system_edit = QPlainTextEdit()
+        self.system_edit.setAccessibleName("System prompt")
+        self.system_edit.setPlaceholderText("System prompt for this conversation (optional), e.g. “Answer briefly.”")
+        self.system_edit.setFixedHeight(self.fontMetrics().lineSpacing() * 3 + 12)
+        self.system_edit.setVisible(False)
+        self.system_button.toggled.connect(self.system_edit.setVisible)
+        self._system_timer = QTimer(self)
+        self._system_timer.setSingleShot(True)
+        self._system_timer.setInterval(500)
+        self._system_timer.timeout.connect(self._save_system_prompt)
+        self.system_edit.textChanged.connect(self._system_timer.start)
+
+        self.heat_toggle = QCheckBox("Token view")
+        self.heat_toggle.setAccessibleName("Token heatmap")
+        self.heat_toggle.setToolTip("Show the answer as tokens coloured by the chosen measure (Ctrl+H)")
+        self.mode_box = QComboBox()
+        self.mode_box.setAccessibleName("Colour tokens by")
+        for mode in HEAT_MODES:
+            self.mode_box.addItem(MODE_LABELS[mode], mode)
+        self.legend = HeatLegend(view.mode)
+        self.heat_toggle.toggled.connect(view.set_heatmap)
+        self.mode_box.currentIndexChanged.connect(lambda i: view.set_mode(self.mode_box.itemData(i)))
+
+        head = QHBoxLayout()
+        head.setContentsMargins(16, 8, 12, 0)
+        head.addWidget(self.title_label, 1)
+        head.addWidget(self.heat_toggle)
+        head.addWidget(QLabel("by"))
+        head.addWidget(self.mode_box)
+        head.addWidget(self.legend)
+        head.addSpacing(8)
+        head.addWidget(self.system_button)
+
+        self.chat_view = ChatView(library, view, selection, controller)
+        self.composer = Composer()
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(4)
+        lay.addLayout(head)
+        sys_row = QHBoxLayout()
+        sys_row.setContentsMargins(16, 0, 12, 0)
+        sys_row.addWidget(self.system_edit)
+        lay.addLayout(sys_row)
+        lay.addWidget(self.chat_view, 1)
+        lay.addWidget(self.composer)
+
+        controller.busy_changed.connect(self.composer.set_busy)
+        library.current_changed.connect(self._on_conversation_changed)
+        view.changed.connect(self._on_view_changed)
+        self._on_view_changed()
+        self._on_conversation_changed(library.current)
+
+    def _on_conversation_changed(self, conv: Conversation | None) -> None:
+        self._system_timer.stop()
+        if self._conv is not None:
+            self._save_system_prompt()
+            self._conv.changed.disconnect(self._on_conversation_edited)
+        self._conv = conv
+        if conv is not None:
+            conv.changed.connect(self._on_conversation_edited)
+        self._on_conversation_edited()
+
+    def _on_conversation_edited(self) -> None:
+        conv = self._conv
+        self.title_label.setText(conv.title if conv else "")
+        prompt = conv.system_prompt if conv else ""
+        if self.system_edit.toPlainText() != prompt:
+            self.system_edit.blockSignals(True)
+            self.system_edit.setPlainText(prompt)
+            self.system_edit.blockSignals(False)
+        self.system_button.setText("System prompt ●" if prompt.strip() else "System prompt")
+
+    def _save_system_prompt(self) -> None:
+        if self._conv is not None:
+            self._conv.set_system_prompt(self.system_edit.toPlainText())
+
+    def _on_view_changed(self) -> None:
+        self.heat_toggle.blockSignals(True)
+        self.heat_toggle.setChecked(self._view.heatmap)
+        self.heat_toggle.blockSignals(False)
+        self.mode_box.blockSignals(True)
+        self.mode_box.setCurrentIndex(HEAT_MODES.index(self._view.mode))
+        self.mode_box.blockSignals(False)
+        self.legend.set_mode(self._view.mode)
+        self.mode_box.setEnabled(self._view.heatmap)
+        self.legend.setVisible(self._view.heatmap)

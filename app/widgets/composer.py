@@ -1,0 +1,71 @@
+"""The message box: Enter sends, Shift+Enter starts a new line; Send turns into Stop while generating."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeyEvent
+from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+
+
+class ComposerEdit(QPlainTextEdit):
+    submitted = Signal()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class Composer(QWidget):
+    send_requested = Signal(str)
+    stop_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._busy = False
+        self.edit = ComposerEdit(self)
+        self.edit.setPlaceholderText("Message the model — Enter to send, Shift+Enter for a new line")
+        self.edit.setAccessibleName("Message")
+        self.edit.setTabChangesFocus(True)
+        line = self.edit.fontMetrics().lineSpacing()
+        self.edit.setFixedHeight(line * 3 + 14)
+        self.send_button = QPushButton("Send")
+        self.send_button.setAccessibleName("Send")
+        self.send_button.setToolTip("Send (Enter)")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setAccessibleName("Stop")
+        self.stop_button.setToolTip("Stop generating (Esc)")
+        self.stop_button.setVisible(False)
+
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addStretch(1)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(12, 6, 12, 10)
+        row.addWidget(self.edit, 1)
+        row.addLayout(buttons)
+
+        self.edit.submitted.connect(self.submit)
+        self.send_button.clicked.connect(self.submit)
+        self.stop_button.clicked.connect(self.stop_requested)
+        self.edit.textChanged.connect(self._update_buttons)
+        self._update_buttons()
+
+    def set_busy(self, busy: bool) -> None:
+        """While generating, Send waits (the text stays) and Stop shows."""
+        self._busy = busy
+        self.stop_button.setVisible(busy)
+        self._update_buttons()
+
+    def _update_buttons(self) -> None:
+        self.send_button.setEnabled(not self._busy and bool(self.edit.toPlainText().strip()))
+
+    def submit(self) -> None:
+        text = self.edit.toPlainText().strip()
+        if not text or self._busy:
+            return
+        self.edit.clear()
+        self.send_requested.emit(text)

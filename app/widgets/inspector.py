@@ -1,0 +1,236 @@
+"""The inspector: everything about the selected token, and branching from one of its alternatives.
+
+It shows the message of the selected token (or, with nothing selected, the
+last answer on screen) in the chart, so the chart grows live while an
+answer streams.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+from engine import TokenEvent
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QTabWidget, QToolButton, QVBoxLayout, QWidget
+
+from app.controller import ChatController
+from app.state.conversation import Conversation, Message
+from app.state.library import Library
+from app.state.settings import Selection
+from app.widgets.fmt import bits, pct, visible
+from app.widgets.prob_table import ProbTable
+from app.widgets.stage_view import StageView
+from app.widgets.token_chart import TokenChart
+
+
+class Inspector(QWidget):
+    branch_requested = Signal(object, int, int)  # Message, token index, alternative token id
+
+    def __init__(self, library: Library, selection: Selection, controller: ChatController, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._library = library
+        self._selection = selection
+        self._controller = controller
+        self._conv: Conversation | None = None
+        self._message: Message | None = None  # the message in the chart
+        self.setAccessibleName("Token inspector")
+
+        self.token_label = QLabel()
+        self.token_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.token_label.setAccessibleName("Selected token")
+        self.prev_button = QToolButton()
+        self.prev_button.setText("◀")
+        self.prev_button.setAccessibleName("Previous token")
+        self.prev_button.setToolTip("Previous token (Alt+Left)")
+        self.next_button = QToolButton()
+        self.next_button.setText("▶")
+        self.next_button.setAccessibleName("Next token")
+        self.next_button.setToolTip("Next token (Alt+Right)")
+        self.prev_button.clicked.connect(lambda: self.step(-1))
+        self.next_button.clicked.connect(lambda: self.step(+1))
+        top = QHBoxLayout()
+        top.addWidget(self.token_label, 1)
+        top.addWidget(self.prev_button)
+        top.addWidget(self.next_button)
+        self.metrics_label = QLabel()
+        self.metrics_label.setWordWrap(True)
+        self.metrics_label.setAccessibleName("Token statistics")
+
+        self.table = ProbTable()
+        self.branch_button = QPushButton("Branch from here")
+        self.branch_button.setAccessibleName("Branch with the selected alternative")
+        self.branch_button.setToolTip(
+            "Cut the answer before this token, use the selected alternative instead, and let the model go on "
+            "(double-click an alternative does the same); the original answer is kept"
+        )
+        self.branch_button.clicked.connect(self._on_branch_clicked)
+        self.table.branch_requested.connect(self._request_branch)
+        self.table.currentItemChanged.connect(lambda *_: self._update_branch_button())
+        alternatives = QWidget()
+        alt_lay = QVBoxLayout(alternatives)
+        alt_lay.setContentsMargins(0, 4, 0, 0)
+        alt_lay.addWidget(self.table, 1)
+        alt_lay.addWidget(self.branch_button)
+        self.stages = StageView()
+        self.tabs = QTabWidget()
+        self.tabs.addTab(alternatives, "Alternatives")
+        self.tabs.addTab(self.stages, "Sampler stages")
+        self.tabs.setAccessibleName("Inspector views")
+
+        self.chart = TokenChart()
+        self.chart.index_clicked.connect(self._on_chart_clicked)
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 8, 8, 8)
+        lay.addLayout(top)
+        lay.addWidget(self.metrics_label)
+        lay.addWidget(self.tabs, 1)
+        lay.addWidget(self.chart)
+
+        library.current_changed.connect(self._on_conversation_changed)
+        selection.changed.connect(self._on_selection_changed)
+        controller.busy_changed.connect(lambda _busy: self._update_branch_button())
+        self._on_conversation_changed(library.current)
+
+    # -- what is shown ---------------------------------------------------------------------
+
+    def selected_event(self) -> TokenEvent | None:
+        m, i = self._selected_message(), self._selection.index
+        if m is None or i is None or self._conv is None:
+            return None
+        tokens = self._conv.tokens(m)
+        return tokens[i] if 0 <= i < len(tokens) else None
+
+    def _selected_message(self) -> Message | None:
+        if self._conv is None or self._selection.message_id is None:
+            return None
+        return self._conv.messages.get(self._selection.message_id)
+
+    def _chart_message(self) -> Message | None:
+        m = self._selected_message()
+        if m is not None:
+            return m
+        if self._conv is None:
+            return None
+        answers = [x for x in self._conv.path() if x.is_assistant]
+        return answers[-1] if answers else None
+
+    def _refresh_chart(self) -> None:
+        self._message = self._chart_message()
+        self.chart.set_tokens(self._conv.tokens(self._message) if self._message and self._conv else [])
+        self.chart.set_selected(self._selection.index if self._selected_message() else None)
+
+    def _refresh_token(self) -> None:
+        ev = self.selected_event()
+        self.table.show_token(ev)
+        self.stages.show_token(ev)
+        has = ev is not None
+        self.prev_button.setEnabled(has)
+        self.next_button.setEnabled(has)
+        self._update_header()
+        self._update_branch_button()
+
+    def _update_header(self) -> None:
+        ev = self.selected_event()
+        if ev is None:
+            self.token_label.setText("<span style='font-size:15px'><b>No token selected</b></span>")
+            self.metrics_label.setText("Turn on the token view (Ctrl+H) and click a token, or click the chart below.")
+            return
+        n = len(self._conv.tokens(self._selected_message())) if self._conv else 0
+        badges = "".join(f" <i>{b}</i>" for b, on in (("forced", ev.forced), ("end of sequence", ev.special)) if on)
+        self.token_label.setText(
+            f"<span style='font-size:17px'><b><code>{html.escape(visible(ev.token_text))}</code></b></span>"
+            f"&nbsp;&nbsp;token {self._selection.index + 1} of {n} · id {ev.token_id}{badges}"
+        )
+        sampler = pct(ev.sampler_prob) if math.isfinite(ev.sampler_logprob) else "cut (forced)"
+        self.metrics_label.setText(
+            f"p(model) <b>{pct(ev.prob)}</b> · p(sampler) <b>{sampler}</b> · rank <b>{ev.rank + 1}</b><br>"
+            f"entropy <b>{ev.entropy:.2f}</b> nats · surprisal <b>{bits(ev.logprob)}</b>"
+        )
+
+    def _update_branch_button(self) -> None:
+        ev = self.selected_event()
+        token_id = self.table.selected_token()
+        ok = ev is not None and token_id is not None and not self._controller.busy
+        self.branch_button.setEnabled(ok)
+        if ev is not None and token_id is not None:
+            alt = next((p.text for p in ev.top_model + ev.top_sampler if p.token_id == token_id), ev.token_text)
+            verb = "Resample from here with" if token_id == ev.token_id else "Branch with"
+            self.branch_button.setText(f"{verb} “{visible(alt)}”")
+        else:
+            self.branch_button.setText("Branch from here")
+
+    # -- state handlers --------------------------------------------------------------------
+
+    def _on_conversation_changed(self, conv: Conversation | None) -> None:
+        if self._conv is not None:
+            self._conv.tokens_appended.disconnect(self._on_tokens_appended)
+            self._conv.path_changed.disconnect(self._on_path_changed)
+            self._conv.message_changed.disconnect(self._on_message_changed)
+        self._conv = conv
+        if conv is not None:
+            conv.tokens_appended.connect(self._on_tokens_appended)
+            conv.path_changed.connect(self._on_path_changed)
+            conv.message_changed.connect(self._on_message_changed)
+        self._selection.clear()
+        self._refresh_chart()
+        self._refresh_token()
+
+    def _on_selection_changed(self, _message_id: int | None, _index: int | None) -> None:
+        if self._chart_message() is not self._message:
+            self._refresh_chart()
+        else:
+            self.chart.set_selected(self._selection.index if self._selected_message() else None)
+        self._refresh_token()
+
+    def _on_tokens_appended(self, message: Message, start: int) -> None:
+        if message is self._message and self._conv is not None:
+            tokens = self._conv.tokens(message)
+            self.chart.append(tokens[self.chart.count :])
+            i = self._selection.index
+            if message.id == self._selection.message_id and i is not None:
+                if start <= i < len(tokens):
+                    self._refresh_token()  # the selected token just arrived (the forced token of a branch)
+                else:
+                    self._update_header()  # "token 41 of N" grows with the answer
+
+    def _on_message_changed(self, message: Message) -> None:
+        if message is self._message or self._chart_message() is not self._message:
+            self._refresh_chart()
+
+    def _on_path_changed(self) -> None:
+        m = self._selected_message()
+        if m is not None and self._conv is not None and m not in self._conv.path():
+            self._selection.clear()  # its message is on a branch no longer shown
+        else:
+            self._refresh_chart()
+
+    def _on_chart_clicked(self, index: int) -> None:
+        if self._message is not None:
+            self._selection.set(self._message.id, index)
+
+    def step(self, offset: int) -> None:
+        """Select the previous/next token of the same message (with none selected: the chart's first)."""
+        if self._conv is None:
+            return
+        m = self._selected_message()
+        if m is None or self._selection.index is None:
+            m = self._chart_message()
+            if m is not None and self._conv.tokens(m):
+                self._selection.set(m.id, 0)
+            return
+        i = max(0, min(len(self._conv.tokens(m)) - 1, self._selection.index + offset))
+        self._selection.set(m.id, i)
+
+    # -- branching -------------------------------------------------------------------------
+
+    def _on_branch_clicked(self) -> None:
+        token_id = self.table.selected_token()
+        if token_id is not None:
+            self._request_branch(token_id)
+
+    def _request_branch(self, token_id: int) -> None:
+        m, i = self._selected_message(), self._selection.index
+        if m is not None and i is not None and not self._controller.busy:
+            self.branch_requested.emit(m, i, token_id)

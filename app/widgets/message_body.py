@@ -1,0 +1,252 @@
+"""The text of one message: plain (user), Markdown (assistant), or tokens coloured by a metric.
+
+Built for streaming. Tokens are appended at the end of the document (cheap:
+no re-layout of what is above). Markdown cannot be parsed piecewise, so while
+an answer streams the new text is appended plainly and the whole message is
+re-rendered as Markdown at most every `_md_interval_ms` (which adapts to how
+long a render takes), and once more when the answer ends: a 4,000-token
+answer does not re-parse its Markdown per token.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+
+from engine import TokenEvent
+from PySide6.QtCore import QPoint, QPointF, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor, QTextDocument
+from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QTextEdit, QToolTip, QWidget
+
+from app.widgets.fmt import token_tooltip
+from app.widgets.heat import confidence, heat_color
+
+EOS_MARK = "⟨eos⟩"
+MD_MIN_INTERVAL_MS = 250
+MD_MAX_INTERVAL_MS = 1000
+
+
+def display_text(ev: TokenEvent) -> str:
+    """What a token looks like in the token view: newlines get a visible ↵, EOS a marker."""
+    if ev.special:
+        return EOS_MARK
+    text = ev.token_text or "∅"
+    return text.replace("\n", "↵\n")
+
+
+class MessageBody(QTextBrowser):
+    """Read-only, grows to fit its text (the chat view scrolls, not each message)."""
+
+    token_clicked = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setOpenExternalLinks(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+        self.viewport().setMouseTracking(True)
+        self.viewport().setAutoFillBackground(False)
+        self.setAutoFillBackground(False)
+        self.document().setDocumentMargin(2)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
+        self.setFixedHeight(self.fontMetrics().lineSpacing() + 8)
+
+        self.mode = "plain"  # plain | markdown | tokens
+        self._heat_mode = "probability"
+        self._dark = False
+        self._tokens: list[TokenEvent] = []
+        self._starts: list[int] = []  # document position where token i begins
+        self._selected: int | None = None
+        self._hovered: int | None = None
+        self._text = ""  # everything shown in plain/markdown mode
+        self._md_interval_ms = MD_MIN_INTERVAL_MS
+        self._md_stale = False  # text appended plainly since the last Markdown render
+        self._md_timer = QTimer(self)
+        self._md_timer.setSingleShot(True)
+        self._md_timer.timeout.connect(self._render_markdown)
+        self.markdown_renders = 0  # for tests and the benchmark
+
+    # -- whole-message rendering -----------------------------------------------------------
+
+    def show_plain(self, text: str) -> None:
+        self._reset("plain")
+        self._text = text
+        self.setPlainText(text)
+
+    def show_markdown(self, text: str) -> None:
+        self._reset("markdown")
+        self._text = text
+        self._render_markdown()
+
+    def show_tokens(self, tokens: list[TokenEvent], heat_mode: str, dark: bool) -> None:
+        self._reset("tokens")
+        self._heat_mode, self._dark = heat_mode, dark
+        self.clear()
+        self._append_tokens(tokens)
+        self._update_highlight()
+
+    def _reset(self, mode: str) -> None:
+        self._md_timer.stop()
+        self._md_stale = False
+        self.setExtraSelections([])  # a token highlight from the token view
+        self.mode = mode
+        self._tokens, self._starts, self._text = [], [], ""
+        self._hovered = None
+
+    # -- streaming -------------------------------------------------------------------------
+
+    @property
+    def rendered_tokens(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def rendered_text(self) -> str:
+        return self._text
+
+    def append_tokens(self, tokens: list[TokenEvent]) -> None:
+        """Add tokens at the end (token mode)."""
+        self._append_tokens(tokens)
+
+    def append_text(self, text: str) -> None:
+        """Add streamed text at the end (Markdown mode): plain now, rendered as Markdown soon."""
+        if not text:
+            return
+        self._text += text
+        self._md_stale = True
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.insertText(text, QTextCharFormat())
+        if not self._md_timer.isActive():
+            self._md_timer.start(self._md_interval_ms)
+
+    def finish(self) -> None:
+        """The answer ended: render the final Markdown now."""
+        if self.mode == "markdown" and self._md_stale:
+            self._md_timer.stop()
+            self._render_markdown()
+
+    def _render_markdown(self) -> None:
+        t0 = time.perf_counter()
+        self._md_stale = False
+        self.document().setMarkdown(self._text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+        cost_ms = (time.perf_counter() - t0) * 1000
+        self.markdown_renders += 1
+        # Spend at most ~10 % of the UI thread on re-rendering a growing answer.
+        self._md_interval_ms = int(min(MD_MAX_INTERVAL_MS, max(MD_MIN_INTERVAL_MS, cost_ms * 10)))
+
+    def _append_tokens(self, tokens: list[TokenEvent]) -> None:
+        if not tokens:
+            return
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.beginEditBlock()
+        for ev in tokens:
+            self._starts.append(cursor.position())
+            cursor.insertText(display_text(ev), self._token_format(ev))
+        cursor.endEditBlock()
+        first = len(self._tokens)
+        self._tokens.extend(tokens)
+        # Re-highlight when the selected token just arrived, or was the last one: its span ran to the
+        # end of the document and the highlight's cursor grew with the text appended after it.
+        if self._selected is not None and first - 1 <= self._selected < len(self._tokens):
+            self._update_highlight()
+
+    def _token_format(self, ev: TokenEvent) -> QTextCharFormat:
+        fmt = QTextCharFormat()
+        fmt.setBackground(heat_color(confidence(ev, self._heat_mode), self._dark))
+        if ev.special:
+            fmt.setFontItalic(True)
+            fmt.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
+        if ev.forced:
+            fmt.setFontUnderline(True)
+            fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DashUnderline)
+        return fmt
+
+    # -- selection and hover (token mode) --------------------------------------------------
+
+    def set_selected(self, index: int | None) -> None:
+        if index != self._selected:
+            self._selected = index
+            self._update_highlight()
+
+    def token_span(self, index: int) -> tuple[int, int]:
+        """Document positions [start, end) of token `index`."""
+        start = self._starts[index]
+        end = self._starts[index + 1] if index + 1 < len(self._starts) else self.document().characterCount() - 1
+        return start, end
+
+    def token_rect(self, index: int) -> QPoint:
+        """Viewport point inside token `index` (tests click there)."""
+        start, end = self.token_span(index)
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(start + max(0, (end - start) // 2))
+        return self.cursorRect(cursor).center()
+
+    def token_at(self, pos: QPoint) -> int | None:
+        if self.mode != "tokens" or not self._starts:
+            return None
+        hit = self.document().documentLayout().hitTest(QPointF(pos), Qt.HitTestAccuracy.ExactHit)
+        if hit < 0:
+            return None
+        i = bisect.bisect_right(self._starts, hit) - 1
+        return i if 0 <= i < len(self._tokens) else None
+
+    def _update_highlight(self) -> None:
+        selections = []
+        i = self._selected
+        if self.mode == "tokens" and i is not None and 0 <= i < len(self._starts):
+            start, end = self.token_span(i)
+            sel = QTextEdit.ExtraSelection()
+            sel.cursor = QTextCursor(self.document())
+            sel.cursor.setPosition(start)
+            sel.cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+            sel.format.setBackground(self.palette().color(QPalette.ColorRole.Highlight))
+            sel.format.setForeground(self.palette().color(QPalette.ColorRole.HighlightedText))
+            sel.format.setFontWeight(QFont.Weight.Bold)
+            selections.append(sel)
+        self.setExtraSelections(selections)
+
+    def mouseMoveEvent(self, event: QMouseEvent) -> None:
+        super().mouseMoveEvent(event)
+        i = self.token_at(event.position().toPoint())
+        if i != self._hovered:
+            self._hovered = i
+            if i is None:
+                QToolTip.hideText()
+                self.viewport().unsetCursor()
+            else:
+                self.viewport().setCursor(Qt.CursorShape.PointingHandCursor)
+                QToolTip.showText(event.globalPosition().toPoint(), token_tooltip(self._tokens[i]), self.viewport())
+
+    def mouseReleaseEvent(self, event: QMouseEvent) -> None:
+        super().mouseReleaseEvent(event)
+        if event.button() == Qt.MouseButton.LeftButton and not self.textCursor().hasSelection():
+            i = self.token_at(event.position().toPoint())
+            if i is not None:
+                self.token_clicked.emit(i)
+
+    def leaveEvent(self, event) -> None:
+        self._hovered = None
+        super().leaveEvent(event)
+
+    # -- size ------------------------------------------------------------------------------
+
+    def _fit_height(self, size) -> None:
+        h = math.ceil(size.height()) + 2 * self.frameWidth()
+        if h != self.height():
+            self.setFixedHeight(max(h, self.fontMetrics().lineSpacing() + 4))
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._fit_height(self.document().size())
+
+
+def transparent_base(widget: QWidget) -> None:
+    """Let a parent's background show through a text widget."""
+    pal = widget.palette()
+    pal.setColor(QPalette.ColorRole.Base, QColor(0, 0, 0, 0))
+    widget.setPalette(pal)

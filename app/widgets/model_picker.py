@@ -1,0 +1,105 @@
+"""Choose a model: a local folder, a .gguf file, a hub id, or a recent one; and the backend."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.state.store import Store
+
+RECENT_KEY = "recent_models"
+MAX_RECENT = 10
+DEFAULT_SPEC = "default"
+BACKENDS = ("auto", "torch", "mlx")
+
+
+def recent_models(store: Store) -> list[dict[str, str]]:
+    """Most recent first: [{"spec": ..., "backend": ...}]."""
+    rows = store.get_setting(RECENT_KEY, [])
+    return [r for r in rows if isinstance(r, dict) and "spec" in r]
+
+
+def remember_model(store: Store, spec: str | None, backend: str) -> None:
+    spec = spec or DEFAULT_SPEC
+    rows = [r for r in recent_models(store) if r["spec"] != spec]
+    store.put_setting(RECENT_KEY, [{"spec": spec, "backend": backend}] + rows[: MAX_RECENT - 1])
+
+
+class ModelPicker(QDialog):
+    """`exec()` then read `spec` and `backend`."""
+
+    def __init__(self, store: Store, current_spec: str | None, current_backend: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle("Open model")
+        self.setMinimumWidth(560)
+        self.spec_box = QComboBox()
+        self.spec_box.setEditable(True)
+        self.spec_box.setAccessibleName("Model")
+        self.spec_box.lineEdit().setPlaceholderText("a folder, a .gguf file, or a hub id like org/name")
+        specs = [r["spec"] for r in recent_models(store)]
+        for spec in [current_spec or DEFAULT_SPEC, DEFAULT_SPEC, *specs]:
+            if self.spec_box.findText(spec) < 0:
+                self.spec_box.addItem(spec)
+        self.spec_box.setCurrentText(current_spec or DEFAULT_SPEC)
+        folder = QPushButton("Folder…")
+        folder.setAccessibleName("Choose a model folder")
+        gguf = QPushButton(".gguf file…")
+        gguf.setAccessibleName("Choose a GGUF file")
+        folder.clicked.connect(self._choose_folder)
+        gguf.clicked.connect(self._choose_gguf)
+        self.backend_box = QComboBox()
+        self.backend_box.setAccessibleName("Backend")
+        self.backend_box.addItems(BACKENDS)
+        self.backend_box.setCurrentText(current_backend if current_backend in BACKENDS else "auto")
+        self.backend_box.setToolTip("auto: MLX on Apple Silicon, torch elsewhere (CUDA when present)")
+
+        pick = QHBoxLayout()
+        pick.addWidget(self.spec_box, 1)
+        pick.addWidget(folder)
+        pick.addWidget(gguf)
+        form = QFormLayout()
+        form.addRow("Model", pick)
+        form.addRow("Backend", self.backend_box)
+        hint = QLabel(
+            "“default” is SmolLM2-135M-Instruct. A .gguf file is converted once into the cache folder; "
+            "a hub id is downloaded into the Hugging Face cache. The current model stays loaded until "
+            "the new one is ready, and stays if loading fails."
+        )
+        hint.setWordWrap(True)
+        hint.setForegroundRole(hint.foregroundRole().PlaceholderText)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Open | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addWidget(hint)
+        lay.addWidget(buttons)
+
+    @property
+    def spec(self) -> str | None:
+        text = self.spec_box.currentText().strip()
+        return None if text in ("", DEFAULT_SPEC) else text
+
+    @property
+    def backend(self) -> str:
+        return self.backend_box.currentText()
+
+    def _choose_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Model folder (with config.json)")
+        if path:
+            self.spec_box.setCurrentText(path)
+
+    def _choose_gguf(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "GGUF model file", "", "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.spec_box.setCurrentText(path)

@@ -1,0 +1,97 @@
+"""The top-N alternatives of one token: probability under the model and after the sampler, side by side."""
+
+from __future__ import annotations
+
+from engine import TokenEvent, TokenProb
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTreeWidget, QTreeWidgetItem, QWidget
+
+from app.widgets.bars import CHOSEN_ROLE, MISSING_ROLE, PROB_ROLE, BarDelegate, SoftSelectionDelegate
+from app.widgets.fmt import visible
+
+TOKEN_ID_ROLE = Qt.ItemDataRole.UserRole + 3
+
+
+class ProbTable(QTreeWidget):
+    """Rows: the model's top tokens (plus any the sampler kept beyond them); double-click = branch."""
+
+    branch_requested = Signal(int)  # token id
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setAccessibleName("Alternatives")
+        self.setColumnCount(3)
+        self.setHeaderLabels(["Token", "Model", "Sampler"])
+        self.setRootIsDecorated(False)
+        self.setUniformRowHeights(True)
+        self.setAlternatingRowColors(False)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.setItemDelegateForColumn(0, SoftSelectionDelegate(self))
+        self.setItemDelegateForColumn(1, BarDelegate(self))
+        self.setItemDelegateForColumn(2, BarDelegate(self))
+        header = self.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Fixed)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Fixed)
+        self.setColumnWidth(1, 92)
+        self.setColumnWidth(2, 92)
+        # Not itemActivated: some platforms activate on a single click, and a click should only select.
+        self.itemDoubleClicked.connect(self._on_activated)
+        self._mono = QFont("monospace")
+        self._mono.setStyleHint(QFont.StyleHint.Monospace)
+
+    def show_token(self, ev: TokenEvent | None) -> None:
+        self.clear()
+        if ev is None:
+            return
+        model = {p.token_id: p for p in ev.top_model}
+        sampler = {p.token_id: p for p in ev.top_sampler}
+        rows = list(ev.top_model) + [p for p in ev.top_sampler if p.token_id not in model]
+        if ev.token_id not in model and ev.token_id not in sampler:  # a forced token outside both lists
+            rows.append(TokenProb(ev.token_id, ev.token_text, ev.logprob))
+        # Missing from the sampler's list means "cut" only if the list holds every survivor.
+        survivors = ev.stages[-1].survivors if ev.stages else None
+        complete = survivors is not None and survivors <= len(ev.top_sampler)
+        chosen_item = None
+        for p in rows:
+            chosen = p.token_id == ev.token_id
+            item = QTreeWidgetItem([("▶ " if chosen else "") + visible(p.text), "", ""])
+            item.setData(0, TOKEN_ID_ROLE, p.token_id)
+            item.setData(1, PROB_ROLE, model[p.token_id].prob if p.token_id in model else (ev.prob if chosen else None))
+            item.setData(1, MISSING_ROLE, "·")
+            item.setData(2, PROB_ROLE, sampler[p.token_id].prob if p.token_id in sampler else None)
+            item.setData(2, MISSING_ROLE, "cut" if complete or (chosen and ev.forced) else "·")
+            for col in range(3):
+                item.setData(col, CHOSEN_ROLE, chosen)
+            font = QFont(self._mono)
+            font.setBold(chosen)
+            item.setFont(0, font)
+            item.setToolTip(0, f"token id {p.token_id}" + (" — the token chosen here" if chosen else " — double-click to branch with it"))
+            self.addTopLevelItem(item)
+            if chosen:
+                chosen_item = item
+        if chosen_item is not None:
+            self.setCurrentItem(chosen_item)
+
+    def selected_token(self) -> int | None:
+        item = self.currentItem()
+        return None if item is None else int(item.data(0, TOKEN_ID_ROLE))
+
+    def select_token(self, token_id: int) -> bool:
+        for i in range(self.topLevelItemCount()):
+            item = self.topLevelItem(i)
+            if int(item.data(0, TOKEN_ID_ROLE)) == token_id:
+                self.setCurrentItem(item)
+                return True
+        return False
+
+    def keyPressEvent(self, event) -> None:
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and self.currentItem() is not None:
+            self._on_activated(self.currentItem())
+            return
+        super().keyPressEvent(event)
+
+    def _on_activated(self, item: QTreeWidgetItem, _column: int = 0) -> None:
+        self.branch_requested.emit(int(item.data(0, TOKEN_ID_ROLE)))

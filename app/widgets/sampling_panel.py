@@ -1,0 +1,295 @@
+"""Every sampler parameter, the stage order, length and stop strings, presets and reset.
+
+Edits go to `SettingsState`, which validates them; a refused value is put
+back and the reason shown under the controls. The panel follows the state
+(a preset applied, a reset) through `_on_settings_changed`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+
+from PySide6.QtCore import QRegularExpression, Qt, QTimer
+from PySide6.QtGui import QRegularExpressionValidator
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.controller import ChatController
+from app.state.settings import MAX_NEW_TOKENS_LIMIT, GenerationOptions, SettingsState
+from app.widgets.param_row import ParamRow, ParamSpec
+from app.widgets.stage_order import StageOrderList
+
+log = logging.getLogger(__name__)
+
+FILTERS = (
+    ParamSpec("temperature", "Temperature", "Divides the logits; 0 = greedy (always the most likely token)", 0.0, 5.0, 0.05, 2, 2.0, "0 (greedy)"),
+    ParamSpec("top_k", "Top-k", "Keep the k most likely tokens; off = keep all", 0, 100000, 1, 0, 200, "off"),
+    ParamSpec("top_p", "Top-p", "Keep the most likely tokens up to this total probability; 1 = off", 0.01, 1.0, 0.01, 2),
+    ParamSpec("min_p", "Min-p", "Drop tokens below min-p × the top probability; off = 0", 0.0, 1.0, 0.01, 2, None, "off"),
+    ParamSpec("typical_p", "Typical-p", "Locally typical sampling mass; 1 = off", 0.01, 1.0, 0.01, 2),
+)
+PENALTIES = (
+    ParamSpec("repetition_penalty", "Repetition", "Divides the logits of recent tokens; 1 = off", 0.05, 3.0, 0.01, 2, 2.0),
+    ParamSpec("presence_penalty", "Presence", "Subtracted once from every recent token's logit; 0 = off", -2.0, 2.0, 0.05, 2),
+    ParamSpec("frequency_penalty", "Frequency", "Subtracted per occurrence of a recent token; 0 = off", -2.0, 2.0, 0.05, 2),
+    ParamSpec("penalty_last_n", "Look back", "How many recent tokens the penalties see", -1, 32768, 1, 0, 1024, "all"),
+)
+XTC = (
+    ParamSpec("xtc_probability", "XTC chance", "How often XTC removes the top choices; off = 0", 0.0, 1.0, 0.01, 2, None, "off"),
+    ParamSpec("xtc_threshold", "XTC threshold", "Tokens above this probability count as top choices", 0.01, 0.5, 0.01, 2),
+)
+MAX_TOKENS = ParamSpec("max_new_tokens", "Max new tokens", "The answer stops after this many tokens", 1, MAX_NEW_TOKENS_LIMIT, 1, 0, 4096)
+CUSTOM = "Custom"
+
+
+def parse_stop(text: str) -> list[str]:
+    """One stop string per line; \\n, \\t and \\\\ are escapes (a stop string may be a newline)."""
+    out = []
+    for line in text.splitlines():
+        if line:
+            try:
+                out.append(codecs.decode(line, "unicode_escape") if "\\" in line else line)
+            except UnicodeDecodeError:
+                out.append(line)
+    return [s for s in out if s]
+
+
+def format_stop(stop: tuple[str, ...]) -> str:
+    return "\n".join(s.encode("unicode_escape").decode("ascii") if any(c in s for c in "\n\t\\") else s for s in stop)
+
+
+class SamplingPanel(QScrollArea):
+    def __init__(self, settings: SettingsState, controller: ChatController, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._settings = settings
+        self._controller = controller
+        self.setWidgetResizable(True)
+        self.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.setAccessibleName("Sampling settings")
+        body = QWidget()
+        col = QVBoxLayout(body)
+        col.setContentsMargins(8, 8, 8, 8)
+
+        presets = QHBoxLayout()
+        self.preset_box = QComboBox()
+        self.preset_box.setAccessibleName("Preset")
+        self.preset_box.setToolTip("Load a preset")
+        self.save_preset_button = QPushButton("Save…")
+        self.save_preset_button.setAccessibleName("Save preset")
+        self.delete_preset_button = QPushButton("Delete")
+        self.delete_preset_button.setAccessibleName("Delete preset")
+        self.reset_button = QPushButton("Reset")
+        self.reset_button.setAccessibleName("Reset to defaults")
+        self.reset_button.setToolTip("Back to the defaults (the Balanced preset, 512 tokens, no stop strings)")
+        presets.addWidget(self.preset_box, 1)
+        for b in (self.save_preset_button, self.delete_preset_button, self.reset_button):
+            presets.addWidget(b)
+        col.addLayout(presets)
+
+        self.rows: dict[str, ParamRow] = {}
+        for title, specs in (("Temperature and filters", FILTERS), ("Penalties", PENALTIES), ("XTC", XTC)):
+            col.addWidget(self._group(title, specs))
+
+        seed_box = QGroupBox("Seed")
+        seed_row = QHBoxLayout(seed_box)
+        self.seed_edit = QLineEdit()
+        self.seed_edit.setAccessibleName("Seed")
+        self.seed_edit.setPlaceholderText("a number")
+        # Digits only, below 2**63 (18 digits always fit): nothing invalid can be typed.
+        self.seed_edit.setValidator(QRegularExpressionValidator(QRegularExpression(r"^\d{1,18}$")))
+        self.random_seed = QCheckBox("Random")
+        self.random_seed.setAccessibleName("Random seed")
+        self.random_seed.setToolTip("A fresh seed for every answer (the one used is shown in the inspector)")
+        self.last_seed_button = QPushButton("Use last")
+        self.last_seed_button.setAccessibleName("Use the last answer's seed")
+        self.last_seed_button.setToolTip("Fix the seed of the last answer, to reproduce or vary it")
+        seed_row.addWidget(self.seed_edit, 1)
+        seed_row.addWidget(self.random_seed)
+        seed_row.addWidget(self.last_seed_button)
+        col.addWidget(seed_box)
+
+        length_box = QGroupBox("Length and stop strings")
+        length = QVBoxLayout(length_box)
+        self.max_tokens = ParamRow(MAX_TOKENS)
+        length.addWidget(self.max_tokens)
+        self.stop_edit = QPlainTextEdit()
+        self.stop_edit.setAccessibleName("Stop strings")
+        self.stop_edit.setPlaceholderText("Stop strings, one per line (\\n for a newline)")
+        self.stop_edit.setFixedHeight(self.fontMetrics().lineSpacing() * 3 + 12)
+        length.addWidget(self.stop_edit)
+        col.addWidget(length_box)
+
+        order_box = QGroupBox("Stage order")
+        order = QVBoxLayout(order_box)
+        self.stage_order = StageOrderList()
+        order.addWidget(self.stage_order)
+        col.addWidget(order_box)
+
+        self.error_label = QLabel()
+        self.error_label.setWordWrap(True)
+        self.error_label.setStyleSheet("color: #d9534f")
+        self.error_label.setAccessibleName("Settings error")
+        self.error_label.setVisible(False)
+        col.addWidget(self.error_label)
+        col.addStretch(1)
+        self.setWidget(body)
+
+        self._stop_timer = QTimer(self)
+        self._stop_timer.setSingleShot(True)
+        self._stop_timer.setInterval(400)
+        self._stop_timer.timeout.connect(self._apply_stop)
+
+        for row in self.rows.values():
+            row.edited.connect(self._on_param_edited)
+        self.max_tokens.edited.connect(self._on_max_tokens_edited)
+        self.seed_edit.editingFinished.connect(self._on_seed_edited)
+        self.random_seed.toggled.connect(self._on_random_toggled)
+        self.last_seed_button.clicked.connect(self._on_use_last_seed)
+        self.stop_edit.textChanged.connect(self._stop_timer.start)
+        self.stage_order.order_changed.connect(self._on_order_changed)
+        self.preset_box.activated.connect(self._on_preset_chosen)
+        self.save_preset_button.clicked.connect(self._on_save_preset_clicked)
+        self.delete_preset_button.clicked.connect(self._on_delete_preset_clicked)
+        self.reset_button.clicked.connect(settings.reset)
+
+        settings.changed.connect(self._on_settings_changed)
+        settings.presets_changed.connect(self._on_presets_changed)
+        controller.finished.connect(self._on_generation_finished)
+        self._on_presets_changed()
+        self._on_settings_changed(settings.options)
+
+    def _group(self, title: str, specs: tuple[ParamSpec, ...]) -> QGroupBox:
+        box = QGroupBox(title)
+        lay = QVBoxLayout(box)
+        lay.setSpacing(4)
+        for spec in specs:
+            row = self.rows[spec.name] = ParamRow(spec)
+            lay.addWidget(row)
+        return box
+
+    # -- edits -> state --------------------------------------------------------------------
+
+    def _apply(self, fn, *args, **kwargs) -> bool:
+        try:
+            fn(*args, **kwargs)
+        except ValueError as e:
+            self._show_error(str(e))
+            self._on_settings_changed(self._settings.options)  # put the refused value back
+            return False
+        self._show_error("")
+        return True
+
+    def _on_param_edited(self, name: str, value: float | int) -> None:
+        self._apply(self._settings.update_sampler, **{name: value})
+
+    def _on_max_tokens_edited(self, _name: str, value: int) -> None:
+        self._apply(self._settings.set_max_new_tokens, int(value))
+
+    def _on_seed_edited(self) -> None:
+        text = self.seed_edit.text().strip()
+        if text and not self.random_seed.isChecked():
+            self._apply(self._settings.update_sampler, seed=int(text))
+
+    def _on_random_toggled(self, random: bool) -> None:
+        self.seed_edit.setEnabled(not random)
+        if random:
+            self._apply(self._settings.update_sampler, seed=None)
+        else:
+            text = self.seed_edit.text().strip()
+            seed = int(text) if text else (self._controller.last_stats.seed if self._controller.last_stats else 0)
+            self._apply(self._settings.update_sampler, seed=seed)
+
+    def _on_use_last_seed(self) -> None:
+        stats = self._controller.last_stats
+        if stats is not None:
+            self._apply(self._settings.update_sampler, seed=int(stats.seed))
+
+    def _apply_stop(self) -> None:
+        self._apply(self._settings.set_stop, parse_stop(self.stop_edit.toPlainText()))
+
+    def _on_order_changed(self, order: tuple[str, ...]) -> None:
+        self._apply(self._settings.update_sampler, order=order)
+
+    def _on_preset_chosen(self, index: int) -> None:
+        name = self.preset_box.itemText(index)
+        if name != CUSTOM:
+            self._apply(self._settings.apply_preset, name)
+
+    def _on_save_preset_clicked(self) -> None:
+        name, ok = QInputDialog.getText(self, "Save preset", "Name for the current sampler settings:")
+        if ok and name.strip():
+            self.save_preset(name)
+
+    def save_preset(self, name: str) -> bool:
+        return self._apply(self._settings.save_preset, name)
+
+    def _on_delete_preset_clicked(self) -> None:
+        name = self.preset_box.currentText()
+        if self._settings.is_builtin(name) or name == CUSTOM:
+            return
+        answer = QMessageBox.question(self, "Delete preset", f"Delete the preset “{name}”?")
+        if answer == QMessageBox.StandardButton.Yes:
+            self._apply(self._settings.delete_preset, name)
+
+    def _show_error(self, text: str) -> None:
+        self.error_label.setText(text)
+        self.error_label.setVisible(bool(text))
+
+    # -- state -> widgets ------------------------------------------------------------------
+
+    def _on_settings_changed(self, options: GenerationOptions) -> None:
+        s = options.sampler
+        for name, row in self.rows.items():
+            row.set_value(getattr(s, name))
+        self.max_tokens.set_value(options.max_new_tokens)
+        self.random_seed.blockSignals(True)
+        self.random_seed.setChecked(s.seed is None)
+        self.random_seed.blockSignals(False)
+        self.seed_edit.setEnabled(s.seed is not None)
+        if s.seed is not None:
+            self.seed_edit.setText(str(s.seed))
+        if parse_stop(self.stop_edit.toPlainText()) != list(options.stop):
+            self.stop_edit.blockSignals(True)
+            self.stop_edit.setPlainText(format_stop(options.stop))
+            self.stop_edit.blockSignals(False)
+        if self.stage_order.order() != s.order:
+            self.stage_order.set_order(s.order)
+        self._select_matching_preset()
+
+    def _on_presets_changed(self) -> None:
+        self.preset_box.blockSignals(True)
+        self.preset_box.clear()
+        self.preset_box.addItems(self._settings.preset_names())
+        self.preset_box.blockSignals(False)
+        self._select_matching_preset()
+
+    def _select_matching_preset(self) -> None:
+        name = self._settings.matching_preset()
+        i_custom = self.preset_box.findText(CUSTOM)
+        if name is None:
+            if i_custom < 0:
+                self.preset_box.addItem(CUSTOM)
+            self.preset_box.setCurrentText(CUSTOM)
+        else:
+            if i_custom >= 0:
+                self.preset_box.removeItem(i_custom)
+            self.preset_box.setCurrentText(name)
+        self.delete_preset_button.setEnabled(name is not None and not self._settings.is_builtin(name))
+
+    def _on_generation_finished(self, _message, stats) -> None:
+        self.last_seed_button.setEnabled(stats is not None)

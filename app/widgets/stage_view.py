@@ -1,0 +1,141 @@
+"""What each sampler stage did to one token's distribution: a column per stage, a row per candidate.
+
+The header of each column says how many tokens survive the stage, what share
+of the incoming probability mass they hold, and the entropy after it; each
+cell is the candidate's probability after that stage, or "cut" when the
+stage removed it.
+"""
+
+from __future__ import annotations
+
+from engine import TokenEvent, TokenProb
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from app.widgets.bars import CHOSEN_ROLE, MISSING_ROLE, PROB_ROLE, BarDelegate
+from app.widgets.fmt import visible
+
+MAX_ROWS = 20
+_MISSING_TIPS = {
+    "cut": "removed by this stage",
+    "·": "not among the top candidates recorded for this stage (still possible, but less likely than those shown)",
+}
+COLUMN_WIDTH = 54  # the least a bar with "24.1%" on it needs
+TOKEN_WIDTH = 84
+
+
+class StageView(QWidget):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.note = QLabel()
+        self.note.setWordWrap(True)
+        self.note.setForegroundRole(self.note.foregroundRole().PlaceholderText)
+        self.table = QTableWidget()
+        self.table.setAccessibleName("Sampler stages")
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self._bars = BarDelegate(self.table)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setShowGrid(False)
+        self.table.setWordWrap(False)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideRight)
+        header = self.table.horizontalHeader()
+        header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        small = header.font()
+        small.setPointSizeF(small.pointSizeF() * 0.88)  # three header lines in narrow columns
+        header.setFont(small)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 4, 0, 0)
+        lay.addWidget(self.note)
+        lay.addWidget(self.table, 1)
+        self._mono = QFont("monospace")
+        self._mono.setStyleHint(QFont.StyleHint.Monospace)
+        self.show_token(None)
+
+    def show_token(self, ev: TokenEvent | None) -> None:
+        self.table.clear()
+        if ev is None:
+            self.table.setRowCount(0)
+            self.table.setColumnCount(0)
+            self.note.setText("Select a token to see what each sampler stage did.")
+            return
+        stages = ev.stages or ()
+        if not stages:
+            self.note.setText("Every stage was at its neutral value: the sampler drew from the model's distribution as is.")
+        else:
+            order = " → ".join(s.stage.replace("_", "-") for s in stages)
+            self.note.setText(
+                f"{order}. Each column is the distribution after that stage; its header: tokens left · "
+                "share of the incoming probability kept · entropy (nats)."
+            )
+        columns = ["Token", "Model"] + [s.stage.replace("_", "-") for s in stages]
+        self.table.setColumnCount(len(columns))
+        headers = ["Token", f"model\nall\nH {ev.entropy:.2f}"]
+        for s in stages:
+            headers.append(f"{s.stage.replace('_', '-')}\n{_count(s.survivors)} · {s.mass_kept:.0%}\nH {s.entropy:.2f}")
+        self.table.setHorizontalHeaderLabels(headers)
+        for c, s in enumerate(stages, start=2):
+            self.table.horizontalHeaderItem(c).setToolTip(
+                f"{s.stage}: {s.survivors:,} tokens survive, holding {s.mass_kept:.1%} of the probability "
+                f"that entered the stage; entropy after it {s.entropy:.3f} nats"
+            )
+
+        rows = _candidates(ev)
+        self.table.setRowCount(len(rows))
+        model = {p.token_id: p.prob for p in ev.top_model}
+        for r, p in enumerate(rows):
+            chosen = p.token_id == ev.token_id
+            name = QTableWidgetItem(("▶ " if chosen else "") + visible(p.text))
+            font = QFont(self._mono)
+            font.setBold(chosen)
+            name.setFont(font)
+            self.table.setItem(r, 0, name)
+            cells = [model.get(p.token_id, ev.prob if chosen else None)]
+            missing = ["·"]
+            for s in stages:
+                probs = {t.token_id: t.prob for t in s.top}
+                cells.append(probs.get(p.token_id))
+                missing.append("cut" if s.survivors <= len(s.top) else "·")
+            for c, (prob, miss) in enumerate(zip(cells, missing), start=1):
+                item = QTableWidgetItem()
+                item.setData(PROB_ROLE, prob)
+                item.setData(MISSING_ROLE, miss)
+                item.setData(CHOSEN_ROLE, chosen)
+                if prob is None:
+                    item.setToolTip(_MISSING_TIPS[miss])
+                self.table.setItem(r, c, item)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
+        self.table.setColumnWidth(0, TOKEN_WIDTH)
+        # Stage columns share the width; below COLUMN_WIDTH each, the table scrolls sideways.
+        header.setMinimumSectionSize(COLUMN_WIDTH)
+        for c in range(1, len(columns)):
+            self.table.setItemDelegateForColumn(c, self._bars)
+            header.setSectionResizeMode(c, QHeaderView.ResizeMode.Stretch)
+        self.table.resizeRowsToContents()
+
+
+def _candidates(ev: TokenEvent) -> list[TokenProb]:
+    """The model's top tokens, then any a stage promoted from beyond them (penalties can), capped."""
+    seen = {p.token_id for p in ev.top_model}
+    rows = list(ev.top_model)
+    for s in ev.stages or ():
+        for t in s.top:
+            if t.token_id not in seen:
+                seen.add(t.token_id)
+                rows.append(t)
+    if ev.token_id not in seen:
+        rows.append(TokenProb(ev.token_id, ev.token_text, ev.logprob))
+    chosen = [p for p in rows if p.token_id == ev.token_id]
+    rest = [p for p in rows if p.token_id != ev.token_id][: MAX_ROWS - 1]
+    return sorted(chosen + rest, key=lambda p: rows.index(p))
+
+
+
+def _count(n: int) -> str:
+    """Survivor counts in little room: 40, 1.2k, 49k."""
+    if n < 1000:
+        return str(n)
+    return f"{n / 1000:.1f}k" if n < 10_000 else f"{n // 1000}k"

@@ -1,0 +1,119 @@
+"""The status bar: loading progress; model, backend and device; speed of the last answer; context; memory."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+
+from engine import GenerationStats, ModelInfo
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
+
+from app.controller import ChatController
+from app.engine_host import EngineHost, LoadState
+from app.widgets.fmt import human_bytes
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux), else its peak (macOS, others)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+class StatusBar(QStatusBar):
+    def __init__(self, host: EngineHost, controller: ChatController, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._host = host
+        self._controller = controller
+        self.progress_label = QLabel()
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(160)
+        self.progress.setTextVisible(False)
+        self.progress.setAccessibleName("Model loading progress")
+        self.model_label = QLabel("No model")
+        self.model_label.setAccessibleName("Model")
+        self.speed_label = QLabel()
+        self.speed_label.setAccessibleName("Speed of the last answer")
+        self.context_label = QLabel()
+        self.context_label.setAccessibleName("Context used")
+        self.memory_label = QLabel()
+        self.memory_label.setAccessibleName("Memory")
+        self.addWidget(self.progress_label)
+        self.addWidget(self.progress)
+        for w in (self.model_label, self.speed_label, self.context_label, self.memory_label):
+            self.addPermanentWidget(w)
+
+        host.state_changed.connect(self._on_load_state)
+        host.model_changed.connect(self._on_model_changed)
+        host.load_failed.connect(self._on_load_failed)
+        controller.finished.connect(self._on_finished)
+        controller.busy_changed.connect(self._on_busy)
+        self._memory_timer = QTimer(self)
+        self._memory_timer.setInterval(2000)
+        self._memory_timer.timeout.connect(self._update_memory)
+        self._memory_timer.start()
+        self._on_load_state(host.state)
+        if host.info is not None:
+            self._on_model_changed(host.info)
+        self._update_memory()
+
+    def detach(self) -> None:
+        """Stop following the host (the window is closing; the host may live on)."""
+        self._host.state_changed.disconnect(self._on_load_state)
+        self._host.model_changed.disconnect(self._on_model_changed)
+        self._host.load_failed.disconnect(self._on_load_failed)
+        self._memory_timer.stop()
+
+    def _on_load_state(self, state: LoadState) -> None:
+        self.progress_label.setVisible(state.loading)
+        self.progress.setVisible(state.loading)
+        if state.loading:
+            self.progress_label.setText(state.message)
+            if state.fraction is None:
+                self.progress.setRange(0, 0)  # busy indicator
+            else:
+                self.progress.setRange(0, 1000)
+                self.progress.setValue(int(state.fraction * 1000))
+
+    def _on_model_changed(self, info: ModelInfo) -> None:
+        self.model_label.setText(f"{info.name} · {info.backend} · {info.device}")
+        self.model_label.setToolTip("\n".join(info.summary_lines()))
+        self.context_label.setText(f"context 0 / {info.context_length:,}")
+        self.showMessage(f"Loaded {info.name}", 4000)
+
+    def _on_load_failed(self, spec: str | None, message: str) -> None:
+        self.showMessage(f"Could not load {spec or 'the default model'}: {message}", 15000)
+
+    def _on_busy(self, busy: bool) -> None:
+        if busy:
+            self.speed_label.setText("generating…")
+
+    def _on_finished(self, _message, stats: GenerationStats | None) -> None:
+        if stats is None:
+            self.speed_label.setText("")
+            return
+        speed = f"{stats.decode_tokens_per_s:.1f} tok/s" if stats.decode_tokens_per_s else "—"
+        self.speed_label.setText(f"{speed} · first token {stats.time_to_first_token_s:.2f} s")
+        self.speed_label.setToolTip(
+            f"{stats.generated_tokens} tokens in {stats.total_s:.2f} s; prompt {stats.prompt_tokens} tokens, "
+            f"{stats.reused_tokens} reused from the cache; seed {stats.seed}"
+        )
+        info = self._host.info
+        used = stats.prompt_tokens + stats.generated_tokens
+        total = f"{info.context_length:,}" if info else "?"
+        self.context_label.setText(f"context {used:,} / {total}")
+        self._update_memory()
+
+    def _update_memory(self) -> None:
+        rss = resident_bytes()
+        info = self._host.info
+        self.memory_label.setText(f"memory {human_bytes(rss)}")
+        weights = f"; model weights {human_bytes(info.bytes)}" if info and info.bytes else ""
+        stats = self._controller.last_stats
+        peak = f"; peak during the last answer {human_bytes(stats.peak_memory_bytes)}" if stats and stats.peak_memory_bytes else ""
+        self.memory_label.setToolTip(f"resident memory of the app{weights}{peak}")

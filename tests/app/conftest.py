@@ -1,0 +1,94 @@
+"""Fixtures for window tests: a running qasync loop inside pytest-qt, a temp database, the mock engine.
+
+pytest-qt spins the Qt event loop (`qtbot.waitUntil`); a qasync loop marked
+`already_running` makes that same Qt loop run asyncio tasks, so the window's
+async slots work exactly as under `asyncio.run(..., loop_factory=QEventLoop)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+import pytest
+import qasync
+
+from engine import Engine
+from engine.backends.mock import MockBackend
+
+from app.engine_host import EngineHost
+from app.state.store import Store
+from qt_helpers import close_window, make_window, run_task
+
+MOCK_DELAY_S = 0.01  # per token: slow enough to stop mid-answer, fast enough for a quick suite
+
+
+@pytest.fixture(scope="session")
+def _session_loop(qapp) -> asyncio.AbstractEventLoop:
+    # One loop for the session: stopping a qasync loop calls QApplication.exit(), which would
+    # cut short every later wait of the session, so the loop simply lives as long as qapp.
+    loop = qasync.QEventLoop(qapp, already_running=True)
+    asyncio.set_event_loop(loop)
+    return loop
+
+
+@pytest.fixture
+def qloop(qapp, _session_loop) -> Iterator[asyncio.AbstractEventLoop]:
+    """The running qasync loop; tasks a test leaves behind are cancelled after it."""
+    yield _session_loop
+    pending = [t for t in asyncio.all_tasks(_session_loop) if not t.done()]
+    for task in pending:
+        task.cancel()
+    for _ in range(100):
+        if all(t.done() for t in pending):
+            break
+        qapp.processEvents()
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "data"
+    monkeypatch.setenv("LOGITLAB_DATA_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def db_path(data_dir):
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return data_dir / "test.sqlite3"
+
+
+@pytest.fixture
+def store(db_path) -> Iterator[Store]:
+    s = Store(db_path)
+    yield s
+    s.close()
+
+
+def mock_factory(delay_s: float = MOCK_DELAY_S) -> Callable:
+    """Engines for tests: "mock" (or None) is the deterministic mock model; anything else loads for real."""
+
+    def factory(spec, backend, progress):
+        if spec in (None, "mock"):
+            progress("loading the mock model", 1.0)
+            return Engine.from_backend(MockBackend(delay_s=delay_s))
+        return Engine.start(spec, backend=backend, progress=progress)
+
+    return factory
+
+
+@pytest.fixture
+def host() -> Iterator[EngineHost]:
+    h = EngineHost(mock_factory())
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def window(qtbot, qloop, store, host):
+    """The real main window on the mock model (loaded), answers capped at 24 tokens."""
+    assert run_task(qtbot, host.load("mock", "mock"))
+    w = make_window(qtbot, store, host)
+    yield w
+    if not w._shutdown_done:
+        close_window(qtbot, w)

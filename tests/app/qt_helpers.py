@@ -1,0 +1,51 @@
+"""Helpers for driving the window in tests (imported by the tests and conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from PySide6.QtCore import Qt
+
+from app.engine_host import EngineHost
+from app.state.store import Store
+
+
+def run_task(qtbot, awaitable, timeout_ms: int = 15000):
+    """Run a coroutine or task on the qasync loop until done, spinning Qt; return its result."""
+    task = asyncio.ensure_future(awaitable)
+    qtbot.waitUntil(task.done, timeout=timeout_ms)
+    return task.result()
+
+
+def make_window(qtbot, store: Store, host: EngineHost, max_new_tokens: int = 24):
+    from app.main_window import MainWindow
+
+    window = MainWindow(store, host)
+    window.settings.set_max_new_tokens(max_new_tokens)
+    window.show()
+    qtbot.waitExposed(window)
+    return window
+
+
+def close_window(qtbot, window) -> None:
+    window.close()
+    qtbot.waitUntil(lambda: window._shutdown_done, timeout=10000)
+    window.deleteLater()
+
+
+def answered(window) -> bool:
+    """The open conversation ends with a finished answer and nothing is generating."""
+    conv = window.library.current
+    path = conv.path() if conv else []
+    return bool(path) and path[-1].is_assistant and not path[-1].generating and not window.controller.busy
+
+
+def send(qtbot, window, text: str, timeout_ms: int = 15000):
+    """Type `text`, press Enter, wait for the answer; returns the answer message."""
+    edit = window.chat.composer.edit
+    edit.setFocus()
+    edit.setPlainText(text)
+    qtbot.keyClick(edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: window.controller.busy or answered(window), timeout=timeout_ms)
+    qtbot.waitUntil(lambda: answered(window), timeout=timeout_ms)
+    return window.library.current.path()[-1]

@@ -1,0 +1,49 @@
+"""The conversation list: new, search (titles and message text), rename, delete."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+
+from qt_helpers import send
+
+
+def _titles(sidebar) -> list[str]:
+    return [sidebar.list.item(i).text() for i in range(sidebar.list.count())]
+
+
+def test_new_search_rename_delete(qtbot, window):
+    sidebar = window.sidebar
+    send(qtbot, window, "the cat")
+    first = window.library.current
+    qtbot.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert window.library.current is not first
+    answer = send(qtbot, window, "the dog")
+    second = window.library.current
+    qtbot.waitUntil(lambda: sorted(_titles(sidebar)) == ["the cat", "the dog"])
+    assert sidebar.list.currentItem().text() == "the dog"
+
+    # Search matches titles and the text of answers.
+    qtbot.keyClicks(sidebar.search, "cat")
+    qtbot.waitUntil(lambda: _titles(sidebar) == ["the cat"])
+    sidebar.search.clear()
+    word = answer.content.split()[0]
+    qtbot.keyClicks(sidebar.search, word)
+    qtbot.waitUntil(lambda: "the dog" in _titles(sidebar))
+    sidebar.search.clear()
+    qtbot.waitUntil(lambda: len(_titles(sidebar)) == 2)
+
+    # Clicking a conversation opens it.
+    item = next(sidebar.list.item(i) for i in range(2) if sidebar.list.item(i).text() == "the cat")
+    sidebar.list.setCurrentItem(item)
+    assert window.library.current is first
+    assert window.chat.chat_view.message_widgets[0].message.content == "the cat"
+
+    window.library.rename(first.id, "Felines")
+    qtbot.waitUntil(lambda: "Felines" in _titles(sidebar))
+    assert window.chat.title_label.text() == "Felines"
+
+    window.delete_conversation(first.id)
+    qtbot.waitUntil(lambda: _titles(sidebar) == ["the dog"])
+    assert window.library.current.id == second.id
+    assert window.store.conversation(first.id) is None
+    assert window.store.messages(first.id) == []

@@ -1,0 +1,64 @@
+"""The assistant text as Markdown or as coloured tokens; hover, click and the chart select tokens."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtGui import QTextCursor
+from PySide6.QtWidgets import QToolTip
+
+from app.widgets.fmt import pct
+from app.widgets.heat import confidence, heat_color
+from qt_helpers import send
+
+
+def _background_at(body, position: int):
+    cursor = QTextCursor(body.document())
+    cursor.setPosition(position + 1)  # charFormat() is the format of the character before the cursor
+    return cursor.charFormat().background().color()
+
+
+def test_heatmap_colours_follow_the_measure_and_hover_and_chart_select(qtbot, window):
+    window.settings.update_sampler(seed=2)
+    answer = send(qtbot, window, "the cat")
+    tokens = window.library.current.tokens(answer)
+    widget = window.chat.chat_view.widget_for(answer.id)
+    assert widget.body.mode == "markdown"
+
+    window.view_options.set_heatmap(True)
+    body = widget.body
+    assert body.mode == "tokens" and window.chat.legend.isVisible()
+    dark = False
+    for mode in ("probability", "surprisal", "entropy"):
+        window.view_options.set_mode(mode)
+        for i in (0, len(tokens) // 2):
+            start, _ = body.token_span(i)
+            want = heat_color(confidence(tokens[i], mode), dark)
+            assert _background_at(body, start).rgba() == want.rgba(), (mode, i)
+
+    i = 3
+    qtbot.mouseMove(body.viewport(), body.token_rect(i))
+    qtbot.waitUntil(lambda: QToolTip.isVisible() or bool(QToolTip.text()), timeout=2000)
+    assert pct(tokens[i].prob) in QToolTip.text() and "rank" in QToolTip.text()
+
+    chart = window.inspector.chart
+    assert chart.count == len(tokens)  # with nothing selected it shows the last answer
+    j = len(tokens) - 2
+    qtbot.mouseClick(chart, Qt.MouseButton.LeftButton, pos=QPoint(int(chart.x_of(j)), chart.height() // 2))
+    assert (window.selection.message_id, window.selection.index) == (answer.id, j)
+    assert body.extraSelections() and body.extraSelections()[0].cursor.selectionStart() == body.token_span(j)[0]
+    qtbot.keyClick(window, Qt.Key.Key_Left, Qt.KeyboardModifier.AltModifier)
+    assert window.selection.index == j - 1
+
+
+def test_markdown_renders_code_blocks_monospaced(qtbot, window):
+    conv = window.library.current
+    user = conv.add_message(None, "user", "show code")
+    answer = conv.add_message(user, "assistant")
+    conv.append_tokens(answer, [])  # nothing: a message may start empty
+    answer.content = "Here:\n\n```python\ndef f(x):\n    return x\n```\n\n**Done**."
+    conv.update_message(answer, finish_reason="eos")
+    body = window.chat.chat_view.widget_for(answer.id).body
+    doc = body.document()
+    block = doc.findBlock(doc.toPlainText().index("def f"))
+    assert block.charFormat().fontFixedPitch() or block.blockFormat().nonBreakableLines()
+    assert "**" not in doc.toPlainText()  # bold was rendered, not shown as asterisks
