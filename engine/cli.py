@@ -26,6 +26,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="torch device, e.g. cuda or cpu")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--trust-remote-code", action="store_true", help="run model code shipped in the model folder")
+    p.add_argument("--offload", default=None, metavar="POLICY",
+                   help='torch: stream weights, e.g. "weights=0,50 cache=100" (GPU%%,CPU%%; disk = rest) or "auto"')
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -100,6 +102,7 @@ def _load(args: argparse.Namespace):
         dtype=args.dtype,
         progress=progress,
         trust_remote_code=args.trust_remote_code,
+        offload=args.offload,
     )
 
 

@@ -19,6 +19,7 @@ def load_model(
     dtype: str | None = None,
     progress: ProgressCallback | None = None,
     trust_remote_code: bool = False,
+    offload=None,
 ) -> Backend:
     """Load a model for generation on the calling thread.
 
@@ -30,6 +31,8 @@ def load_model(
         dtype: "float32", "bfloat16" or "float16"; None picks per device.
         progress: called with (message, fraction or None) while converting/downloading/loading.
         trust_remote_code: allow model code from the model folder (off unless asked).
+        offload: torch only: an `engine.offload.OffloadPolicy`, its CLI form
+            "weights=GPU%,CPU% cache=GPU%", or "auto"; None keeps every weight resident.
 
     Raises:
         ModelNotFoundError, ModelLoadError, HubUnreachableError: with a message for the user.
@@ -46,6 +49,9 @@ def load_model(
     if name == "mlx":
         from engine.backends.mlx_backend import MlxBackend
 
+        if offload is not None:
+            raise ValueError("offload is a torch feature; MLX shares one memory between CPU and GPU")
+
         return MlxBackend(folder, spec=source.spec, display_name=source.name, trust_remote_code=trust_remote_code)
     from engine.backends.torch_backend import TorchBackend
 
@@ -56,4 +62,5 @@ def load_model(
         device=device,
         dtype=dtype,
         trust_remote_code=trust_remote_code,
+        offload=offload,
     )

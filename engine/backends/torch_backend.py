@@ -61,6 +61,7 @@ class TorchBackend:
         device: str | None = None,
         dtype: str | None = None,
         trust_remote_code: bool = False,
+        offload=None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -69,13 +70,24 @@ class TorchBackend:
             torch.set_num_threads(usable_cores())
         self.dtype = pick_dtype(dtype, self.device)
         self.tokenizer = Tokenizer.from_folder(folder, trust_remote_code)
+        self.offload = None  # OffloadHandle when weights are streamed (engine.offload)
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                str(folder), dtype=self.dtype, trust_remote_code=trust_remote_code
-            )
+            if offload is not None:
+                from engine.offload import load_offloaded, parse_offload
+
+                policy = None if offload == "auto" else parse_offload(offload) if isinstance(offload, str) else offload
+                model, self.offload = load_offloaded(
+                    Path(folder), policy, device=self.device, dtype=self.dtype, trust_remote_code=trust_remote_code
+                )
+            else:
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(folder), dtype=self.dtype, trust_remote_code=trust_remote_code
+                ).to(self.device)
+        except (ValueError, ModelLoadError):
+            raise
         except Exception as e:
             raise ModelLoadError(f"could not load the model in {folder}: {type(e).__name__}: {e}") from e
-        self.model = model.to(self.device).eval()
+        self.model = model.eval()
         self._cache = None
         self._tokens: list[int] = []
         self.info = self._describe(folder, spec, display_name)
@@ -89,6 +101,8 @@ class TorchBackend:
             device = f"cuda ({torch.cuda.get_device_name(self.device)})"
         elif self.device.type == "cpu":
             device = f"cpu ({torch.get_num_threads()} threads)"
+        if self.offload is not None:
+            device += f"; offload {self.offload.policy.describe()}"
         return ModelInfo(
             name=display_name,
             spec=spec,
@@ -130,7 +144,12 @@ class TorchBackend:
         from transformers import DynamicCache
 
         if self._cache is None:
-            self._cache = DynamicCache(config=self.model.config)
+            if self.offload is not None:
+                from engine.offload import make_kv_cache
+
+                self._cache = make_kv_cache(self.model.config, self.offload.policy, self.device)
+            else:
+                self._cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # (1, T)
         try:
             out = self.model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1)
@@ -147,6 +166,8 @@ class TorchBackend:
 
     def close(self) -> None:
         self._reset()
+        if self.offload is not None:
+            self.offload.close()
         self.model = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -82,3 +82,20 @@ def test_cancel_between_prefill_chunks_keeps_what_ran(tiny_torch):
     logits, reused = prefill(tiny_torch, ids, chunk=4)  # the next request picks up where it stopped
     assert reused == 8
     np.testing.assert_allclose(logits, _full_logits(tiny_torch, ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("policy", ["weights=0,0 cache=100", "weights=0,50 cache=100"])
+def test_offloaded_backend_decodes_like_the_resident_one(tiny_llama_folder, tiny_torch, policy):
+    from engine.backends.torch_backend import TorchBackend
+
+    req = GenerationRequest(prompt="offload me", sampler=GREEDY, max_new_tokens=12, ignore_eos=True, top_n=5)
+    resident = list(generate_events(tiny_torch, req))
+    streamed_backend = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny", offload=policy)
+    try:
+        streamed = list(generate_events(streamed_backend, req))
+        assert "offload" in streamed_backend.info.device
+    finally:
+        streamed_backend.close()
+    assert resident[-1].stats.token_ids == streamed[-1].stats.token_ids
+    for a, b in zip(resident[:-1], streamed[:-1]):
+        assert abs(a.logprob - b.logprob) < 1e-4
