@@ -23,7 +23,7 @@ from pathlib import Path
 
 import platformdirs
 
-from engine.errors import HubUnreachableError, ModelLoadError, ModelNotFoundError
+from engine.errors import ModelLoadError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +83,8 @@ def download_default_model(progress=None) -> Path:
     reached it fails within seconds with `HubUnreachableError`.
     """
     import huggingface_hub
-    from huggingface_hub import errors as hf_errors
 
-    from engine.loading.hub import METADATA_TIMEOUT_S, _progress_tqdm
+    from engine.loading.hub import METADATA_TIMEOUT_S, _progress_tqdm, hub_errors
 
     target = models_dir() / DEFAULT_FILE
     if target.is_file() and _sha256(target) == DEFAULT_SHA256:
@@ -94,7 +93,7 @@ def download_default_model(progress=None) -> Path:
     if progress:
         progress(f"downloading {DEFAULT_NAME} ({DEFAULT_SIZE_BYTES / 1e6:.0f} MB)", None)
     what = f"the default model ({DEFAULT_REPO}/{DEFAULT_FILE})"
-    try:
+    with hub_errors(what, f"copy {DEFAULT_FILE} into {target.parent}"):
         # A metadata call with a short timeout first: on a black-holed network the download's own
         # requests would take the library's longer defaults and look like a hang.
         url = huggingface_hub.hf_hub_url(DEFAULT_REPO, DEFAULT_FILE, revision=DEFAULT_REVISION)
@@ -109,18 +108,6 @@ def download_default_model(progress=None) -> Path:
                 tqdm_class=_progress_tqdm(progress) if progress else None,
             )
         )
-    except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled) as e:
-        raise HubUnreachableError(
-            f"cannot download {what}: the Hugging Face hub cannot be reached "
-            f"(check the network, or copy {DEFAULT_FILE} into {target.parent})"
-        ) from e
-    except hf_errors.HfHubHTTPError as e:
-        raise HubUnreachableError(f"cannot download {what}: the hub answered {e}") from e
-    except Exception as e:  # DNS failure, refused or timed-out connection (httpx errors vary by version)
-        raise HubUnreachableError(
-            f"cannot download {what}: the Hugging Face hub cannot be reached ({type(e).__name__}); "
-            f"check the network, or copy {DEFAULT_FILE} into {target.parent}"
-        ) from e
     digest = _sha256(path)
     if digest != DEFAULT_SHA256:
         path.unlink(missing_ok=True)

@@ -8,6 +8,8 @@ request has a short timeout and we never retry in a loop.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from engine.errors import HubUnreachableError, ModelNotFoundError
@@ -22,7 +24,6 @@ METADATA_TIMEOUT_S = 8.0
 def download(repo_id: str, progress=None) -> Path:
     """Return a local folder holding `repo_id`, downloading what is missing."""
     import huggingface_hub
-    from huggingface_hub import errors as hf_errors
 
     try:  # a complete earlier download works offline and instantly
         return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=ALLOW_PATTERNS, local_files_only=True))
@@ -30,7 +31,7 @@ def download(repo_id: str, progress=None) -> Path:
         pass
     if progress:
         progress(f"downloading {repo_id}", None)
-    try:
+    with hub_errors(repr(repo_id), "pass a local folder or .gguf file"):
         # A metadata call with a short timeout first: snapshot_download's own
         # calls use the library's longer defaults, which on a black-holed
         # network would look like a hang.
@@ -41,21 +42,30 @@ def download(repo_id: str, progress=None) -> Path:
             etag_timeout=METADATA_TIMEOUT_S,
             tqdm_class=_progress_tqdm(progress) if progress else None,
         )
+    return Path(path)
+
+
+@contextmanager
+def hub_errors(what: str, alternative: str) -> Iterator[None]:
+    """Turn huggingface_hub's many failure types into our errors, each naming `what` and what to do instead."""
+    from huggingface_hub import errors as hf_errors
+
+    try:
+        yield
     except hf_errors.RepositoryNotFoundError as e:
-        raise ModelNotFoundError(f"no model {repo_id!r} on the hub (or it is private/gated)") from e
+        raise ModelNotFoundError(f"no model {what} on the hub (or it is private/gated)") from e
     except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled) as e:
         raise HubUnreachableError(
-            f"cannot download {repo_id!r}: the hub cannot be reached and there is no local copy "
-            "(check the network, or pass a local folder or .gguf file)"
+            f"cannot download {what}: the hub cannot be reached and there is no local copy "
+            f"(check the network, or {alternative})"
         ) from e
     except hf_errors.HfHubHTTPError as e:
-        raise HubUnreachableError(f"cannot download {repo_id!r}: the hub answered {e}") from e
+        raise HubUnreachableError(f"cannot download {what}: the hub answered {e}") from e
     except Exception as e:  # DNS failure, refused or timed-out connection (httpx errors vary by version)
         raise HubUnreachableError(
-            f"cannot download {repo_id!r}: the hub cannot be reached ({type(e).__name__}); "
-            "check the network, or pass a local folder or .gguf file"
+            f"cannot download {what}: the hub cannot be reached ({type(e).__name__}); "
+            f"check the network, or {alternative}"
         ) from e
-    return Path(path)
 
 
 def _progress_tqdm(progress):
