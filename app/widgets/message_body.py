@@ -49,8 +49,10 @@ class MessageBody(QTextBrowser):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
         self.viewport().setMouseTracking(True)
-        self.viewport().setAutoFillBackground(False)
-        self.setAutoFillBackground(False)
+        # Opaque: a streamed token then repaints only this text, not every ancestor behind it
+        # (a transparent body made the message, the column and the scroll area repaint per token).
+        self.viewport().setAutoFillBackground(True)
+        self.set_background_role(QPalette.ColorRole.Window)
         self.document().setDocumentMargin(2)
         self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
         self.setFixedHeight(self.fontMetrics().lineSpacing() + 8)
@@ -69,6 +71,10 @@ class MessageBody(QTextBrowser):
         self._md_timer.setSingleShot(True)
         self._md_timer.timeout.connect(self._render_markdown)
         self.markdown_renders = 0  # for tests and the benchmark
+
+    def set_background_role(self, role: QPalette.ColorRole) -> None:
+        """The palette colour behind the text (the window's, or the user bubble's); follows theme changes."""
+        self.viewport().setBackgroundRole(role)
 
     # -- whole-message rendering -----------------------------------------------------------
 
@@ -244,9 +250,3 @@ class MessageBody(QTextBrowser):
         super().resizeEvent(event)
         self._fit_height(self.document().size())
 
-
-def transparent_base(widget: QWidget) -> None:
-    """Let a parent's background show through a text widget."""
-    pal = widget.palette()
-    pal.setColor(QPalette.ColorRole.Base, QColor(0, 0, 0, 0))
-    widget.setPalette(pal)

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.state.conversation import Conversation, Message
-from app.widgets.message_body import MessageBody, transparent_base
+from app.widgets.message_body import MessageBody
 
 FINISH_TEXT = {
     "eos": "",
@@ -91,7 +91,8 @@ class MessageWidget(QFrame):
         outer.addLayout(header)
 
         self.body = MessageBody(self)
-        transparent_base(self.body)
+        if message.role == "user":
+            self.body.set_background_role(QPalette.ColorRole.AlternateBase)
         self.body.setAccessibleName(f"{who} text")
         self.body.token_clicked.connect(lambda i: self.token_clicked.emit(self.message, i))
         outer.addWidget(self.body)

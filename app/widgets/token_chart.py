@@ -35,6 +35,8 @@ class TokenChart(QWidget):
         self.setMinimumHeight(110)
         self.setMouseTracking(True)
         self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+        # paintEvent fills every pixel: without this each repaint also repainted the inspector behind it.
+        self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
         self._tokens: list[TokenEvent] = []
         self._probs: list[float] = []
         self._entropy: list[float] = []
@@ -101,6 +103,7 @@ class TokenChart(QWidget):
         text = pal.color(QPalette.ColorRole.WindowText)
         dim = pal.color(QPalette.ColorRole.PlaceholderText)
         plot = self._plot()
+        p.fillRect(self.rect(), pal.color(QPalette.ColorRole.Window))
         p.fillRect(plot, pal.color(QPalette.ColorRole.Base))
         grid = QColor(text)
         grid.setAlpha(30)
