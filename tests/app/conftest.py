@@ -34,7 +34,13 @@ def _session_loop(qapp) -> asyncio.AbstractEventLoop:
 
 @pytest.fixture
 def qloop(qapp, _session_loop) -> Iterator[asyncio.AbstractEventLoop]:
-    """The running qasync loop; tasks a test leaves behind are cancelled after it."""
+    """The running qasync loop; tasks a test leaves behind are cancelled after it.
+
+    The loop is marked as this thread's running loop only during the test: left
+    marked, it would make every later `asyncio.run()` in the session (engine
+    tests) fail with "cannot be called from a running event loop".
+    """
+    asyncio.events._set_running_loop(_session_loop)
     yield _session_loop
     pending = [t for t in asyncio.all_tasks(_session_loop) if not t.done()]
     for task in pending:
@@ -43,6 +49,7 @@ def qloop(qapp, _session_loop) -> Iterator[asyncio.AbstractEventLoop]:
         if all(t.done() for t in pending):
             break
         qapp.processEvents()
+    asyncio.events._set_running_loop(None)
 
 
 @pytest.fixture
