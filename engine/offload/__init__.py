@@ -6,16 +6,43 @@ an executor (`attach`) streams the non-resident part of each layer in for
 its turn while the previous layer computes, through forward hooks on
 transformers' own layers. `load_offloaded` builds a model directly in that
 layout; `auto_policy` / `plan_policy` choose a split that fits.
+
+Importing this package does not import torch (the app imports the engine
+API without an ML framework): the policy, placement, automatic policy and
+report are plain Python; the rest is loaded on first use.
 """
 
-from engine.offload.apply import attach
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from engine.offload.auto import MemoryInfo, auto_policy, free_memory, kv_cache_bytes
-from engine.offload.executor import OffloadHandle
-from engine.offload.kv_cache import make_kv_cache
-from engine.offload.load import build_empty, load_offloaded, plan_policy
 from engine.offload.placement import Placement, Tier, cache_host_layers, place
 from engine.offload.policy import OffloadPolicy, parse_offload
 from engine.offload.report import OffloadReport
+
+_LAZY = {
+    "attach": "engine.offload.apply",
+    "OffloadHandle": "engine.offload.executor",
+    "make_kv_cache": "engine.offload.kv_cache",
+    "build_empty": "engine.offload.load",
+    "load_offloaded": "engine.offload.load",
+    "plan_policy": "engine.offload.load",
+}
+
+if TYPE_CHECKING:
+    from engine.offload.apply import attach
+    from engine.offload.executor import OffloadHandle
+    from engine.offload.kv_cache import make_kv_cache
+    from engine.offload.load import build_empty, load_offloaded, plan_policy
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MemoryInfo",

@@ -1,6 +1,7 @@
 """Choosing a policy that fits: from the model's size and the free GPU and CPU memory.
 
-`auto_policy` is pure (numbers in, policy out) so it is tested without a GPU.
+`auto_policy` is pure (numbers in, policy out) so it is tested without a GPU,
+and this module does not import torch, so the app can plan before loading.
 Priorities, all else being equal: the KV cache on the GPU first (an
 offloaded cache layer crosses the link twice per token, a CPU-tier weight
 once), then as many weights on the GPU as fit, then in CPU memory, the rest
@@ -16,11 +17,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.offload.placement import Tier, place
 from engine.offload.policy import OffloadPolicy
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +137,10 @@ def free_cpu_bytes() -> int:
 
 
 def free_memory(device: torch.device | str) -> MemoryInfo:
-    device = torch.device(device)
+    """Free memory on `device` (None when it is the CPU) and in RAM. Imports torch only for a GPU."""
     gpu = None
-    if device.type == "cuda":
-        gpu = int(torch.cuda.mem_get_info(device)[0])
+    if str(device).startswith("cuda"):
+        import torch
+
+        gpu = int(torch.cuda.mem_get_info(torch.device(device))[0])
     return MemoryInfo(free_gpu_bytes=gpu, free_cpu_bytes=free_cpu_bytes())

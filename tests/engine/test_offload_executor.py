@@ -2,10 +2,11 @@
 
 Runs through the engine's own decode path (`generate_events` on a
 TorchBackend whose model is offloaded), greedy, for the policies
-all-in-memory, half-on-disk and all-on-disk. Logprobs are compared to 2e-5:
-BLAS kernels round differently for differently aligned weights (the
-resident model computes from 8-byte-aligned file views, copies are
-64-byte aligned), which moves float32 logprobs by ~1e-6, never the tokens.
+all-in-memory, half-on-disk and all-on-disk. Against a resident model whose
+weights sit in ordinary memory the results are bit-identical. Against
+`from_pretrained` as loaded (weights are views into the mapped file, 8-byte
+aligned) logprobs are compared to 2e-5: BLAS kernels round differently for
+differently aligned weights, ~5e-6 on the default model, never the tokens.
 """
 
 from __future__ import annotations
@@ -74,12 +75,30 @@ def test_tiny_attach_in_place_matches(tiny_torch, tiny_llama_folder, tiny_refere
         handle.close()
 
 
-def test_tiny_load_offloaded_matches(tiny_torch, tiny_llama_folder, tiny_reference, monkeypatch):
-    model, handle = load_offloaded(tiny_llama_folder, POLICIES["all-on-disk"], device="cpu", dtype=torch.float32)
+@pytest.fixture(scope="module")
+def tiny_aligned_reference(tiny_llama_folder):
+    """The resident run with every weight copied into ordinary (aligned) memory, like the offloaded ones."""
+    from engine.backends.torch_backend import TorchBackend
+
+    backend = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny")
+    for module in backend.model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                module._parameters[name] = torch.nn.Parameter(p.detach().clone(), requires_grad=False)
+    ref = greedy(backend, 12)
+    backend.close()
+    return ref
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_tiny_load_offloaded_is_bit_identical(
+    tiny_torch, tiny_llama_folder, tiny_aligned_reference, monkeypatch, name
+):
+    model, handle = load_offloaded(tiny_llama_folder, POLICIES[name], device="cpu", dtype=torch.float32)
     monkeypatch.setattr(tiny_torch, "model", model)
     try:
-        assert_same(greedy(tiny_torch, 12), tiny_reference)
-        assert handle.residency.peak <= 2 * layer_bytes(handle)
+        assert greedy(tiny_torch, 12) == tiny_aligned_reference  # same tokens, same logprobs to the bit
+        assert handle.residency.peak <= (2 if name.startswith("all-on-disk") else 30) * layer_bytes(handle)
     finally:
         handle.close()
 

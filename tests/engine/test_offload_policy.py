@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from engine.offload import OffloadPolicy, Tier, auto_policy, cache_host_layers, free_memory, parse_offload, place
@@ -215,3 +219,14 @@ def test_auto_errors(args, kwargs, message):
 def test_free_memory_reads_this_machine():
     mem = free_memory("cpu")
     assert mem.free_gpu_bytes is None and mem.free_cpu_bytes > 64 * MiB
+
+
+def test_policy_side_imports_no_ml_framework():
+    """The CLI and the app parse and plan without torch: importing engine.offload must not load it."""
+    code = (
+        "import sys, engine.offload as o; o.parse_offload('weights=0,50'); o.auto_policy(10, None, 100); "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert out.stdout.strip() == "[]"
