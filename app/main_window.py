@@ -339,7 +339,7 @@ class MainWindow(QMainWindow):
         saved = self.store.get_setting(GEOMETRY_KEY)
         if not saved:
             self.resize(1400, 880)
-            self.resizeDocks([self.chats_dock, self.inspector_dock], [280, 470], Qt.Orientation.Horizontal)
+            self.resizeDocks([self.chats_dock, self.inspector_dock], [300, 470], Qt.Orientation.Horizontal)
             return
         self.restoreGeometry(QByteArray.fromBase64(saved["geometry"].encode()))
         self.restoreState(QByteArray.fromBase64(saved["state"].encode()))

@@ -166,10 +166,7 @@ def main() -> int:
     p.add_argument("--backend", default="torch")
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for this run (seconds)")
     args = p.parse_args()
-    if args.switch_interval:
-        sys.setswitchinterval(args.switch_interval)
     guard_none_refcount()
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setQuitOnLastWindowClosed(False)

@@ -26,7 +26,8 @@ def load_model(
     Args:
         spec: None (the default model), a local Hugging Face folder, a `.gguf`
             file (converted once into the user cache) or a hub id `org/name`.
-        backend: "auto" (MLX on Apple Silicon, else torch), "torch", "mlx" or "mock".
+        backend: "auto" (a URL -> remote, a .gguf -> llamacpp when installed, else MLX on
+            Apple Silicon, else torch), "torch", "mlx", "llamacpp", "remote" or "mock".
         device: torch device ("cuda", "cpu", ...); None picks CUDA when present.
         dtype: "float32", "bfloat16" or "float16"; None picks per device.
         progress: called with (message, fraction or None) while converting/downloading/loading.
@@ -37,12 +38,23 @@ def load_model(
     Raises:
         ModelNotFoundError, ModelLoadError, HubUnreachableError: with a message for the user.
     """
-    name = choose_backend(backend)
-    if name == "mock":
+    if (backend or "").lower() == "mock":
         from engine.backends.mock import MockBackend
 
         return MockBackend()
     source = resolve_spec(spec)
+    name = choose_backend(backend, source.kind)
+    if name == "remote":
+        from engine.backends.remote import RemoteBackend
+
+        return RemoteBackend.connect(source.spec, progress=progress)
+    if name == "llamacpp":
+        from engine.backends.llamacpp import LlamaCppBackend
+
+        if progress:
+            progress(f"loading {source.name} (llamacpp)", None)
+        assert source.path is not None
+        return LlamaCppBackend(source.path, spec=source.spec, display_name=source.name, offload=offload)
     folder = materialize(source, progress)
     if progress:
         progress(f"loading {source.name} ({name})", None)

@@ -18,6 +18,11 @@ class ModelInfo:
     bytes: int  # weights in memory
     backend: str
     device: str
+    # Optional facts only some backends know; empty when they do not apply.
+    quantization: str = ""  # GGUF file type, e.g. "Q4_K_M" (llamacpp)
+    file_bytes: int = 0  # size of the model file on disk (llamacpp)
+    revision: str = ""  # hub commit hash the weights were loaded at
+    capabilities: tuple[str, ...] = ()  # what a remote server accepts, e.g. ("top_logprobs<=20", "token_prompts")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -35,4 +40,13 @@ class ModelInfo:
             f"weights:        {self.bytes / 2**20:.1f} MiB",
             f"backend:        {self.backend}",
             f"device:         {self.device}",
+        ] + [
+            line
+            for line, present in (
+                (f"quantization:   {self.quantization}", self.quantization),
+                (f"file size:      {self.file_bytes / 2**20:.1f} MiB", self.file_bytes),
+                (f"revision:       {self.revision}", self.revision),
+                (f"capabilities:   {', '.join(self.capabilities)}", self.capabilities),
+            )
+            if present
         ]

@@ -63,7 +63,11 @@ class Library:
         if self.current is not None and self.current.id == conversation_id:
             self.current.set_title(title)  # emits changed -> list_changed
             return
-        self.store.update_conversation(conversation_id, title=" ".join(title.split()) or DEFAULT_TITLE)
+        opened = self._open.get(conversation_id)
+        if opened is not None:  # keep the cached object in step, or reopening it shows the old title
+            opened.set_title(title)
+        else:
+            self.store.update_conversation(conversation_id, title=" ".join(title.split()) or DEFAULT_TITLE)
         self.list_changed.emit()
 
     def delete(self, conversation_id: int) -> None:

@@ -31,7 +31,7 @@ class ParamRow(QWidget):
         self.spec = spec
         self.label = QLabel(spec.label)
         self.label.setToolTip(spec.tip)
-        self.label.setMinimumWidth(110)
+        self.label.setMinimumWidth(88)
         self.spin: QSpinBox | QDoubleSpinBox
         if spec.decimals == 0:
             self.spin = QSpinBox()
@@ -48,7 +48,7 @@ class ParamRow(QWidget):
         self.spin.setKeyboardTracking(False)
         self.spin.setCorrectionMode(QAbstractSpinBox.CorrectionMode.CorrectToNearestValue)
         self.spin.setAlignment(Qt.AlignmentFlag.AlignRight)
-        self.spin.setMinimumWidth(84)
+        self.spin.setMinimumWidth(72)
         self.spin.setAccessibleName(spec.label)
         self.spin.setToolTip(spec.tip)
 

@@ -80,6 +80,7 @@ class SamplingPanel(QScrollArea):
         self._controller = controller
         self.setWidgetResizable(True)
         self.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # rows shrink to the dock
         self.setAccessibleName("Sampling settings")
         body = QWidget()
         col = QVBoxLayout(body)
@@ -97,9 +98,11 @@ class SamplingPanel(QScrollArea):
         self.reset_button.setAccessibleName("Reset to defaults")
         self.reset_button.setToolTip("Back to the defaults (the Balanced preset, 512 tokens, no stop strings)")
         presets.addWidget(self.preset_box, 1)
-        for b in (self.save_preset_button, self.delete_preset_button, self.reset_button):
-            presets.addWidget(b)
         col.addLayout(presets)
+        preset_buttons = QHBoxLayout()
+        for b in (self.save_preset_button, self.delete_preset_button, self.reset_button):
+            preset_buttons.addWidget(b)
+        col.addLayout(preset_buttons)
 
         self.rows: dict[str, ParamRow] = {}
         for title, specs in (("Temperature and filters", FILTERS), ("Penalties", PENALTIES), ("XTC", XTC)):

@@ -1,12 +1,22 @@
-"""Which backend runs a model: MLX on Apple Silicon, torch elsewhere; always overridable."""
+"""Which backend runs a model; always overridable.
+
+Automatic choice, by what the spec names:
+- a URL (`http://host:port/v1`) -> remote (an OpenAI-compatible server);
+- a `.gguf` file (the default model is one) -> llama.cpp when `llama_cpp` imports,
+  else the file is converted once to a folder for torch/MLX (logged, with how to get the fast path);
+- otherwise MLX on Apple Silicon, torch elsewhere.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import platform
 import sys
 
-BACKENDS = ("auto", "torch", "mlx", "mock")
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "torch", "mlx", "llamacpp", "remote", "mock")
 
 
 def is_apple_silicon() -> bool:
@@ -17,15 +27,44 @@ def mlx_available() -> bool:
     return importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None
 
 
-def choose_backend(requested: str | None = None) -> str:
-    """Resolve "auto" (or None) to a concrete backend name; validate explicit names."""
+def llamacpp_available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def choose_backend(requested: str | None = None, source_kind: str | None = None) -> str:
+    """Resolve "auto" (or None) to a concrete backend name; validate explicit names.
+
+    Args:
+        requested: a name from BACKENDS, or None for "auto".
+        source_kind: what the model spec resolved to ("default", "folder", "gguf", "hub", "url"),
+            when known; it drives the automatic choice and rules out impossible pairs.
+    """
     name = (requested or "auto").lower()
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
+    if source_kind == "url" and name not in ("auto", "remote"):
+        raise ValueError(f"a server URL is opened by the remote backend, not {name!r}")
+    if name == "remote" and source_kind not in (None, "url"):
+        raise ValueError("the remote backend needs a server URL such as http://127.0.0.1:8000/v1")
+    if name == "llamacpp":
+        if not llamacpp_available():
+            raise ValueError("the llamacpp backend needs llama-cpp-python: pip install 'logitlab[gguf]'")
+        if source_kind not in (None, "default", "gguf"):
+            raise ValueError("the llamacpp backend runs .gguf files; this model is not one")
+    if name == "mlx" and not mlx_available():
+        raise ValueError("the mlx backend needs mlx-lm: pip install 'logitlab[mlx]'")
     if name != "auto":
-        if name == "mlx" and not mlx_available():
-            raise ValueError("the mlx backend needs mlx-lm: pip install 'logitlab[mlx]'")
         return name
+    if source_kind == "url":
+        return "remote"
+    if source_kind in ("default", "gguf"):
+        if llamacpp_available():
+            return "llamacpp"
+        log.info(
+            "llama-cpp-python is not installed, so this GGUF file is converted to float32 for %s "
+            "(larger and slower); pip install 'logitlab[gguf]' runs it natively",
+            "mlx" if is_apple_silicon() and mlx_available() else "torch",
+        )
     if is_apple_silicon() and mlx_available():
         return "mlx"
     return "torch"

@@ -16,7 +16,8 @@ from engine.loading.default_model import DEFAULT_NAME, default_model_path
 ProgressCallback = Callable[[str, "float | None"], None]
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-SourceKind = Literal["default", "folder", "gguf", "hub"]
+SourceKind = Literal["default", "folder", "gguf", "hub", "url"]
+URL = re.compile(r"^https?://", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ def resolve_spec(spec: str | Path | None) -> ModelSource:
         path = default_model_path()
         return ModelSource("default", "default", path, DEFAULT_NAME)
     text = str(spec).strip()
+    if URL.match(text):  # an OpenAI-compatible server: http://host:port/v1[#model-name]
+        base, _, model = text.partition("#")
+        return ModelSource(text, "url", None, model or base.rstrip("/").split("//", 1)[-1])
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -55,6 +59,8 @@ def materialize(source: ModelSource, progress: ProgressCallback | None = None) -
     if source.kind in ("default", "gguf"):
         assert source.path is not None
         return gguf_convert.ensure_converted(source.path, progress)
+    if source.kind == "url":
+        raise ValueError(f"{source.spec} is a server, not a local model: it is opened by the remote backend")
     if source.kind == "hub":
         return hub.download(source.spec, progress)
     assert source.path is not None

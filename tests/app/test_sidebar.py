@@ -22,9 +22,11 @@ def test_new_search_rename_delete(qtbot, window):
     qtbot.waitUntil(lambda: sorted(_titles(sidebar)) == ["the cat", "the dog"])
     assert sidebar.list.currentItem().text() == "the dog"
 
-    # Search matches titles and the text of answers.
-    qtbot.keyClicks(sidebar.search, "cat")
-    qtbot.waitUntil(lambda: _titles(sidebar) == ["the cat"])
+    # Search matches titles (a word no mock answer can contain) and the text of answers.
+    window.library.rename(first.id, "Felines")
+    qtbot.waitUntil(lambda: "Felines" in _titles(sidebar))
+    qtbot.keyClicks(sidebar.search, "feline")
+    qtbot.waitUntil(lambda: _titles(sidebar) == ["Felines"])
     sidebar.search.clear()
     word = answer.content.split()[0]
     qtbot.keyClicks(sidebar.search, word)
@@ -33,13 +35,10 @@ def test_new_search_rename_delete(qtbot, window):
     qtbot.waitUntil(lambda: len(_titles(sidebar)) == 2)
 
     # Clicking a conversation opens it.
-    item = next(sidebar.list.item(i) for i in range(2) if sidebar.list.item(i).text() == "the cat")
+    item = next(sidebar.list.item(i) for i in range(2) if sidebar.list.item(i).text() == "Felines")
     sidebar.list.setCurrentItem(item)
     assert window.library.current is first
     assert window.chat.chat_view.message_widgets[0].message.content == "the cat"
-
-    window.library.rename(first.id, "Felines")
-    qtbot.waitUntil(lambda: "Felines" in _titles(sidebar))
     assert window.chat.title_label.text() == "Felines"
 
     window.delete_conversation(first.id)
