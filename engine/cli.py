@@ -13,6 +13,7 @@ from dataclasses import fields
 from typing import TextIO
 
 from engine.cli_research import add_batch_parser, cmd_batch, cmd_beams
+from engine.cli_experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.errors import EngineError
 from engine.events import Done, TokenEvent
 from engine.sampling.settings import STAGE_NAMES, SamplerSettings
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="print what the model is")
     _add_model_args(i)
     add_batch_parser(sub, _add_model_args)
+    add_experiment_parsers(sub, _add_model_args)
     return parser
 
 
@@ -253,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_third_party()
     try:
-        commands = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "batch": cmd_batch}
+        commands = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "batch": cmd_batch,
+                    "score": lambda a: cmd_score(a, _load), "compare": lambda a: cmd_compare(a, _load)}
         return commands[args.command](args)
     except (EngineError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

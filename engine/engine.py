@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import AsyncIterator, Callable, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from engine.backends.base import Backend
 from engine.events import Done, Event, GenerationStats
@@ -14,6 +15,10 @@ from engine.load import load_model
 from engine.model_info import ModelInfo
 from engine.request import GenerationRequest
 from engine.worker import EventCallback, GenerationHandle, ModelWorker
+
+if TYPE_CHECKING:
+    from engine.experiments import CompareResult, ScoreResult
+    from engine.sampling.settings import SamplerSettings
 
 T = TypeVar("T")
 
@@ -112,6 +117,41 @@ class Engine:
                     return
         finally:
             handle.cancel()
+
+    # -- sampling experiments (engine.experiments) -------------------------------------------
+
+    def score(
+        self,
+        text_or_ids: "str | Sequence[int]",
+        *,
+        context: int | None = None,
+        top_n: int = 10,
+        cancel: "threading.Event | None" = None,
+    ) -> "ScoreResult":
+        """Teacher-forced scoring of a text or token ids (see `engine.experiments.score`); blocking."""
+        from engine.experiments.score import score
+
+        stop = cancel or threading.Event()
+        return self.call(lambda b: score(b, text_or_ids, context=context, top_n=top_n, cancelled=stop.is_set)).result()
+
+    def compare(
+        self,
+        prompt: "str | GenerationRequest",
+        settings: "Sequence[SamplerSettings]",
+        *,
+        seed: int | None = None,
+        cancel: "threading.Event | None" = None,
+        **request_kwargs,
+    ) -> "CompareResult":
+        """Run one prompt under several sampler settings with a shared seed (see `engine.experiments.compare`).
+
+        `prompt` is raw text or a full `GenerationRequest` (its sampler is replaced per column);
+        `request_kwargs` (max_new_tokens, top_n, record_stages, ...) build the request from text.
+        """
+        from engine.experiments.compare import compare
+
+        request = prompt if isinstance(prompt, GenerationRequest) else GenerationRequest(prompt=prompt, **request_kwargs)
+        return self.call(lambda b: compare(b, request, list(settings), seed=seed, cancel=cancel)).result()
 
     def close(self) -> None:
         self._worker.close()

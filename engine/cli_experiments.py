@@ -1,0 +1,145 @@
+"""CLI commands for sampling experiments: `score` (teacher-forced surprisal of a text) and `compare`.
+
+Without `--output` a readable report goes to stdout; with `--output F` the
+JSONL trace (docs/experiments.md) goes to F (`-` = stdout) and a one-line
+summary to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from engine.errors import EngineError
+
+MAX_SETTINGS_FILE_BYTES = 1 << 20
+
+
+def add_experiment_parsers(sub, add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    s = sub.add_parser("score", help="how surprising a text is to the model, token by token (teacher-forced)")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="the text to score")
+    src.add_argument("--file", help="a UTF-8 text file to score")
+    s.add_argument("--top-n", type=int, default=5, help="alternatives per position")
+    s.add_argument("--output", default=None, help="write a JSONL trace here (- = stdout)")
+    add_model_args(s)
+
+    c = sub.add_parser("compare", help="one prompt under several sampler settings, same seed, aligned tokens")
+    c.add_argument("--prompt", required=True)
+    c.add_argument("--settings", action="append", required=True, metavar="JSON",
+                   help="a JSON file (or inline JSON object) of sampler settings, e.g. {\"temperature\": 0.7}; "
+                        "give it 2 or more times")
+    c.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    c.add_argument("--seed", type=int, default=None, help="shared seed for columns that set none (default: random)")
+    c.add_argument("--max-new-tokens", type=int, default=64)
+    c.add_argument("--top-n", type=int, default=5, help="alternatives per token in the trace")
+    c.add_argument("--output", default=None, help="write a JSONL trace here (- = stdout)")
+    add_model_args(c)
+
+
+def load_settings(arg: str):
+    """Sampler settings from a JSON file or an inline JSON object; ValueError with the reason otherwise."""
+    from engine.sampling.settings import SamplerSettings
+
+    text = arg
+    if not arg.lstrip().startswith("{"):
+        path = Path(arg)
+        if not path.is_file():
+            raise EngineError(f"settings file not found: {path}")
+        if path.stat().st_size > MAX_SETTINGS_FILE_BYTES:
+            raise EngineError(f"settings file {path} is larger than 1 MiB; it should hold one JSON object")
+        text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"settings {arg!r} are not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"settings {arg!r} must be a JSON object of sampler fields")
+    return SamplerSettings.from_dict(data)
+
+
+@contextmanager
+def _output(path: str | None):
+    if path in (None, "-"):
+        yield sys.stdout
+        return
+    with open(path, "w", encoding="utf-8") as f:
+        yield f
+
+
+def _read_text(args: argparse.Namespace) -> str:
+    if args.text is not None:
+        return args.text
+    path = Path(args.file)
+    if not path.is_file():
+        raise EngineError(f"file not found: {path}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise EngineError(f"{path} is not UTF-8 text") from None
+
+
+def cmd_score(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
+    from engine.experiments.trace import score_run, write_lines
+
+    text = _read_text(args)
+    if not text.strip():
+        raise ValueError("the text to score is empty")
+    with load(args) as engine:
+        result = engine.score(text, top_n=args.top_n)
+        summary = (f"[{len(result.tokens)} tokens scored; perplexity {result.perplexity:.2f}; "
+                   f"mean surprisal {result.mean_surprisal_bits:.2f} bits/token]")
+        if args.output is not None:
+            with _output(args.output) as out:
+                write_lines(out, score_run(result, model=engine.info, text=text))
+            print(summary, file=sys.stderr)
+            return 0
+        for t in result.tokens:
+            alts = ", ".join(f"{a.text!r} {a.prob:.3f}" for a in t.top if a.token_id != t.token_id)
+            print(f"{t.token_text!r:>16} {t.surprisal_bits:6.2f} bits rank={t.rank + 1:<5} | {alts}")
+        print(summary)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
+    from engine.experiments.trace import generation_run, write_lines
+    from engine.request import GenerationRequest
+
+    settings = [load_settings(s) for s in args.settings]
+    if len(settings) < 2:
+        raise ValueError("compare needs --settings at least twice (one per column)")
+    common = dict(max_new_tokens=args.max_new_tokens, top_n=args.top_n, record_stages=True)
+    if args.chat:
+        request = GenerationRequest(messages=({"role": "user", "content": args.prompt},), **common)
+    else:
+        request = GenerationRequest(prompt=args.prompt, **common)
+    with load(args) as engine:
+        result = engine.compare(request, settings, seed=args.seed)
+        div = result.first_divergence
+        if args.output is not None:
+            lines = []
+            for i, col in enumerate(result.columns):
+                lines += generation_run(
+                    model=engine.info, prompt_ids=result.prompt_ids, settings=col.settings, seed=col.settings.seed,
+                    events=col.events, stats=col.stats, column=i, prompt=args.prompt,
+                    end={"summary": col.summary.to_dict(), "first_divergence": div},
+                )
+            with _output(args.output) as out:
+                write_lines(out, lines)
+            print(f"[{len(result.columns)} columns; first divergence at token {div}; "
+                  f"prompt {len(result.prompt_ids)} tokens, {result.prefilled_tokens} computed]", file=sys.stderr)
+            return 0
+        for i, col in enumerate(result.columns):
+            s = col.summary
+            print(f"--- column {i + 1}: {json.dumps(col.settings.to_dict())}")
+            print(col.stats.text)
+            print(f"[{s.length} tokens, {s.finish_reason}; {s.mean_surprisal_bits:.2f} bits/token; "
+                  f"entropy {s.mean_entropy:.2f} nats; distinct-2 {s.distinct_2:.2f}; "
+                  f"repeated 3-grams {s.repeated_ngrams}; {s.tokens_per_s:.1f} tok/s]")
+        print(f"first divergence: {'none (identical)' if div is None else f'token {div}'}")
+    return 0

@@ -1,0 +1,63 @@
+"""Sampling experiments: score a text, compare settings side by side, replay with a change, JSONL traces.
+
+Pure engine code (numpy, no Qt): the app and the CLI build on it.
+"""
+
+from engine.experiments.compare import (
+    MAX_COLUMNS,
+    ColumnStats,
+    CompareColumn,
+    CompareResult,
+    column_stats,
+    compare,
+    distinct_n,
+    first_divergence,
+    repeated_ngrams,
+    run_column,
+    with_shared_seed,
+)
+from engine.experiments.replay import TokenDiff, changed_fields, replay_settings, token_diff
+from engine.experiments.score import ScoredToken, ScoreResult, score, score_ids, text_ids
+from engine.experiments.trace import (
+    TRACE_FORMAT,
+    TraceRun,
+    event_from_line,
+    generation_run,
+    read_trace,
+    score_run,
+    token_line,
+    write_lines,
+    write_trace,
+)
+
+__all__ = [
+    "MAX_COLUMNS",
+    "TRACE_FORMAT",
+    "ColumnStats",
+    "CompareColumn",
+    "CompareResult",
+    "ScoreResult",
+    "ScoredToken",
+    "TokenDiff",
+    "TraceRun",
+    "changed_fields",
+    "column_stats",
+    "compare",
+    "distinct_n",
+    "event_from_line",
+    "first_divergence",
+    "generation_run",
+    "read_trace",
+    "repeated_ngrams",
+    "replay_settings",
+    "run_column",
+    "score",
+    "score_ids",
+    "score_run",
+    "text_ids",
+    "token_diff",
+    "token_line",
+    "with_shared_seed",
+    "write_lines",
+    "write_trace",
+]

@@ -1,0 +1,203 @@
+"""Teacher-forced scoring: how surprising is a given text to the model, token by token.
+
+Backends return only the last position's logits (the 5-method protocol), so a
+text is scored by feeding its tokens one forward at a time on top of the KV
+cache: the context (a prompt, or just the first token) is prefilled in chunks
+with prefix reuse, then every scored position costs one single-token forward.
+That is `n` small forwards instead of one `n`-token forward, which on a
+135M-parameter model on CPU is a few milliseconds per token (docs/experiments.md
+has the measurement); in exchange every backend that can generate can also
+score, with no second code path to keep in step with the decode loop.
+
+Per position the numbers come from the same `SamplerChain` code that reports
+them for generated tokens (greedy, with the text's token forced), so scoring a
+generated answer reproduces its recorded log-probs, ranks and entropies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.backends.base import PREFILL_CHUNK, Backend, prefill
+from engine.errors import ContextLengthError
+from engine.events import TokenEvent, TokenProb
+from engine.sampling import SamplerChain, SamplerSettings
+from engine.tokenizer import Tokenizer
+
+LN2 = math.log(2)
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredToken:
+    """One position of a scored text: the token that is there and what the model expected.
+
+    Attributes:
+        index: position in `ScoreResult.token_ids`.
+        token_id: the token at that position.
+        token_text: its surface text.
+        logprob: log p(token | everything before it), natural log.
+        rank: 0 = the model's most likely token at this position.
+        entropy: entropy (nats) of the model's distribution here.
+        top: the model's top alternatives here, most likely first.
+    """
+
+    index: int
+    token_id: int
+    token_text: str
+    logprob: float
+    rank: int
+    entropy: float
+    top: tuple[TokenProb, ...]
+
+    @property
+    def surprisal_bits(self) -> float:
+        return -self.logprob / LN2
+
+    def as_event(self, index: int | None = None) -> TokenEvent:
+        """The position as a `TokenEvent` (the views draw and inspect those); no sampler was involved."""
+        return TokenEvent(
+            index=self.index if index is None else index,
+            token_id=self.token_id,
+            text=self.token_text,
+            token_text=self.token_text,
+            logprob=self.logprob,
+            sampler_logprob=self.logprob,
+            rank=self.rank,
+            entropy=self.entropy,
+            top_model=self.top,
+            top_sampler=(),
+        )
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """A scored token sequence.
+
+    `token_ids[:context]` were given as context only (at least the first
+    token: nothing predicts it); `tokens` are the positions after them.
+    """
+
+    token_ids: tuple[int, ...]
+    context: int
+    tokens: tuple[ScoredToken, ...]
+    reused_tokens: int  # context tokens whose KV cache was reused
+    forward_calls: int
+
+    @property
+    def total_logprob(self) -> float:
+        return float(sum(t.logprob for t in self.tokens))
+
+    @property
+    def mean_surprisal_bits(self) -> float:
+        return -self.total_logprob / len(self.tokens) / LN2 if self.tokens else 0.0
+
+    @property
+    def perplexity(self) -> float:
+        """exp(mean negative log-likelihood per scored token); 1.0 when nothing was scored."""
+        return math.exp(-self.total_logprob / len(self.tokens)) if self.tokens else 1.0
+
+    def events(self) -> list[TokenEvent]:
+        """The scored positions as `TokenEvent`s numbered from 0 (for token views)."""
+        return [t.as_event(i) for i, t in enumerate(self.tokens)]
+
+
+def bos_token_id(tokenizer: Tokenizer) -> int | None:
+    """The tokenizer's beginning-of-sequence token, if it has one."""
+    bos = getattr(getattr(tokenizer, "hf", None), "bos_token_id", None)
+    return int(bos) if bos is not None else None
+
+
+def text_ids(tokenizer: Tokenizer, text: str) -> tuple[list[int], int]:
+    """Token ids for scoring `text` and how many leading ids are context.
+
+    With a BOS token the text follows it, so its first token is scored too;
+    without one the first token is context (nothing predicts it).
+    """
+    if not text:
+        raise ValueError("the text to score is empty")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    bos = bos_token_id(tokenizer)
+    if bos is not None and (not ids or ids[0] != bos):
+        return [bos, *ids], 1
+    return list(ids), 1
+
+
+def score_ids(
+    backend: Backend,
+    token_ids: Sequence[int],
+    *,
+    context: int = 1,
+    top_n: int = 10,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> ScoreResult:
+    """Score `token_ids[context:]` given everything before each position.
+
+    Args:
+        backend: the model (its KV cache is reused and left holding the ids).
+        token_ids: the whole sequence, context first.
+        context: how many leading ids are context only (>= 1).
+        top_n: alternatives reported per position.
+        cancelled: checked before every forward; a cancelled run returns the
+            positions scored so far.
+
+    Raises:
+        ValueError: fewer than two ids, or a context outside [1, len).
+        ContextLengthError: the sequence is longer than the model's context.
+    """
+    ids = [int(t) for t in token_ids]
+    if len(ids) < 2:
+        raise ValueError(f"scoring needs at least two tokens (one to predict from), got {len(ids)}")
+    if not 1 <= context < len(ids):
+        raise ValueError(f"context must be in [1, {len(ids)}), got {context}")
+    limit = backend.info.context_length
+    if limit and len(ids) > limit:
+        raise ContextLengthError(f"the text has {len(ids)} tokens but the model's context length is {limit}")
+    tok = backend.tokenizer
+    # Greedy with the text's token forced: the model-side numbers, computed as for generated tokens.
+    chain = SamplerChain(SamplerSettings(temperature=0.0, seed=0))
+    history = np.asarray(ids, dtype=np.int64)
+
+    logits, reused = prefill(backend, ids[:context], cancelled=cancelled)
+    forwards = math.ceil((context - reused) / PREFILL_CHUNK) if logits is not None else 0
+    scored: list[ScoredToken] = []
+    for pos in range(context, len(ids)):
+        if logits is None:
+            break
+        pick = chain.pick(logits, history[:pos], top_n=top_n, force_token=ids[pos])
+        scored.append(
+            ScoredToken(
+                index=pos,
+                token_id=ids[pos],
+                token_text=tok.token_text(ids[pos]),
+                logprob=pick.logprob,
+                rank=pick.rank,
+                entropy=pick.entropy,
+                top=tuple(TokenProb(int(i), tok.token_text(int(i)), float(lp)) for i, lp in pick.top_model),
+            )
+        )
+        if pos + 1 < len(ids):
+            if cancelled():
+                break
+            logits = backend.forward([ids[pos]])
+            forwards += 1
+    return ScoreResult(tuple(ids), context, tuple(scored), reused, forwards)
+
+
+def score(
+    backend: Backend,
+    text_or_ids: str | Sequence[int],
+    *,
+    context: int | None = None,
+    top_n: int = 10,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> ScoreResult:
+    """Score a text (tokenized, after BOS when the model has one) or a list of token ids."""
+    if isinstance(text_or_ids, str):
+        ids, ctx = text_ids(backend.tokenizer, text_or_ids)
+    else:
+        ids, ctx = list(text_or_ids), 1
+    return score_ids(backend, ids, context=ctx if context is None else context, top_n=top_n, cancelled=cancelled)
