@@ -29,3 +29,19 @@ class ContextLengthError(EngineError, ValueError):
 
 class GenerationCancelled(EngineError):
     """Raised on the consumer side when a request was cancelled before it started."""
+
+
+class UsageError(EngineError, ValueError):
+    """A value or path the user gave (a command-line option, a prompt file) cannot be used as given."""
+
+
+class RemoteCodeRefusedError(ModelLoadError):
+    """The model folder ships Python code of its own (`auto_map`) and running it was not allowed.
+
+    `files` names the code files the model asks to run, so a front end can show
+    them before the user allows it (`--trust-remote-code`, the app's confirmation).
+    """
+
+    def __init__(self, message: str, files: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.files = files

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from engine.backends.base import process_peak_rss_bytes
+from engine.devices import check_device_name, require_available
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
 from engine.tokenizer import Tokenizer
@@ -26,8 +27,11 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def pick_device(device: str | None) -> torch.device:
+    """The compute device: `device` when it is usable here (else a UsageError), CUDA when present, else the CPU."""
     if device:
-        return torch.device(device)
+        chosen = torch.device(check_device_name(device))
+        require_available(chosen)  # a CUDA build of torch without a driver must fail here, not inside a library
+        return chosen
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

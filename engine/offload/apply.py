@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.devices import require_available
 from engine.errors import ModelLoadError
 from engine.offload.checkpoint import Checkpoint
 from engine.offload.executor import OffloadHandle
@@ -123,6 +124,7 @@ def attach(
             emb = model.get_input_embeddings().weight
             device = emb.device if emb.device.type != "meta" else torch.device("cpu")
         device = torch.device(device)
+        require_available(device)  # below: current_device(), streams and pinned memory, all of which need a driver
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         prefix, layers = decoder_layers(model)

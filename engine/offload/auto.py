@@ -142,5 +142,8 @@ def free_memory(device: torch.device | str) -> MemoryInfo:
     if str(device).startswith("cuda"):
         import torch
 
+        from engine.devices import require_available
+
+        require_available(torch.device(device))
         gpu = int(torch.cuda.mem_get_info(torch.device(device))[0])
     return MemoryInfo(free_gpu_bytes=gpu, free_cpu_bytes=free_cpu_bytes())

@@ -15,6 +15,7 @@ import logging
 import torch
 from transformers import DynamicCache
 
+from engine.devices import require_available
 from engine.offload.placement import cache_host_layers
 from engine.offload.policy import OffloadPolicy
 
@@ -50,6 +51,9 @@ class PartlyOffloadedCache(DynamicCache):
 def make_kv_cache(config, policy: OffloadPolicy, device: torch.device) -> DynamicCache:
     if device.type != "cuda" or policy.cache_gpu_percent >= 100:
         return DynamicCache(config=config)
+    # transformers' offloading cache creates a stream at once, which raises on a CUDA build of torch
+    # without a driver; say what is wrong instead.
+    require_available(device)
     n = config.get_text_config(decoder=True).num_hidden_layers
     host = cache_host_layers(n, policy.cache_gpu_percent)
     if not host:

@@ -221,11 +221,24 @@ def test_kv_cache_on_cpu_is_a_plain_dynamic_cache(tiny_torch):
     assert type(cache) is DynamicCache
 
 
-def test_partly_offloaded_cache_moves_only_host_layers(tiny_torch):
-    # Built for a GPU; its stream is a generic torch.Stream, so the selection logic runs here too.
+class _NoStream:
+    """Stands in for the side stream transformers creates, so the layer choice is testable without a driver."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_partly_offloaded_cache_moves_only_host_layers(tiny_torch, monkeypatch):
+    # What is tested is which layers move; the CUDA side (streams) is replaced, so this runs on CPU-only
+    # torch and on a CUDA build without a driver alike. The real cache on a GPU is tested below.
     from engine.offload import make_kv_cache
     from engine.offload.kv_cache import PartlyOffloadedCache
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "Stream", _NoStream)
     cache = make_kv_cache(tiny_torch.model.config, OffloadPolicy(cache_gpu_percent=50), torch.device("cuda"))
     assert isinstance(cache, PartlyOffloadedCache) and cache.host_layers == (1,)
     calls = []
@@ -237,3 +250,30 @@ def test_partly_offloaded_cache_moves_only_host_layers(tiny_torch):
     cache.prefetch(1)  # asked during layer 0's update: the next host layer is 1
     cache.prefetch(2)  # asked during the last layer's update: wraps to layer 1 for the next token
     assert calls == [("offload", 1), ("prefetch", 1), ("prefetch", 1)]
+
+
+def test_kv_cache_for_cuda_without_a_usable_gpu_is_a_clear_error(tiny_torch, monkeypatch):
+    # The CUDA build of torch on a machine without a driver reports is_available() == False; nothing
+    # else about CUDA may be touched then (transformers' cache would raise from torch.Stream()).
+    from engine.errors import UsageError
+    from engine.offload import make_kv_cache
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UsageError, match="not available.*--device cpu"):
+        make_kv_cache(tiny_torch.model.config, OffloadPolicy(cache_gpu_percent=50), torch.device("cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="moves KV layers between a GPU and CPU memory: needs a CUDA GPU")
+def test_partly_offloaded_cache_on_a_gpu_keeps_host_layers_in_cpu_memory(tiny_torch):
+    from engine.offload import make_kv_cache
+
+    cfg = tiny_torch.model.config
+    cache = make_kv_cache(cfg, OffloadPolicy(cache_gpu_percent=50), torch.device("cuda"))
+    heads, dim = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    for layer in range(cfg.num_hidden_layers):
+        kv = torch.randn(1, heads, 3, dim, device="cuda")
+        keys, _ = cache.update(kv, kv.clone(), layer)
+        assert keys.device.type == "cuda" and torch.equal(keys.cpu(), kv.cpu())  # the layer computes on the GPU
+    torch.cuda.synchronize()
+    assert cache.layers[0].keys.device.type == "cuda"
+    assert cache.layers[1].keys.device.type == "cpu"  # host layer: back in CPU memory between uses
