@@ -31,7 +31,7 @@ class ParamRow(QWidget):
         self.spec = spec
         self.label = QLabel(spec.label)
         self.label.setToolTip(spec.tip)
-        self.label.setMinimumWidth(88)
+        self.label.setMinimumWidth(self.label.sizeHint().width())
         self.spin: QSpinBox | QDoubleSpinBox
         if spec.decimals == 0:
             self.spin = QSpinBox()
@@ -48,7 +48,8 @@ class ParamRow(QWidget):
         self.spin.setKeyboardTracking(False)
         self.spin.setCorrectionMode(QAbstractSpinBox.CorrectionMode.CorrectToNearestValue)
         self.spin.setAlignment(Qt.AlignmentFlag.AlignRight)
-        self.spin.setMinimumWidth(72)
+        # Wide enough for the longest value or its special text ("0 (greedy)"): never clipped.
+        self.spin.setMinimumWidth(self.spin.sizeHint().width())
         self.spin.setAccessibleName(spec.label)
         self.spin.setToolTip(spec.tip)
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import codecs
 import logging
 
-from PySide6.QtCore import QRegularExpression, Qt, QTimer
+from PySide6.QtCore import QEvent, QObject, QRegularExpression, Qt, QTimer
 from PySide6.QtGui import QRegularExpressionValidator
 from PySide6.QtWidgets import (
+    QAbstractSlider,
+    QAbstractSpinBox,
     QCheckBox,
     QComboBox,
     QFormLayout,
@@ -113,6 +115,8 @@ class SamplingPanel(QScrollArea):
         self.seed_edit = QLineEdit()
         self.seed_edit.setAccessibleName("Seed")
         self.seed_edit.setPlaceholderText("a number")
+        # Room for the placeholder and an eight-digit seed, so neither is cut off in a narrow dock.
+        self.seed_edit.setMinimumWidth(self.seed_edit.fontMetrics().horizontalAdvance("a number  ") + 16)
         # Digits only, below 2**63 (18 digits always fit): nothing invalid can be typed.
         self.seed_edit.setValidator(QRegularExpressionValidator(QRegularExpression(r"^\d{1,18}$")))
         self.random_seed = QCheckBox("Random")
@@ -151,6 +155,11 @@ class SamplingPanel(QScrollArea):
         col.addWidget(self.error_label)
         col.addStretch(1)
         self.setWidget(body)
+        self._align_rows()
+        self._guard_wheel(body)
+        # The dock may not be narrowed below what the controls need: they are never cut off on the
+        # right (there is no horizontal scroll bar); only the height scrolls.
+        self.setMinimumWidth(body.minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width())
 
         self._stop_timer = QTimer(self)
         self._stop_timer.setSingleShot(True)
@@ -175,6 +184,31 @@ class SamplingPanel(QScrollArea):
         controller.finished.connect(self._on_generation_finished)
         self._on_presets_changed()
         self._on_settings_changed(settings.options)
+
+    def _align_rows(self) -> None:
+        """One label width and one value-box width for every row: the sliders line up."""
+        rows = [*self.rows.values(), self.max_tokens]
+        label_w = max(r.label.minimumSizeHint().width() for r in rows)
+        spin_w = max(r.spin.minimumWidth() for r in rows)
+        for r in rows:
+            r.label.setMinimumWidth(label_w)
+            r.spin.setMinimumWidth(spin_w)
+
+    def _guard_wheel(self, body: QWidget) -> None:
+        """A wheel turned over a slider, value box or combo scrolls the panel unless that control has focus.
+
+        Otherwise scrolling down the panel changes every value the pointer passes over.
+        """
+        for w in body.findChildren(QWidget):
+            if isinstance(w, (QAbstractSlider, QAbstractSpinBox, QComboBox)):
+                w.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # no focus by wheel
+                w.installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():
+            self.verticalScrollBar().event(event)  # hand the wheel to the panel's scroll bar
+            return True
+        return super().eventFilter(watched, event)
 
     def _group(self, title: str, specs: tuple[ParamSpec, ...]) -> QGroupBox:
         box = QGroupBox(title)

@@ -76,6 +76,9 @@ class Sidebar(QWidget):
         self._search_timer.timeout.connect(lambda: self._reload())
         self.search.textChanged.connect(self._search_timer.start)
         self.list.currentItemChanged.connect(self._on_current_item_changed)
+        # Rename and Delete follow the selection however it changes: a click, a reload, or the
+        # library opening a conversation (the last one, at start) while the list is being filled.
+        self.list.currentItemChanged.connect(self._update_buttons)
         self.list.itemChanged.connect(self._on_item_renamed)
         self.new_button.clicked.connect(self.new_requested)
         self.rename_button.clicked.connect(self.begin_rename)
@@ -108,6 +111,9 @@ class Sidebar(QWidget):
             if row.id == current:
                 self.list.setCurrentItem(item)
         self._filling = False
+        self._update_buttons()
+
+    def _update_buttons(self, *_args) -> None:
         has = self.list.currentItem() is not None
         self.rename_button.setEnabled(has)
         self.delete_button.setEnabled(has)

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from app.controller import ChatController
 from app.engine_host import EngineHost, LoadState
+from app.state.context_usage import ContextCounter
 from app.widgets.fmt import human_bytes
 
 
@@ -61,6 +62,11 @@ class StatusBar(QStatusBar):
         if host.info is not None:
             self._on_model_changed(host.info)
         self._update_memory()
+        # The context label follows the selected conversation, token by token while it streams.
+        self._context = ContextCounter()
+        self._context_conv = None
+        controller.library.current_changed.connect(self._on_conversation_changed)
+        self._on_conversation_changed(controller.library.current)
 
     def detach(self) -> None:
         """Stop following the host (the window is closing; the host may live on)."""
@@ -68,6 +74,8 @@ class StatusBar(QStatusBar):
         self._host.model_changed.disconnect(self._on_model_changed)
         self._host.load_failed.disconnect(self._on_load_failed)
         self._memory_timer.stop()
+        self._controller.library.current_changed.disconnect(self._on_conversation_changed)
+        self._on_conversation_changed(None)
 
     def _on_load_state(self, state: LoadState) -> None:
         self.progress_label.setVisible(state.loading)
@@ -83,7 +91,9 @@ class StatusBar(QStatusBar):
     def _on_model_changed(self, info: ModelInfo) -> None:
         self.model_label.setText(f"{info.name} · {info.backend} · {info.device}")
         self.model_label.setToolTip("\n".join(info.summary_lines()))
-        self.context_label.setText(f"context 0 / {info.context_length:,}")
+        if hasattr(self, "_context"):  # (the first call comes from __init__, before the counter exists)
+            self._context.clear()
+            self._update_context()
         self.showMessage(f"Loaded {info.name}", 4000)
 
     def _on_load_failed(self, spec: str | None, message: str) -> None:
@@ -103,11 +113,28 @@ class StatusBar(QStatusBar):
             f"{stats.generated_tokens} tokens in {stats.total_s:.2f} s; prompt {stats.prompt_tokens} tokens, "
             f"{stats.reused_tokens} reused from the cache; seed {stats.seed}"
         )
-        info = self._host.info
-        used = stats.prompt_tokens + stats.generated_tokens
-        total = f"{info.context_length:,}" if info else "?"
-        self.context_label.setText(f"context {used:,} / {total}")
+        self._update_context()
         self._update_memory()
+
+    def _on_conversation_changed(self, conv) -> None:
+        old, self._context_conv = self._context_conv, conv
+        if old is not None:
+            for signal in (old.tokens_appended, old.path_changed, old.message_changed):
+                signal.disconnect(self._update_context)
+        if conv is not None:
+            for signal in (conv.tokens_appended, conv.path_changed, conv.message_changed):
+                signal.connect(self._update_context)
+        self._update_context()
+
+    def _update_context(self, *_args) -> None:
+        info = self._host.info
+        engine = self._host.engine
+        used = self._context.used(self._context_conv, engine.tokenizer if engine is not None else None)
+        total = f"{info.context_length:,}" if info and info.context_length else "?"
+        self.context_label.setText(f"context {'—' if used is None else f'{used:,}'} / {total}")
+        self.context_label.setToolTip(
+            "Tokens of the model's context the selected conversation fills: system prompt, messages and answer"
+        )
 
     def _update_memory(self) -> None:
         rss = resident_bytes()
