@@ -36,6 +36,7 @@ class StageSnapshot:
     mass_kept: float
     entropy: float
     top: tuple[TokenProb, ...]
+    note: str = ""  # what the view should say about where this came from, e.g. "top 20 from server"
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,9 @@ class GenerationRequest:
     assistant_prefix: tuple[int, ...] = ()
     forced_tokens: tuple[int, ...] = ()
     ignore_eos: bool = False  # run to max_new_tokens (benchmarks, probing past the end)
+    # Remote models only: True = the server samples (streaming, its top-N per token); False = we sample
+    # from the server's top-N one step at a time. Other backends refuse True.
+    server_sampling: bool = False
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.prompt_ids)]
@@ -42,6 +45,8 @@ class GenerationRequest:
                 object.__setattr__(self, name, tuple(value))
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not isinstance(self.server_sampling, bool):
+            raise ValueError(f"server_sampling must be True or False, got {self.server_sampling!r}")
         if not isinstance(self.top_n, int) or not 0 <= self.top_n <= 1000:
             raise ValueError(f"top_n must be an integer in [0, 1000], got {self.top_n!r}")
         if self.messages is not None:

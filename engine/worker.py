@@ -28,6 +28,18 @@ T = TypeVar("T")
 EventCallback = Callable[["Event | BaseException"], None]
 
 
+def events_for(backend: Backend, request: GenerationRequest, cancel: threading.Event):
+    """The event stream of one request. Remote models go through their own package, which adds
+    server sampling and the "top N from server" notes; every other backend runs the decode loop."""
+    if backend.name == "remote":
+        from engine.backends.remote.generate import remote_events
+
+        return remote_events(backend, request, cancel)
+    if request.server_sampling:
+        raise ValueError(f"server sampling needs a model on a server; this one runs on {backend.name}")
+    return generate_events(backend, request, cancel)
+
+
 class GenerationHandle:
     """A submitted generation: cancel it, or wait for its final stats."""
 
@@ -90,7 +102,7 @@ class ModelWorker:
 
         def job() -> None:
             try:
-                for event in generate_events(self.ready.result(), request, handle.cancel_event):
+                for event in events_for(self.ready.result(), request, handle.cancel_event):
                     try:
                         on_event(event)
                     except Exception:

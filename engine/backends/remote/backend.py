@@ -1,0 +1,137 @@
+"""`RemoteBackend`: the 5-method Backend protocol over an OpenAI-compatible server ("we sample").
+
+`forward` asks the server for the next token's top-N log-probs (N as large as
+it allows) and returns a (V,) float32 vector with those N filled and -inf
+elsewhere, so our sampler chain, stage snapshots, seeds and forced tokens run
+unchanged on that truncated distribution. There is no local KV cache: the
+"cache" is the token list we send; the server's own prefix caching makes a
+repeated prefix cheap (vLLM, SGLang, llama.cpp).
+
+Prompts are token ids where the server takes them; otherwise text, checked
+to tokenize back to the same ids on the server, since a different
+tokenization would be a different (and unreported) question.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.backends.remote.client import ServerClient
+from engine.backends.remote.errors import UnsupportedByServerError
+from engine.backends.remote.options import ConnectionOptions, options_for
+from engine.backends.remote.probe import ServerCapabilities, probe
+from engine.backends.remote.step import next_token_top
+from engine.backends.remote.tokenizer import RemoteTokenizer
+from engine.model_info import ModelInfo
+
+log = logging.getLogger(__name__)
+
+VOCAB_ROUND = 1024  # the logits vector grows in these steps when the server does not report its vocabulary size
+MAX_TOP_N = 64  # more alternatives cost tokenize calls (text-keyed servers) for mass that is ~0
+
+
+class RemoteBackend:
+    name = "remote"
+
+    def __init__(self, client: ServerClient, caps: ServerCapabilities, tokenizer: RemoteTokenizer | None, spec: str):
+        self.client = client
+        self.caps = caps
+        self.tokenizer = tokenizer  # None: the server has no tokenize endpoint (server sampling on text only)
+        self.top_n = min(caps.max_top_logprobs, MAX_TOP_N)
+        self._tokens: list[int] = []
+        self.retokenized = 0  # times a text-only server read our tokens differently (see `_prompt`)
+        self._vocab = VOCAB_ROUND
+        self.info = ModelInfo(
+            name=caps.model.rsplit("/", 1)[-1],
+            spec=spec,
+            path=client.options.base_url,
+            architecture="remote",
+            parameters=0,
+            dtype="",
+            context_length=caps.context_length,
+            vocab_size=0,
+            bytes=0,
+            backend="remote",
+            device=client.options.host,
+            capabilities=caps.labels(),
+        )
+
+    @classmethod
+    def connect(cls, spec: str, progress=None, transport=None, **overrides) -> "RemoteBackend":
+        """Reach the server, pick the model, probe what it can do. Raises a ServerError on failure."""
+        options: ConnectionOptions = options_for(spec, **overrides)
+        if progress:
+            progress(f"connecting to {options.host}", None)
+        client = ServerClient(options, transport=transport)
+        try:
+            caps = probe(client, options.model)
+            client.options = ConnectionOptions(**{**options.__dict__, "model": caps.model})
+            tokenizer = RemoteTokenizer(client, caps.model, caps.tokenize) if caps.tokenize else None
+        except BaseException:
+            client.close()
+            raise
+        log.info("connected to %s: %s (%s)", options.host, caps.model, ", ".join(caps.labels()))
+        return cls(client, caps, tokenizer, spec)
+
+    # --- the Backend protocol ------------------------------------------------------
+
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def trim_cache(self, keep: int) -> int:
+        # Nothing to free here: the next request simply sends the shorter prefix.
+        del self._tokens[keep:]
+        return len(self._tokens)
+
+    def forward(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Extend the sequence by `token_ids`; the server's top-N log-probs as a (V,) float32 vector."""
+        if not self.caps.we_sample_ok:
+            raise UnsupportedByServerError(
+                f"{self.client.options.host} gives no token log-probs or has no tokenize endpoint, so we cannot "
+                "sample here: use server sampling"
+            )
+        self._tokens.extend(int(t) for t in token_ids)
+        top = next_token_top(self.client, self.caps.model, self._prompt(), self.top_n, self.tokenizer, self.caps.kind)
+        high = max([i for i, _, _ in top] + self._tokens[-1:], default=0)
+        if high >= self._vocab:
+            self._vocab = (high // VOCAB_ROUND + 1) * VOCAB_ROUND
+        logits = np.full(self._vocab, -np.inf, dtype=np.float32)  # (V,)
+        for tid, _text, lp in top:
+            if math.isfinite(lp) and logits[tid] == -np.inf:  # text-keyed duplicates: keep the first (largest)
+                logits[tid] = lp
+        return logits
+
+    def peak_memory_bytes(self) -> int:
+        return 0  # the memory is the server's
+
+    def close(self) -> None:
+        self.client.close()
+
+    # --- helpers for the remote package --------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    def _prompt(self) -> str | list[int]:
+        if self.caps.token_prompts:
+            return list(self._tokens)
+        assert self.tokenizer is not None
+        text = self.tokenizer.text_for(self._tokens)
+        again = self.tokenizer.encode(text)  # the round-trip check (cached: the next step's prefix)
+        if again != self._tokens:
+            # The server will read this text as other tokens (e.g. "\n" + "\n" becomes "\n\n"). It cannot be
+            # told otherwise, so continue from its reading of the same text; the answer's text is unchanged.
+            k = next((i for i, (a, b) in enumerate(zip(again, self._tokens)) if a != b), min(len(again), len(self._tokens)))
+            log.warning(
+                "%s takes text prompts only and reads these %d tokens differently from token %d on; "
+                "continuing from its own tokenization (token-id prompts would avoid this)",
+                self.client.options.host, len(self._tokens), k,
+            )
+            self.retokenized += 1
+            self._tokens = list(again)
+        return text

@@ -1,0 +1,106 @@
+"""How to reach one server: base URL, model, API key, timeouts.
+
+The API key comes from the app (which keeps it in the OS keyring) through
+`remember_connection`, or from `$LOGITLAB_API_KEY`. It lives only in this
+process's memory and in the Authorization header: never in a log line, an
+error message, a `ModelInfo` or the database (`ConnectionOptions.__repr__`
+hides it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
+
+API_KEY_ENV = "LOGITLAB_API_KEY"
+TIMEOUT_ENV = "LOGITLAB_REMOTE_TIMEOUT"  # seconds to wait for a response (or between streamed tokens)
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    base_url: str  # ends in /v1 (added when missing)
+    model: str = ""  # "" = the server's first (often only) model
+    api_key: str | None = field(default=None, repr=False)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    retries: int = 3  # extra tries for idempotent requests on 429/5xx
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "connect_timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= 10:
+            raise ValueError(f"retries must be an integer in [0, 10], got {self.retries!r}")
+
+    @property
+    def host(self) -> str:
+        """host:port, for the status bar and messages."""
+        return urlsplit(self.base_url).netloc
+
+    @property
+    def server_root(self) -> str:
+        """The URL without the /v1 suffix: extras such as /tokenize live there."""
+        root = self.base_url.rstrip("/")
+        return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """`http://host:port/v1#model` -> (base URL ending in /v1, model or "")."""
+    text = spec.strip()
+    base, _, model = text.partition("#")
+    base = base.rstrip("/")
+    parts = urlsplit(base)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"not a server URL: {spec!r} (expected http://host:port/v1)")
+    if parts.query or parts.fragment:
+        raise ValueError(f"a server URL takes no query string: {spec!r}")
+    if not parts.path.endswith("/v1"):
+        base = base + "/v1"
+    return base, model.strip()
+
+
+_remembered: dict[str, ConnectionOptions] = {}
+_lock = threading.Lock()
+
+
+def remember_connection(
+    base_url: str,
+    *,
+    api_key: str | None = None,
+    timeout_s: float | None = None,
+    connect_timeout_s: float | None = None,
+) -> None:
+    """Key and timeouts to use for `base_url` in this process (the app calls this before loading)."""
+    base, _ = parse_spec(base_url)
+    opts = ConnectionOptions(base, api_key=api_key or None)
+    if timeout_s is not None:
+        opts = replace(opts, timeout_s=float(timeout_s))
+    if connect_timeout_s is not None:
+        opts = replace(opts, connect_timeout_s=float(connect_timeout_s))
+    with _lock:
+        _remembered[base] = opts
+
+
+def options_for(spec: str, **overrides) -> ConnectionOptions:
+    """Options for a spec: what was remembered for its base URL, else the environment; then `overrides`."""
+    base, model = parse_spec(spec)
+    with _lock:
+        known = _remembered.get(base)
+    if known is not None:
+        opts = replace(known, model=model)
+    else:
+        timeout = os.environ.get(TIMEOUT_ENV)
+        try:
+            t = float(timeout) if timeout else DEFAULT_TIMEOUT_S
+        except ValueError:
+            raise ValueError(f"${TIMEOUT_ENV} must be a number of seconds, got {timeout!r}") from None
+        opts = ConnectionOptions(base, model, timeout_s=t)
+    if opts.api_key is None and os.environ.get(API_KEY_ENV):
+        opts = replace(opts, api_key=os.environ[API_KEY_ENV])
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    return replace(opts, **overrides) if overrides else opts

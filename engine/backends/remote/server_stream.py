@@ -1,0 +1,182 @@
+""""Server samples": one streamed completion, our settings mapped to the server's parameters.
+
+Each streamed token carries the server's log-prob and top-N alternatives, so
+the heatmap, hover and alternatives work; the per-stage view gets a single
+"server" stage that says plainly the server sampled (its stages are not
+visible). Token ids come from the server when it gives them (llama.cpp,
+vLLM with `return_tokens_as_token_ids`), else from the tokenizer (-1 when a
+text is not exactly one token).
+
+Cancellation closes the HTTP stream between chunks. If the connection dies
+after some tokens arrived, those tokens are kept: the generation ends with a
+`Done` whose finish reason is "error" and whose text holds them.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+
+from engine.backends.remote.errors import ServerError, UnsupportedByServerError
+from engine.backends.remote.server_params import server_parameters
+from engine.backends.remote.step import chosen_tokens, id_from_text, parse_alternatives, position_entries
+from engine.events import Done, Event, GenerationStats, StageSnapshot, TokenEvent, TokenProb
+from engine.request import GenerationRequest
+
+SERVER_STAGE_NOTE = "sampled by the server: only its top-N log-probs are visible, not what each of its stages did"
+CHAT_TOP_LOGPROBS_MAX = 20  # the OpenAI chat API's ceiling, which servers copy
+
+
+def check_server_sampling(backend, request: GenerationRequest) -> dict:
+    """The request body's sampling fields; raises UnsupportedByServerError naming what cannot be done."""
+    if request.forced_tokens:
+        raise UnsupportedByServerError("forced tokens (branching from an alternative) need we-sample mode")
+    if request.ignore_eos and backend.caps.kind not in ("vllm", "sglang"):
+        raise UnsupportedByServerError(f"a {backend.caps.kind} server cannot be told to ignore end-of-sequence")
+    if (request.prompt_ids is not None or request.assistant_prefix) and backend.tokenizer is None and not backend.caps.token_prompts:
+        raise UnsupportedByServerError("token-id prompts need a server with token prompts or a tokenize endpoint")
+    params = server_parameters(request.sampler, backend.caps.kind, backend.caps.seed)
+    if request.ignore_eos:
+        params["ignore_eos"] = True
+    return params
+
+
+def server_sampled_events(backend, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]:
+    caps, tok = backend.caps, backend.tokenizer
+    t0 = time.perf_counter()
+    body = {"model": caps.model, "max_tokens": request.max_new_tokens, "stream": True,
+            **check_server_sampling(backend, request)}
+    seed = request.sampler.seed
+    if seed is None and caps.seed:
+        seed = body["seed"] = secrets.randbits(31)  # drawn here so the run can be replayed
+    if request.stop:
+        body["stop"] = list(request.stop)
+    n_top = min(request.top_n, caps.max_top_logprobs)
+    if caps.kind in ("vllm", "sglang"):
+        body["return_tokens_as_token_ids"] = True
+    prompt_len = 0
+    if request.messages is not None and not request.assistant_prefix:
+        path = "/chat/completions"  # the server applies the model's own chat template
+        body["messages"] = [dict(m) for m in request.messages]
+        if n_top:
+            body |= {"logprobs": True, "top_logprobs": min(n_top, CHAT_TOP_LOGPROBS_MAX)}
+    else:
+        path = "/completions"
+        body["prompt"], prompt_len = _completion_prompt(backend, request)
+        if n_top:
+            body["logprobs"] = n_top
+
+    texts: list[str] = []
+    token_texts: list[str] = []
+    ids: list[int] = []
+    finish = "length"
+    error: str | None = None
+    t_first = t_last = None
+    stream = backend.client.stream_events(path, body)
+    try:
+        for chunk in stream:
+            choice = (chunk.get("choices") or [{}])[0]
+            usage = chunk.get("usage") or {}
+            prompt_len = usage.get("prompt_tokens", prompt_len) or prompt_len
+            piece = choice.get("text")
+            if piece is None:
+                piece = (choice.get("delta") or {}).get("content") or ""
+            tokens = _tokens_of(choice.get("logprobs"), tok)
+            if not tokens and piece:
+                tokens = [(_id(None, piece, tok), piece, math.nan, [])]  # a server that sent no log-probs
+            for k, (tid, token_text, lp, alts) in enumerate(tokens):
+                t_last = time.perf_counter()
+                t_first = t_first or t_last
+                text = piece if k == len(tokens) - 1 else ""
+                ids.append(tid)
+                texts.append(text)
+                token_texts.append(token_text)
+                yield _event(len(ids) - 1, tid, text, token_text, lp, alts, request.record_stages)
+            if choice.get("finish_reason"):
+                reason = choice["finish_reason"]
+                finish = "length" if reason == "length" else ("stop" if request.stop else "eos")
+            if cancel.is_set():
+                finish = "cancelled"
+                break
+    except ServerError as e:
+        if not ids:
+            raise
+        finish, error = "error", str(e)  # keep what arrived: the answer so far is worth showing
+    finally:
+        stream.close()  # closes the connection; the server stops generating
+    if error is None:
+        _learn_ids(tok, token_texts, ids)
+    now = time.perf_counter()
+    decode_s = (t_last - t_first) if t_first is not None and t_last is not None else 0.0
+    yield Done(GenerationStats(
+        finish_reason=finish, prompt_tokens=prompt_len, reused_tokens=0, generated_tokens=len(ids),
+        time_to_first_token_s=(t_first - t0) if t_first else 0.0,
+        decode_tokens_per_s=(len(ids) - 1) / decode_s if decode_s > 0 else 0.0,
+        total_s=now - t0, peak_memory_bytes=0, seed=seed if seed is not None else -1,
+        text="".join(texts), token_ids=tuple(ids), error=error,
+    ))
+
+
+def _completion_prompt(backend, request: GenerationRequest) -> tuple[str | list[int], int]:
+    tok = backend.tokenizer
+    if request.prompt is not None and not request.assistant_prefix:
+        return request.prompt, 0
+    if tok is None and request.messages is not None:
+        raise UnsupportedByServerError("continuing an assistant answer needs the server's tokenizer")
+    from engine.decode import prompt_ids_for
+
+    ids = prompt_ids_for(tok, request) if tok is not None else list(request.prompt_ids or ())
+    if backend.caps.token_prompts:
+        return ids, len(ids)
+    return tok.text_for(ids), len(ids)
+
+
+def _id(given, text: str, tok, cached_only: bool = True) -> int:
+    if given is not None:
+        return int(given)
+    return id_from_text(text, tok, cached_only)
+
+
+def _tokens_of(logprobs, tok) -> list[tuple[int, str, float, list[tuple[int, str, float]]]]:
+    """(id, text, logprob, alternatives) per streamed token. Ids of texts come from the tokenizer's memory
+    only (-1 when unseen): asking the server now would end the stream on llama-cpp-python."""
+    if not logprobs:
+        return []
+    chosen = chosen_tokens(logprobs)
+    entries = position_entries(logprobs)
+    out = []
+    for i, (given, text, lp) in enumerate(chosen):
+        alts = parse_alternatives(entries[i], tok, cached_only=True) if i < len(entries) and entries[i] else []
+        out.append((_id(given, text, tok), text, lp, alts))
+    return out
+
+
+def _learn_ids(tok, texts: list[str], ids: list[int]) -> None:
+    """After the stream: ask the server for the ids it did not give, so Done and the next run have them."""
+    if tok is None:
+        return
+    for i, (tid, text) in enumerate(zip(ids, texts)):
+        if tid < 0 and text:
+            ids[i] = id_from_text(text, tok)
+
+
+def _event(index, tid, text, token_text, lp, alts, record_stages) -> TokenEvent:
+    top = tuple(TokenProb(i, t, l) for i, t, l in alts)
+    rank = next((r for r, (i, t, _) in enumerate(alts) if (i == tid and tid >= 0) or t == token_text), len(alts))
+    probs = [math.exp(l) for _, _, l in alts]
+    mass = sum(probs)
+    # Entropy of the top-N, renormalised: a lower bound's worth of information, not the full distribution's.
+    entropy = -sum(p / mass * math.log(p / mass) for p in probs if p > 0) if mass > 0 else 0.0
+    stages = None
+    if record_stages:
+        stages = (StageSnapshot("server", len(alts), mass, entropy, top, note=SERVER_STAGE_NOTE),)
+    if tid >= 0 and not token_text:
+        token_text = text
+    return TokenEvent(
+        index=index, token_id=tid, text=text, token_text=token_text, logprob=lp,
+        sampler_logprob=lp,  # the server does not say what its sampler gave the token; the model's is shown
+        rank=rank, entropy=entropy, top_model=top, top_sampler=(), stages=stages,
+    )

@@ -1,0 +1,85 @@
+"""One "we sample" step: the server's top-N log-probs for the token after a prompt.
+
+Two answer formats exist: the OpenAI completions format (`top_logprobs` is a
+list of {token text: logprob}; vLLM spells texts "token_id:123" when asked
+with `return_tokens_as_token_ids`) and llama.cpp server's (`content` entries
+with ids). Both become [(token_id, logprob)], best first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from engine.backends.remote.client import ServerClient
+from engine.backends.remote.errors import ServerResponseError
+from engine.backends.remote.tokenizer import RemoteTokenizer
+
+log = logging.getLogger(__name__)
+
+
+def parse_alternatives(
+    entry, tokenizer: RemoteTokenizer | None, cached_only: bool = False
+) -> list[tuple[int, str, float]]:
+    """One position's alternatives as (id, text, logprob); id -1 when the text is not a single token."""
+    out: list[tuple[int, str, float]] = []
+    if isinstance(entry, dict) and "top_logprobs" in entry and isinstance(entry["top_logprobs"], list):
+        entry = entry["top_logprobs"]  # chat/llama.cpp style: a content item
+    if isinstance(entry, list):
+        for alt in entry:
+            tid = alt.get("id")
+            text = str(alt.get("token", ""))
+            if tid is None:
+                tid = id_from_text(text, tokenizer, cached_only)
+            out.append((int(tid), text, float(alt["logprob"])))
+    elif isinstance(entry, dict):
+        for text, lp in entry.items():
+            out.append((id_from_text(text, tokenizer, cached_only), text, float(lp)))
+    out.sort(key=lambda t: -t[2])
+    return out
+
+
+def id_from_text(text: str, tokenizer: RemoteTokenizer | None, cached_only: bool = False) -> int:
+    """A token's id from its reported text ("token_id:123" from vLLM); -1 when unknown."""
+    if text.startswith("token_id:"):
+        return int(text[len("token_id:") :])
+    if tokenizer is None:
+        return -1
+    tid = tokenizer.id_of(text, cached_only)
+    return -1 if tid is None else tid
+
+
+def position_entries(logprobs: dict) -> list:
+    """Per generated position, the raw alternatives entry, in either format."""
+    if logprobs.get("content") is not None:
+        return list(logprobs["content"])
+    return list(logprobs.get("top_logprobs") or [])
+
+
+def chosen_tokens(logprobs: dict) -> list[tuple[int | None, str, float]]:
+    """Per generated position: (id if given, token text, logprob)."""
+    if logprobs.get("content") is not None:
+        return [(c.get("id"), str(c.get("token", "")), float(c["logprob"])) for c in logprobs["content"]]
+    return [(None, str(t), float(lp) if lp is not None else float("nan"))
+            for t, lp in zip(logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [])]
+
+
+def next_token_top(
+    client: ServerClient,
+    model: str,
+    prompt: str | Sequence[int],
+    n: int,
+    tokenizer: RemoteTokenizer | None,
+    kind: str,
+) -> list[tuple[int, str, float]]:
+    """The server's top-n (id, text, logprob) for the next token after `prompt` (one max_tokens=1 request)."""
+    body = {"model": model, "prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": 1,
+            "logprobs": n, "temperature": 0}
+    if kind in ("vllm", "sglang"):
+        body["return_tokens_as_token_ids"] = True
+    doc = client.post_json("/completions", body)  # a pure function of its input: safe to retry
+    try:
+        entries = position_entries(doc["choices"][0]["logprobs"])
+        return [t for t in parse_alternatives(entries[0], tokenizer) if t[0] >= 0]
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise ServerResponseError(f"{client.options.host} answered a completion without log-probs") from None

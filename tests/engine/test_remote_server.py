@@ -1,0 +1,153 @@
+"""The remote backend against a real OpenAI-compatible server: llama-cpp-python's, on the default model.
+
+The server runs on 127.0.0.1 on a free port for this module and is killed at
+the end. Nothing here talks to any other address.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python[server] (the test extra)")
+
+from engine import GenerationRequest, SamplerSettings  # noqa: E402
+from engine.backends.remote import RemoteBackend, ServerUnreachableError, UnsupportedByServerError  # noqa: E402
+from engine.backends.remote.generate import remote_events  # noqa: E402
+from engine.events import Done, TokenEvent  # noqa: E402
+from engine.loading.default_model import default_model_path  # noqa: E402
+
+STARTUP_LIMIT_S = 60
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    port = free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path()), "--host", "127.0.0.1",
+           "--port", str(port), "--logits_all", "true", "--n_threads", "1", "--verbose", "false"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + STARTUP_LIMIT_S
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the llama.cpp server exited: {proc.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(url + "/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the llama.cpp server did not answer within {STARTUP_LIMIT_S} s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def remote(server_url):
+    backend = RemoteBackend.connect(server_url)
+    yield backend
+    backend.close()
+
+
+def run(backend, **kw) -> tuple[list[TokenEvent], Done]:
+    events = list(remote_events(backend, GenerationRequest(**kw)))
+    assert isinstance(events[-1], Done)
+    return events[:-1], events[-1]
+
+
+def test_connect_reports_capabilities(remote):
+    caps = remote.info.capabilities
+    assert "server=llama-cpp-python" in caps
+    assert any(c.startswith("top_logprobs<=") and int(c.split("<=")[1]) >= 20 for c in caps)
+    assert "tokenize=/extras/tokenize" in caps
+    assert "prompt_logprobs" in caps  # echo + logprobs works on this server
+    assert "token_prompts" not in caps  # its /v1/completions takes strings only
+    assert remote.info.backend == "remote" and remote.info.device.startswith("127.0.0.1:")
+    ids = remote.tokenizer.encode("Hello world")
+    assert len(ids) == 2 and remote.tokenizer.decode(ids) == "Hello world"
+
+
+@pytest.mark.parametrize("prompt", ["Once upon a time", "def fib(n):"])
+def test_we_sample_greedy_equals_server_greedy(remote, server_url, prompt):
+    ours, done = run(remote, prompt=prompt, sampler=SamplerSettings(temperature=0), max_new_tokens=8)
+    theirs = httpx.post(server_url + "/completions", json={
+        "prompt": prompt, "max_tokens": 8, "temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0, "repeat_penalty": 1,
+    }, timeout=30).json()["choices"][0]["text"]
+    assert done.stats.text == theirs
+    assert [e.token_id for e in ours] == remote.tokenizer.encode(prompt + theirs)[len(remote.tokenizer.encode(prompt)):]
+    assert all(e.rank == 0 for e in ours)
+
+
+def test_we_sample_seeded_is_reproducible_and_picks_survivors(remote):
+    kw = dict(prompt="My favourite colour is", sampler=SamplerSettings(temperature=1.0, top_k=10, seed=7),
+              max_new_tokens=5, record_stages=True)
+    a, done_a = run(remote, **kw)
+    b, done_b = run(remote, **kw)
+    assert done_a.stats.token_ids == done_b.stats.token_ids and done_a.stats.seed == 7
+    for ev in a:
+        survivors = {p.token_id for p in ev.stages[-1].top}
+        assert ev.token_id in survivors
+        assert all(s.note.startswith(f"top {remote.top_n} from server") for s in ev.stages)
+
+
+def test_server_sampling_streams_logprobs_and_alternatives(remote, server_url):
+    events, done = run(remote, prompt="Once upon a time", sampler=SamplerSettings(temperature=0), max_new_tokens=8,
+                       server_sampling=True, top_n=5, record_stages=True)
+    assert len(events) == 8 and done.stats.finish_reason == "length"
+    assert "".join(e.text for e in events) == done.stats.text
+    raw = httpx.post(server_url + "/completions", json={
+        "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0,
+        "repeat_penalty": 1, "logprobs": 5}, timeout=30).json()["choices"][0]
+    assert done.stats.text == raw["text"]
+    for ev, lp, top in zip(events, raw["logprobs"]["token_logprobs"], raw["logprobs"]["top_logprobs"]):
+        assert ev.logprob == pytest.approx(lp, abs=1e-3)
+        assert {p.text: p.logprob for p in ev.top_model} == pytest.approx(top, abs=1e-3)
+        assert ev.stages[0].stage == "server" and "sampled by the server" in ev.stages[0].note
+    assert all(t >= 0 for t in done.stats.token_ids)  # ids learnt from the server's tokenizer after the stream
+
+
+def test_server_sampling_refuses_what_the_server_cannot_take(remote):
+    with pytest.raises(UnsupportedByServerError, match="typical_p=0.5"):
+        run(remote, prompt="Hi", sampler=SamplerSettings(typical_p=0.5), max_new_tokens=2, server_sampling=True)
+    with pytest.raises(UnsupportedByServerError, match="forced tokens"):
+        run(remote, prompt="Hi", forced_tokens=(5,), max_new_tokens=2, server_sampling=True)
+
+
+def test_cancel_closes_the_stream(remote):
+    cancel = threading.Event()
+    request = GenerationRequest(prompt="Once upon a time", max_new_tokens=200, server_sampling=True, top_n=2)
+    got = []
+    for ev in remote_events(remote, request, cancel):
+        got.append(ev)
+        if len(got) == 2:
+            cancel.set()
+    assert got[-1].stats.finish_reason == "cancelled" and got[-1].stats.generated_tokens <= 3
+
+
+def test_wrong_port_is_a_clear_error_fast():
+    t0 = time.perf_counter()
+    with pytest.raises(ServerUnreachableError, match="connection refused"):
+        RemoteBackend.connect(f"http://127.0.0.1:{free_port()}/v1")
+    assert time.perf_counter() - t0 < 5
