@@ -19,7 +19,7 @@ from engine.events import Done, Event, GenerationStats, StageSnapshot, TokenEven
 from engine.request import GenerationRequest
 from engine.sampling import Pick, SamplerChain
 from engine.stopping import StopStringMatcher
-from engine.tokenizer import StreamDetokenizer, Tokenizer
+from engine.tokenizer import StreamDetokenizer, Tokenizer, partial_token_bytes
 
 
 def prompt_ids_for(tokenizer: Tokenizer, request: GenerationRequest) -> list[int]:
@@ -135,19 +135,24 @@ def _event(
     text: str,
     special: bool = False,
 ) -> TokenEvent:
+    def prob(token_id: int, lp: float) -> TokenProb:
+        text = tok.token_text(token_id)
+        return TokenProb(token_id, text, lp, partial_token_bytes(tok, token_id, text))
+
     def probs(pairs) -> tuple[TokenProb, ...]:
-        return tuple(TokenProb(int(i), tok.token_text(int(i)), float(lp)) for i, lp in pairs)
+        return tuple(prob(int(i), float(lp)) for i, lp in pairs)
 
     stages = None
     if pick.stages is not None:
         stages = tuple(
             StageSnapshot(s.name, s.survivors, s.mass_kept, s.entropy, probs(s.top)) for s in pick.stages
         )
+    token_text = tok.token_text(pick.token_id)
     return TokenEvent(
         index=index,
         token_id=pick.token_id,
         text=text,
-        token_text=tok.token_text(pick.token_id),
+        token_text=token_text,
         logprob=pick.logprob,
         sampler_logprob=pick.sampler_logprob,
         rank=pick.rank,
@@ -157,4 +162,5 @@ def _event(
         stages=stages,
         forced=pick.forced,
         special=special,
+        token_bytes=partial_token_bytes(tok, pick.token_id, token_text),
     )

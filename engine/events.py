@@ -21,6 +21,9 @@ class TokenProb:
     token_id: int
     text: str
     logprob: float
+    # The token's raw bytes when they are not whole UTF-8 characters (`text` then shows U+FFFD):
+    # a byte-level or byte-fallback piece of an emoji or CJK character. None: `text` is exact.
+    token_bytes: bytes | None = None
 
     @property
     def prob(self) -> float:
@@ -62,6 +65,7 @@ class TokenEvent:
     stages: tuple[StageSnapshot, ...] | None = None
     forced: bool = False
     special: bool = False  # an end-of-sequence token: shown in token views, not in text
+    token_bytes: bytes | None = None  # as in TokenProb: set only for a piece of a multi-byte character
 
     @property
     def prob(self) -> float:

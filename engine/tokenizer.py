@@ -6,11 +6,17 @@ the token ids (and therefore the sampler's inputs) agree across backends.
 
 from __future__ import annotations
 
+import codecs
+import json
+import re
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 REPLACEMENT = "\ufffd"
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte-fallback pieces
+_METASPACE = "\u2581"  # SentencePiece's "▁" (a space)
 # For base models without a chat template: a plain transcript they can continue.
 FALLBACK_TEMPLATE = (
     "{% for m in messages %}"
@@ -28,6 +34,9 @@ class Tokenizer:
         self.hf = hf_tokenizer
         self.eos_token_ids: frozenset[int] = frozenset(int(i) for i in eos_token_ids)
         self._piece_cache: dict[int, str] = {}
+        self._bytes_cache: dict[int, bytes] = {}
+        self._byte_level: bool | None = None  # GPT-2 style byte-level BPE? (decided on first use)
+        self._added_ids: frozenset[int] | None = None
 
     @classmethod
     def from_folder(cls, folder: Path, trust_remote_code: bool = False) -> "Tokenizer":
@@ -54,6 +63,41 @@ class Tokenizer:
             self._piece_cache[token_id] = text
         return text
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes token `token_id` contributes to the text (memoised).
+
+        Byte-level BPE vocabularies (GPT-2, Llama 3, SmolLM2) spell bytes as printable characters;
+        SentencePiece byte fallback has pieces `<0xF0>`; SentencePiece's "▁" is a space. A piece
+        holding only part of a multi-byte character decodes to U+FFFD as text; these are its bytes.
+        """
+        raw = self._bytes_cache.get(token_id)
+        if raw is None:
+            raw = self._piece_bytes(int(token_id))
+            self._bytes_cache[token_id] = raw
+        return raw
+
+    def _piece_bytes(self, token_id: int) -> bytes:
+        if self._added_ids is None:
+            self._added_ids = frozenset(getattr(self.hf, "added_tokens_decoder", {}) or ()) | frozenset(
+                getattr(self.hf, "all_special_ids", ()) or ()
+            )
+        if token_id in self._added_ids:  # special and added tokens are whole strings
+            return self.token_text(token_id).encode("utf-8")
+        convert = getattr(self.hf, "convert_ids_to_tokens", None)
+        piece = convert(token_id) if convert is not None else None
+        if not isinstance(piece, str):  # no vocabulary at hand (a subclass without `hf`): the text is all we know
+            return self.token_text(token_id).encode("utf-8")
+        m = _BYTE_FALLBACK.fullmatch(piece)
+        if m:
+            return bytes([int(m.group(1), 16)])
+        if self._byte_level is None:
+            self._byte_level = _is_byte_level(self.hf)
+        if self._byte_level:
+            table = _byte_decoder()
+            if all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+        return piece.replace(_METASPACE, " ").encode("utf-8")
+
     def chat_text(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         template = None if self.has_chat_template else FALLBACK_TEMPLATE
         return self.hf.apply_chat_template(
@@ -63,6 +107,41 @@ class Tokenizer:
     def chat_ids(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         # The template text already carries BOS where the model wants one.
         return self.encode(self.chat_text(messages, add_generation_prompt), add_special_tokens=False)
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-in character for each byte, inverted (openai/gpt-2 `bytes_to_unicode`)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _is_byte_level(hf: Any) -> bool:
+    """Whether the tokenizer's pieces are GPT-2 byte-level strings (its decoder says so)."""
+    if getattr(hf, "byte_decoder", None) is not None:  # slow GPT-2 style tokenizers
+        return True
+    backend = getattr(hf, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    if decoder is None:
+        return False
+    try:
+        return '"ByteLevel"' in json.dumps(json.loads(decoder.__getstate__()))
+    except (TypeError, ValueError, AttributeError):
+        return type(decoder).__name__ == "ByteLevel"
+
+
+def incomplete_utf8_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` start a UTF-8 character that is not complete yet."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decoder.decode(data, final=False)
+    return len(decoder.getstate()[0])
 
 
 def eos_ids_from_folder(folder: Path, hf_tokenizer: Any) -> set[int]:
@@ -81,6 +160,22 @@ def eos_ids_from_folder(folder: Path, hf_tokenizer: Any) -> set[int]:
     return ids
 
 
+def _starts_mid_character(raw: bytes) -> bool:
+    return bool(raw) and 0x80 <= raw[0] <= 0xBF  # a UTF-8 continuation byte
+
+
+def partial_token_bytes(tokenizer: Any, token_id: int, text: str) -> bytes | None:
+    """The token's bytes if they are only part of a UTF-8 character (its `text` shows U+FFFD), else None."""
+    if REPLACEMENT not in text:
+        return None
+    raw = tokenizer.token_bytes(token_id)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+    return None  # a genuine U+FFFD character
+
+
 class StreamDetokenizer:
     """Turns a token stream into text pieces without ever emitting half a character.
 
@@ -89,13 +184,33 @@ class StreamDetokenizer:
     UTF-8 characters across tokens, and the replacement character means "wait
     for the next token". Seeded with a few context tokens (the end of the
     prompt) so SentencePiece's leading-space handling sees what precedes.
+
+    Tokens that end in an unfinished character are never emitted by `flush`
+    either: an answer cut there leaves them out of its text, and a stream
+    seeded with them (Continue) emits them once the character is complete.
     """
 
     def __init__(self, tokenizer: Tokenizer, context_ids: Sequence[int] = ()):
         self._tok = tokenizer
-        self._ids: list[int] = list(context_ids)[-4:]
+        context = list(context_ids)
+        start = max(0, len(context) - 4)
+        # Start the window on a character boundary: byte-fallback decoders turn a whole run of byte
+        # pieces into U+FFFDs when it begins with a stray continuation byte.
+        while start > 0 and len(context) - start < 8 and _starts_mid_character(tokenizer.token_bytes(context[start])):
+            start -= 1
+        self._ids: list[int] = context[start:]
         self._prefix_offset = 0
-        self._read_offset = len(self._ids)
+        # Context tokens ending inside a character were never shown: treat them as not yet read.
+        self._read_offset = self._complete_upto(len(self._ids))
+
+    def _complete_upto(self, end: int) -> int:
+        """The largest k <= end where ids[prefix_offset:k] does not stop inside a UTF-8 character."""
+        k = end
+        while k > self._prefix_offset and incomplete_utf8_tail(
+            b"".join(self._tok.token_bytes(i) for i in self._ids[self._prefix_offset : k])
+        ):
+            k -= 1
+        return k
 
     def add(self, token_id: int) -> str:
         self._ids.append(token_id)
@@ -109,8 +224,14 @@ class StreamDetokenizer:
         return ""
 
     def flush(self) -> str:
-        """Whatever is still held back (a genuinely broken byte sequence at the end)."""
+        """Whatever is still held back, except tokens that end inside an unfinished character.
+
+        Those stay out of the text (a cut-off emoji does not become U+FFFD); a stream seeded with
+        them as context emits them once a later token completes the character. Invalid bytes that
+        no later byte could complete are released (as U+FFFD), as before.
+        """
+        end = self._complete_upto(len(self._ids))
         prefix_text = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
-        new_text = self._tok.decode(self._ids[self._prefix_offset :])
-        self._prefix_offset = self._read_offset = len(self._ids)
+        new_text = self._tok.decode(self._ids[self._prefix_offset : end])
+        self._prefix_offset = self._read_offset = end
         return new_text[len(prefix_text) :]

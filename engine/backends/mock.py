@@ -58,6 +58,9 @@ class MockTokenizer:
     def token_text(self, token_id: int) -> str:
         return PIECES[token_id]
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return PIECES[token_id].encode("utf-8")
+
     def chat_text(self, messages, add_generation_prompt: bool = True) -> str:
         from jinja2 import Template
 
