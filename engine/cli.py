@@ -2,6 +2,8 @@
 
 Errors a user can act on (bad path, offline hub, invalid values, prompt too
 long) are printed as one line on stderr with exit status 2, no traceback.
+Every value and path is checked before the model loads (`engine.cli_input`).
+Long prompts come from a file or stdin: `--prompt-file PATH`, `--prompt -`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sys
 from dataclasses import fields
 from typing import TextIO
 
+from engine.backends.select import BACKENDS
+from engine.cli_input import bad_utf8, check_args
 from engine.cli_research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli_experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.errors import EngineError
@@ -19,12 +23,21 @@ from engine.events import Done, TokenEvent
 from engine.sampling.settings import STAGE_NAMES, SamplerSettings
 
 EXIT_USAGE = 2
+USER_BACKENDS = [b for b in BACKENDS if b != "mock"]  # mock is for tests
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (what is wrong, where to look) instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a model folder, a .gguf file or a hub id (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"], help="runtime (default: MLX on Apple Silicon, else torch)")
-    p.add_argument("--device", default=None, help="torch device, e.g. cuda or cpu")
+    p.add_argument("--backend", default="auto", choices=USER_BACKENDS,
+                   help="runtime (default: a URL -> remote, a .gguf -> llamacpp when installed, else MLX on Apple Silicon, else torch)")
+    p.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:N, mps (default: CUDA when usable, else cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--trust-remote-code", action="store_true", help="run model code shipped in the model folder")
     p.add_argument("--offload", default=None, metavar="POLICY",
@@ -47,17 +60,19 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order", default=",".join(d.order), help=f"sampler stage order, comma-separated from: {','.join(STAGE_NAMES)}")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable); its text is not printed")
-    p.add_argument("--system", default=None, help="system prompt (chat)")
+    p.add_argument("--system", default=None, help="system prompt (chat; generate --chat)")
+    p.add_argument("--system-file", default=None, metavar="PATH", help="read the system prompt from a UTF-8 file")
     p.add_argument("--show-probs", action="store_true", help="print every token with its probability and top alternatives")
     p.add_argument("--top-n", type=int, default=5, help="alternatives shown with --show-probs")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="logitlab-cli", description="Logit Lab engine: generate, chat, inspect.")
+    parser = OneLineParser(prog="logitlab-cli", description="Logit Lab engine: generate, chat, inspect.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="continue a prompt and stream the text")
-    g.add_argument("--prompt", required=True)
+    g.add_argument("--prompt", default=None, help='the text to continue; "-" reads it from standard input')
+    g.add_argument("--prompt-file", default=None, metavar="PATH", help="read the prompt from a UTF-8 file (for long prompts)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--num-beams", type=int, default=1, help="beam search with N beams (deterministic; ignores sampling options)")
     g.add_argument("--num-return-sequences", type=int, default=1, help="with --num-beams: how many beams to print")
@@ -181,6 +196,9 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
     from engine.chat import ChatSession
 
     stdin = stdin or sys.stdin
+    if hasattr(stdin, "reconfigure"):
+        # Undecodable bytes arrive as lone surrogates instead of killing the session; each line is checked below.
+        stdin.reconfigure(errors="surrogateescape")
     sampler = sampler_from_args(args)
     max_new, show_probs = args.max_new_tokens, args.show_probs
     session = ChatSession(system_prompt=args.system)
@@ -194,6 +212,9 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
             if not line:
                 break
             text = line.rstrip("\n")
+            if where := bad_utf8(text):
+                print(f"error: that line is not valid UTF-8 ({where}) and was skipped; the chat goes on", file=sys.stderr)
+                continue
             if not text.strip():
                 continue
             if text.startswith("/"):
@@ -251,10 +272,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from engine.quiet import quiet_third_party
-
-    quiet_third_party()
     try:
+        # Before anything heavy is imported: a typo is answered in a fraction of the model's load time.
+        check_args(args)
+        if args.command in ("generate", "chat"):
+            sampler_from_args(args)
+        from engine.quiet import quiet_third_party
+
+        quiet_third_party()
         commands = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "batch": cmd_batch,
                     "score": lambda a: cmd_score(a, _load), "compare": lambda a: cmd_compare(a, _load)}
         return commands[args.command](args)

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import EngineError
+from engine.decode import check_context
+from engine.errors import ContextLengthError
 
 
 def add_batch_parser(sub, add_model_args) -> None:
-    b = sub.add_parser("batch", help="generate for every line of a file, in batches; write JSON lines")
+    b = sub.add_parser("batch", help="generate for every line of a file, in batches; write JSON lines",
+                       description="Exit status 0 when every prompt ran, 1 when some got an error record "
+                                   "(e.g. too long for the model's context), 2 for unusable options.")
     b.add_argument("--input", required=True, help="text file, one prompt per line")
     b.add_argument("--output", required=True, help="JSON-lines file: one record per prompt")
     b.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
@@ -29,7 +32,15 @@ def add_batch_parser(sub, add_model_args) -> None:
 def _load_lm(args: argparse.Namespace):
     from engine.research import LanguageModel
 
-    return LanguageModel.load(args.model, backend=args.backend)
+    options = dict(device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    if args.offload is not None:
+        options["offload"] = args.offload
+    return LanguageModel.load(args.model, backend=args.backend, load_options=options)
+
+
+def _messages(args: argparse.Namespace, prompt: str) -> list[dict]:
+    system = getattr(args, "system", None)
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
 
 
 def cmd_beams(args: argparse.Namespace) -> int:
@@ -37,7 +48,7 @@ def cmd_beams(args: argparse.Namespace) -> int:
     lm = _load_lm(args)
     try:
         tok = lm.tokenizer
-        prompt = tok.chat_ids([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
+        prompt = tok.chat_ids(_messages(args, args.prompt)) if args.chat else tok.encode(args.prompt)
         results = lm.beam_search(prompt, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
                                  num_return_sequences=args.num_return_sequences)
         for rank, r in enumerate(results):
@@ -52,36 +63,58 @@ def cmd_beams(args: argparse.Namespace) -> int:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    path = Path(args.input)
-    if not path.is_file():
-        raise EngineError(f"input file not found: {path}")
-    prompts = [line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not prompts:
-        raise EngineError(f"{path} has no prompts (one per line)")
+    """Generate for each prompt of `args.prompts` (read and checked by `cli_input.check_args`).
+
+    Each prompt is tokenized and checked against the context before any
+    forward pass; one that does not fit gets an error record in its place
+    and the others still run. Records keep the input order.
+    """
+    prompts: list[str] = args.prompts
     lm = _load_lm(args)
     tok = lm.tokenizer
-    written = 0
+    written = failed = 0
     try:
+        rows: list[list[int] | str] = []  # token ids, or why the prompt cannot run
+        for p in prompts:
+            ids = tok.chat_ids(_messages(args, p)) if args.chat else tok.encode(p)
+            try:
+                check_context(len(ids), args.max_new_tokens, lm.context_length)
+                rows.append(ids)
+            except ContextLengthError as e:
+                rows.append(str(e))
         with Path(args.output).open("w", encoding="utf-8") as out:
             for start in range(0, len(prompts), args.batch_size):
-                chunk = prompts[start : start + args.batch_size]
-                rows = [tok.chat_ids([{"role": "user", "content": p}]) if args.chat else tok.encode(p) for p in chunk]
-                ids, logprobs = lm.generate_with_logprobs(
-                    rows, max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
-                    temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p,
-                    stop=sorted(tok.eos_token_ids), seed=args.seed,
-                )
-                width = ids.shape[1] - args.max_new_tokens
-                for prompt, gen, lps in zip(chunk, ids[:, width:], logprobs):
-                    n = int((~np.isnan(lps)).sum())
-                    gen_ids = [int(t) for t in gen[:n]]
-                    shown = [t for t in gen_ids if t not in tok.eos_token_ids]
-                    record = {"prompt": prompt, "text": tok.decode(shown), "token_ids": gen_ids,
-                              "logprobs": [round(float(x), 6) for x in lps[:n]]}
+                chunk = list(zip(prompts[start : start + args.batch_size], rows[start : start + args.batch_size]))
+                runnable = [ids for _, ids in chunk if not isinstance(ids, str)]
+                results = iter(_generate(lm, args, runnable) if runnable else ())
+                for prompt, ids in chunk:
+                    record = {"prompt": prompt, "error": ids} if isinstance(ids, str) else {"prompt": prompt, **next(results)}
+                    failed += isinstance(ids, str)
                     out.write(json.dumps(record, ensure_ascii=False) + "\n")
                     written += 1
                 print(f"[{written}/{len(prompts)} prompts]", file=sys.stderr, flush=True)
     finally:
         lm.close()
+    if failed:
+        print(f"error: {failed} of {len(prompts)} prompts did not run (their records in {args.output} say why)",
+              file=sys.stderr)
+        return 1
     return 0
 
+
+def _generate(lm, args: argparse.Namespace, rows: list[list[int]]) -> list[dict]:
+    """One batched generation; a record body (text, token ids, logprobs) per row."""
+    tok = lm.tokenizer
+    ids, logprobs = lm.generate_with_logprobs(
+        rows, max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
+        temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p,
+        stop=sorted(tok.eos_token_ids), seed=args.seed,
+    )
+    width = ids.shape[1] - args.max_new_tokens
+    bodies = []
+    for gen, lps in zip(ids[:, width:], logprobs):
+        n = int((~np.isnan(lps)).sum())
+        gen_ids = [int(t) for t in gen[:n]]
+        shown = [t for t in gen_ids if t not in tok.eos_token_ids]
+        bodies.append({"text": tok.decode(shown), "token_ids": gen_ids, "logprobs": [round(float(x), 6) for x in lps[:n]]})
+    return bodies

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from engine.backends.base import Backend
 from engine.backends.select import choose_backend
 from engine.loading import ProgressCallback, materialize, resolve_spec
+from engine.loading.hub import revision_of
+from engine.loading.remote_code import is_remote_code_error, refusal, refuse_unless_trusted
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +59,22 @@ def load_model(
         assert source.path is not None
         return LlamaCppBackend(source.path, spec=source.spec, display_name=source.name, offload=offload)
     folder = materialize(source, progress)
+    refuse_unless_trusted(folder, trust_remote_code)  # in our words, before transformers asks in its own
     if progress:
         progress(f"loading {source.name} ({name})", None)
+    try:
+        loaded = _load_folder(name, folder, source, device, dtype, trust_remote_code, offload)
+    except ValueError as e:
+        if is_remote_code_error(e) and not trust_remote_code:
+            raise refusal(folder) from e
+        raise
+    if source.kind == "hub" and (revision := revision_of(folder)):
+        loaded.info = replace(loaded.info, revision=revision)  # which weights, exactly: saved with each answer
+    return loaded
+
+
+def _load_folder(name: str, folder, source, device, dtype, trust_remote_code: bool, offload) -> Backend:
+    """A torch or MLX backend for a local Hugging Face folder."""
     if name == "mlx":
         from engine.backends.mlx_backend import MlxBackend
 

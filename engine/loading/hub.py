@@ -8,6 +8,7 @@ request has a short timeout and we never retry in a loop.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +18,10 @@ from engine.errors import HubUnreachableError, ModelNotFoundError
 log = logging.getLogger(__name__)
 
 # What a causal LM folder needs; skips other formats (.bin, .pt, .onnx, .gguf) that would multiply the download.
-ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]
+# *.py: a model's own code, fetched so that --trust-remote-code can run it; it is never run unless allowed
+# (engine.loading.remote_code).
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.py"]
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
 METADATA_TIMEOUT_S = 8.0
 
 
@@ -43,6 +47,16 @@ def download(repo_id: str, progress=None) -> Path:
             tqdm_class=_progress_tqdm(progress) if progress else None,
         )
     return Path(path)
+
+
+def revision_of(folder: Path) -> str:
+    """The commit hash a hub snapshot folder holds ('' when `folder` is not a hub snapshot).
+
+    huggingface_hub keeps every download in `.../snapshots/<commit>/`, so the
+    folder `download` returns names exactly which weights were loaded, online or not.
+    """
+    folder = Path(folder)
+    return folder.name if folder.parent.name == "snapshots" and COMMIT.match(folder.name) else ""
 
 
 @contextmanager

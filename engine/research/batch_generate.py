@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.decode import check_context
+from engine.errors import ContextLengthError
 from engine.sampling import SamplerChain, SamplerSettings
 
 
@@ -14,6 +16,15 @@ def as_rows(inputs: np.ndarray | Sequence[Sequence[int]]) -> list[list[int]]:
     if not rows or any(len(r) == 0 for r in rows):
         raise ValueError("every input row needs at least one token")
     return rows
+
+
+def check_rows_fit(rows: Sequence[Sequence[int]], max_new_tokens: int, context_length: int) -> None:
+    """ContextLengthError naming the first row whose prompt plus `max_new_tokens` exceeds the context (0 = unknown)."""
+    for i, row in enumerate(rows):
+        try:
+            check_context(len(row), max_new_tokens, context_length)
+        except ContextLengthError as e:
+            raise ContextLengthError(f"prompt {i}: {e}" if len(rows) > 1 else str(e)) from None
 
 
 def generate_batch(
@@ -28,16 +39,19 @@ def generate_batch(
     stop: int | Sequence[int] | None = None,
     seed: int | None = None,
     pad_id: int = 0,
+    context_length: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(B, prompt_len + max_new_tokens) ids and (B, max_new_tokens) model logprobs of the generated tokens.
 
     Prompts are left-padded with `pad_id`. A row that emits a `stop` token id keeps it and is padded after it; the
     loop ends early once every row has stopped. Row r samples with seed
     `seed + r`, so a row's tokens do not depend on which other rows share the batch.
+    Every row is checked against `context_length` (the model's; 0 = unchecked) before any forward pass.
     """
     rows = as_rows(inputs)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_rows_fit(rows, max_new_tokens, context_length)
     settings = SamplerSettings(temperature=temperature if do_sample else 0.0, top_k=top_k, top_p=top_p)
     base_seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**62)
     chains = [SamplerChain(settings.with_(seed=base_seed + r)) for r in range(len(rows))]

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.decode import check_context
+
 NEG = -1.0e9
 
 
@@ -44,12 +46,15 @@ def beam_search(
     num_return_sequences: int = 1,
     eos_token_ids: Sequence[int] = (),
     pad_id: int = 0,
+    context_length: int = 0,
 ) -> list[BeamResult]:
+    """The best `num_return_sequences` beams; the prompt is checked against `context_length` (0 = unchecked) first."""
     if num_beams < 1 or not 1 <= num_return_sequences <= num_beams:
         raise ValueError("need num_beams >= 1 and 1 <= num_return_sequences <= num_beams")
     if early_stopping not in (True, False, "never"):
         raise ValueError("early_stopping must be True, False or 'never'")
     prompt = list(prompt)
+    check_context(len(prompt), max_new_tokens, context_length)  # before the first forward: a long prompt fails now
     p, nb = len(prompt), num_beams
     max_length = p + max_new_tokens
     eos = np.asarray(sorted(set(eos_token_ids)), dtype=np.int64)

@@ -9,6 +9,8 @@
 
 All model work runs on one private thread (MLX streams are per thread and
 torch is not re-entrant), so async callers never block their event loop.
+Every entry point checks each prompt against the model's context length
+before any forward pass (`ContextLengthError`, naming the prompt).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from engine.research.batch_generate import generate_batch
+from engine.research.batch_generate import check_rows_fit, generate_batch
 from engine.research.beam import BeamResult, beam_search
 from engine.research.runners import runner_for
 from engine.research.trie import TokenTrie
@@ -52,6 +54,7 @@ class LanguageModel:
     ):
         self.backend = backend
         self.tokenizer = backend.tokenizer
+        self.context_length = int(getattr(backend.info, "context_length", 0) or 0)  # 0: unknown, unchecked
         self.runner = runner_for(backend)
         self._states = self.runner.supports_row_states()
         self.trie = TokenTrie(kv_budget_bytes, self.runner.state_nbytes)
@@ -62,10 +65,12 @@ class LanguageModel:
         self._flush_handle: asyncio.TimerHandle | None = None
 
     @classmethod
-    def load(cls, spec: str | None = None, *, backend: str = "auto", **kwargs) -> "LanguageModel":
+    def load(cls, spec: str | None = None, *, backend: str = "auto", load_options: dict | None = None,
+             **kwargs) -> "LanguageModel":
+        """Load `spec`; `load_options` go to `engine.load_model` (device, dtype, trust_remote_code, ...)."""
         from engine.load import load_model
 
-        return cls(load_model(spec, backend=backend), **kwargs)
+        return cls(load_model(spec, backend=backend, **(load_options or {})), **kwargs)
 
     @property
     def forward_calls(self) -> int:
@@ -76,6 +81,7 @@ class LanguageModel:
     def batch_next_token_logprobs_sync(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
         """(B, V) normalized logprobs; cached prefixes are free, the rest is one forward per chunk."""
         keys = [_check_ids(ids) for ids in batch]
+        check_rows_fit(keys, 0, self.context_length)
         out: dict[tuple[int, ...], np.ndarray] = {}
         todo = []
         for k in dict.fromkeys(keys):  # de-duplicated, order kept
@@ -123,6 +129,7 @@ class LanguageModel:
     async def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
         """Awaitable; requests arriving within `batch_window_s` of each other share one forward."""
         key = _check_ids(token_ids)
+        check_rows_fit([key], 0, self.context_length)  # here, not in the batch: one bad row must not fail the others
         hit = self.trie.cached_logprobs(key)
         if hit is not None:
             return hit
@@ -176,6 +183,7 @@ class LanguageModel:
     ) -> tuple[list[int], float]:
         """Ancestral sampling through the trie; returns (generated ids, their total log-prob under the model)."""
         ids = list(_check_ids(prompt_ids))
+        check_rows_fit([ids], max_tokens, self.context_length)
         chain = SamplerChain(SamplerSettings(temperature=temperature, seed=seed))
         eos, out, total = set(eos_token_ids), [], 0.0
         for _ in range(max_tokens):
@@ -197,6 +205,7 @@ class LanguageModel:
     ) -> list[tuple[list[int], float]]:
         """`sample` for many prompts, one batched forward per step across the still-running rows."""
         prompts = [list(_check_ids(p)) for p in prompt_ids_list]
+        check_rows_fit(prompts, max_tokens, self.context_length)
         chains = [SamplerChain(SamplerSettings(temperature=temperature, seed=None if seed is None else seed + i)) for i in range(len(prompts))]
         outs: list[list[int]] = [[] for _ in prompts]
         totals = [0.0] * len(prompts)
@@ -226,7 +235,7 @@ class LanguageModel:
 
     def generate_with_logprobs(self, inputs, **kwargs) -> tuple[np.ndarray, np.ndarray]:
         """`generate` plus the (batch, max_new_tokens) model logprobs of the generated tokens (NaN after a stop)."""
-        return generate_batch(self.runner, inputs, pad_id=self.runner.pad_id, **kwargs)
+        return generate_batch(self.runner, inputs, pad_id=self.runner.pad_id, context_length=self.context_length, **kwargs)
 
     async def agenerate(self, inputs, **kwargs) -> np.ndarray:
         """`generate` on the model thread; the event loop keeps running meanwhile."""
@@ -239,7 +248,8 @@ class LanguageModel:
         return beam_search(self.runner, _check_ids(prompt_ids), num_beams=num_beams, max_new_tokens=max_new_tokens,
                            length_penalty=length_penalty, early_stopping=early_stopping,
                            num_return_sequences=num_return_sequences,
-                           eos_token_ids=sorted(self.tokenizer.eos_token_ids), pad_id=self.runner.pad_id)
+                           eos_token_ids=sorted(self.tokenizer.eos_token_ids), pad_id=self.runner.pad_id,
+                           context_length=self.context_length)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

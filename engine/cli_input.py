@@ -1,0 +1,230 @@
+"""What the user typed on the command line, checked before any model loads.
+
+A model takes seconds to load; a typo must not cost that, and must never end
+in a traceback. Every check here raises `UsageError` with one line naming the
+option and what to do, and none of them imports torch or touches a model file
+beyond reading its name. Text comes in as the user's bytes: arguments that are
+not valid UTF-8 (Python hands them over as lone surrogates), prompt files and
+stdin are decoded strictly, so a bad byte is reported where it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import BinaryIO
+
+from engine.devices import check_device_name
+from engine.errors import UsageError
+from engine.sampling.settings import SamplerSettings
+
+STDIN = "-"
+
+
+def option_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def bad_utf8(text: str) -> str | None:
+    """None if `text` is valid UTF-8 text; else where it is not, e.g. "byte 0xff at character 3"."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        # Python decodes undecodable argv/stdin bytes to U+DC80..U+DCFF (surrogateescape): recover the byte.
+        what = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"character U+{ord(bad):04X}"
+        return f"{what} at character {e.start + 1}"
+    return None
+
+
+def check_utf8_args(args: argparse.Namespace) -> None:
+    """UsageError for the first string option that is not valid UTF-8 (the tokenizer could not take it)."""
+    for dest, value in vars(args).items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and (where := bad_utf8(item)):
+                raise UsageError(f"{option_name(dest)} is not valid UTF-8 ({where}); check the terminal's encoding")
+
+
+def decode_utf8(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UsageError(f"{source} is not valid UTF-8 (byte 0x{data[e.start]:02x} on line {line}); save it as UTF-8") from None
+
+
+def read_text_file(path: str, option: str) -> str:
+    """The whole of a UTF-8 text file named by `option`; UsageError if it is missing, a folder or unreadable."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise UsageError(f"{option} {path}: is a folder, not a text file")
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"{option} {path}: no such file") from None
+    except OSError as e:
+        raise UsageError(f"{option} {path}: cannot be read ({e.strerror or e})") from None
+    return decode_utf8(data, f"{option} {path}")
+
+
+def read_stdin(stdin: BinaryIO | None, option: str) -> str:
+    stream = stdin if stdin is not None else getattr(sys.stdin, "buffer", None)
+    if stream is None:  # stdin replaced by a text stream (tests, embedding): already decoded
+        text = sys.stdin.read()
+        if where := bad_utf8(text):
+            raise UsageError(f"{option} -: standard input is not valid UTF-8 ({where})")
+        return text
+    return decode_utf8(stream.read(), f"{option} -: standard input")
+
+
+def _strip_final_newline(text: str) -> str:
+    # A file or a pipe ends its last line with a newline that nobody means as part of the prompt.
+    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+
+
+def resolve_text(value: str | None, file: str | None, option: str, stdin: BinaryIO | None = None,
+                 allow_stdin: bool = True) -> str | None:
+    """The text given inline, as `-` (stdin) or in a file; at most one of `value` and `file` is set."""
+    if value is not None and file is not None:
+        raise UsageError(f"give either {option} or {option}-file, not both")
+    if file is not None:
+        if file == STDIN:
+            value = STDIN
+        else:
+            return _strip_final_newline(read_text_file(file, f"{option}-file"))
+    if value == STDIN:
+        if not allow_stdin:
+            raise UsageError(f"{option}: chat reads its turns from standard input; put the text in a file "
+                             f"and pass {option}-file PATH")
+        return _strip_final_newline(read_stdin(stdin, option))
+    return value
+
+
+def check_output_file(path: str, option: str = "--output", not_same_as: str | None = None) -> None:
+    """`path` can be created or overwritten as a file: its folder exists and is writable, it is not a folder."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise UsageError(f"{option} {path}: is a folder; name a file to write, e.g. {Path(path) / 'out.jsonl'}")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{option} {path}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{option} {path}: not writable here (permissions)")
+    if not_same_as is not None and p.exists() and p.resolve() == Path(not_same_as).expanduser().resolve():
+        raise UsageError(f"{option} {path}: is the input file; writing it would destroy the prompts")
+
+
+def check_count(args: argparse.Namespace, dest: str, minimum: int, why: str = "") -> None:
+    value = getattr(args, dest, None)
+    if value is not None and value < minimum:
+        raise UsageError(f"{option_name(dest)} must be at least {minimum}, got {value}{why}")
+
+
+def check_offload(args: argparse.Namespace, backend: str | None) -> None:
+    text = getattr(args, "offload", None)
+    if text is None:
+        return
+    if backend == "mlx":
+        raise UsageError("--offload is not for the mlx backend: MLX shares one memory between CPU and GPU")
+    if backend == "remote":
+        raise UsageError("--offload is not for a server: the server decides where its weights live")
+    if text.strip().lower() != "auto":
+        from engine.offload.policy import parse_offload
+
+        try:
+            parse_offload(text)
+        except ValueError as e:
+            raise UsageError(f"--offload {text!r}: {e}") from None
+
+
+def planned_backend(args: argparse.Namespace) -> str | None:
+    """The backend `--model`/`--backend` will load with, found without loading (None when it cannot tell)."""
+    from engine.backends.select import choose_backend
+    from engine.errors import ModelNotFoundError
+    from engine.loading import resolve_spec
+
+    if args.backend == "mock":
+        return "mock"
+    try:
+        kind = resolve_spec(args.model).kind
+    except ModelNotFoundError as e:
+        if args.model is None:  # the default model is missing: its own message says how to get it
+            raise
+        raise UsageError(f"--model: {e}") from None
+    except Exception:  # noqa: BLE001 - e.g. the default model is not installed: load says how to get it
+        kind = None
+    try:
+        return choose_backend(args.backend, kind)
+    except ValueError as e:
+        raise UsageError(f"--backend {args.backend}: {e}") from None
+
+
+def check_device(args: argparse.Namespace, backend: str | None) -> None:
+    if getattr(args, "device", None) is None:
+        return
+    args.device = check_device_name(args.device)
+    if backend not in (None, "torch"):
+        raise UsageError(f"--device chooses the torch backend's device; this model runs on {backend} "
+                         f"(pass --backend torch to choose a device)")
+    if args.device != "cpu" and backend == "torch":
+        import torch  # the torch backend imports it next anyway
+
+        from engine.devices import require_available
+
+        require_available(torch.device(args.device))
+
+
+def sampler_or_error(**values) -> SamplerSettings:
+    try:
+        return SamplerSettings(**values)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_args(args: argparse.Namespace, stdin: BinaryIO | None = None) -> None:
+    """Check every value and path in `args`, reading prompt/system files and stdin into `args` in place.
+
+    Raises UsageError on the first problem; nothing here loads a model.
+    """
+    check_utf8_args(args)
+    command = args.command
+    prompt_from_stdin = False
+    if command == "generate":
+        prompt_from_stdin = args.prompt == STDIN or args.prompt_file == STDIN
+        args.prompt = resolve_text(args.prompt, args.prompt_file, "--prompt", stdin)
+        if args.prompt is None:
+            raise UsageError("give a prompt: --prompt TEXT, --prompt - (standard input) or --prompt-file PATH")
+        check_count(args, "num_beams", 1)
+        check_count(args, "num_return_sequences", 1)
+        if args.num_return_sequences > args.num_beams:
+            raise UsageError(f"--num-return-sequences ({args.num_return_sequences}) cannot exceed "
+                             f"--num-beams ({args.num_beams})")
+    if hasattr(args, "system_file"):
+        # chat reads its turns from stdin, and stdin can be read only once.
+        args.system = resolve_text(args.system, args.system_file, "--system", stdin,
+                                   allow_stdin=command != "chat" and not prompt_from_stdin)
+    check_count(args, "max_new_tokens", 1)
+    check_count(args, "top_n", 0)
+    check_count(args, "batch_size", 1)
+    if any(s == "" for s in getattr(args, "stop", None) or []):
+        raise UsageError("--stop needs a non-empty string (an empty one would stop before the first token)")
+    if command == "batch":
+        args.prompts = read_prompts(args.input)
+        check_output_file(args.output, "--output", not_same_as=args.input)
+        sampler_or_error(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    if command in ("score", "compare") and getattr(args, "output", None) not in (None, STDIN):
+        check_output_file(args.output, "--output")
+    backend = planned_backend(args)
+    check_device(args, backend)
+    check_offload(args, backend)
+
+
+def read_prompts(path: str) -> list[str]:
+    """`batch --input`: one prompt per non-empty line."""
+    text = read_text_file(path, "--input")
+    prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise UsageError(f"--input {path}: has no prompts (one per line)")
+    return prompts
