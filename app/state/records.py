@@ -14,7 +14,7 @@ from typing import Any
 
 from engine import StageSnapshot, TokenEvent, TokenProb
 
-_Row = tuple[int, str, float | None]
+_Row = tuple[int, str, float | None] | tuple[int, str, float | None, str]
 
 
 def _logprob_out(lp: float) -> float | None:
@@ -27,16 +27,27 @@ def _logprob_in(lp: float | None) -> float:
 
 
 def _probs_out(probs: tuple[TokenProb, ...]) -> list[_Row]:
-    return [(p.token_id, p.text, _logprob_out(p.logprob)) for p in probs]
+    # A fourth element, the bytes in hex, only for tokens that are part of a character (rare).
+    return [
+        (p.token_id, p.text, _logprob_out(p.logprob))
+        if p.token_bytes is None
+        else (p.token_id, p.text, _logprob_out(p.logprob), p.token_bytes.hex())
+        for p in probs
+    ]
 
 
 def _probs_in(rows: list[list[Any]]) -> tuple[TokenProb, ...]:
-    return tuple(TokenProb(int(i), str(t), _logprob_in(lp)) for i, t, lp in rows)
+    # Records saved before token bytes were kept have three elements per row.
+    return tuple(
+        TokenProb(int(r[0]), str(r[1]), _logprob_in(r[2]), bytes.fromhex(r[3]) if len(r) > 3 else None) for r in rows
+    )
 
 
 def alternatives_json(ev: TokenEvent) -> str:
     """The candidate lists of one token as compact JSON (the `top_json` column)."""
     doc: dict[str, Any] = {"m": _probs_out(ev.top_model), "s": _probs_out(ev.top_sampler)}
+    if ev.token_bytes is not None:
+        doc["b"] = ev.token_bytes.hex()
     if ev.stages is not None:
         doc["st"] = [
             [s.stage, s.survivors, s.mass_kept, s.entropy, _probs_out(s.top)] for s in ev.stages
@@ -86,6 +97,7 @@ def token_from_row(row: tuple[Any, ...]) -> TokenEvent:
         stages=stages,
         forced=bool(forced),
         special=bool(special),
+        token_bytes=bytes.fromhex(doc["b"]) if "b" in doc else None,
     )
 
 
@@ -95,6 +107,8 @@ def token_to_json(ev: TokenEvent) -> dict[str, Any]:
     def clean(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
             return None
+        if isinstance(value, bytes):
+            return value.hex()
         if isinstance(value, dict):
             return {k: clean(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):

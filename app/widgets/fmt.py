@@ -4,15 +4,63 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 
 from engine import TokenEvent
 
 _VISIBLE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"})
 
 
-def visible(token_text: str) -> str:
+def byte_label(raw: bytes) -> str:
+    """Bytes as text, each byte that is not part of a whole UTF-8 character written `<F0>`."""
+    text = raw.decode("utf-8", errors="surrogateescape")  # stray bytes become U+DC80..U+DCFF
+    return "".join(f"<{ord(c) - 0xDC00:02X}>" if 0xDC80 <= ord(c) <= 0xDCFF else c for c in text)
+
+
+def token_label(token_text: str, token_bytes: bytes | None = None) -> str:
+    """A token's own text, or its bytes (`<F0><9F>`) when it holds only part of a character."""
+    return byte_label(token_bytes) if token_bytes is not None else token_text
+
+
+def visible(token_text: str, token_bytes: bytes | None = None) -> str:
     """A token's text with whitespace made visible ('␣Paris', '↵'), for lists and headers."""
-    return token_text.translate(_VISIBLE) if token_text else "∅"
+    text = token_label(token_text, token_bytes)
+    return text.translate(_VISIBLE) if text else "∅"
+
+
+def _raw(ev: TokenEvent) -> bytes:
+    return ev.token_bytes if ev.token_bytes is not None else ev.token_text.encode("utf-8")
+
+
+def completed_character(tokens: Sequence[TokenEvent], index: int) -> str | None:
+    """The character(s) a partial-byte token belongs to, put together from its neighbours' bytes.
+
+    None when the token is whole text, or when the bytes around it never form a character (an
+    answer cut inside one).
+    """
+    if not 0 <= index < len(tokens) or tokens[index].token_bytes is None:
+        return None
+    lo = hi = index
+    while lo > 0 and tokens[lo - 1].token_bytes is not None:
+        lo -= 1
+    while hi + 1 < len(tokens) and tokens[hi + 1].token_bytes is not None:
+        hi += 1
+    # The run may end in a whole token that finishes the character ("\x80!" is partial, "!" is not).
+    data = b"".join(_raw(t) for t in tokens[lo : hi + 1])
+    start = sum(len(_raw(t)) for t in tokens[lo:index])
+    end = start + len(_raw(tokens[index]))
+    found, p = [], 0
+    while p < len(data):
+        lead = data[p]
+        n = 1 if lead < 0xC0 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+        try:
+            ch = data[p : p + n].decode("utf-8")
+        except UnicodeDecodeError:
+            ch, n = None, 1
+        if ch is not None and n > 1 and p < end and p + n > start:
+            found.append(ch)
+        p += n
+    return "".join(found) or None
 
 
 def pct(p: float) -> str:
@@ -29,19 +77,24 @@ def bits(logprob: float) -> str:
     return "∞ bits" if not math.isfinite(logprob) else f"{-logprob / math.log(2):.2f} bits"
 
 
-def token_tooltip(ev: TokenEvent, alternatives: int = 5) -> str:
-    """Rich-text tooltip: the token, its probability, rank, entropy, and top alternatives."""
+def token_tooltip(ev: TokenEvent, alternatives: int = 5, character: str | None = None) -> str:
+    """Rich-text tooltip: the token, its probability, rank, entropy, and top alternatives.
+
+    `character`: what a partial-byte token completes (see `completed_character`).
+    """
     rows = []
     for alt in ev.top_model[:alternatives]:
         mark = "▶ " if alt.token_id == ev.token_id else ""
         rows.append(
-            f"<tr><td>{mark}<code>{html.escape(visible(alt.text))}</code></td>"
+            f"<tr><td>{mark}<code>{html.escape(visible(alt.text, alt.token_bytes))}</code></td>"
             f"<td align='right'>&nbsp;{pct(alt.prob)}</td></tr>"
         )
     badges = " · forced" if ev.forced else ""
     badges += " · end of sequence" if ev.special else ""
+    if ev.token_bytes is not None:
+        badges += f" · bytes of “{html.escape(character)}”" if character else " · part of a character"
     return (
-        f"<b><code>{html.escape(visible(ev.token_text))}</code></b>{badges}<br>"
+        f"<b><code>{html.escape(visible(ev.token_text, ev.token_bytes))}</code></b>{badges}<br>"
         f"p {pct(ev.prob)} · sampler {pct(ev.sampler_prob)} · rank {ev.rank + 1}<br>"
         f"entropy {ev.entropy:.2f} nats · {bits(ev.logprob)}"
         f"<table style='margin-top:4px'>{''.join(rows)}</table>"

@@ -18,7 +18,7 @@ from app.controller import ChatController
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
 from app.state.settings import Selection
-from app.widgets.fmt import bits, pct, visible
+from app.widgets.fmt import bits, completed_character, pct, visible
 from app.widgets.prob_table import ProbTable
 from app.widgets.stage_view import StageView
 from app.widgets.token_chart import TokenChart
@@ -139,8 +139,12 @@ class Inspector(QWidget):
             return
         n = len(self._conv.tokens(self._selected_message())) if self._conv else 0
         badges = "".join(f" <i>{b}</i>" for b, on in (("forced", ev.forced), ("end of sequence", ev.special)) if on)
+        if ev.token_bytes is not None:  # a piece of a multi-byte character: its bytes, and the character
+            tokens = self._conv.tokens(self._selected_message()) if self._conv else []
+            character = completed_character(tokens, self._selection.index)
+            badges += f" · bytes of “{html.escape(character)}”" if character else " · <i>part of a character</i>"
         self.token_label.setText(
-            f"<span style='font-size:17px'><b><code>{html.escape(visible(ev.token_text))}</code></b></span>"
+            f"<span style='font-size:17px'><b><code>{html.escape(visible(ev.token_text, ev.token_bytes))}</code></b></span>"
             f"&nbsp;&nbsp;token {self._selection.index + 1} of {n} · id {ev.token_id}{badges}"
         )
         sampler = pct(ev.sampler_prob) if math.isfinite(ev.sampler_logprob) else "cut (forced)"
@@ -155,9 +159,12 @@ class Inspector(QWidget):
         ok = ev is not None and token_id is not None and not self._controller.busy
         self.branch_button.setEnabled(ok)
         if ev is not None and token_id is not None:
-            alt = next((p.text for p in ev.top_model + ev.top_sampler if p.token_id == token_id), ev.token_text)
+            alt = next(
+                (visible(p.text, p.token_bytes) for p in ev.top_model + ev.top_sampler if p.token_id == token_id),
+                visible(ev.token_text, ev.token_bytes),
+            )
             verb = "Resample from here with" if token_id == ev.token_id else "Branch with"
-            self.branch_button.setText(f"{verb} “{visible(alt)}”")
+            self.branch_button.setText(f"{verb} “{alt}”")
         else:
             self.branch_button.setText("Branch from here")
 

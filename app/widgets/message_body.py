@@ -19,7 +19,7 @@ from PySide6.QtCore import QPoint, QPointF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QTextEdit, QToolTip, QWidget
 
-from app.widgets.fmt import token_tooltip
+from app.widgets.fmt import completed_character, token_label, token_tooltip
 from app.widgets.heat import confidence, heat_color
 
 EOS_MARK = "⟨eos⟩"
@@ -31,7 +31,7 @@ def display_text(ev: TokenEvent) -> str:
     """What a token looks like in the token view: newlines get a visible ↵, EOS a marker."""
     if ev.special:
         return EOS_MARK
-    text = ev.token_text or "∅"
+    text = token_label(ev.token_text, ev.token_bytes) or "∅"  # a piece of a character shows its bytes
     return text.replace("\n", "↵\n")
 
 
@@ -226,7 +226,7 @@ class MessageBody(QTextBrowser):
                 self.viewport().unsetCursor()
             else:
                 self.viewport().setCursor(Qt.CursorShape.PointingHandCursor)
-                QToolTip.showText(event.globalPosition().toPoint(), token_tooltip(self._tokens[i]), self.viewport())
+                QToolTip.showText(event.globalPosition().toPoint(), token_tooltip(self._tokens[i], character=completed_character(self._tokens, i)), self.viewport())
 
     def mouseReleaseEvent(self, event: QMouseEvent) -> None:
         super().mouseReleaseEvent(event)

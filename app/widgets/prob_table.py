@@ -50,14 +50,14 @@ class ProbTable(QTreeWidget):
         sampler = {p.token_id: p for p in ev.top_sampler}
         rows = list(ev.top_model) + [p for p in ev.top_sampler if p.token_id not in model]
         if ev.token_id not in model and ev.token_id not in sampler:  # a forced token outside both lists
-            rows.append(TokenProb(ev.token_id, ev.token_text, ev.logprob))
+            rows.append(TokenProb(ev.token_id, ev.token_text, ev.logprob, ev.token_bytes))
         # Missing from the sampler's list means "cut" only if the list holds every survivor.
         survivors = ev.stages[-1].survivors if ev.stages else None
         complete = survivors is not None and survivors <= len(ev.top_sampler)
         chosen_item = None
         for p in rows:
             chosen = p.token_id == ev.token_id
-            item = QTreeWidgetItem([("▶ " if chosen else "") + visible(p.text), "", ""])
+            item = QTreeWidgetItem([("▶ " if chosen else "") + visible(p.text, p.token_bytes), "", ""])
             item.setData(0, TOKEN_ID_ROLE, p.token_id)
             item.setData(1, PROB_ROLE, model[p.token_id].prob if p.token_id in model else (ev.prob if chosen else None))
             item.setData(1, MISSING_ROLE, "·")

@@ -87,7 +87,7 @@ class StageView(QWidget):
         model = {p.token_id: p.prob for p in ev.top_model}
         for r, p in enumerate(rows):
             chosen = p.token_id == ev.token_id
-            name = QTableWidgetItem(("▶ " if chosen else "") + visible(p.text))
+            name = QTableWidgetItem(("▶ " if chosen else "") + visible(p.text, p.token_bytes))
             font = QFont(self._mono)
             font.setBold(chosen)
             name.setFont(font)
@@ -127,7 +127,7 @@ def _candidates(ev: TokenEvent) -> list[TokenProb]:
                 seen.add(t.token_id)
                 rows.append(t)
     if ev.token_id not in seen:
-        rows.append(TokenProb(ev.token_id, ev.token_text, ev.logprob))
+        rows.append(TokenProb(ev.token_id, ev.token_text, ev.logprob, ev.token_bytes))
     chosen = [p for p in rows if p.token_id == ev.token_id]
     rest = [p for p in rows if p.token_id != ev.token_id][: MAX_ROWS - 1]
     return sorted(chosen + rest, key=lambda p: rows.index(p))

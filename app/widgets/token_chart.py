@@ -168,6 +168,6 @@ class TokenChart(QWidget):
         ev = self._tokens[i]
         QToolTip.showText(
             event.globalPosition().toPoint(),
-            f"#{i + 1} {visible(ev.token_text)} · p {pct(ev.prob)} · H {ev.entropy:.2f}",
+            f"#{i + 1} {visible(ev.token_text, ev.token_bytes)} · p {pct(ev.prob)} · H {ev.entropy:.2f}",
             self,
         )
