@@ -25,7 +25,9 @@ from app.token_stream import TokenStream
 log = logging.getLogger(__name__)
 
 TOP_N = 20  # alternatives recorded per token (and per sampler stage)
-_MODEL_FIELDS = ("name", "spec", "architecture", "parameters", "dtype", "context_length", "backend", "device")
+# Saved with each answer; `revision` is the hub commit of the weights ("" for local files), so a
+# conversation says exactly which weights produced it.
+_MODEL_FIELDS = ("name", "spec", "architecture", "parameters", "dtype", "context_length", "backend", "device", "revision")
 
 
 class Busy(RuntimeError):

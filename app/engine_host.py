@@ -23,9 +23,12 @@ ProgressFn = Callable[[str, "float | None"], None]
 EngineFactory = Callable[[str | None, str, ProgressFn], Engine]
 
 
-def start_engine(spec: str | None, backend: str, progress: ProgressFn) -> Engine:
-    """The production factory: load `spec` with `backend` on a new worker thread."""
-    return Engine.start(spec, backend=backend, progress=progress)
+def start_engine(spec: str | None, backend: str, progress: ProgressFn, trust_remote_code: bool = False) -> Engine:
+    """The production factory: load `spec` with `backend` on a new worker thread.
+
+    `trust_remote_code` only after the user confirmed the model's own code files (model picker).
+    """
+    return Engine.start(spec, backend=backend, progress=progress, trust_remote_code=trust_remote_code)
 
 
 class NoModelError(EngineError):
@@ -69,7 +72,7 @@ class EngineHost:
     def loading(self) -> bool:
         return self.state.loading
 
-    def load(self, spec: str | None, backend: str = "auto") -> "asyncio.Task[bool]":
+    def load(self, spec: str | None, backend: str = "auto", trust_remote_code: bool = False) -> "asyncio.Task[bool]":
         """Start loading `spec`; the task gives True when it is current, False when it failed.
 
         The host counts as loading from this call on (not from the task's first step),
@@ -80,9 +83,10 @@ class EngineHost:
         loop = asyncio.get_running_loop()
         self._pending = loop.create_future()
         self._set_state(LoadState(True, spec, f"Loading {spec or 'the default model'}…", None))
-        return loop.create_task(self._load(spec, backend, loop))
+        return loop.create_task(self._load(spec, backend, loop, trust_remote_code))
 
-    async def _load(self, spec: str | None, backend: str, loop: asyncio.AbstractEventLoop) -> bool:
+    async def _load(self, spec: str | None, backend: str, loop: asyncio.AbstractEventLoop,
+                    trust_remote_code: bool = False) -> bool:
         """Load `spec` and make it current; on failure keep the current model and return False."""
         assert self._pending is not None
         label = spec or "default model"
@@ -96,7 +100,8 @@ class EngineHost:
         new: Engine | None = None
         ok = False
         try:
-            new = self._factory(spec, backend, progress)
+            # Passed only when allowed, so factories that know nothing of remote code keep working.
+            new = self._factory(spec, backend, progress, **({"trust_remote_code": True} if trust_remote_code else {}))
             await asyncio.wrap_future(new.ready)
             info = new.info
             if self._closed:  # the window closed while we loaded

@@ -17,7 +17,7 @@ from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QWidget
 from qasync import asyncSlot, asyncWrap
 
-from engine import DefaultModelMissingError, EngineError, download_default_model
+from engine import DefaultModelMissingError, EngineError, RemoteCodeRefusedError, download_default_model
 
 from app.controller import Busy, ChatController
 from app.engine_host import EngineHost
@@ -30,7 +30,7 @@ from app.state.store import Store
 from app.theme import Theme, app_icon
 from app.widgets.chat_pane import ChatPane
 from app.widgets.inspector import Inspector
-from app.widgets.model_picker import ModelPicker, recent_models, remember_model
+from app.widgets.model_picker import ModelPicker, recent_models, remember_model, remote_code_confirmation
 from app.widgets.sampling_panel import SamplingPanel
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
@@ -117,12 +117,16 @@ class MainWindow(QMainWindow):
                 backend = recent[0].get("backend", "auto")
         return self.load_model(spec, backend or "auto")
 
-    def load_model(self, spec: str | None, backend: str = "auto") -> asyncio.Task:
-        """Start loading (the host counts as loading at once); the task gives True on success."""
+    def load_model(self, spec: str | None, backend: str = "auto", trust_remote_code: bool = False) -> asyncio.Task:
+        """Start loading (the host counts as loading at once); the task gives True on success.
+
+        `trust_remote_code` only after the user confirmed the model's code files by name.
+        """
         action = self.actions_["open_model"]
         action.setEnabled(False)
+        self._requested_backend = backend
         try:
-            loading = self.host.load(spec, backend)
+            loading = self.host.load(spec, backend, trust_remote_code=trust_remote_code)
         except RuntimeError as e:  # one load at a time
             action.setEnabled(not self.host.loading)
             self.status.showMessage(str(e), 6000)
@@ -144,7 +148,7 @@ class MainWindow(QMainWindow):
         dialog = ModelPicker(self.store, self.host.spec, self.host.backend, self)
         # asyncWrap runs the modal dialog's nested event loop outside this task (qasync's advice).
         if await asyncWrap(dialog.exec) == ModelPicker.DialogCode.Accepted and not self.host.loading:
-            await self.load_model(dialog.spec, dialog.backend)
+            await self.load_model(dialog.spec, dialog.backend, trust_remote_code=dialog.trust_remote_code)
 
     def _on_load_state(self, state) -> None:
         self.actions_["open_model"].setEnabled(not state.loading)
@@ -152,6 +156,9 @@ class MainWindow(QMainWindow):
     def _on_load_failed(self, spec: str | None, message: str) -> None:
         if spec is None and self.host.info is None and isinstance(self.host.last_error, DefaultModelMissingError):
             self._offer_default_model(message)
+            return
+        if isinstance(self.host.last_error, RemoteCodeRefusedError):
+            self._confirm_remote_code(spec, self.host.last_error.files)
             return
         if self.host.info is not None:
             keep = f"The previous model, {self.host.info.name}, is still loaded and in use."
@@ -161,6 +168,14 @@ class MainWindow(QMainWindow):
         box.setObjectName("load_error")
         box.setAccessibleName("Model load error")
         box.open()  # not exec(): the window stays responsive and tests are not blocked
+        self.error_box = box
+
+    def _confirm_remote_code(self, spec: str | None, files: tuple[str, ...]) -> None:
+        """The model needs its own code (a hub id, or a folder opened without the picker): name the files, ask."""
+        backend = getattr(self, "_requested_backend", "auto")  # the failed load's, not the current model's
+        box = remote_code_confirmation(self, spec or "the model", files)
+        box.allow_button.clicked.connect(lambda: self.load_model(spec, backend, trust_remote_code=True))
+        box.open()
         self.error_box = box
 
     def _offer_default_model(self, message: str) -> None:

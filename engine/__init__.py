@@ -17,9 +17,11 @@ from engine.errors import (
     HubUnreachableError,
     ModelLoadError,
     ModelNotFoundError,
+    RemoteCodeRefusedError,
 )
 from engine.events import Done, GenerationStats, StageSnapshot, TokenEvent, TokenProb
 from engine.load import load_model
+from engine.loading.remote_code import custom_code_files
 from engine.loading.default_model import DefaultModelMissingError, download_default_model, models_dir
 from engine.model_info import ModelInfo
 from engine.request import GenerationRequest
@@ -39,12 +41,14 @@ __all__ = [
     "ModelInfo",
     "ModelLoadError",
     "ModelNotFoundError",
+    "RemoteCodeRefusedError",
     "STAGE_NAMES",
     "SamplerSettings",
     "StageSnapshot",
     "TokenEvent",
     "TokenProb",
     "download_default_model",
+    "custom_code_files",
     "load_model",
     "models_dir",
 ]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -10,10 +13,13 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QPushButton,
     QVBoxLayout,
     QWidget,
 )
+
+from engine import custom_code_files
 
 from app.state.store import Store
 
@@ -33,6 +39,33 @@ def remember_model(store: Store, spec: str | None, backend: str) -> None:
     spec = spec or DEFAULT_SPEC
     rows = [r for r in recent_models(store) if r["spec"] != spec]
     store.put_setting(RECENT_KEY, [{"spec": spec, "backend": backend}] + rows[: MAX_RECENT - 1])
+
+
+def folder_code_files(spec: str | None) -> tuple[str, ...]:
+    """The Python files a local model folder asks to run (its `auto_map`); () for anything else."""
+    if not spec:
+        return ()
+    folder = Path(spec).expanduser()
+    return custom_code_files(folder) if folder.is_dir() else ()
+
+
+def remote_code_confirmation(parent: QWidget | None, model: str, files: tuple[str, ...]) -> QMessageBox:
+    """Ask before running a model's own code, naming the files; the caller connects the "allow" button."""
+    box = QMessageBox(
+        QMessageBox.Icon.Warning,
+        "Run this model's own code?",
+        f"{model} ships its own Python code, which would run with your rights:\n\n"
+        + "\n".join(f"  • {f}" for f in files)
+        + "\n\nRead these files first. Allow them to run only if you trust where the model comes from.",
+        parent=parent,
+    )
+    box.setObjectName("remote_code_confirmation")
+    box.setAccessibleName("Confirm running the model's code")
+    allow = box.addButton("Allow and load", QMessageBox.ButtonRole.AcceptRole)
+    allow.setObjectName("allow_remote_code")
+    box.addButton(QMessageBox.StandardButton.Cancel)
+    box.allow_button = allow
+    return box
 
 
 class ModelPicker(QDialog):
@@ -77,12 +110,20 @@ class ModelPicker(QDialog):
         )
         hint.setWordWrap(True)
         hint.setForegroundRole(hint.foregroundRole().PlaceholderText)
+        # A folder with its own code: name the files and ask, here, before anything is loaded.
+        self.trust_box = QCheckBox()
+        self.trust_box.setObjectName("trust_remote_code")
+        self.trust_box.setAccessibleName("Allow the model's own code to run")
+        self.trust_box.setVisible(False)
+        self.spec_box.currentTextChanged.connect(self._update_trust_box)
+        self._update_trust_box(self.spec_box.currentText())
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Open | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         lay = QVBoxLayout(self)
         lay.addLayout(form)
         lay.addWidget(hint)
+        lay.addWidget(self.trust_box)
         lay.addWidget(buttons)
 
     @property
@@ -93,6 +134,17 @@ class ModelPicker(QDialog):
     @property
     def backend(self) -> str:
         return self.backend_box.currentText()
+
+    @property
+    def trust_remote_code(self) -> bool:
+        """True only when the chosen folder ships code and the user ticked the box naming its files."""
+        return not self.trust_box.isHidden() and self.trust_box.isChecked()  # isVisible is False once exec() ends
+
+    def _update_trust_box(self, text: str) -> None:
+        files = folder_code_files(text.strip())
+        self.trust_box.setChecked(False)  # a new folder is never pre-approved
+        self.trust_box.setText(f"Allow this model's own code to run: {', '.join(files)}" if files else "")
+        self.trust_box.setVisible(bool(files))
 
     def _choose_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Model folder (with config.json)")
