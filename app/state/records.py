@@ -49,8 +49,11 @@ def alternatives_json(ev: TokenEvent) -> str:
     if ev.token_bytes is not None:
         doc["b"] = ev.token_bytes.hex()
     if ev.stages is not None:
+        # A stage's note ("top 20 from server") is a sixth field, only when there is one: older records
+        # have five, and a local model's stages stay as small as before.
         doc["st"] = [
-            [s.stage, s.survivors, s.mass_kept, s.entropy, _probs_out(s.top)] for s in ev.stages
+            [s.stage, s.survivors, s.mass_kept, s.entropy, _probs_out(s.top), *([s.note] if s.note else [])]
+            for s in ev.stages
         ]
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
@@ -80,8 +83,8 @@ def token_from_row(row: tuple[Any, ...]) -> TokenEvent:
     stages = None
     if "st" in doc:
         stages = tuple(
-            StageSnapshot(str(name), int(surv), float(mass), float(ent), _probs_in(top_rows))
-            for name, surv, mass, ent, top_rows in doc["st"]
+            StageSnapshot(str(name), int(surv), float(mass), float(ent), _probs_in(top_rows), str(note[0]) if note else "")
+            for name, surv, mass, ent, top_rows, *note in doc["st"]
         )
     return TokenEvent(
         index=int(idx),
