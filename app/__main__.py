@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QApplication
 
 from app import __version__
 from app.paths import DATA_DIR_ENV, database_path
+from app.platform_check import check_linux_desktop_libraries
 
 log = logging.getLogger("app")
 
@@ -79,6 +80,7 @@ def run(argv: list[str] | None = None) -> int:
     from app.logs import setup_logging
 
     setup_logging(args.verbose)  # the user's log file (Help ▸ Show log file), plus stderr when there is one
+    check_linux_desktop_libraries()  # before Qt: one line naming missing X11 packages (Linux)
     if args.data_dir:
         os.environ[DATA_DIR_ENV] = args.data_dir
     elif args.screenshot_dir:

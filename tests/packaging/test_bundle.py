@@ -122,6 +122,17 @@ def test_bundle_has_desktop_entry_and_icon(build, dist):
     assert (bundle / "_internal" / "resources" / "logitlab.svg").is_file()  # the window's own icon
 
 
+def test_bundle_carries_the_xcb_platform_libraries(build, dist):
+    """Qt's X11 plugin needs libxcb-cursor0 & co., missing on minimal Debian/Ubuntu: the bundle brings them."""
+    from app.platform_check import XCB_LIBRARIES
+
+    internal = build.bundle_path(dist) / "_internal"
+    carried = [s for s in XCB_LIBRARIES if s != "libxcb.so.1"]  # libxcb itself is the system's (PyInstaller's rule)
+    missing = [s for s in carried if not (internal / s).is_file()]
+    assert not missing, f"the bundle lacks {missing}"
+    assert any((internal / "PySide6" / "Qt" / "plugins" / "platforms").glob("libqxcb*.so"))
+
+
 def test_packaged_app_opens_window_loads_default_model_and_answers(build, dist, tmp_path, record_property):
     from engine.loading.default_model import default_model_path
 
