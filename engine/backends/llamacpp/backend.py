@@ -1,0 +1,235 @@
+"""The llama.cpp backend: GGUF files run natively (quantized), on CPU, Metal, CUDA or Vulkan.
+
+One llama.cpp context holds one sequence (seq 0). `forward` decodes the new
+tokens with only the last one asking for logits, and copies that one (V,)
+row (`llama_get_logits_ith(ctx, -1)`); `trim_cache` removes positions from
+the KV cache (`llama_memory_seq_rm`), so a new turn or a branch runs only
+its new tokens. Sampling stays ours (`engine.sampling`), as on torch and MLX.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from engine.backends.base import PREFILL_CHUNK, process_peak_rss_bytes
+from engine.backends.llamacpp import native
+from engine.backends.llamacpp.gguf_header import GGUFHeader, read_header
+from engine.backends.llamacpp.placement import choose_n_ctx, plan_gpu_layers
+from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
+from engine.errors import ContextLengthError, ModelLoadError
+from engine.model_info import ModelInfo
+from engine.offload.auto import free_cpu_bytes
+
+log = logging.getLogger(__name__)
+
+KV_BYTES_PER_VALUE = 2  # the cache is float16 (llama.cpp's default type_k/type_v)
+
+
+def kv_bytes_per_token(header: GGUFHeader) -> int:
+    """Keys and values of one position over all layers, from the file's hyperparameters (0 if unknown)."""
+    layers = int(header.arch_value("block_count", 0) or 0)
+    heads = header.arch_value("attention.head_count", 0)
+    kv_heads = header.arch_value("attention.head_count_kv", heads)
+    embd = int(header.arch_value("embedding_length", 0) or 0)
+    if isinstance(heads, list):  # per-layer head counts (some architectures)
+        heads = max(heads or [0])
+    if isinstance(kv_heads, list):
+        kv_heads = max(kv_heads or [0])
+    if not (layers and heads and kv_heads and embd):
+        return 0
+    key_dim = int(header.arch_value("attention.key_length", embd // int(heads)) or 0)
+    value_dim = int(header.arch_value("attention.value_length", key_dim) or 0)
+    return layers * int(kv_heads) * (key_dim + value_dim) * KV_BYTES_PER_VALUE
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        spec: str,
+        display_name: str,
+        offload=None,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        n_batch: int = PREFILL_CHUNK,
+        flash_attn: bool | None = None,
+    ):
+        """Load `path` (a .gguf file).
+
+        Args:
+            offload: None (all layers on the GPU of a GPU build), an `OffloadPolicy` or its CLI form
+                (the weights' GPU share becomes a share of the layers), or "auto" (what fits in free GPU memory).
+            n_ctx: the context to allocate; None takes the file's context length, lowered only when its KV
+                cache would not fit comfortably in free memory.
+            n_threads: CPU threads; None uses the physical cores.
+            n_batch: tokens per llama_decode call (prefill chunk).
+            flash_attn: llama.cpp's fused attention; None lets llama.cpp decide (on where supported).
+        """
+        path = Path(path)
+        header = read_header(path)  # raises ModelLoadError on a file llama.cpp might abort on
+        native.init()
+        native.take_recent_errors()
+        self.path = path
+        self.header = header
+        self.n_threads = n_threads or native.physical_cores()
+        n_layers = int(header.arch_value("block_count", 0) or 0)
+        per_token = kv_bytes_per_token(header)
+        self.n_ctx, ctx_reason = choose_n_ctx(
+            header.context_length, n_ctx, kv_bytes_per_token=per_token, free_bytes=free_cpu_bytes()
+        )
+        gpus = native.gpu_devices()
+        self.gpu_plan = plan_gpu_layers(
+            offload,
+            n_layers=n_layers,
+            gpu_build=bool(llama_cpp.llama_supports_gpu_offload()),
+            model_bytes=header.file_bytes,
+            cache_bytes=per_token * self.n_ctx,
+            free_gpu_bytes=gpus[0].free_bytes if gpus else None,
+        )
+        log.info("llama.cpp: n_ctx %d (%s); %s", self.n_ctx, ctx_reason, self.gpu_plan.reason)
+
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = self.gpu_plan.n_gpu_layers
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
+        if not self.model:
+            why = native.take_recent_errors() or "see the log"
+            raise ModelLoadError(f"llama.cpp could not load {path.name}: {why}")
+        self.ctx = None
+        self._batch = None
+        try:
+            self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model)))
+            cparams = llama_cpp.llama_context_default_params()
+            cparams.n_ctx = self.n_ctx
+            cparams.n_batch = cparams.n_ubatch = n_batch
+            cparams.n_seq_max = 1
+            cparams.n_threads = cparams.n_threads_batch = self.n_threads
+            cparams.offload_kqv = self.gpu_plan.offload_kqv
+            cparams.swa_full = True  # sliding-window layers keep every position, so trimming stays exact
+            cparams.no_perf = True
+            if flash_attn is not None:
+                cparams.flash_attn_type = int(flash_attn)  # LLAMA_FLASH_ATTN_TYPE_DISABLED 0 / ENABLED 1
+            self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+            if not self.ctx:
+                why = native.take_recent_errors() or "out of memory?"
+                raise ModelLoadError(f"llama.cpp could not create a context of {self.n_ctx} tokens: {why}")
+            self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))  # llama.cpp may round it up
+            self._memory = llama_cpp.llama_get_memory(self.ctx)
+            self._batch = native.Batch(n_batch)
+            self.n_batch = n_batch
+            self.tokenizer = LlamaCppTokenizer(self.model, header.chat_template)
+            self.info = self._describe(spec, display_name, gpus)
+        except BaseException:
+            self.close()
+            raise
+        self._tokens: list[int] = []
+        self.tokens_evaluated = 0  # every token run through the model, for tests and stats
+
+    def _describe(self, spec: str, display_name: str, gpus: list[native.GpuDevice]) -> ModelInfo:
+        plan = self.gpu_plan
+        n_layers = int(llama_cpp.llama_model_n_layer(self.model))
+        if plan.n_gpu_layers > 0 and gpus:
+            gpu = f"{gpus[0].name} ({gpus[0].description})" if gpus[0].description else gpus[0].name
+            on_gpu = min(plan.n_gpu_layers, n_layers)
+            device = f"{gpu}: {on_gpu}/{n_layers} layers" + ("" if plan.offload_kqv else ", KV cache on CPU")
+            if on_gpu < n_layers:
+                device += f"; cpu ({self.n_threads} threads) for the rest"
+        else:
+            device = f"cpu ({self.n_threads} threads)"
+        desc = ctypes_desc(self.model)
+        return ModelInfo(
+            name=display_name,
+            spec=spec,
+            path=str(self.path),
+            architecture=self.header.architecture or desc,
+            parameters=int(llama_cpp.llama_model_n_params(self.model)),
+            dtype=self.header.quantization or "gguf",
+            context_length=self.n_ctx,
+            vocab_size=self.n_vocab,
+            bytes=int(llama_cpp.llama_model_size(self.model)),
+            backend=self.name,
+            device=f"{device}; llama.cpp",
+            quantization=self.header.quantization,
+            file_bytes=self.header.file_bytes,
+        )
+
+    # --- the Backend protocol -------------------------------------------------
+
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def trim_cache(self, keep: int) -> int:
+        keep = max(0, min(keep, len(self._tokens)))
+        if keep == len(self._tokens):
+            return keep
+        if keep == 0 or not llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1):
+            self._reset()  # e.g. a recurrent model's state cannot be cut back: start over
+            return 0
+        del self._tokens[keep:]
+        return keep
+
+    def forward(self, token_ids: Sequence[int]) -> np.ndarray:
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise ValueError("forward needs at least one token")
+        if len(self._tokens) + len(ids) > self.n_ctx:
+            raise ContextLengthError(
+                f"{len(self._tokens) + len(ids)} tokens do not fit the context of {self.n_ctx} "
+                f"(raise n_ctx, up to the model's {self.header.context_length})"
+            )
+        bad = [t for t in ids if not 0 <= t < self.n_vocab]
+        if bad:  # llama.cpp aborts on an out-of-range id
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+        start = len(self._tokens)
+        try:
+            for lo in range(0, len(ids), self.n_batch):
+                chunk = ids[lo : lo + self.n_batch]
+                self._batch.clear()
+                for j, t in enumerate(chunk):
+                    self._batch.add(t, start + lo + j, 0, lo + j == len(ids) - 1)
+                native.decode(self.ctx, self._batch)
+                self.tokens_evaluated += len(chunk)
+                self._tokens.extend(chunk)
+        except BaseException:
+            # A failed decode may leave part of a chunk in the cache: cut back to what we know.
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, len(self._tokens), -1)
+            raise
+        # One (V,) float32 row for our sampler (~0.2 MB at 49k): the only copy of logits per step.
+        return native.logits_row(self.ctx, -1, self.n_vocab)
+
+    def peak_memory_bytes(self) -> int:
+        return process_peak_rss_bytes()
+
+    def close(self) -> None:
+        tokenizer = getattr(self, "tokenizer", None)
+        if tokenizer is not None:
+            tokenizer.detach()
+        if self._batch is not None:
+            self._batch.free()
+            self._batch = None
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+        self.ctx = None
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+        self.model = None
+        self._tokens = []
+
+    def _reset(self) -> None:
+        llama_cpp.llama_memory_clear(self._memory, True)
+        self._tokens = []
+
+
+def ctypes_desc(model) -> str:
+    import ctypes
+
+    buf = ctypes.create_string_buffer(256)
+    llama_cpp.llama_model_desc(model, buf, 256)
+    return buf.value.decode("utf-8", errors="replace")

@@ -1,0 +1,164 @@
+"""The research runner on llama.cpp: many sequences in one context, several rows per `llama_batch`.
+
+A second llama.cpp context on the backend's model (the weights are shared)
+holds up to `max_seqs` sequences in one unified KV cache. Each row of a
+batch is its own sequence with its own positions, so no padding is needed:
+
+- `start` / `step`: every row's tokens go into one `llama_batch` (split only
+  when a prefill exceeds `n_batch` tokens), one `llama_decode` per step for
+  the whole batch;
+- `reorder` (beam search): sequences are re-pointed with `llama_memory_seq_cp`,
+  which in a unified cache shares cells instead of copying them;
+- `forward_rows` (the token trie): a row's cached prefix state is the bytes
+  of its KV cache (`llama_state_seq_get_data`), restored into a sequence with
+  `llama_state_seq_set_data`, so the trie can keep and evict states like
+  any other bytes; then all rows' new tokens run in one `llama_batch`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from engine.backends.llamacpp import native
+
+RowState = tuple[int, bytes]  # (cached positions, llama_state_seq_get_data bytes)
+
+
+class LlamaCppRunner:
+    def __init__(self, backend: Any, max_seqs: int = 128, n_batch: int = 512):
+        self.backend = backend
+        self.pad_id = max(0, backend.tokenizer.pad_token_id)
+        self.n_vocab = backend.n_vocab
+        self.max_seqs = max_seqs
+        self.n_batch = n_batch
+        self.forward_calls = 0
+        self.tokens_evaluated = 0
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = backend.n_ctx
+        params.n_batch = params.n_ubatch = n_batch
+        params.n_seq_max = max_seqs
+        params.kv_unified = True  # one pool of cells shared by every sequence: seq_cp shares, not copies
+        params.swa_full = True
+        params.n_threads = params.n_threads_batch = backend.n_threads
+        params.offload_kqv = backend.gpu_plan.offload_kqv
+        params.no_perf = True
+        self.ctx = llama_cpp.llama_init_from_model(backend.model, params)
+        if not self.ctx:
+            raise RuntimeError(f"llama.cpp could not create a research context: {native.take_recent_errors()}")
+        self._mem = llama_cpp.llama_get_memory(self.ctx)
+        self._batch = native.Batch(n_batch, max_seqs)
+        self._lens: list[int] = []  # positions cached per sequence (row i is sequence i)
+
+    # --- helpers -------------------------------------------------------------------
+
+    def _check_rows(self, b: int, spare: int = 0) -> None:
+        if b + spare > self.max_seqs:
+            raise ValueError(f"at most {self.max_seqs // (2 if spare else 1)} rows at once on llama.cpp, got {b}")
+
+    def _run(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:
+        """Decode (seq_id, start_pos, tokens) rows; returns the (B, V) logits of each row's last token.
+
+        Rows are packed into as few `llama_batch`es as `n_batch` allows; a row longer than
+        `n_batch` is split across batches (its earlier part only fills the cache).
+        """
+        out = np.empty((len(rows), self.n_vocab), dtype=np.float32)
+        pending: list[tuple[int, int]] = []  # (row, batch index) whose logits this batch yields
+        self._batch.clear()
+        for r, (seq, start, toks) in enumerate(rows):
+            for j, t in enumerate(toks):
+                if self._batch.n == self.n_batch:
+                    self._flush(pending, out)
+                last = j == len(toks) - 1
+                idx = self._batch.add(int(t), start + j, seq, last)
+                if last:
+                    pending.append((r, idx))
+        self._flush(pending, out)
+        return out
+
+    def _flush(self, pending: list[tuple[int, int]], out: np.ndarray) -> None:
+        if self._batch.n == 0:
+            return
+        native.decode(self.ctx, self._batch)
+        self.forward_calls += 1
+        self.tokens_evaluated += self._batch.n
+        for r, idx in pending:
+            out[r] = native.logits_row(self.ctx, idx, self.n_vocab)
+        pending.clear()
+        self._batch.clear()
+
+    # --- the runner moves -------------------------------------------------------------
+
+    def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        self._check_rows(len(prompts))
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self._lens = [len(p) for p in prompts]
+        return self._run([(i, 0, list(p)) for i, p in enumerate(prompts)])
+
+    def step(self, tokens: Sequence[int]) -> np.ndarray:
+        logits = self._run([(i, self._lens[i], [int(t)]) for i, t in enumerate(tokens)])
+        self._lens = [n + 1 for n in self._lens]
+        return logits
+
+    def reorder(self, rows: Sequence[int]) -> None:
+        b = len(self._lens)
+        self._check_rows(b, spare=len(rows))  # each new row is parked under a spare sequence id
+        for j, src in enumerate(rows):  # park each new row's source under a spare id first
+            llama_cpp.llama_memory_seq_cp(self._mem, src, b + j, -1, -1)
+        for i in range(b):
+            llama_cpp.llama_memory_seq_rm(self._mem, i, -1, -1)
+        for j in range(len(rows)):
+            llama_cpp.llama_memory_seq_cp(self._mem, b + j, j, -1, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, b + j, -1, -1)
+        self._lens = [self._lens[src] for src in rows]
+
+    # --- rows that each continue their own cached prefix --------------------------------
+
+    def supports_row_states(self) -> bool:
+        return True
+
+    def forward_rows(
+        self, rows: Sequence[tuple[RowState | None, Sequence[int]]], keep_states: bool = True
+    ) -> tuple[np.ndarray, list[RowState | None]]:
+        """One `llama_batch` over rows (past_state_i, new_tokens_i); returns (B, V) logits and each row's state."""
+        self._check_rows(len(rows))
+        llama_cpp.llama_memory_clear(self._mem, True)
+        starts = []
+        for i, (state, _) in enumerate(rows):
+            if state is None:
+                starts.append(0)
+                continue
+            n_pos, data = state
+            buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+            if llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), i) == 0:
+                raise RuntimeError(f"llama.cpp could not restore a cached prefix: {native.take_recent_errors()}")
+            starts.append(n_pos)
+        logits = self._run([(i, starts[i], list(toks)) for i, (_, toks) in enumerate(rows)])
+        states: list[RowState | None] = [None] * len(rows)
+        if keep_states:
+            for i, (_, toks) in enumerate(rows):
+                states[i] = (starts[i] + len(toks), self._seq_bytes(i))
+        llama_cpp.llama_memory_clear(self._mem, True)
+        return logits, states
+
+    def _seq_bytes(self, seq: int) -> bytes:
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq)
+        return bytes(buf)[:n]
+
+    @staticmethod
+    def state_nbytes(state: RowState) -> int:
+        return len(state[1])
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._batch.free()
+            self._batch = None
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+        self.ctx = None
