@@ -234,6 +234,8 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
                     name, _, value = rest.strip().partition(" ")
                     try:
                         if name == "max_new_tokens":
+                            if int(value) < 1:
+                                raise ValueError(f"max_new_tokens must be at least 1, got {value}")
                             max_new = int(value)
                         elif name == "system":
                             session.system_prompt = value or None

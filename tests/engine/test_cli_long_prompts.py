@@ -51,16 +51,17 @@ def test_long_prompt_on_stdin_gets_the_context_length_error_also_with_beams(tiny
 
 def test_chat_skips_a_line_of_invalid_utf8_and_survives_a_long_system_prompt(tiny_llama_folder, tmp_path,
                                                                              monkeypatch, capsys):
-    stdin_bytes(monkeypatch, b"caf\xe9 in latin-1\nhello\n/set system \nhello again\n/quit\n")
+    stdin_bytes(monkeypatch, b"caf\xe9 in latin-1\nhello\n/set system \n/set max_new_tokens 0\nhello again\n/quit\n")
     system = tmp_path / "system.txt"
     system.write_text(LONG, encoding="utf-8")
     code = cli.main(["chat", "--system-file", str(system), "--temperature", "0", *tiny_args(tiny_llama_folder)])
     out = capsys.readouterr()
     errors = [ln for ln in out.err.splitlines() if ln.startswith("error:")]
     assert code == 0 and "Traceback" not in out.err
-    assert len(errors) == 2
+    assert len(errors) == 3
     assert "not valid UTF-8 (byte 0xe9 at character 4)" in errors[0]
     assert "context length is 512" in errors[1]  # the long system prompt; the session goes on
+    assert "max_new_tokens must be at least 1, got 0" in errors[2]
     assert out.out.count("assistant> ") == 2  # "hello" (refused, too long) and "hello again" (answered)
     assert out.err.count(" tokens, ") == 1  # the answer after `/set system` cleared the long system prompt
 
@@ -159,3 +160,22 @@ def test_hub_id_records_the_commit_it_was_loaded_at(tiny_llama_folder, tmp_path,
         assert f"revision:       {commit}" in backend.info.summary_lines()
     finally:
         backend.close()
+
+
+def test_custom_code_runs_when_allowed(tiny_llama_folder, tmp_path, monkeypatch, capsys):
+    """--trust-remote-code really loads the folder's own classes (a Llama subclass here)."""
+    import transformers.dynamic_module_utils as dynamic
+
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))  # not the user's cache
+    folder = custom_code_folder(tmp_path, tiny_llama_folder, "logitlab_test_llama")
+    (folder / "configuration_my.py").write_text(
+        "from transformers import LlamaConfig\n\n\nclass MyConfig(LlamaConfig):\n    model_type = 'logitlab_test_llama'\n"
+    )
+    (folder / "modeling_my.py").write_text(
+        "from transformers import LlamaForCausalLM\n\nfrom .configuration_my import MyConfig\n\n\n"
+        "class MyForCausalLM(LlamaForCausalLM):\n    config_class = MyConfig\n"
+    )
+    code = cli.main(["info", "--model", str(folder), "--backend", "torch", "--trust-remote-code"])
+    out = capsys.readouterr().out
+    assert code == 0 and "context length: 512" in out
+    assert list((tmp_path / "modules").rglob("modeling_my.py"))  # transformers imported the folder's module
