@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import html
 import math
 from collections.abc import Sequence
@@ -26,6 +27,15 @@ def visible(token_text: str, token_bytes: bytes | None = None) -> str:
     """A token's text with whitespace made visible ('␣Paris', '↵'), for lists and headers."""
     text = token_label(token_text, token_bytes)
     return text.translate(_VISIBLE) if text else "∅"
+
+
+def finished_characters(run: bytes) -> str | None:
+    """The multi-byte characters in `run` if it ends on a character boundary, else None (wait for more bytes)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    text = decoder.decode(run, final=False)
+    if decoder.getstate()[0]:
+        return None
+    return "".join(c for c in text if ord(c) > 0x7F and c != "\ufffd")
 
 
 def _raw(ev: TokenEvent) -> bytes:

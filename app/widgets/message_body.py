@@ -19,7 +19,7 @@ from PySide6.QtCore import QPoint, QPointF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QTextEdit, QToolTip, QWidget
 
-from app.widgets.fmt import completed_character, token_label, token_tooltip
+from app.widgets.fmt import completed_character, finished_characters, token_label, token_tooltip
 from app.widgets.heat import confidence, heat_color
 
 EOS_MARK = "⟨eos⟩"
@@ -65,6 +65,7 @@ class MessageBody(QTextBrowser):
         self._selected: int | None = None
         self._hovered: int | None = None
         self._text = ""  # everything shown in plain/markdown mode
+        self._byte_run = b""  # bytes of the partial-character tokens since the last whole character
         self._md_interval_ms = MD_MIN_INTERVAL_MS
         self._md_stale = False  # text appended plainly since the last Markdown render
         self._md_timer = QTimer(self)
@@ -101,6 +102,7 @@ class MessageBody(QTextBrowser):
         self.setExtraSelections([])  # a token highlight from the token view
         self.mode = mode
         self._tokens, self._starts, self._text = [], [], ""
+        self._byte_run = b""
         self._hovered = None
 
     # -- streaming -------------------------------------------------------------------------
@@ -152,7 +154,7 @@ class MessageBody(QTextBrowser):
         cursor.beginEditBlock()
         for ev in tokens:
             self._starts.append(cursor.position())
-            cursor.insertText(display_text(ev), self._token_format(ev))
+            cursor.insertText(display_text(ev) + self._characters_finished_by(ev), self._token_format(ev))
         cursor.endEditBlock()
         first = len(self._tokens)
         self._tokens.extend(tokens)
@@ -160,6 +162,18 @@ class MessageBody(QTextBrowser):
         # end of the document and the highlight's cursor grew with the text appended after it.
         if self._selected is not None and first - 1 <= self._selected < len(self._tokens):
             self._update_highlight()
+
+    def _characters_finished_by(self, ev: TokenEvent) -> str:
+        """After the bytes of the token that completes a character, the character itself: <98><80>😀."""
+        if ev.token_bytes is None:
+            self._byte_run = b""
+            return ""
+        self._byte_run += ev.token_bytes
+        done = finished_characters(self._byte_run)
+        if done is None:
+            return ""
+        self._byte_run = b""
+        return done
 
     def _token_format(self, ev: TokenEvent) -> QTextCharFormat:
         fmt = QTextCharFormat()

@@ -78,7 +78,9 @@ def test_token_view_and_inspector_show_bytes_not_replacement_characters(qtbot, w
     body = window.chat.chat_view.widget_for(answer.id).body
     assert body.mode == "tokens"
     shown = body.toPlainText()
-    assert shown == "<F0><9F><98><80> hi" and "\ufffd" not in shown
+    assert shown == "<F0><9F><98><80>😀 hi" and "\ufffd" not in shown  # bytes, then the character they make
+    utf16 = lambda text: len(text.encode("utf-16-le")) // 2  # noqa: E731 - document positions count UTF-16 units
+    assert body.token_span(2) == (utf16("<F0><9F><98>"), utf16("<F0><9F><98><80>😀"))  # the character is token 2's
 
     window.selection.set(answer.id, 1)
     header = window.inspector.token_label.text()
