@@ -166,8 +166,9 @@ def check_device(args: argparse.Namespace, backend: str | None) -> None:
         return
     args.device = check_device_name(args.device)
     if backend not in (None, "torch"):
-        raise UsageError(f"--device chooses the torch backend's device; this model runs on {backend} "
-                         f"(pass --backend torch to choose a device)")
+        how = ('its GPU share is set with --offload, e.g. "weights=100,0"; or pass --backend torch'
+               if backend == "llamacpp" else "pass --backend torch to choose a device")
+        raise UsageError(f"--device chooses the torch backend's device; this model runs on {backend} ({how})")
     if args.device != "cpu" and backend == "torch":
         import torch  # the torch backend imports it next anyway
 
