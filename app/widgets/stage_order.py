@@ -60,6 +60,8 @@ class StageOrderList(QWidget):
             item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsDropEnabled)
             item.setCheckState(Qt.CheckState.Checked if name in order else Qt.CheckState.Unchecked)
             self.list.addItem(item)
+        # Exactly as tall as its rows (known only once there are items): no blank band, no inner scrolling.
+        self.list.setFixedHeight(self.list.sizeHintForRow(0) * self.list.count() + 2 * self.list.frameWidth() + 4)
         self._building = False
 
     def order(self) -> tuple[str, ...]:

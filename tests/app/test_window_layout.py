@@ -59,6 +59,10 @@ def test_sampling_panel_fits_its_dock(qtbot, window, size):
     for row in [*panel.rows.values(), panel.max_tokens]:
         assert row.spin.width() >= row.spin.sizeHint().width(), row.spec.label
         assert row.slider.width() >= 40, f"{row.spec.label}: slider squeezed to {row.slider.width()} px"
+    # The stage list shows all its stages without scrolling inside it, and no blank band under them.
+    stages = panel.stage_order.list
+    last = stages.visualItemRect(stages.item(stages.count() - 1))
+    assert 0 < stages.viewport().height() - last.bottom() <= last.height()
     # The last controls can be reached by scrolling down (vertically only).
     bar = panel.verticalScrollBar()
     bar.setValue(bar.maximum())
