@@ -23,6 +23,7 @@ def load_model(
     progress: ProgressCallback | None = None,
     trust_remote_code: bool = False,
     offload=None,
+    n_ctx: int | None = None,
 ) -> Backend:
     """Load a model for generation on the calling thread.
 
@@ -37,6 +38,9 @@ def load_model(
         trust_remote_code: allow model code from the model folder (off unless asked).
         offload: torch only: an `engine.offload.OffloadPolicy`, its CLI form
             "weights=GPU%,CPU% cache=GPU%", or "auto"; None keeps every weight resident.
+            llamacpp: the weights' GPU share becomes a share of the layers on the GPU.
+        n_ctx: llamacpp only: the context to allocate (None: the file's, lowered only when its KV
+            cache would not fit comfortably in free memory).
 
     Raises:
         ModelNotFoundError, ModelLoadError, HubUnreachableError: with a message for the user.
@@ -57,7 +61,9 @@ def load_model(
         if progress:
             progress(f"loading {source.name} (llamacpp)", None)
         assert source.path is not None
-        return LlamaCppBackend(source.path, spec=source.spec, display_name=source.name, offload=offload)
+        return LlamaCppBackend(
+            source.path, spec=source.spec, display_name=source.name, offload=offload, n_ctx=n_ctx
+        )
     folder = materialize(source, progress)
     refuse_unless_trusted(folder, trust_remote_code)  # in our words, before transformers asks in its own
     if progress:

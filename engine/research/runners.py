@@ -229,6 +229,10 @@ class MlxRunner:
 
 def runner_for(backend: Any) -> TorchRunner | MlxRunner:
     """The runner for a loaded TorchBackend or MlxBackend."""
+    if backend.name == "llamacpp":  # several sequences per llama_batch: see llamacpp_runner.py
+        from engine.research.llamacpp_runner import LlamaCppRunner
+
+        return LlamaCppRunner(backend)
     pad = getattr(backend.tokenizer.hf, "pad_token_id", None) or 0
     if backend.name == "torch":
         return TorchRunner(backend.model, pad)

@@ -120,7 +120,8 @@ class LlamaCppBackend:
             if not self.ctx:
                 why = native.take_recent_errors() or "out of memory?"
                 raise ModelLoadError(f"llama.cpp could not create a context of {self.n_ctx} tokens: {why}")
-            self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))  # llama.cpp may round it up
+            # llama.cpp rounds the cache up (to 256 cells); the limit we enforce stays the one chosen.
+            self.n_ctx = min(self.n_ctx, int(llama_cpp.llama_n_ctx(self.ctx)))
             self._memory = llama_cpp.llama_get_memory(self.ctx)
             self._batch = native.Batch(n_batch)
             self.n_batch = n_batch

@@ -1,0 +1,34 @@
+"""Fixtures for the llama.cpp tests: a tiny random-weight GGUF and the default model on llama.cpp."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """A 2-layer random-weight Llama written as GGUF by `gguf` (byte-level vocabulary): see tests/tiny_gguf.py."""
+    from tiny_gguf import write_tiny_llama_gguf
+
+    return write_tiny_llama_gguf(tmp_path_factory.mktemp("tiny-gguf") / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="session")
+def default_llamacpp():
+    """The default model (Q4_1 GGUF) on llama.cpp, shared by the session; tests start with `trim_cache(0)`."""
+    pytest.importorskip("llama_cpp")
+    from engine.backends.llamacpp import LlamaCppBackend
+    from engine.loading import resolve_spec
+
+    source = resolve_spec(None)
+    backend = LlamaCppBackend(source.path, spec="default", display_name=source.name)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def fresh_default_llamacpp(default_llamacpp):
+    default_llamacpp.trim_cache(0)
+    return default_llamacpp
