@@ -8,6 +8,7 @@ from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QMessageBox
 
 from app import __version__
+from app.experiment_actions import export_trace, open_compare, open_replay, open_score
 from app.logs import show_log_file
 from app.widgets.model_picker import recent_models
 
@@ -50,6 +51,8 @@ def build_menus(w: "MainWindow") -> dict[str, QAction]:
     file.addSeparator()
     file.addAction(act("export_md", "Export as &Markdown…", lambda: w.export("markdown"), "Ctrl+E"))
     file.addAction(act("export_json", "Export as &JSON (with token records)…", lambda: w.export("json"), "Ctrl+Shift+E"))
+    file.addAction(act("export_trace", "Export &trace (JSONL)…", lambda: export_trace(w),
+                       tip="The selected answer as JSON lines: header, then every token with its alternatives and stages"))
     file.addSeparator()
     file.addAction(act("quit", "&Quit", w.close, QKeySequence.StandardKey.Quit))
 
@@ -61,6 +64,15 @@ def build_menus(w: "MainWindow") -> dict[str, QAction]:
     chat.addSeparator()
     chat.addAction(act("search", "Search c&onversations", _focus_search(w), QKeySequence.StandardKey.Find))
     chat.addAction(act("rename", "Re&name conversation", w.sidebar.begin_rename, "F2"))
+    chat.addSeparator()
+    chat.addAction(act("compare", "Co&mpare settings…", lambda: open_compare(w),
+                       tip="One prompt under 2-4 sampler settings with the same seed, tokens side by side"))
+    chat.addAction(act("replay", "Re&play answer", lambda: open_replay(w, False),
+                       tip="Generate the selected answer again with its seed and settings"))
+    chat.addAction(act("replay_with", "Replay answer &with…", lambda: open_replay(w, True),
+                       tip="Change one setting, keep the seed, and see which tokens change"))
+    chat.addAction(act("score", "Score &text…", lambda: open_score(w),
+                       tip="How surprising any text is to the model, token by token"))
 
     model = bar.addMenu("&Model")
     model.addAction(act("open_model", "&Open model…", w.open_model_dialog, QKeySequence.StandardKey.Open))

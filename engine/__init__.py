@@ -20,6 +20,7 @@ from engine.errors import (
     RemoteCodeRefusedError,
 )
 from engine.events import Done, GenerationStats, StageSnapshot, TokenEvent, TokenProb
+from engine import experiments  # score, compare, token diff, JSONL traces (engine.experiments)
 from engine.load import load_model
 from engine.loading.remote_code import custom_code_files
 from engine.loading.default_model import DefaultModelMissingError, download_default_model, models_dir
@@ -48,6 +49,7 @@ __all__ = [
     "TokenEvent",
     "TokenProb",
     "download_default_model",
+    "experiments",
     "custom_code_files",
     "load_model",
     "models_dir",

@@ -12,7 +12,7 @@ run per column). Each run is::
     {"type": "end", ...}   (generation stats, or the score summary)
 
 Generation token lines also carry `sampler_logprob`, `top_sampler`, `forced`,
-`special` and `stages` (`[{"stage", "survivors", "mass_kept", "entropy", "top"}]`
+`special` and `stages` (`[{"stage", "survivors", "mass_kept", "entropy", "top", "note"}]`
 when recorded). Score token lines carry `surprisal_bits`. Log-probs that are
 -inf (a forced token the sampler had cut) are written as null.
 """
@@ -105,7 +105,7 @@ def token_line(ev: TokenEvent) -> dict[str, Any]:
     if ev.stages is not None:
         d["stages"] = [
             {"stage": s.stage, "survivors": s.survivors, "mass_kept": s.mass_kept, "entropy": s.entropy,
-             "top": _probs_out(s.top)}
+             "top": _probs_out(s.top), "note": s.note}
             for s in ev.stages
         ]
     return d
@@ -116,7 +116,8 @@ def event_from_line(d: dict[str, Any]) -> TokenEvent:
     stages = None
     if d.get("stages") is not None:
         stages = tuple(
-            StageSnapshot(s["stage"], int(s["survivors"]), float(s["mass_kept"]), float(s["entropy"]), _probs_in(s["top"]))
+            StageSnapshot(s["stage"], int(s["survivors"]), float(s["mass_kept"]), float(s["entropy"]),
+                          _probs_in(s["top"]), str(s.get("note", "")))
             for s in d["stages"]
         )
     return TokenEvent(

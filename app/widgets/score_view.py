@@ -1,0 +1,155 @@
+"""Score text: how surprising any text is to the loaded model, token by token.
+
+Paste text, open a file or pick one of the conversation's user messages; the
+model reads it teacher-forced (engine.experiments.score) and every token is
+coloured by its surprisal. The summary gives the perplexity; clicking a token
+shows the model's alternatives at that position and the rank of the actual token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+
+from engine import experiments
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+
+from app.engine_host import EngineHost, describe_error
+from app.state.conversation import Conversation
+from app.theme import is_dark
+from app.widgets.compare_view import TokenDetail
+from app.widgets.heat import HeatLegend
+from app.widgets.message_body import MessageBody
+
+log = logging.getLogger(__name__)
+
+MAX_FILE_BYTES = 2 << 20  # a text longer than this would take minutes to score token by token anyway
+TOP_N = 10
+
+
+class ScoreView(QWidget):
+    def __init__(self, host: EngineHost, conv: Conversation | None = None, parent: QWidget | None = None):
+        super().__init__(parent, Qt.WindowType.Window)
+        self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.setWindowTitle("Score text")
+        self.setAccessibleName("Score text")
+        self._host = host
+        self._task: asyncio.Task | None = None
+        self._cancel = threading.Event()
+        self.result: experiments.ScoreResult | None = None
+
+        self.text = QPlainTextEdit()
+        self.text.setAccessibleName("Text to score")
+        self.text.setPlaceholderText("Paste any text: how surprising is each token to the model?")
+        self.open_button = QPushButton("Open file…")
+        self.open_button.clicked.connect(lambda: self.open_file())
+        self.messages = QComboBox()
+        self.messages.setAccessibleName("User messages")
+        self.messages.addItem("From the chat…", None)
+        for m in (conv.path() if conv else []):
+            if m.role == "user":
+                self.messages.addItem(" ".join(m.content.split())[:60], m.content)
+        self.messages.setEnabled(self.messages.count() > 1)
+        self.messages.activated.connect(self._on_message_picked)
+        self.score_button = QPushButton("Score")
+        self.score_button.setDefault(True)
+        self.score_button.clicked.connect(lambda: self.run())
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self._cancel.set)
+        bar = QHBoxLayout()
+        for w in (self.open_button, self.messages, self.score_button, self.stop_button):
+            bar.addWidget(w)
+        bar.addStretch(1)
+        bar.addWidget(HeatLegend("surprisal"))
+
+        self.summary = QLabel("Each token is read given everything before it (one model step per token).")
+        self.summary.setWordWrap(True)
+        self.summary.setAccessibleName("Score summary")
+        self.body = MessageBody(self)
+        self.body.setAccessibleName("Scored tokens")
+        self.body.token_clicked.connect(self.select)
+        self.detail = TokenDetail()
+        self.detail.setTabVisible(1, False)  # no sampler ran: no stages
+
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.text, 1)
+        lay.addLayout(bar)
+        lay.addWidget(self.summary)
+        lay.addWidget(self.body, 2)
+        lay.addWidget(self.detail, 2)
+        self.resize(900, 760)
+
+    def _on_message_picked(self, index: int) -> None:
+        content = self.messages.itemData(index)
+        if content:
+            self.text.setPlainText(content)
+
+    def open_file(self, path: str | Path | None = None) -> bool:
+        if path is None:
+            chosen, _ = QFileDialog.getOpenFileName(self, "Open a text file to score")
+            if not chosen:
+                return False
+            path = chosen
+        p = Path(path)
+        try:
+            if p.stat().st_size > MAX_FILE_BYTES:
+                raise ValueError(f"{p.name} is larger than {MAX_FILE_BYTES >> 20} MiB")
+            self.text.setPlainText(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            text = f"{p.name} is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else str(e)
+            self.summary.setText(f"Could not open the file: {text}")
+            return False
+        return True
+
+    def run(self) -> asyncio.Task | None:
+        if self._task is not None and not self._task.done():
+            return self._task
+        text = self.text.toPlainText()
+        if not text.strip():
+            self.summary.setText("Write or open a text to score first.")
+            return None
+        self._task = asyncio.ensure_future(self._run(text))
+        return self._task
+
+    async def _run(self, text: str) -> None:
+        self._cancel.clear()
+        self.score_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
+        self.summary.setText("Scoring…")
+        try:
+            engine = await self._host.wait_engine()
+            cancelled = self._cancel.is_set
+            # On the model's worker thread: the backend is only ever used from there.
+            future = engine.call(lambda backend: experiments.score(backend, text, top_n=TOP_N, cancelled=cancelled))
+            self.show_result(await asyncio.wrap_future(future))
+        except Exception as e:  # noqa: BLE001 - shown in the window
+            log.warning("scoring failed: %s", e, exc_info=not isinstance(e, ValueError))
+            self.summary.setText(f"Scoring failed: {describe_error(e)}")
+        finally:
+            self.score_button.setEnabled(True)
+            self.stop_button.setEnabled(False)
+
+    def show_result(self, result: experiments.ScoreResult) -> None:
+        self.result = result
+        self.body.show_tokens(result.events(), "surprisal", is_dark(self.palette()))
+        partial = " (stopped early)" if len(result.tokens) < len(result.token_ids) - result.context else ""
+        self.summary.setText(
+            f"{len(result.tokens)} tokens scored{partial} · perplexity <b>{result.perplexity:.2f}</b> · "
+            f"mean surprisal {result.mean_surprisal_bits:.2f} bits/token · total {-result.total_logprob:.1f} nats. "
+            "Click a token for the model's alternatives there."
+        )
+
+    def select(self, index: int) -> None:
+        if self.result is None or not 0 <= index < len(self.result.tokens):
+            return
+        self.body.set_selected(index)
+        ev = self.result.tokens[index].as_event(index)
+        self.detail.show_token(ev, f"token {index + 1}:")
+
+    def closeEvent(self, event) -> None:
+        self._cancel.set()
+        super().closeEvent(event)

@@ -1,0 +1,129 @@
+"""Compare settings, replay (with a change) and trace export, on the real window with the mock model."""
+
+from __future__ import annotations
+
+from PySide6.QtGui import QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import QWidget
+
+from engine.experiments import first_divergence, read_trace
+
+from app.experiment_actions import export_trace, open_compare, open_replay
+from qt_helpers import run_task, send
+
+
+def _underline_at(body, index: int) -> QTextCharFormat.UnderlineStyle:
+    start, _ = body.token_span(index)
+    cursor = QTextCursor(body.document())
+    cursor.setPosition(start + 1)
+    return cursor.charFormat().underlineStyle()
+
+
+WAVE = QTextCharFormat.UnderlineStyle.WaveUnderline
+
+
+def test_compare_columns_align_mark_the_divergence_and_go_into_the_chat(qtbot, window):
+    user_answer = send(qtbot, window, "the cat")
+    conv = window.library.current
+    user = conv.messages[user_answer.parent_id]
+    view = open_compare(window)
+    qtbot.addWidget(view)
+    assert len(view.columns) == 2 and "Continues the open conversation" in view.prompt_note.text()
+    view.seed.setValue(5)
+    view.max_tokens.setValue(16)
+
+    # Two columns with the same settings and seed: identical tokens, no divergence, the prompt computed once.
+    run_task(qtbot, view.run())
+    a, b = view.columns
+    assert a.token_ids and a.token_ids == b.token_ids
+    assert view.divergence is None and "identical" in view.status.text()
+    assert a.stats.prefilled_tokens == a.stats.prompt_tokens - a.stats.reused_tokens
+    assert b.stats.prefilled_tokens == 1  # only the last prompt token, for the first draw's logits
+
+    # Duplicate a column, make it hot and unfiltered: it parts from the others somewhere, and that is marked.
+    a.duplicate_button.click()
+    assert len(view.columns) == 3
+    c = view.columns[2]
+    assert c.editor.settings() == a.editor.settings()
+    for name, value in (("temperature", 2.5), ("top_k", 0), ("top_p", 1.0), ("min_p", 0.0)):
+        c.editor.set_value(name, value)
+    run_task(qtbot, view.run())
+    ids = [col.token_ids for col in view.columns]
+    assert ids[0] == ids[1] != ids[2]
+    d = view.divergence
+    assert d is not None and d == first_divergence(ids)
+    for col in view.columns:
+        assert _underline_at(col.body, d) == WAVE
+        if d > 0:
+            assert _underline_at(col.body, d - 1) != WAVE
+    assert f"token {d + 1}" in view.status.text()
+    assert len(view.summaries) == 3 and view.summaries[2].length == len(ids[2])
+    assert f"{view.summaries[2].length} tokens" in c.stats_label.text()
+
+    # Clicking a token shows its alternatives and stages below.
+    c.token_clicked.emit(c, d)
+    assert view.detail.table.topLevelItemCount() > 0 and "rank" in view.detail.label.text()
+
+    # Up to 4 columns; the fourth disables adding more.
+    view.add_column()
+    assert len(view.columns) == 4 and not view.add_button.isEnabled() and view.add_column() is None
+
+    # Take the hot column into the chat: a new answer to the same question, shown, the old one kept.
+    answer = view.take_into_chat(c)
+    assert answer.parent_id == user.id and conv.path()[-1] is answer
+    assert [t.token_id for t in conv.tokens(answer)] == ids[2]
+    assert answer.content == "".join(e.text for e in c.events)
+    assert answer.request["sampler"]["temperature"] == 2.5 and answer.stats["seed"] == 5
+    assert len(conv.siblings(answer)) == 2
+    assert window.chat.chat_view.widget_for(answer.id) is not None
+    view.close()
+
+
+def test_replay_is_identical_and_replay_with_a_change_shows_the_token_diff(qtbot, window, tmp_path):
+    window.settings.update_sampler(seed=3, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
+    answer = send(qtbot, window, "the dog")
+    conv = window.library.current
+    original = [t.token_id for t in conv.tokens(answer)]
+
+    same = open_replay(window, with_change=False)
+    qtbot.addWidget(same)
+    qtbot.waitUntil(lambda: same.diff is not None, timeout=15000)
+    assert same.replay.token_ids == original and same.diff.identical
+    assert "Identical" in same.summary.text()
+    same.close()
+
+    changed = open_replay(window, with_change=True)
+    qtbot.addWidget(changed)
+    changed.field.setCurrentText("top_k")
+    changed.value.setText("1")
+    run_task(qtbot, changed.run())
+    d = changed.diff
+    assert changed.replay_settings().top_k == 1 and changed.replay_settings().seed == 3
+    assert d is not None and not d.identical
+    i = d.first_divergence
+    assert changed.original.token_ids[:i] == changed.replay.token_ids[:i]
+    assert _underline_at(changed.original.body, i) == WAVE and _underline_at(changed.replay.body, i) == WAVE
+    assert f"token {i + 1}" in changed.summary.text() and "top_k 0 → 1" in changed.summary.text()
+
+    changed.value.setText("lots")
+    assert changed.run() is None and "whole number" in changed.summary.text()
+
+    kept = changed.keep()
+    assert kept.parent_id == answer.parent_id and [t.token_id for t in conv.tokens(kept)] == changed.replay.token_ids
+    changed.close()
+
+    # File ▸ Export trace: the selected answer (the kept replay is now the last one) as JSONL.
+    out = export_trace(window, tmp_path / "trace.jsonl")
+    (run,) = read_trace(out)
+    assert run.header["seed"] == 3 and run.header["settings"]["top_k"] == 1 and run.header["prompt_ids"]
+    assert [e.token_id for e in run.events()] == [t.token_id for t in conv.tokens(kept)]
+    assert len(out.read_text(encoding="utf-8").splitlines()) == len(conv.tokens(kept)) + 2
+
+
+def test_menus_open_the_experiments(qtbot, window):
+    assert window.actions_["replay"].text() and window.actions_["export_trace"].text()
+    window.actions_["replay"].trigger()  # nothing answered yet: a message, no window
+    assert "no answer" in window.status.currentMessage()
+    window.actions_["compare"].trigger()
+    window.actions_["score"].trigger()
+    titles = {w.windowTitle() for w in window.findChildren(QWidget) if w.isWindow() and w.isVisible()}
+    assert {"Compare settings", "Score text"} <= titles
