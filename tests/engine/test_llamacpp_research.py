@@ -1,0 +1,99 @@
+"""`LanguageModel` on llama.cpp: trie logprobs, batched rows, generate, sample and beams, against the backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from engine.backends.llamacpp import LlamaCppBackend  # noqa: E402
+from engine.research.lm import LanguageModel  # noqa: E402
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64) - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_gguf):
+    model = LanguageModel(LlamaCppBackend(tiny_gguf, spec="tiny", display_name="tiny"))
+    yield model
+    model.close()
+
+
+def backend_logprobs(lm: LanguageModel, ids) -> np.ndarray:
+    lm.backend.trim_cache(0)
+    return log_softmax(lm.backend.forward(list(ids)))
+
+
+def backend_greedy(lm: LanguageModel, ids, n: int) -> list[int]:
+    lm.backend.trim_cache(0)
+    logits, out = lm.backend.forward(list(ids)), []
+    for _ in range(n):
+        out.append(int(logits.argmax()))
+        logits = lm.backend.forward([out[-1]])
+    return out
+
+
+def test_next_token_logprobs_batch_in_one_call_and_equal_the_backends(lm):
+    lm.clear_cache()
+    prefix = lm.tokenizer.encode("a shared prefix of a dozen tokens or so, ")
+    rows = [prefix + lm.tokenizer.encode(s, add_special_tokens=False) for s in ("cat", "dog", "🐉")]
+    calls = lm.forward_calls
+    got = lm.batch_next_token_logprobs_sync(rows)
+    assert lm.forward_calls - calls <= 2  # the shared prefix once, then all three rows in one llama_batch
+    for row, lp in zip(rows, got):
+        np.testing.assert_allclose(lp, backend_logprobs(lm, row), atol=1e-4)
+    calls = lm.forward_calls
+    again = lm.next_token_logprobs_sync(rows[1])  # cached in the trie
+    assert lm.forward_calls == calls and np.array_equal(again, got[1])
+    longer = rows[1] + [104, 105]  # extends a cached prefix state: restored, only 2 tokens run
+    evaluated = lm.runner.tokens_evaluated
+    np.testing.assert_allclose(lm.next_token_logprobs_sync(longer), backend_logprobs(lm, longer), atol=1e-4)
+    assert lm.runner.tokens_evaluated - evaluated == 2
+
+
+def test_batch_generate_rows_equal_each_prompt_alone(lm):
+    prompts = [lm.tokenizer.encode(s) for s in ("Once upon", "The capital of France is", "x")]
+    out = lm.generate(prompts, max_new_tokens=12)
+    width = max(len(p) for p in prompts)
+    for row, prompt in zip(out, prompts):
+        assert row[width - len(prompt) : width].tolist() == prompt
+        assert row[width:].tolist() == backend_greedy(lm, prompt, 12)
+
+
+def test_seeded_sampling_is_reproducible_and_scores_its_tokens(lm):
+    prompt = lm.tokenizer.encode("Once upon a time")
+    first = lm.sample(prompt, 10, seed=7)
+    assert lm.sample(prompt, 10, seed=7) == first
+    tokens, total = first
+    expected = sum(backend_logprobs(lm, prompt + tokens[:i])[t] for i, t in enumerate(tokens))
+    assert total == pytest.approx(expected, abs=1e-3)
+
+
+def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy(lm):
+    prompt = lm.tokenizer.encode("The capital of France is")
+    n = 6
+    [best] = lm.beam_search(prompt, num_beams=4, max_new_tokens=n, length_penalty=0.0)
+    greedy = backend_greedy(lm, prompt, n)
+
+    def score(gen):
+        return sum(backend_logprobs(lm, prompt + list(gen[:i]))[t] for i, t in enumerate(gen))
+
+    assert len(best.generated) == n
+    assert best.score == pytest.approx(score(best.generated), abs=1e-3)
+    assert best.score >= score(greedy) - 1e-4
+    [one] = lm.beam_search(prompt, num_beams=1, max_new_tokens=n, length_penalty=0.0)
+    assert list(one.generated) == greedy
+
+
+def test_the_default_model_loads_for_research_on_llamacpp():
+    model = LanguageModel.load(None)
+    try:
+        assert model.backend.name == "llamacpp"
+        out = model.generate([model.tokenizer.encode("The capital of France is")], max_new_tokens=3)
+        assert "Paris" in model.tokenizer.decode(out[0].tolist())
+    finally:
+        model.close()
