@@ -9,6 +9,7 @@ Usable without the app::
             ...
 """
 
+from engine.backends.select import BACKENDS
 from engine.chat import ChatSession
 from engine.engine import Engine
 from engine.errors import (
@@ -29,6 +30,7 @@ from engine.request import GenerationRequest
 from engine.sampling.settings import DEFAULT_ORDER, STAGE_NAMES, SamplerSettings
 
 __all__ = [
+    "BACKENDS",
     "ChatSession",
     "ContextLengthError",
     "DEFAULT_ORDER",

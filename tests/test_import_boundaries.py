@@ -36,7 +36,7 @@ def test_importing_the_engine_api_loads_no_ml_framework():
     """The app imports `engine`; that alone must not drag torch/mlx/transformers in (start-up time, boundary)."""
     code = (
         "import sys, engine, engine.research; "
-        "print(sorted(m for m in ('torch', 'mlx', 'transformers') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'mlx', 'transformers', 'llama_cpp') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"

@@ -19,14 +19,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import custom_code_files
+from engine import BACKENDS as ENGINE_BACKENDS, custom_code_files
 
 from app.state.store import Store
 
 RECENT_KEY = "recent_models"
 MAX_RECENT = 10
 DEFAULT_SPEC = "default"
-BACKENDS = ("auto", "torch", "mlx")
+BACKENDS = tuple(b for b in ENGINE_BACKENDS if b != "mock")  # mock is for tests
 
 
 def recent_models(store: Store) -> list[dict[str, str]]:
@@ -94,7 +94,10 @@ class ModelPicker(QDialog):
         self.backend_box.setAccessibleName("Backend")
         self.backend_box.addItems(BACKENDS)
         self.backend_box.setCurrentText(current_backend if current_backend in BACKENDS else "auto")
-        self.backend_box.setToolTip("auto: MLX on Apple Silicon, torch elsewhere (CUDA when present)")
+        self.backend_box.setToolTip(
+            "auto: a .gguf file on llama.cpp when installed, a server URL on remote; "
+            "otherwise MLX on Apple Silicon, torch elsewhere (CUDA when present)"
+        )
 
         pick = QHBoxLayout()
         pick.addWidget(self.spec_box, 1)
@@ -104,7 +107,8 @@ class ModelPicker(QDialog):
         form.addRow("Model", pick)
         form.addRow("Backend", self.backend_box)
         hint = QLabel(
-            "“default” is SmolLM2-135M-Instruct. A .gguf file is converted once into the cache folder; "
+            "“default” is SmolLM2-135M-Instruct. A .gguf file runs quantized on llama.cpp (other backends "
+            "convert it once into the cache folder); "
             "a hub id is downloaded into the Hugging Face cache. The current model stays loaded until "
             "the new one is ready, and stays if loading fails."
         )

@@ -91,6 +91,8 @@ class StatusBar(QStatusBar):
     def _on_model_changed(self, info: ModelInfo) -> None:
         self.model_label.setText(f"{info.name} · {info.backend} · {info.device}")
         self.model_label.setToolTip("\n".join(info.summary_lines()))
+        if info.quantization:  # a GGUF file (llama.cpp): its quantization type and its size on disk
+            self.model_label.setText(f"{self.model_label.text()} · {info.quantization} · {human_bytes(info.file_bytes)}")
         if hasattr(self, "_context"):  # (the first call comes from __init__, before the counter exists)
             self._context.clear()
             self._update_context()

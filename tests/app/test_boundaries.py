@@ -11,7 +11,7 @@ from pathlib import Path
 import engine
 
 APP = Path(__file__).resolve().parents[2] / "app"
-FORBIDDEN = ("torch", "mlx", "mlx_lm", "transformers")
+FORBIDDEN = ("torch", "mlx", "mlx_lm", "transformers", "llama_cpp")
 
 
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
