@@ -27,6 +27,7 @@ from engine.loading.remote_code import custom_code_files
 from engine.loading.default_model import DefaultModelMissingError, download_default_model, models_dir
 from engine.model_info import ModelInfo
 from engine.request import GenerationRequest
+from engine.servers import list_server_models, remember_connection, server_sampler_fields, split_server_spec
 from engine.sampling.settings import DEFAULT_ORDER, STAGE_NAMES, SamplerSettings
 
 __all__ = [
@@ -53,6 +54,10 @@ __all__ = [
     "download_default_model",
     "experiments",
     "custom_code_files",
+    "list_server_models",
     "load_model",
     "models_dir",
+    "remember_connection",
+    "server_sampler_fields",
+    "split_server_spec",
 ]

@@ -66,6 +66,19 @@ class Engine:
         """The tokenizer (thread-safe for encode/decode)."""
         return self.wait_ready().tokenizer
 
+    @property
+    def round_trip_s(self) -> float | None:
+        """Remote models: seconds the server's last complete answer took (network and its work); else None.
+
+        Never waits: None while loading or after a failed load.
+        """
+        ready = self._worker.ready
+        if not ready.done() or ready.exception() is not None:
+            return None
+        from engine.servers import round_trip_s
+
+        return round_trip_s(ready.result())
+
     def call(self, fn: Callable[[Backend], T]) -> Future[T]:
         return self._worker.call(fn)
 

@@ -95,3 +95,13 @@ def isolated_cache(tmp_path, monkeypatch) -> Path:
     """Point the engine's model cache at a temp dir."""
     monkeypatch.setenv("LOGITLAB_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def llama_server_url():
+    """llama-cpp-python's OpenAI-compatible server on the default model, on 127.0.0.1, shared by the session
+    (engine and app tests alike); its base URL ends in /v1. See tests/remote_server.py."""
+    from remote_server import running_llama_server
+
+    with running_llama_server() as url:
+        yield url

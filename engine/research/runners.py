@@ -228,7 +228,11 @@ class MlxRunner:
 
 
 def runner_for(backend: Any) -> TorchRunner | MlxRunner:
-    """The runner for a loaded TorchBackend or MlxBackend."""
+    """The runner for a loaded TorchBackend or MlxBackend (or RemoteBackend: see remote_runner.py)."""
+    if backend.name == "remote":  # top-N log-probs from a server, -inf elsewhere
+        from engine.research.remote_runner import RemoteRunner
+
+        return RemoteRunner(backend)
     if backend.name == "llamacpp":  # several sequences per llama_batch: see llamacpp_runner.py
         from engine.research.llamacpp_runner import LlamaCppRunner
 

@@ -1,16 +1,11 @@
 """The remote backend against a real OpenAI-compatible server: llama-cpp-python's, on the default model.
 
-The server runs on 127.0.0.1 on a free port for this module and is killed at
-the end. Nothing here talks to any other address.
+The server (tests/remote_server.py, the session fixture `llama_server_url`) runs on
+127.0.0.1 on a free port and is killed at the end. Nothing here talks to any other address.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -23,45 +18,12 @@ from engine import GenerationRequest, SamplerSettings  # noqa: E402
 from engine.backends.remote import RemoteBackend, ServerUnreachableError, UnsupportedByServerError  # noqa: E402
 from engine.backends.remote.generate import remote_events  # noqa: E402
 from engine.events import Done, TokenEvent  # noqa: E402
-from engine.loading.default_model import default_model_path  # noqa: E402
-
-STARTUP_LIMIT_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from remote_server import free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def server_url():
-    port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path()), "--host", "127.0.0.1",
-           "--port", str(port), "--logits_all", "true", "--n_threads", "1", "--verbose", "false"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + STARTUP_LIMIT_S
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the llama.cpp server exited: {proc.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(url + "/models", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the llama.cpp server did not answer within {STARTUP_LIMIT_S} s")
-            time.sleep(0.2)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+def server_url(llama_server_url):
+    return llama_server_url
 
 
 @pytest.fixture(scope="module")

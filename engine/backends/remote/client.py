@@ -90,8 +90,10 @@ class ServerClient:
     def stream_events(self, path: str, body: dict) -> Iterator[dict]:
         """Server-sent events of a streamed completion, as dicts; closing the iterator closes the connection."""
         url = self.url(path)
+        t0 = time.perf_counter()
         try:
             with self._http.stream("POST", url, json=body) as response:
+                self.last_latency_s = time.perf_counter() - t0  # to the response headers: the stream's round trip
                 if response.status_code >= 400:
                     response.read()
                     self._raise_for_status(response)
