@@ -34,7 +34,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="a model folder, a .gguf file or a hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default=None, help="a model folder, a .gguf file, a hub id or a server URL http://host:port/v1[#model] (default: SmolLM2-135M-Instruct)")
     p.add_argument("--backend", default="auto", choices=USER_BACKENDS,
                    help="runtime (default: a URL -> remote, a .gguf -> llamacpp when installed, else MLX on Apple Silicon, else torch)")
     p.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:N, mps (default: CUDA when usable, else cpu)")
@@ -42,6 +42,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="run model code shipped in the model folder")
     p.add_argument("--offload", default=None, metavar="POLICY",
                    help='torch: stream weights, e.g. "weights=0,50 cache=100" (GPU%%,CPU%%; disk = rest) or "auto"')
+    p.add_argument("--n-ctx", type=int, default=None, metavar="TOKENS",
+                   help="llamacpp: the context to allocate (default: the file's, lowered if its KV cache would not fit in memory)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -64,6 +66,9 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system-file", default=None, metavar="PATH", help="read the system prompt from a UTF-8 file")
     p.add_argument("--show-probs", action="store_true", help="print every token with its probability and top alternatives")
     p.add_argument("--top-n", type=int, default=5, help="alternatives shown with --show-probs")
+    p.add_argument("--server-sampling", action="store_true",
+                   help="a model on a server (--model http://host:port/v1): let the server sample (streaming) "
+                        "instead of sampling here from its top-N log-probs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +125,7 @@ def _load(args: argparse.Namespace):
         progress=progress,
         trust_remote_code=args.trust_remote_code,
         offload=args.offload,
+        **({"n_ctx": args.n_ctx} if getattr(args, "n_ctx", None) is not None else {}),
     )
 
 
@@ -149,6 +155,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return cmd_beams(args)
     with _load(args) as engine:
         common = dict(sampler=sampler, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), top_n=args.top_n)
+        common["server_sampling"] = args.server_sampling  # remote models only (docs/remote.md)
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
             request = GenerationRequest(messages=tuple(messages), **common)
@@ -249,7 +256,8 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
                 else:
                     print(f"unknown command /{cmd}; /help lists them", file=sys.stderr)
                 continue
-            request = session.request(text, sampler=sampler, max_new_tokens=max_new, stop=tuple(args.stop), top_n=args.top_n)
+            request = session.request(text, sampler=sampler, max_new_tokens=max_new, stop=tuple(args.stop), top_n=args.top_n,
+                                      server_sampling=args.server_sampling)
             print("assistant> ", end="", flush=True)
             try:
                 done = stream_to(sys.stdout, engine, request, show_probs)

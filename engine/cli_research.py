@@ -35,6 +35,8 @@ def _load_lm(args: argparse.Namespace):
     options = dict(device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     if args.offload is not None:
         options["offload"] = args.offload
+    if getattr(args, "n_ctx", None) is not None:
+        options["n_ctx"] = args.n_ctx
     return LanguageModel.load(args.model, backend=args.backend, load_options=options)
 
 

@@ -243,3 +243,13 @@ def test_context_is_the_files_unless_asked_or_too_big_for_memory():
     n, why = choose_n_ctx(131_072, None, kv_bytes_per_token=131_072, free_bytes=8 << 30)  # 16 GiB at full length
     assert n == 16_384 and "lowered" in why
     assert choose_n_ctx(131_072, None, kv_bytes_per_token=1 << 20, free_bytes=1 << 30)[0] == MIN_AUTO_CTX
+
+
+def test_cli_runs_llamacpp_and_reports_a_prompt_over_n_ctx_in_one_line(capsys, tiny_gguf):
+    from engine import cli
+
+    base = ["generate", "--model", str(tiny_gguf), "--backend", "llamacpp", "--temperature", "0"]
+    assert cli.main([*base, "--prompt", "hello", "--max-new-tokens", "4"]) == 0
+    assert cli.main([*base, "--n-ctx", "16", "--prompt", "x" * 20, "--max-new-tokens", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error:") and "context length is 16" in err
