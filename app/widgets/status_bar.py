@@ -31,6 +31,8 @@ class StatusBar(QStatusBar):
         super().__init__(parent)
         self._host = host
         self._controller = controller
+        self._context = ContextCounter()  # the selected conversation's tokens in the model's context
+        self._context_conv = None
         self.progress_label = QLabel()
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(160)
@@ -63,8 +65,6 @@ class StatusBar(QStatusBar):
             self._on_model_changed(host.info)
         self._update_memory()
         # The context label follows the selected conversation, token by token while it streams.
-        self._context = ContextCounter()
-        self._context_conv = None
         controller.library.current_changed.connect(self._on_conversation_changed)
         self._on_conversation_changed(controller.library.current)
 
@@ -93,9 +93,8 @@ class StatusBar(QStatusBar):
         self.model_label.setToolTip("\n".join(info.summary_lines()))
         if info.quantization:  # a GGUF file (llama.cpp): its quantization type and its size on disk
             self.model_label.setText(f"{self.model_label.text()} · {info.quantization} · {human_bytes(info.file_bytes)}")
-        if hasattr(self, "_context"):  # (the first call comes from __init__, before the counter exists)
-            self._context.clear()
-            self._update_context()
+        self._context.clear()
+        self._update_context()
         self.showMessage(f"Loaded {info.name}", 4000)
 
     def _on_load_failed(self, spec: str | None, message: str) -> None:
