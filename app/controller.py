@@ -18,6 +18,7 @@ from engine import GenerationRequest, GenerationStats, TokenEvent
 from app.engine_host import EngineHost, describe_error
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
+from app.state.servers import server_samples
 from app.state.observable import Signal
 from app.state.settings import SettingsState
 from app.token_stream import TokenStream
@@ -184,6 +185,7 @@ class ChatController:
             options = self.settings.options
             history = conv.history(user)
             max_new = self._fit_to_context(engine, history, len(prefix), options.max_new_tokens)
+            by_server = server_samples(options.server_sampling, engine.info)  # remote models only
             request = GenerationRequest(
                 messages=tuple(history),
                 sampler=options.sampler,
@@ -193,11 +195,12 @@ class ChatController:
                 record_stages=True,
                 assistant_prefix=tuple(t.token_id for t in prefix),
                 forced_tokens=forced,
+                server_sampling=by_server,
             )
             info = engine.info
             conv.update_message(
                 message,
-                request={**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n},
+                request={**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n, "server_sampling": by_server},
                 model={k: getattr(info, k) for k in _MODEL_FIELDS},
                 finish_reason=None,
             )
@@ -242,7 +245,8 @@ class ChatController:
     def _fit_to_context(engine, history: list[dict[str, str]], prefix_len: int, wanted: int) -> int:
         """Clamp the answer length to what the context has left (the engine refuses overflowing requests)."""
         context = engine.info.context_length
-        if not context:
+        if not context or engine.info.backend == "remote":
+            # A remote tokenizer is HTTP: not on this (the UI) thread. The server refuses an overflow itself.
             return wanted
         prompt = len(engine.tokenizer.chat_ids(history, add_generation_prompt=True)) + prefix_len
         room = context - prompt

@@ -25,10 +25,12 @@ from app.menus import build_menus
 from app.state.conversation import Message
 from app.state.export import to_json, to_markdown
 from app.state.library import Library
+from app.state.servers import ApiKeys, prepare_connection, remember_server
 from app.state.settings import Selection, SettingsState, ViewOptions
 from app.state.store import Store
 from app.theme import Theme, app_icon
 from app.widgets.chat_pane import ChatPane
+from app.widgets.connect_dialog import ConnectChoice, ConnectDialog
 from app.widgets.inspector import Inspector
 from app.widgets.model_picker import ModelPicker, recent_models, remember_model, remote_code_confirmation
 from app.widgets.sampling_panel import SamplingPanel
@@ -53,6 +55,7 @@ class MainWindow(QMainWindow):
         self.theme = theme
         self.library = Library(store)
         self.settings = SettingsState(store)
+        self.api_keys = ApiKeys()  # server keys: the OS keyring when installed, else this session only
         self.view_options = ViewOptions(store)
         self.selection = Selection()
         self.controller = ChatController(self.library, self.settings, host)
@@ -122,6 +125,8 @@ class MainWindow(QMainWindow):
 
         `trust_remote_code` only after the user confirmed the model's code files by name.
         """
+        if backend == "remote" and spec:
+            prepare_connection(self.store, self.api_keys, spec)  # its key and timeout, never in the store
         action = self.actions_["open_model"]
         action.setEnabled(False)
         self._requested_backend = backend
@@ -150,8 +155,22 @@ class MainWindow(QMainWindow):
         if await asyncWrap(dialog.exec) == ModelPicker.DialogCode.Accepted and not self.host.loading:
             await self.load_model(dialog.spec, dialog.backend, trust_remote_code=dialog.trust_remote_code)
 
+    @asyncSlot()
+    async def open_connect_dialog(self) -> None:
+        dialog = ConnectDialog(self.store, self.api_keys, self.settings.options.server_sampling, self)
+        if await asyncWrap(dialog.exec) == ConnectDialog.DialogCode.Accepted and not self.host.loading:
+            await self.connect_server(dialog.choice())
+
+    def connect_server(self, choice: ConnectChoice) -> asyncio.Task:
+        """Keep the key (keyring or session) and the server (recent list, without the key); load its model."""
+        self.api_keys.set(choice.url, choice.api_key, remember=choice.remember_key)
+        remember_server(self.store, choice.url, choice.model, choice.timeout_s)
+        self.settings.set_server_sampling(choice.server_sampling)
+        return self.load_model(choice.spec, "remote")
+
     def _on_load_state(self, state) -> None:
         self.actions_["open_model"].setEnabled(not state.loading)
+        self.actions_["connect_server"].setEnabled(not state.loading)
 
     def _on_load_failed(self, spec: str | None, message: str) -> None:
         if spec is None and self.host.info is None and isinstance(self.host.last_error, DefaultModelMissingError):

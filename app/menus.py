@@ -76,6 +76,8 @@ def build_menus(w: "MainWindow") -> dict[str, QAction]:
 
     model = bar.addMenu("&Model")
     model.addAction(act("open_model", "&Open model…", w.open_model_dialog, QKeySequence.StandardKey.Open))
+    model.addAction(act("connect_server", "&Connect to server…", w.open_connect_dialog,
+                        tip="A model on an OpenAI-compatible server: vLLM, SGLang, llama.cpp, Ollama, LM Studio"))
     recent = model.addMenu("&Recent")
 
     def fill_recent() -> None:

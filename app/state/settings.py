@@ -41,6 +41,9 @@ class GenerationOptions:
     sampler: SamplerSettings = field(default_factory=lambda: BUILTIN_PRESETS[DEFAULT_PRESET])
     max_new_tokens: int = 512
     stop: tuple[str, ...] = ()
+    # Remote models only: the server samples (fast, streaming; no per-stage view, no branching) instead of
+    # our sampler on its top-N log-probs. Local models ignore it.
+    server_sampling: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -51,9 +54,12 @@ class GenerationOptions:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty text")
+        if not isinstance(self.server_sampling, bool):
+            raise ValueError(f"server sampling must be on or off, got {self.server_sampling!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.to_dict(), "max_new_tokens": self.max_new_tokens, "stop": list(self.stop)}
+        return {"sampler": self.sampler.to_dict(), "max_new_tokens": self.max_new_tokens, "stop": list(self.stop),
+                "server_sampling": self.server_sampling}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GenerationOptions":
@@ -61,6 +67,7 @@ class GenerationOptions:
             sampler=SamplerSettings.from_dict(d["sampler"]),
             max_new_tokens=int(d["max_new_tokens"]),
             stop=tuple(d.get("stop", ())),
+            server_sampling=bool(d.get("server_sampling", False)),  # absent in settings saved before remote models
         )
 
 
@@ -103,8 +110,12 @@ class SettingsState:
     def set_stop(self, stop: list[str] | tuple[str, ...]) -> None:
         self._set(replace(self.options, stop=tuple(stop)))
 
+    def set_server_sampling(self, on: bool) -> None:
+        self._set(replace(self.options, server_sampling=bool(on)))
+
     def reset(self) -> None:
-        self._set(GenerationOptions())
+        # Who samples is a choice about the server, not a sampler setting: Reset keeps it.
+        self._set(GenerationOptions(server_sampling=self.options.server_sampling))
 
     # -- presets ---------------------------------------------------------------------------
 

@@ -17,11 +17,25 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QTabWidget, QToo
 from app.controller import ChatController
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
+from app.state.servers import server_samples
 from app.state.settings import Selection
 from app.widgets.fmt import bits, completed_character, pct, visible
 from app.widgets.prob_table import ProbTable
 from app.widgets.stage_view import StageView
 from app.widgets.token_chart import TokenChart
+
+BRANCH_TIP = (
+    "Cut the answer before this token, use the selected alternative instead, and let the model go on "
+    "(double-click an alternative does the same); the original answer is kept"
+)
+SERVER_BRANCH_TIP = (
+    "Branching forces a token, which the server's own sampler cannot do: untick “The server samples” in the "
+    "Sampling panel (we sample from the server's top-N) to branch"
+)
+SERVER_STAGES_TIP = (
+    "The server sampled this answer: only its top-N log-probs are known, not what each of its sampler stages "
+    "did. Answers written with “The server samples” off have the per-stage view"
+)
 
 
 class Inspector(QWidget):
@@ -60,10 +74,7 @@ class Inspector(QWidget):
         self.table = ProbTable()
         self.branch_button = QPushButton("Branch from here")
         self.branch_button.setAccessibleName("Branch with the selected alternative")
-        self.branch_button.setToolTip(
-            "Cut the answer before this token, use the selected alternative instead, and let the model go on "
-            "(double-click an alternative does the same); the original answer is kept"
-        )
+        self.branch_button.setToolTip(BRANCH_TIP)
         self.branch_button.clicked.connect(self._on_branch_clicked)
         self.table.branch_requested.connect(self._request_branch)
         self.table.currentItemChanged.connect(lambda *_: self._update_branch_button())
@@ -91,6 +102,8 @@ class Inspector(QWidget):
         library.current_changed.connect(self._on_conversation_changed)
         selection.changed.connect(self._on_selection_changed)
         controller.busy_changed.connect(lambda _busy: self._update_branch_button())
+        controller.settings.changed.connect(self._on_sampling_mode_changed)
+        controller.host.model_changed.connect(self._on_sampling_mode_changed)
         self._on_conversation_changed(library.current)
 
     # -- what is shown ---------------------------------------------------------------------
@@ -125,6 +138,7 @@ class Inspector(QWidget):
         ev = self.selected_event()
         self.table.show_token(ev)
         self.stages.show_token(ev)
+        self._update_stage_tab()
         has = ev is not None
         self.prev_button.setEnabled(has)
         self.next_button.setEnabled(has)
@@ -157,7 +171,9 @@ class Inspector(QWidget):
         ev = self.selected_event()
         token_id = self.table.selected_token()
         ok = ev is not None and token_id is not None and not self._controller.busy
-        self.branch_button.setEnabled(ok)
+        server = self._server_samples()
+        self.branch_button.setEnabled(ok and not server)
+        self.branch_button.setToolTip(SERVER_BRANCH_TIP if server else BRANCH_TIP)
         if ev is not None and token_id is not None:
             alt = next(
                 (visible(p.text, p.token_bytes) for p in ev.top_model + ev.top_sampler if p.token_id == token_id),
@@ -167,6 +183,23 @@ class Inspector(QWidget):
             self.branch_button.setText(f"{verb} “{alt}”")
         else:
             self.branch_button.setText("Branch from here")
+
+    def _server_samples(self) -> bool:
+        """The next generation is sampled by a server (so no forced tokens, hence no branching)."""
+        return server_samples(self._controller.settings.options.server_sampling, self._controller.host.info)
+
+    def _update_stage_tab(self) -> None:
+        """The per-stage view is off for an answer the server sampled (with nothing selected: in that mode)."""
+        m = self._selected_message()
+        by_server = bool((m.request or {}).get("server_sampling")) if m is not None else self._server_samples()
+        self.tabs.setTabEnabled(1, not by_server)
+        self.tabs.setTabToolTip(1, SERVER_STAGES_TIP if by_server else "")
+        if by_server and self.tabs.currentIndex() == 1:
+            self.tabs.setCurrentIndex(0)
+
+    def _on_sampling_mode_changed(self, *_args) -> None:
+        self._update_stage_tab()
+        self._update_branch_button()
 
     # -- state handlers --------------------------------------------------------------------
 
@@ -239,5 +272,5 @@ class Inspector(QWidget):
 
     def _request_branch(self, token_id: int) -> None:
         m, i = self._selected_message(), self._selection.index
-        if m is not None and i is not None and not self._controller.busy:
+        if m is not None and i is not None and not self._controller.busy and not self._server_samples():
             self.branch_requested.emit(m, i, token_id)

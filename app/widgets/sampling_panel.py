@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 from app.controller import ChatController
 from app.state.settings import MAX_NEW_TOKENS_LIMIT, GenerationOptions, SettingsState
 from app.widgets.param_row import ParamRow, ParamSpec
+from app.widgets.sampling_mode import SamplingModeBox, show_limit
 from app.widgets.stage_order import StageOrderList
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ class SamplingPanel(QScrollArea):
         for b in (self.save_preset_button, self.delete_preset_button, self.reset_button):
             preset_buttons.addWidget(b)
         col.addLayout(preset_buttons)
+        self.mode_box = SamplingModeBox(settings, controller.host)  # remote models only: who samples
+        col.addWidget(self.mode_box)
 
         self.rows: dict[str, ParamRow] = {}
         for title, specs in (("Temperature and filters", FILTERS), ("Penalties", PENALTIES), ("XTC", XTC)):
@@ -182,6 +185,7 @@ class SamplingPanel(QScrollArea):
         settings.changed.connect(self._on_settings_changed)
         settings.presets_changed.connect(self._on_presets_changed)
         controller.finished.connect(self._on_generation_finished)
+        controller.host.model_changed.connect(self._on_model_changed)
         self._on_presets_changed()
         self._on_settings_changed(settings.options)
 
@@ -307,6 +311,8 @@ class SamplingPanel(QScrollArea):
         if self.stage_order.order() != s.order:
             self.stage_order.set_order(s.order)
         self._select_matching_preset()
+        self.mode_box.update_from(self._controller.host.info)
+        self._apply_server_limits()
 
     def _on_presets_changed(self) -> None:
         self.preset_box.blockSignals(True)
@@ -330,3 +336,21 @@ class SamplingPanel(QScrollArea):
 
     def _on_generation_finished(self, _message, stats) -> None:
         self.last_seed_button.setEnabled(stats is not None)
+        self._apply_server_limits()
+
+    def _on_model_changed(self, info) -> None:
+        self.mode_box.update_from(info)
+        self._apply_server_limits()
+
+    def _apply_server_limits(self) -> None:
+        """In server-samples mode, the controls the server has no parameter for are off, saying why."""
+        limits = self.mode_box.limits(self._controller.host.info)
+        for name, row in self.rows.items():
+            show_limit([row.label, row.spin, row.slider], limits.get(name), row.spec.tip)
+        show_limit([self.seed_edit], limits.get("seed"), "")
+        if "seed" not in limits:
+            self.seed_edit.setEnabled(self._settings.options.sampler.seed is not None)
+        show_limit([self.last_seed_button], limits.get("seed"), "Fix the seed of the last answer, to reproduce or vary it")
+        if "seed" not in limits:
+            self.last_seed_button.setEnabled(self._controller.last_stats is not None)
+        show_limit([self.stage_order], limits.get("order"), "")

@@ -8,6 +8,8 @@ stage removed it.
 
 from __future__ import annotations
 
+import html
+
 from engine import TokenEvent, TokenProb
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
@@ -70,6 +72,9 @@ class StageView(QWidget):
                 f"{order}. Each column is the distribution after that stage; its header: tokens left · "
                 "share of the incoming probability kept · entropy (nats)."
             )
+        notes = list(dict.fromkeys(s.note for s in stages if s.note))  # e.g. "top 20 from server", said once
+        if notes:
+            self.note.setText(f"{self.note.text()} <b>{'; '.join(html.escape(n) for n in notes).capitalize()}.</b>")
         columns = ["Token", "Model"] + [s.stage.replace("_", "-") for s in stages]
         self.table.setColumnCount(len(columns))
         headers = ["Token", f"model\nall\nH {ev.entropy:.2f}"]

@@ -40,6 +40,9 @@ class StatusBar(QStatusBar):
         self.progress.setAccessibleName("Model loading progress")
         self.model_label = QLabel("No model")
         self.model_label.setAccessibleName("Model")
+        self.server_label = QLabel()  # remote models: host and the last round trip
+        self.server_label.setAccessibleName("Server")
+        self.server_label.setVisible(False)
         self.speed_label = QLabel()
         self.speed_label.setAccessibleName("Speed of the last answer")
         self.context_label = QLabel()
@@ -48,7 +51,7 @@ class StatusBar(QStatusBar):
         self.memory_label.setAccessibleName("Memory")
         self.addWidget(self.progress_label)
         self.addWidget(self.progress)
-        for w in (self.model_label, self.speed_label, self.context_label, self.memory_label):
+        for w in (self.model_label, self.server_label, self.speed_label, self.context_label, self.memory_label):
             self.addPermanentWidget(w)
 
         host.state_changed.connect(self._on_load_state)
@@ -93,6 +96,7 @@ class StatusBar(QStatusBar):
         self.model_label.setToolTip("\n".join(info.summary_lines()))
         if info.quantization:  # a GGUF file (llama.cpp): its quantization type and its size on disk
             self.model_label.setText(f"{self.model_label.text()} · {info.quantization} · {human_bytes(info.file_bytes)}")
+        self._update_server()
         self._context.clear()
         self._update_context()
         self.showMessage(f"Loaded {info.name}", 4000)
@@ -116,6 +120,22 @@ class StatusBar(QStatusBar):
         )
         self._update_context()
         self._update_memory()
+        self._update_server()
+
+    def _update_server(self) -> None:
+        """Host, model and the last round trip of a remote model (the round trip changes with every request)."""
+        info, engine = self._host.info, self._host.engine
+        remote = info is not None and info.backend == "remote"
+        self.server_label.setVisible(remote)
+        if not remote:
+            return
+        rtt = engine.round_trip_s if engine is not None else None
+        latency = f"{rtt * 1000:.0f} ms" if rtt is not None else "— ms"
+        self.server_label.setText(f"round trip {latency}")  # the host is in the model label: name · remote · host
+        self.server_label.setToolTip(
+            f"{info.name} on {info.path}; {latency} for the last complete request (network and the server's work)\n"
+            + "server can: " + ", ".join(info.capabilities)
+        )
 
     def _on_conversation_changed(self, conv) -> None:
         old, self._context_conv = self._context_conv, conv
@@ -130,7 +150,9 @@ class StatusBar(QStatusBar):
     def _update_context(self, *_args) -> None:
         info = self._host.info
         engine = self._host.engine
-        used = self._context.used(self._context_conv, engine.tokenizer if engine is not None else None)
+        # A remote model's tokenizer is HTTP: never from this (the UI) thread; finished answers still count.
+        local = engine is not None and (info is None or info.backend != "remote")
+        used = self._context.used(self._context_conv, engine.tokenizer if local else None)
         total = f"{info.context_length:,}" if info and info.context_length else "?"
         self.context_label.setText(f"context {'—' if used is None else f'{used:,}'} / {total}")
         self.context_label.setToolTip(

@@ -1,0 +1,154 @@
+"""Servers the user connects to: recent ones (in the settings store, without keys), API keys, what a server can do.
+
+API keys go to the OS keyring when the `keyring` package imports; otherwise they
+are kept in this process's memory for the session only. A key is never written
+to the SQLite store or a log line: the recent-servers list holds URL, model and
+timeout only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from engine import ModelInfo, split_server_spec
+
+from app.state.store import Store
+
+log = logging.getLogger(__name__)
+
+RECENT_SERVERS_KEY = "recent_servers"
+MAX_RECENT_SERVERS = 10
+KEYRING_SERVICE = "logitlab"
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def recent_servers(store: Store) -> list[dict[str, Any]]:
+    """Most recent first: [{"url": base URL, "model": id, "timeout_s": seconds}]."""
+    rows = store.get_setting(RECENT_SERVERS_KEY, [])
+    return [r for r in rows if isinstance(r, dict) and isinstance(r.get("url"), str)]
+
+
+def remember_server(store: Store, url: str, model: str, timeout_s: float) -> None:
+    base, _ = split_server_spec(url)
+    rows = [r for r in recent_servers(store) if r["url"] != base]
+    row = {"url": base, "model": model, "timeout_s": float(timeout_s)}  # never the key
+    store.put_setting(RECENT_SERVERS_KEY, [row] + rows[: MAX_RECENT_SERVERS - 1])
+
+
+class ApiKeys:
+    """API keys by base URL: the OS keyring when available, else this session's memory."""
+
+    def __init__(self, use_keyring: bool = True):
+        self._session: dict[str, str] = {}
+        self._keyring = None
+        if use_keyring:
+            try:
+                import keyring  # optional: not a dependency of the app
+
+                self._keyring = keyring
+            except ImportError:
+                log.info("the keyring package is not installed: API keys are kept for this session only")
+
+    @property
+    def persistent(self) -> bool:
+        """True when keys outlive the session (the OS keyring)."""
+        return self._keyring is not None
+
+    def get(self, url: str) -> str | None:
+        base, _ = split_server_spec(url)
+        if base in self._session:
+            return self._session[base]
+        if self._keyring is not None:
+            try:
+                return self._keyring.get_password(KEYRING_SERVICE, base)
+            except Exception as e:  # noqa: BLE001 - a locked or missing keyring backend: just no saved key
+                log.warning("could not read the key for %s from the keyring: %s", base, type(e).__name__)
+        return None
+
+    def set(self, url: str, key: str | None, remember: bool = True) -> None:
+        """Keep `key` for `url` (None or "" forgets it); `remember`: also in the OS keyring when there is one."""
+        base, _ = split_server_spec(url)
+        if not key:
+            self._session.pop(base, None)
+            self._forget_persistent(base)
+            return
+        self._session[base] = key
+        if remember and self._keyring is not None:
+            try:
+                self._keyring.set_password(KEYRING_SERVICE, base, key)
+            except Exception as e:  # noqa: BLE001 - the session copy still works
+                log.warning("could not save the key for %s in the keyring: %s", base, type(e).__name__)
+
+    def _forget_persistent(self, base: str) -> None:
+        if self._keyring is None:
+            return
+        try:
+            if self._keyring.get_password(KEYRING_SERVICE, base) is not None:
+                self._keyring.delete_password(KEYRING_SERVICE, base)
+        except Exception as e:  # noqa: BLE001
+            log.warning("could not remove the key for %s from the keyring: %s", base, type(e).__name__)
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What the connected server can do, read from `ModelInfo.capabilities` (see the engine's probe)."""
+
+    kind: str
+    host: str
+    max_top_logprobs: int
+    token_prompts: bool
+    tokenize: bool
+    prompt_logprobs: bool
+    seed: bool
+    capabilities: tuple[str, ...]
+
+    @classmethod
+    def of(cls, info: ModelInfo | None) -> "ServerFacts | None":
+        """None for a local model."""
+        if info is None or info.backend != "remote":
+            return None
+        caps = tuple(info.capabilities)
+        value = {c.split("=", 1)[0]: c.split("=", 1)[1] for c in caps if "=" in c}
+        top = next((c.split("<=", 1)[1] for c in caps if c.startswith("top_logprobs<=")), "0")
+        return cls(
+            kind=value.get("server", "openai"), host=info.device, max_top_logprobs=int(top) if top.isdigit() else 0,
+            token_prompts="token_prompts" in caps, tokenize="tokenize" in value, prompt_logprobs="prompt_logprobs" in caps,
+            seed="seed" in caps, capabilities=caps,
+        )
+
+    @property
+    def we_sample_ok(self) -> bool:
+        return self.max_top_logprobs > 0 and self.tokenize
+
+    @property
+    def why_server_only(self) -> str:
+        """Why this server cannot do we-sample mode ("" when it can)."""
+        if self.max_top_logprobs <= 0:
+            return f"{self.host} returns no token log-probs, so only the server can sample"
+        if not self.tokenize:
+            return f"{self.host} has no tokenize endpoint, so only the server can sample"
+        return ""
+
+
+def server_samples(server_sampling: bool, info: ModelInfo | None) -> bool:
+    """Whether the next answer is sampled by the server: the user's choice on a remote model, forced on a server
+    that cannot do we-sample mode, never on a local model."""
+    facts = ServerFacts.of(info)
+    if facts is None:
+        return False
+    return server_sampling or not facts.we_sample_ok
+
+
+def prepare_connection(store: Store, keys: ApiKeys, spec: str) -> None:
+    """Before a server spec loads (the dialog, Model ▸ Recent, the last model at start-up): give the engine
+    the key (keyring or session) and the timeout saved for it. Without either, the engine's defaults and
+    $LOGITLAB_API_KEY apply."""
+    from engine import remember_connection
+
+    base, _ = split_server_spec(spec)
+    recent = next((r for r in recent_servers(store) if r["url"] == base), None)
+    key = keys.get(base)
+    if key or recent is not None:
+        remember_connection(base, api_key=key, timeout_s=recent.get("timeout_s") if recent else None)

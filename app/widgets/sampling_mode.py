@@ -1,0 +1,91 @@
+"""Who samples on a remote model (the server, or we from its top-N), and the controls that choice rules out.
+
+In server-samples mode the server's own sampler runs, so only the settings it
+has a parameter for can apply (`engine.server_sampler_fields`); every other
+control is disabled with a tooltip that says why. A server that gives no
+log-probs or has no tokenize endpoint can only sample itself: the choice is
+then fixed, again with the reason. Local models hide the box.
+"""
+
+from __future__ import annotations
+
+from engine import ModelInfo, server_sampler_fields
+from PySide6.QtWidgets import QCheckBox, QGroupBox, QLabel, QVBoxLayout, QWidget
+
+from app.engine_host import EngineHost
+from app.state.servers import ServerFacts, server_samples
+from app.state.settings import SettingsState
+
+SERVER_SAMPLES_TIP = (
+    "The server samples: fast, streaming, each token with the server's top-N log-probs (heatmap, alternatives). "
+    "Its sampler stages are not visible and branching needs we-sample mode. "
+    "Off: we sample from the server's top-N, one request per token, with every stage view."
+)
+
+
+class SamplingModeBox(QGroupBox):
+    """The "server samples" switch, shown for remote models; `limits()` says which controls it rules out."""
+
+    def __init__(self, settings: SettingsState, host: EngineHost, parent: QWidget | None = None):
+        super().__init__("Remote model", parent)
+        self._settings = settings
+        self._host = host
+        self.server_samples = QCheckBox("The server samples")
+        self.server_samples.setAccessibleName("The server samples")
+        self.server_samples.setToolTip(SERVER_SAMPLES_TIP)
+        self.note = QLabel()
+        self.note.setWordWrap(True)
+        self.note.setForegroundRole(self.note.foregroundRole().PlaceholderText)
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.server_samples)
+        lay.addWidget(self.note)
+        self.server_samples.toggled.connect(self._on_toggled)
+        self.update_from(host.info)
+
+    def _on_toggled(self, on: bool) -> None:
+        facts = ServerFacts.of(self._host.info)
+        if facts is not None and facts.we_sample_ok:  # a forced choice is not the user's to save
+            self._settings.set_server_sampling(on)
+
+    def update_from(self, info: ModelInfo | None) -> None:
+        facts = ServerFacts.of(info)
+        self.setVisible(facts is not None)
+        if facts is None:
+            return
+        on = server_samples(self._settings.options.server_sampling, info)
+        self.server_samples.blockSignals(True)
+        self.server_samples.setChecked(on)
+        self.server_samples.blockSignals(False)
+        self.server_samples.setEnabled(facts.we_sample_ok)
+        self.server_samples.setToolTip(facts.why_server_only or SERVER_SAMPLES_TIP)
+        self.note.setText(
+            f"{facts.host} ({facts.kind}): the server samples; settings it has no parameter for are off."
+            if on else
+            f"{facts.host} ({facts.kind}): we sample from its top {min(facts.max_top_logprobs, 64)} log-probs."
+        )
+
+    def limits(self, info: ModelInfo | None) -> dict[str, str]:
+        """Sampler field -> why it cannot apply now ({} when everything can: local model or we-sample mode)."""
+        facts = ServerFacts.of(info)
+        if facts is None or not server_samples(self._settings.options.server_sampling, info):
+            return {}
+        fields = server_sampler_fields(facts.capabilities)
+        why = f"a {facts.kind} server has no parameter for this: it applies in we-sample mode only"
+        out = {name: why for name in ("top_k", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
+                                      "frequency_penalty", "penalty_last_n", "xtc_probability", "xtc_threshold")
+               if name not in fields}
+        if "xtc_probability" in out:
+            out["xtc_threshold"] = out["xtc_probability"]
+        if "penalty_last_n" in out:
+            out["penalty_last_n"] = f"a {facts.kind} server uses its own look-back: it applies in we-sample mode only"
+        if "seed" not in fields:
+            out["seed"] = f"{facts.host} gave different tokens for one seed when probed: seeds apply in we-sample mode"
+        out["order"] = "the server applies its own stage order: it applies in we-sample mode only"
+        return out
+
+
+def show_limit(widgets: list[QWidget], why: str | None, tip: str) -> None:
+    """Disable `widgets` with `why` as their tooltip, or enable them with their own `tip` back."""
+    for w in widgets:
+        w.setEnabled(why is None)
+        w.setToolTip(tip if why is None else f"Off in server-samples mode: {why}")
