@@ -18,8 +18,8 @@ from engine import GenerationRequest, GenerationStats, TokenEvent
 from app.engine_host import EngineHost, describe_error
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
-from app.state.servers import server_samples
 from app.state.observable import Signal
+from app.state.servers import server_samples
 from app.state.settings import SettingsState
 from app.token_stream import TokenStream
 
