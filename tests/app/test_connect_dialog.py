@@ -115,3 +115,29 @@ def test_dead_port_is_a_clear_message_in_the_dialog(qtbot, window):
     dialog.url_box.setCurrentText("ftp://nowhere")
     assert dialog.refresh() is None and "not a server URL" in dialog.message.text()
     dialog.reject()
+
+
+def test_the_menu_opens_the_dialog_with_the_last_server(qtbot, window, store):
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.state.servers import remember_server
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    remember_server(store, dead, "some-model", 7.0)
+    seen: dict[str, object] = {}
+
+    def inspect_and_cancel() -> None:  # runs inside the dialog's own (modal) event loop
+        dialog = QApplication.activeModalWidget()
+        if not isinstance(dialog, ConnectDialog) or dialog.listing is None or not dialog.listing.done():
+            QTimer.singleShot(50, inspect_and_cancel)
+            return
+        seen.update(url=dialog.url_text(), timeout=dialog.timeout.value(), message=dialog.message.text())
+        dialog.reject()
+
+    QTimer.singleShot(50, inspect_and_cancel)
+    window.actions_["connect_server"].trigger()
+    qtbot.waitUntil(lambda: "message" in seen, timeout=10000)
+    assert seen["url"] == dead and seen["timeout"] == 7.0  # the last server, listed at once
+    assert "connection refused" in str(seen["message"])
+    assert window.host.info.name == "mock"  # cancelled: the model in use stays
