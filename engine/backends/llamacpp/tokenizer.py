@@ -62,7 +62,6 @@ class LlamaCppTokenizer:
         self.eos_token_ids: frozenset[int] = frozenset(eog | {int(i) for i in extra_eos_ids})
         self._piece_cache: dict[int, str] = {}
         self._bytes_cache: dict[int, bytes] = {}
-        self._buf = ctypes.create_string_buffer(256)
 
     def detach(self) -> None:
         """The model is being freed: later calls fail cleanly instead of reading freed memory."""
@@ -112,13 +111,13 @@ class LlamaCppTokenizer:
         """The bytes one token contributes: a byte-fallback token gives one byte of a UTF-8 character."""
         raw = self._bytes_cache.get(token_id)
         if raw is None:
-            n = llama_cpp.llama_token_to_piece(self._v(), token_id, self._buf, len(self._buf), 0, True)
+            # A buffer per call: the UI thread tokenizes while the worker thread decodes.
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self._v(), token_id, buf, len(buf), 0, True)
             if n < 0:
-                big = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self._v(), token_id, big, -n, 0, True)
-                raw = big.raw[:n]
-            else:
-                raw = self._buf.raw[:n]
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._v(), token_id, buf, len(buf), 0, True)
+            raw = buf.raw[:n]
             self._bytes_cache[token_id] = raw
         return raw
 
