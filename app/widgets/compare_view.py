@@ -23,7 +23,7 @@ from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
     QDoubleSpinBox,
-    QFormLayout,
+    QGridLayout,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -75,24 +75,28 @@ class SettingsEditor(QWidget):
         super().__init__(parent)
         self._base = settings
         self.boxes: dict[str, QSpinBox | QDoubleSpinBox] = {}
-        form = QFormLayout(self)
-        form.setContentsMargins(0, 0, 0, 0)
-        form.setVerticalSpacing(2)
-        for name, label, kind, lo, hi, step in EDITED_FIELDS:
+        grid = QGridLayout(self)  # two label/box pairs per row: the columns stay short
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.setVerticalSpacing(2)
+        for i, (name, label, kind, lo, hi, step) in enumerate(EDITED_FIELDS):
             box: QSpinBox | QDoubleSpinBox
             if kind is int:
                 box = QSpinBox()
                 box.setRange(int(lo), int(hi))
             else:
                 box = QDoubleSpinBox()
-                box.setDecimals(2 if step >= 0.01 else 3)
+                box.setDecimals(2)
                 box.setRange(lo, hi)
                 box.setSingleStep(step)
             box.setValue(getattr(settings, name))
             box.setAccessibleName(label)
             box.valueChanged.connect(lambda _v: self.changed.emit())
             self.boxes[name] = box
-            form.addRow(label, box)
+            row, col = divmod(i, 2)
+            grid.addWidget(QLabel(label), row, 2 * col)
+            grid.addWidget(box, row, 2 * col + 1)
+        grid.setColumnStretch(1, 1)
+        grid.setColumnStretch(3, 1)
 
     def settings(self) -> SamplerSettings:
         """The edited settings (raises ValueError, in words, when they are invalid)."""
@@ -224,7 +228,7 @@ class TokenDetail(QTabWidget):
         if ev is not None:
             self.label.setText(
                 f"{html.escape(where)} <b><code>{html.escape(visible(ev.token_text))}</code></b> · "
-                f"p {pct(ev.prob)} · rank {ev.rank + 1} · {bits(ev.logprob)} · entropy {ev.entropy:.2f} nats"
+                f"p {html.escape(pct(ev.prob))} · rank {ev.rank + 1} · {bits(ev.logprob)} · entropy {ev.entropy:.2f} nats"
             )
 
 
@@ -307,6 +311,7 @@ class CompareView(QWidget):
         split.addWidget(self.detail)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 1)
+        split.setSizes([560, 200])
 
         lay = QVBoxLayout(self)
         lay.addWidget(QLabel("Prompt"))

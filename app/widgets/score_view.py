@@ -9,6 +9,7 @@ shows the model's alternatives at that position and the rank of the actual token
 from __future__ import annotations
 
 import asyncio
+import html
 import logging
 import threading
 from pathlib import Path
@@ -44,6 +45,7 @@ class ScoreView(QWidget):
         self.text = QPlainTextEdit()
         self.text.setAccessibleName("Text to score")
         self.text.setPlaceholderText("Paste any text: how surprising is each token to the model?")
+        self.text.setMaximumHeight(180)
         self.open_button = QPushButton("Open file…")
         self.open_button.clicked.connect(lambda: self.open_file())
         self.messages = QComboBox()
@@ -74,6 +76,7 @@ class ScoreView(QWidget):
         self.body.token_clicked.connect(self.select)
         self.detail = TokenDetail()
         self.detail.setTabVisible(1, False)  # no sampler ran: no stages
+        self.detail.table.setColumnHidden(2, True)  # nor a sampler distribution
 
         lay = QVBoxLayout(self)
         lay.addWidget(self.text, 1)
@@ -137,10 +140,13 @@ class ScoreView(QWidget):
         self.result = result
         self.body.show_tokens(result.events(), "surprisal", is_dark(self.palette()))
         partial = " (stopped early)" if len(result.tokens) < len(result.token_ids) - result.context else ""
+        engine = self._host.engine
+        head = engine.tokenizer.decode(list(result.token_ids[: result.context])) if engine is not None else ""
+        context = f" The start, “{html.escape(head)}”, is context: nothing predicts it." if head.strip() else ""
         self.summary.setText(
             f"{len(result.tokens)} tokens scored{partial} · perplexity <b>{result.perplexity:.2f}</b> · "
             f"mean surprisal {result.mean_surprisal_bits:.2f} bits/token · total {-result.total_logprob:.1f} nats. "
-            "Click a token for the model's alternatives there."
+            f"Click a token for the model's alternatives there.{context}"
         )
 
     def select(self, index: int) -> None:

@@ -105,25 +105,23 @@ class ScoreResult:
         return [t.as_event(i) for i, t in enumerate(self.tokens)]
 
 
-def bos_token_id(tokenizer: Tokenizer) -> int | None:
-    """The tokenizer's beginning-of-sequence token, if it has one."""
-    bos = getattr(getattr(tokenizer, "hf", None), "bos_token_id", None)
-    return int(bos) if bos is not None else None
-
-
 def text_ids(tokenizer: Tokenizer, text: str) -> tuple[list[int], int]:
     """Token ids for scoring `text` and how many leading ids are context.
 
-    With a BOS token the text follows it, so its first token is scored too;
-    without one the first token is context (nothing predicts it).
+    The tokenizer's own convention decides: when it puts a BOS token before a
+    text (Llama, Gemma), the text follows it and its first token is scored
+    too; when it adds nothing (SmolLM2, GPT-2), the first token is context
+    only, since nothing predicts it. No other token is invented as a start:
+    a chat model's `<|im_start|>` would make the model expect a role name.
     """
     if not text:
         raise ValueError("the text to score is empty")
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    bos = bos_token_id(tokenizer)
-    if bos is not None and (not ids or ids[0] != bos):
-        return [bos, *ids], 1
-    return list(ids), 1
+    plain = tokenizer.encode(text, add_special_tokens=False)
+    full = tokenizer.encode(text, add_special_tokens=True)
+    extra = len(full) - len(plain)
+    if extra > 0 and full[extra:] == plain:  # special tokens were put in front only
+        return list(full), extra
+    return list(plain), 1
 
 
 def score_ids(

@@ -27,6 +27,7 @@ from engine.experiments import (
     run_column,
     score,
     score_ids,
+    text_ids,
     token_diff,
     write_trace,
 )
@@ -64,7 +65,7 @@ def test_score_matches_a_teacher_forced_transformers_forward(fresh_default_torch
     backend = fresh_default_torch
     result = score(backend, MULTIBYTE, top_n=5)
     ids = list(result.token_ids)
-    assert backend.tokenizer.decode(ids[result.context:]) == MULTIBYTE
+    assert backend.tokenizer.decode(ids) == MULTIBYTE and result.context == 1  # SmolLM2 adds no BOS
     assert len(result.tokens) == len(ids) - result.context >= 12
     lp = _oracle_logprobs(backend, ids)  # row t predicts token t + 1
     for t in result.tokens:
@@ -103,6 +104,16 @@ def test_score_rejects_what_it_cannot_score():
         score_ids(backend, [5, 6, 7], context=3)
     with pytest.raises(ValueError, match="empty"):
         score(backend, "")
+
+
+def test_text_ids_follow_the_tokenizers_own_start_token():
+    class WithBos:
+        def encode(self, text, add_special_tokens=True):
+            ids = [10 + ord(c) for c in text]
+            return [1, *ids] if add_special_tokens else ids
+
+    assert text_ids(WithBos(), "ab") == ([1, 107, 108], 1)  # BOS first: every text token is scored
+    assert text_ids(MockBackend().tokenizer, " the cat") == ([5, 31], 1)  # nothing added: the first is context
 
 
 def test_scoring_a_generated_answer_reproduces_its_recorded_logprobs():
