@@ -1,8 +1,12 @@
 """The torch backend: transformers' AutoModelForCausalLM with our own KV-cache handling.
 
-CUDA when available, else CPU with every usable core. One `DynamicCache` is
-kept between requests so a request sharing a prefix with the previous one
-only runs its new tokens.
+CUDA when available, else CPU with every usable core. One KV cache is kept
+between requests so a request sharing a prefix with the previous one only
+runs its new tokens. The cache is our preallocated `GrowingCache`
+(engine.backends.torch_cache): a decode step writes in place instead of
+copying the whole cache, so speed stays flat over long answers. Models whose
+layer types it does not know, and offloaded models, use transformers'
+`DynamicCache`.
 """
 
 from __future__ import annotations
@@ -136,24 +140,33 @@ class TorchBackend:
         try:
             self._cache.crop(keep - len(self._tokens))  # negative: remove that many from the end
         except (RuntimeError, ValueError) as e:
-            # Sliding-window layers past their window cannot be rolled back: recompute instead.
+            # A sliding-window layer no longer holds the window before `keep` (GrowingCache keeps
+            # SLIDING_REACH tokens more than the window; DynamicCache none): recompute instead.
             log.debug("cache cannot be trimmed (%s); rebuilding", e)
             self._reset()
             return 0
         del self._tokens[keep:]
         return keep
 
+    def _new_cache(self):
+        if self.offload is not None:
+            from engine.offload import make_kv_cache
+
+            return make_kv_cache(self.model.config, self.offload.policy, self.device)
+        from engine.backends.torch_cache import GrowingCache, UnsupportedCacheLayout
+
+        try:
+            return GrowingCache(self.model.config)
+        except UnsupportedCacheLayout as e:
+            from transformers import DynamicCache
+
+            log.debug("%s; using transformers' DynamicCache", e)
+            return DynamicCache(config=self.model.config)
+
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
-        from transformers import DynamicCache
-
         if self._cache is None:
-            if self.offload is not None:
-                from engine.offload import make_kv_cache
-
-                self._cache = make_kv_cache(self.model.config, self.offload.policy, self.device)
-            else:
-                self._cache = DynamicCache(config=self.model.config)
+            self._cache = self._new_cache()
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # (1, T)
         try:
             out = self.model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1)
