@@ -72,6 +72,12 @@ def _output(path: str | None):
         yield f
 
 
+def _non_default(settings) -> dict[str, Any]:
+    """The fields that differ from the defaults, and the seed (what a reader needs to tell columns apart)."""
+    default = type(settings)().to_dict()
+    return {k: v for k, v in settings.to_dict().items() if k == "seed" or v != default[k]}
+
+
 def _read_text(args: argparse.Namespace) -> str:
     if args.text is not None:
         return args.text
@@ -131,15 +137,15 @@ def cmd_compare(args: argparse.Namespace, load: Callable[[argparse.Namespace], A
                 )
             with _output(args.output) as out:
                 write_lines(out, lines)
-            print(f"[{len(result.columns)} columns; first divergence at token {div}; "
+            print(f"[{len(result.columns)} columns; first divergence at index {div}; "
                   f"prompt {len(result.prompt_ids)} tokens, {result.prefilled_tokens} computed]", file=sys.stderr)
             return 0
         for i, col in enumerate(result.columns):
             s = col.summary
-            print(f"--- column {i + 1}: {json.dumps(col.settings.to_dict())}")
+            print(f"--- column {i + 1}: {json.dumps(_non_default(col.settings))}")
             print(col.stats.text)
             print(f"[{s.length} tokens, {s.finish_reason}; {s.mean_surprisal_bits:.2f} bits/token; "
                   f"entropy {s.mean_entropy:.2f} nats; distinct-2 {s.distinct_2:.2f}; "
                   f"repeated 3-grams {s.repeated_ngrams}; {s.tokens_per_s:.1f} tok/s]")
-        print(f"first divergence: {'none (identical)' if div is None else f'token {div}'}")
+        print(f"first divergence: {'none (identical)' if div is None else f'token {div + 1} (index {div})'}")
     return 0
