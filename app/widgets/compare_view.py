@@ -367,8 +367,9 @@ class CompareView(QWidget):
         self.add_button.setEnabled(len(self.columns) < MAX_COLUMNS and not self.running)
 
     def _on_token_clicked(self, col: TokenColumn, index: int) -> None:
+        # Position i of every column came from the same step (and the same draw): select it everywhere.
         for c in self.columns:
-            c.body.set_selected(index if c is col else None)
+            c.body.set_selected(index if index < c.body.rendered_tokens else None)
         if 0 <= index < len(col.events):
             self.detail.show_token(col.events[index], f"{self.columns.index(col) + 1}: token {index + 1}")
 

@@ -62,6 +62,9 @@ def test_compare_columns_align_mark_the_divergence_and_go_into_the_chat(qtbot, w
     # Clicking a token shows its alternatives and stages below.
     c.token_clicked.emit(c, d)
     assert view.detail.table.topLevelItemCount() > 0 and "rank" in view.detail.label.text()
+    for col in view.columns:  # the same position is selected in every column
+        sel = col.body.extraSelections()
+        assert sel and sel[0].cursor.selectionStart() == col.body.token_span(d)[0]
 
     # Up to 4 columns; the fourth disables adding more.
     view.add_column()
