@@ -7,7 +7,6 @@ import asyncio
 import gc
 import logging
 import os
-import signal
 import sys
 import tempfile
 
@@ -15,7 +14,7 @@ import qasync
 from PySide6.QtWidgets import QApplication
 
 from app import __version__
-from app.paths import DATA_DIR_ENV, database_path
+from app.paths import DATA_DIR_ENV
 from app.platform_check import check_linux_desktop_libraries
 
 log = logging.getLogger("app")
@@ -37,37 +36,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def main(args: argparse.Namespace) -> int:
-    """Build the window, start loading the model, and run until the window has closed and saved."""
-    from app.engine_host import EngineHost
-    from app.main_window import APPEARANCE_KEY, MainWindow
-    from app.state.store import Store
-    from app.theme import Theme
+    """Build the window, start loading the model, and run until the window has closed and saved.
 
-    app = QApplication.instance()
-    store = Store(database_path())
-    theme = Theme(app, args.appearance or store.get_setting(APPEARANCE_KEY, "system"))
-    host = EngineHost()
-    window = MainWindow(store, host, theme)
-    closed = asyncio.get_running_loop().create_future()
-    window.closed.connect(lambda: closed.done() or closed.set_result(None))
-    try:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, window.close)
-    except (NotImplementedError, RuntimeError):  # Windows, or a loop without signal support
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-    window.show()
+    The database opens whatever state it is in (a damaged or unwritable one gets a dialog, never a
+    silent exit); SIGTERM, SIGHUP and SIGINT close the window as the user would (app/lifecycle.py).
+    """
+    from app.lifecycle import close_session, open_session
+
+    session = open_session(args.appearance)
+    window = session.window
     # Everything built so far lives as long as the app: keep the cyclic GC from rescanning it.
     gc.freeze()
     window.start(args.model, args.backend)
-    if args.screenshot_dir:
-        from app.screenshots import take_screenshots
+    try:
+        if args.screenshot_dir:
+            from app.screenshots import take_screenshots
 
-        try:
-            await take_screenshots(window, args.screenshot_dir)
-        finally:
-            window.close()
-    await closed
-    host.close()
-    store.close()
+            try:
+                await take_screenshots(window, args.screenshot_dir)
+            finally:
+                window.close()
+        await session.closed
+    finally:
+        await close_session(session)
     return 0
 
 

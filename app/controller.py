@@ -4,6 +4,11 @@ Qt-free: it changes the state (`Conversation`) and the views follow through
 their subscriptions. One generation runs at a time. Tokens arrive in frame
 batches (`TokenStream`) and are written to the store at most
 `flush_interval_s` apart, so a crash loses at most that last batch.
+
+A write that fails (disk full, a damaged or read-only database) never leaves
+an answer "generating…" or the window unable to quit: the generation stops,
+its tokens stay in memory and on screen, `save_failed` says why, and saving
+is tried again every `SAVE_RETRY_S`, on export and when the window closes.
 """
 
 from __future__ import annotations
@@ -11,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sqlite3
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from engine import GenerationRequest, GenerationStats, TokenEvent
 
@@ -31,6 +39,10 @@ TOP_N = 20  # alternatives recorded per token (and per sampler stage)
 _MODEL_FIELDS = ("name", "spec", "architecture", "parameters", "dtype", "context_length", "backend", "device", "revision")
 
 
+SAVE_RETRY_S = 10.0  # how often saving is tried again after a write failed
+SAVE_ERRORS = (sqlite3.Error, OSError)  # what a failed write raises
+
+
 class Busy(RuntimeError):
     """A generation is already running."""
 
@@ -43,7 +55,7 @@ class ChatController:
         host: EngineHost,
         *,
         top_n: int = TOP_N,
-        flush_interval_s: float = 0.25,
+        flush_interval_s: float = 0.05,
     ):
         self.library = library
         self.settings = settings
@@ -57,8 +69,14 @@ class ChatController:
         self.error = Signal()  # (str) a generation failed
         self.started = Signal()  # (Message) a generation into it begins
         self.finished = Signal()  # (Message, GenerationStats | None)
+        self.save_failed = Signal()  # (str) a write failed: why (what it held is kept in memory)
+        self.saved = Signal()  # () everything that had failed to save is saved now
         self.last_stats: GenerationStats | None = None
         self.last_context_used: int | None = None
+        self.save_error: str | None = None  # the last write failure, until a retry succeeds
+        self._unsaved: dict[int, tuple[Conversation, Message]] = {}  # answers whose rows may lag behind memory
+        self._retry: asyncio.TimerHandle | None = None
+        self._interrupted_by: str | None = None  # a signal asked the app to quit
 
     @property
     def busy(self) -> bool:
@@ -142,13 +160,95 @@ class ChatController:
         if self._stream is not None:
             self._stream.cancel()
 
-    async def shutdown(self) -> None:
-        """Stop, wait for the last events, and write everything (closing the window)."""
+    def interrupt(self, reason: str) -> None:
+        """The app must quit (a signal): stop, and mark the answer interrupted rather than stopped."""
+        self._interrupted_by = reason
         self.stop()
-        while self.busy:  # _run's finally writes the last batch, then clears busy
+
+    async def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop, wait for the last events, and write everything (closing the window). Never raises."""
+        self.stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.busy and loop.time() < deadline:  # _run's finally writes the last batch, then clears busy
             await asyncio.sleep(0.01)
-        if self.library.current is not None:
-            self.library.current.flush()
+        if self.busy:
+            log.error("the generation did not stop within %g s; closing without its last tokens", timeout_s)
+        self.flush_now()
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+
+    def flush_now(self) -> None:
+        """Write what is pending, synchronously (Qt quitting cannot wait); a running answer is marked interrupted."""
+        generating = self._generating
+        if generating is not None:
+            conv, message = generating
+            self.interrupt(self._interrupted_by or "quit")
+            stats = {**(message.stats or {}), "interrupted_by": self._interrupted_by}
+            self._save(conv, message, lambda: conv.update_message(message, finish_reason=None, stats=stats))
+        current = self.library.current
+        if current is not None:
+            self._save(current, None, current.flush)
+        self.retry_saving()
+
+    # -- saving ----------------------------------------------------------------------------
+
+    def _save(self, conv: Conversation, message: Message | None, write: Callable[[], Any]) -> bool:
+        """Run one write; on failure remember what to write again and say why. True if it was written."""
+        try:
+            write()
+            return True
+        except SAVE_ERRORS as e:
+            if message is not None:
+                self._unsaved[message.id] = (conv, message)
+            self._save_failed(e)
+            return False
+
+    def _save_failed(self, error: BaseException) -> None:
+        self.save_error = describe_error(error)
+        log.error("saving failed: %s", self.save_error)
+        self.save_failed.emit(self.save_error)
+        self._schedule_retry()
+
+    def _schedule_retry(self) -> None:
+        if self._retry is not None:
+            return
+        try:
+            self._retry = asyncio.get_running_loop().call_later(SAVE_RETRY_S, self._retry_tick)
+        except RuntimeError:  # no loop (quitting): the next write or close tries again
+            pass
+
+    def _retry_tick(self) -> None:
+        self._retry = None
+        self.retry_saving()
+
+    def retry_saving(self) -> bool:
+        """Write again what could not be written (tokens, text, finish and stats); True when nothing is left."""
+        if not self._unsaved and self.save_error is None:
+            return True
+        try:
+            for conv, message in list(self._unsaved.values()):
+                if conv.deleted:
+                    continue
+                conv.flush()
+                conv.update_message(
+                    message, finish_reason=message.finish_reason, stats=message.stats,
+                    request=message.request, model=message.model,
+                )
+            if self.library.current is not None:
+                self.library.current.flush()
+        except SAVE_ERRORS as e:
+            self._save_failed(e)
+            return False
+        self._unsaved.clear()
+        self.save_error = None
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        log.info("saving works again: everything is written")
+        self.saved.emit()
+        return True
 
     # -- the generation --------------------------------------------------------------------
 
@@ -180,6 +280,7 @@ class ChatController:
         self.started.emit(message)
         loop = asyncio.get_running_loop()
         stats: GenerationStats | None = None
+        write_failed = False
         try:
             engine = await self.host.wait_engine()
             options = self.settings.options
@@ -198,22 +299,27 @@ class ChatController:
                 server_sampling=by_server,
             )
             info = engine.info
-            conv.update_message(
-                message,
-                request={**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n, "server_sampling": by_server},
-                model={k: getattr(info, k) for k in _MODEL_FIELDS},
-                finish_reason=None,
-            )
+            request_doc = {**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n, "server_sampling": by_server}
+            model_doc = {k: getattr(info, k) for k in _MODEL_FIELDS}
+            if not self._save(conv, message, lambda: conv.update_message(
+                    message, request=request_doc, model=model_doc, finish_reason=None)):
+                # Nothing could be written: generating more would only pile up in memory.
+                self._save(conv, message, lambda: conv.update_message(message, finish_reason="cancelled"))
+                return
             if self._stop_requested:  # Stop pressed while waiting for the model
-                conv.update_message(message, finish_reason="cancelled")
+                self._save(conv, message, lambda: conv.update_message(message, finish_reason="cancelled"))
                 return
             self._stream = stream = TokenStream(engine, request)
             offset = len(prefix)
             last_flush = loop.time()
             async for batch in stream.batches():
                 conv.append_tokens(message, [replace(ev, index=offset + ev.index) for ev in batch])
-                if loop.time() - last_flush >= self.flush_interval_s:
-                    conv.flush()
+                if not write_failed and loop.time() - last_flush >= self.flush_interval_s:
+                    if not self._save(conv, message, conv.flush):
+                        # Saving failed: stop cleanly. What streamed stays in memory and on screen.
+                        write_failed = True
+                        stream.cancel()
+                        continue
                     # Token records are long-lived and numerous (~180 tracked objects per token with
                     # its alternatives and stages). Freezing what exists keeps the cyclic GC from
                     # rescanning them all: its full passes cost ~100 ms at 4,000 tokens otherwise.
@@ -224,22 +330,27 @@ class ChatController:
             assert stats is not None
             self.last_stats = stats
             self.last_context_used = stats.prompt_tokens + stats.generated_tokens
-            conv.update_message(
-                message,
-                finish_reason=stats.finish_reason,
-                stats={k: v for k, v in stats.to_dict().items() if k not in ("text", "token_ids")},
-            )
+            saved_stats = {k: v for k, v in stats.to_dict().items() if k not in ("text", "token_ids")}
+            finish: str | None = stats.finish_reason
+            if self._interrupted_by is not None and finish == "cancelled":
+                # The app is quitting on a signal: not the user's Stop. None reads "interrupted", as after a crash.
+                finish, saved_stats = None, {**saved_stats, "interrupted_by": self._interrupted_by}
+            self._save(conv, message, lambda: conv.update_message(message, finish_reason=finish, stats=saved_stats))
         except Exception as e:  # noqa: BLE001 - shown to the user; the partial answer is kept
             log.warning("generation failed: %s", e, exc_info=not isinstance(e, ValueError))
-            conv.update_message(message, finish_reason="error", stats={"error": describe_error(e)})
+            self._save(conv, message, lambda: conv.update_message(
+                message, finish_reason="error", stats={"error": describe_error(e)}))
             self.error.emit(describe_error(e))
         finally:
-            conv.flush()
+            # Busy must end whatever the writes do, or the window can never close.
             self._stream = None
             self._generating = None
-            conv.set_generating(message, False)
-            self.busy_changed.emit(False)
-            self.finished.emit(message, stats)
+            try:
+                self._save(conv, message, conv.flush)
+            finally:
+                conv.set_generating(message, False)
+                self.busy_changed.emit(False)
+                self.finished.emit(message, stats)
 
     @staticmethod
     def _fit_to_context(engine, history: list[dict[str, str]], prefix_len: int, wanted: int) -> int:

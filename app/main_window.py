@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QWidget
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QVBoxLayout, QWidget
 from qasync import asyncSlot, asyncWrap
 
 from engine import DefaultModelMissingError, EngineError, RemoteCodeRefusedError, download_default_model
@@ -25,10 +26,12 @@ from app.menus import build_menus
 from app.state.conversation import Message
 from app.state.export import to_json, to_markdown
 from app.state.library import Library
+from app.state.recovery import DatabaseNotice
 from app.state.servers import ApiKeys, prepare_connection, remember_server
 from app.state.settings import Selection, SettingsState, ViewOptions
 from app.state.store import Store
 from app.theme import Theme, app_icon
+from app.widgets.banner import Banner
 from app.widgets.chat_pane import ChatPane
 from app.widgets.connect_dialog import ConnectChoice, ConnectDialog
 from app.widgets.inspector import Inspector
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 
 GEOMETRY_KEY = "window_geometry"
 APPEARANCE_KEY = "appearance"
+NOTHING_SAVED = "nothing saved"  # in the title bar while the app runs on a temporary database
 
 
 class MainWindow(QMainWindow):
@@ -60,12 +64,21 @@ class MainWindow(QMainWindow):
         self.selection = Selection()
         self.controller = ChatController(self.library, self.settings, host)
         self.error_box: QMessageBox | None = None
+        self.database_box: QMessageBox | None = None  # the start-up notice about the database file
+        self._model_title = ""
         self._closing = False
         self._shutdown_done = False
         self._tasks: set[asyncio.Future] = set()
 
         self.chat = ChatPane(self.library, self.view_options, self.selection, self.controller)
-        self.setCentralWidget(self.chat)
+        self.banner = Banner()
+        central = QWidget()
+        column = QVBoxLayout(central)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(0)
+        column.addWidget(self.banner)
+        column.addWidget(self.chat, 1)
+        self.setCentralWidget(central)
         self.sidebar = Sidebar(self.library)
         self.sampling = SamplingPanel(self.settings, self.controller)
         self.inspector = Inspector(self.library, self.selection, self.controller)
@@ -91,6 +104,9 @@ class MainWindow(QMainWindow):
         self.selection.changed.connect(self._on_selection_changed)
         self.controller.error.connect(lambda text: self.status.showMessage(f"Generation failed: {text}", 15000))
         self.controller.busy_changed.connect(self._on_busy_changed)
+        self.controller.save_failed.connect(self._on_save_failed)
+        self.controller.saved.connect(self._on_saved)
+        store.damaged.connect(self._on_damage_read)
         self.controller.started.connect(self._on_generation_started)
         # The host can outlive this window (tests open a second one on it): closing disconnects these.
         host.load_failed.connect(self._on_load_failed)
@@ -99,6 +115,7 @@ class MainWindow(QMainWindow):
         self.library.open_last()
         self._restore_geometry()
         self._on_busy_changed(False)
+        self._update_title()
 
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -143,7 +160,8 @@ class MainWindow(QMainWindow):
             ok = await loading
             if ok:
                 remember_model(self.store, spec, backend)
-                self.setWindowTitle(f"Logit Lab — {self.host.info.name}")
+                self._model_title = self.host.info.name
+                self._update_title()
             return ok
         finally:
             self.actions_["open_model"].setEnabled(not self.host.loading)
@@ -255,7 +273,9 @@ class MainWindow(QMainWindow):
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             e = task.exception()
-            if isinstance(e, (Busy, ValueError)):
+            if isinstance(e, sqlite3.Error):  # a write outside a generation (a new message, a rename)
+                self._on_save_failed(f"{e}")
+            elif isinstance(e, (Busy, ValueError)):
                 self.status.showMessage(str(e), 8000)
             else:
                 log.error("action failed", exc_info=e)
@@ -314,6 +334,7 @@ class MainWindow(QMainWindow):
             if not chosen:
                 return None
             path = chosen
+        self.controller.retry_saving()  # export is a moment to try again what could not be saved
         out = Path(path)
         out.write_text(to_markdown(conv) if kind == "markdown" else to_json(conv), encoding="utf-8")
         self.status.showMessage(f"Exported to {out}", 6000)
@@ -343,6 +364,7 @@ class MainWindow(QMainWindow):
             self._save_geometry()
             self.host.load_failed.disconnect(self._on_load_failed)
             self.host.state_changed.disconnect(self._on_load_state)
+            self.store.damaged.disconnect(self._on_damage_read)
             self.status.detach()
             event.accept()
             self.closed.emit()
@@ -364,10 +386,81 @@ class MainWindow(QMainWindow):
             self.close()
 
     def _save_geometry(self) -> None:
-        self.store.put_setting(
-            GEOMETRY_KEY,
-            {"geometry": self.saveGeometry().toBase64().data().decode(), "state": self.saveState().toBase64().data().decode()},
+        try:
+            self.store.put_setting(
+                GEOMETRY_KEY,
+                {"geometry": self.saveGeometry().toBase64().data().decode(), "state": self.saveState().toBase64().data().decode()},
+            )
+        except sqlite3.Error as e:  # the window closes all the same
+            log.warning("could not save the window geometry: %s", e)
+
+    # -- the database: notices, failed writes, quitting on a signal -------------------------
+
+    def _update_title(self) -> None:
+        parts = ["Logit Lab"] + ([self._model_title] if self._model_title else [])
+        if self.store.temporary:
+            parts.append(NOTHING_SAVED)
+        self.setWindowTitle(" — ".join(parts))
+
+    def show_database_notice(self, notice: DatabaseNotice) -> QMessageBox:
+        """The one dialog about the database at start-up: what was recovered, or what is wrong and what now.
+
+        Opened, not exec()'d: the window stays live (and a test closes it with `database_box.done`).
+        """
+        icon = QMessageBox.Icon.Warning if notice.temporary else QMessageBox.Icon.Information
+        box = QMessageBox(icon, notice.title, notice.text, parent=self)
+        box.setObjectName("database_notice")
+        box.setAccessibleName(notice.title)
+        box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)  # paths can be copied
+        if notice.temporary:
+            go_on = box.addButton("Continue without saving", QMessageBox.ButtonRole.AcceptRole)
+            quit_button = box.addButton("Quit", QMessageBox.ButtonRole.RejectRole)
+            go_on.setObjectName("continue_temporary")
+            quit_button.setObjectName("quit")
+            quit_button.clicked.connect(self.close)
+            box.setDefaultButton(go_on)
+            self.banner.show_message("database", f"{notice.title}: running on a temporary database — nothing is saved.")
+        else:
+            box.addButton(QMessageBox.StandardButton.Ok)
+        box.open()
+        self.database_box = box
+        return box
+
+    def _on_save_failed(self, reason: str) -> None:
+        self.banner.show_message(
+            "saving",
+            f"Saving failed: {reason}. Your conversation is kept in this window; Logit Lab tries again "
+            "every few seconds, when you export and when you quit.",
+            "Try again",
+            self.controller.retry_saving,
         )
+
+    def _on_saved(self) -> None:
+        self.banner.clear("saving")
+        self.status.showMessage("Everything is saved again.", 6000)
+
+    def _on_damage_read(self, what: str) -> None:
+        self.banner.show_message(
+            "damage",
+            f"The database is damaged: {what}. What could be read is shown. Logit Lab will repair the file when "
+            "it next starts (the damaged file is kept).",
+        )
+
+    def interrupt(self, reason: str) -> None:
+        """Quit as closing the window does, on a signal (SIGTERM, SIGHUP, SIGINT): the answer is marked interrupted."""
+        log.info("%s: closing", reason)
+        self.controller.interrupt(reason)
+        self.close()
+
+    def flush_now(self) -> None:
+        """Qt is quitting without the window closing first: write what is pending, now (never raises)."""
+        if self._shutdown_done:
+            return
+        try:
+            self.controller.flush_now()
+            self.store.checkpoint()
+        except Exception:  # noqa: BLE001 - quitting must go on
+            log.exception("writing the last tokens failed while quitting")
 
     def _restore_geometry(self) -> None:
         saved = self.store.get_setting(GEOMETRY_KEY)

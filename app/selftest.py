@@ -12,7 +12,17 @@ JSON in `--report FILE` (a windowed app may have no stdout). Times are
 seconds; `*_at` fields are Unix times, so a caller that noted when it
 started the process can compute the cold start itself. Exit status: 0 when
 the answer has at least one token and no error, 1 when loading or
-generating failed, 2 on timeout.
+generating failed, 2 on timeout, 3 when a signal (SIGTERM, SIGHUP, SIGINT)
+closed the window first.
+
+It starts the app as `python -m app` does (app/lifecycle.py: database
+recovery, the start-up notice, quit signals), so the reliability tests
+(tests/app/test_reliability.py) drive it too: `--progress` prints a
+`LOGITLAB_EVENT {json}` line as tokens arrive, `--fail-writes-after N` makes
+the database refuse writes after N tokens, `--cycles N` runs send/stop
+cycles and reports threads and memory, `--no-prompt` only opens the window
+and reports what it shows, and `--hold` keeps the window open until it is
+closed (by a signal) — see app/selftest_checks.py.
 """
 
 from __future__ import annotations
@@ -50,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--download", action="store_true", help="first download the default model into the user models folder"
     )
     p.add_argument("--screenshot", help="save a picture of the window with the answer to this PNG file")
+    p.add_argument("--preset", default="Greedy", help="the sampler preset to answer with (default: Greedy)")
+    p.add_argument("--progress", action="store_true", help="print a LOGITLAB_EVENT line as tokens arrive")
+    p.add_argument("--no-prompt", action="store_true", help="load nothing, send nothing: report what the window shows")
+    p.add_argument("--fail-writes-after", type=int, metavar="N", help="the database refuses writes after N tokens")
+    p.add_argument("--cycles", type=int, default=0, metavar="N", help="then N rapid send/stop cycles (threads, memory)")
+    p.add_argument("--hold", action="store_true", help="at the end keep the window open until it is closed")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 
@@ -111,26 +127,29 @@ def run(argv: list[str] | None = None) -> int:
 async def _self_test(args: argparse.Namespace, report: dict) -> int:
     from PySide6.QtWidgets import QApplication
 
-    from app.engine_host import EngineHost
-    from app.main_window import MainWindow
-    from app.paths import database_path
-    from app.state.store import Store
-    from app.theme import Theme
+    from app.lifecycle import close_session, open_session
+    from app.selftest_checks import emit_event, hold, summarize_window
 
-    store = Store(database_path())
-    host = EngineHost()
-    window = MainWindow(store, host, Theme(QApplication.instance(), "system"))
-    closed = asyncio.get_running_loop().create_future()
-    window.closed.connect(lambda: closed.done() or closed.set_result(None))
+    session = open_session("system")
+    window = session.window
     code = 1
     try:
-        window.show()
         await _until(lambda: window.windowHandle() is not None and window.windowHandle().isExposed(), 30.0)
         QApplication.processEvents()  # the first paint
         report["window_visible_at"] = time.time()
         report["window_title"] = window.windowTitle()
         report["window_icon"] = not window.windowIcon().isNull()
-        code = await asyncio.wait_for(_load_and_answer(window, args, report), args.timeout)
+        report["start"] = summarize_window(window)
+        emit_event("window", **report["start"])
+        if args.no_prompt:
+            code = 0
+        else:
+            code = await asyncio.wait_for(_load_and_answer(window, args, report), args.timeout)
+        if window._closing:
+            code = 3  # a signal closed the window
+        elif args.hold:
+            await hold(session, args.timeout)
+            code = 3 if window.controller._interrupted_by else code
     except TimeoutError:
         report["error"] = f"timed out after {args.timeout:g} s"
         code = 2
@@ -139,10 +158,9 @@ async def _self_test(args: argparse.Namespace, report: dict) -> int:
         report["error"] = f"{type(e).__name__}: {e}"
         code = 1
     finally:
-        window.close()
-        await asyncio.wait_for(closed, 60.0)
-        host.close()
-        store.close()
+        report["end"] = summarize_window(window)
+        await close_session(session)
+    report["interrupted_by"] = window.controller._interrupted_by
     report["ok"] = code == 0
     return code
 
@@ -173,11 +191,17 @@ async def _load_and_answer(window, args: argparse.Namespace, report: dict) -> in
     info = window.host.info
     report["model"] = {"name": info.name, "backend": info.backend, "device": info.device, "dtype": info.dtype}
 
-    window.settings.apply_preset("Greedy")
+    from app.selftest_checks import fail_writes_after, report_progress, send_stop_cycles
+
+    window.settings.apply_preset(args.preset)
     window.settings.set_max_new_tokens(args.tokens)
     conv = window.library.new()
     first_token_at: list[float] = []
     conv.tokens_appended.connect(lambda _message, _index: first_token_at or first_token_at.append(time.perf_counter()))
+    if args.progress:
+        report_progress(conv)
+    if args.fail_writes_after is not None:
+        fail_writes_after(window, conv, args.fail_writes_after)
     t_send = time.perf_counter()
     report["prompt"] = args.prompt
     answer = await window.controller.send(args.prompt)
@@ -199,6 +223,8 @@ async def _load_and_answer(window, args: argparse.Namespace, report: dict) -> in
     if answer is None or not tokens or answer.finish_reason == "error":
         report["error"] = "no answer: " + str(stats.get("error") or "no tokens were generated")
         return 1
+    if args.cycles and not window._closing:
+        report["cycles"] = await send_stop_cycles(window, args.prompt, args.cycles)
     return 0
 
 

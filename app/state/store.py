@@ -3,6 +3,11 @@
 One connection, used from the UI thread only; WAL so that the frequent small
 commits made while tokens stream are cheap and a crash leaves the database
 at the last commit (at most the last batch of tokens is lost).
+
+Reads never fail on damage: what can be read is returned, and `damaged`
+says what could not be (and a marker file asks the next start to repair the
+file, app/state/recovery.py). Writes raise `sqlite3.Error`; the controller
+keeps what it could not write and tries again.
 """
 
 from __future__ import annotations
@@ -19,11 +24,15 @@ from typing import Any
 
 from engine import TokenEvent
 
+from app.state.observable import Signal
 from app.state.records import token_from_row, token_row
+from app.state.row_reader import ROW_ERRORS, count_rows, read_past_damage
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
+MEMORY = ":memory:"
+REPAIR_MARKER_SUFFIX = ".needs-repair"  # next to the database: damage was met; recover at the next start
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -98,27 +107,73 @@ class MessageRow:
     stats: dict[str, Any] | None
 
 
+_MESSAGE_COLUMNS = (
+    "id, conversation_id, parent_id, role, content, created, active_child_id, finish_reason, "
+    "branch_index, request_json, model_json, stats_json"
+)
+_CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, active_root_id"
+_TOKEN_COLUMNS = "idx, token_id, text, token_text, logprob, sampler_logprob, rank, entropy, forced, special, top_json"
+
+
 def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+def message_from_row(r: tuple[Any, ...]) -> MessageRow:
+    if r[3] not in ("user", "assistant"):
+        raise ValueError(f"unknown role {r[3]!r}")
+    return MessageRow(*r[:9], _loads(r[9]), _loads(r[10]), _loads(r[11]))
+
+
+def conversation_from_row(r: tuple[Any, ...]) -> ConversationRow:
+    if not isinstance(r[1], str):
+        raise TypeError("conversation without a title")
+    return ConversationRow(*r)
+
+
+class NewerSchemaError(sqlite3.DatabaseError):
+    """The database was written by a newer Logit Lab (schema version above ours): never downgrade it."""
+
+    def __init__(self, path: str, version: int):
+        super().__init__(
+            f"{path} was written by a newer version of Logit Lab (database version {version}; "
+            f"this version knows {SCHEMA_VERSION}). It was left untouched: open it with the newer version."
+        )
+        self.version = version
+
+
 class Store:
-    """The app's database. `Store(":memory:")` for a throwaway one."""
+    """The app's database. `Store(":memory:")` for a throwaway one (nothing saved)."""
 
     def __init__(self, path: str | Path):
         self.path = str(path)
+        self.damaged = Signal()  # (str) a read met damage: what could not be read
+        self.damage_seen: list[str] = []
         self._conn = sqlite3.connect(self.path, isolation_level=None)  # explicit transactions only
-        self._conn.execute("PRAGMA foreign_keys = ON")
-        if self.path != ":memory:":
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            # NORMAL in WAL mode: commits survive an app crash; only a power cut can drop the last ones.
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-        self._depth = 0
-        with self.transaction():
-            # Statement by statement: executescript() would commit behind the transaction's back.
-            for statement in filter(str.strip, SCHEMA.split(";")):
-                self._conn.execute(statement)
-            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        try:
+            # Before anything writes: a newer app's database is never touched (no WAL switch, no schema).
+            version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise NewerSchemaError(self.path, version)
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            if self.path != MEMORY:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                # NORMAL in WAL mode: commits survive an app crash; only a power cut can drop the last ones.
+                self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._depth = 0
+            with self.transaction():
+                # Statement by statement: executescript() would commit behind the transaction's back.
+                for statement in filter(str.strip, SCHEMA.split(";")):
+                    self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            self._conn.close()
+            raise
+
+    @property
+    def temporary(self) -> bool:
+        """An in-memory database: nothing is saved."""
+        return self.path == MEMORY
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -137,11 +192,39 @@ class Store:
             raise
         self._depth -= 1
         if self._depth == 0:
-            self._conn.execute("COMMIT")
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error:
+                # A failed COMMIT (disk full, I/O error) can leave the transaction open: end it, so the
+                # next write starts clean and a retry can succeed.
+                if self._conn.in_transaction:
+                    try:
+                        self._conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        log.debug("rollback after a failed commit failed too", exc_info=True)
+                raise
+
+    def checkpoint(self) -> None:
+        """Move the WAL's pages into the database file and empty the WAL (best effort)."""
+        if self._conn is not None and not self.temporary:
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as e:
+                log.warning("checkpointing %s failed: %s", self.path, e)
 
     def close(self) -> None:
+        """Checkpoint and close; the last connection's close removes the WAL file."""
         if self._conn is not None:
-            self._conn.close()
+            if self._conn.in_transaction:
+                try:
+                    self._conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            self.checkpoint()
+            try:
+                self._conn.close()
+            except sqlite3.Error as e:
+                log.warning("closing %s failed: %s", self.path, e)
             self._conn = None  # type: ignore[assignment]
 
     @property
@@ -150,9 +233,25 @@ class Store:
 
     # -- settings and presets --------------------------------------------------------------
 
+    def _damage(self, what: str, error: str | None) -> None:
+        """A read met damage: log it, tell the window, and ask the next start to repair the file."""
+        text = what if error is None else f"{what} ({error})"
+        log.error("database damage in %s: %s", self.path, text)
+        self.damage_seen.append(text)
+        if not self.temporary:
+            try:
+                Path(self.path + REPAIR_MARKER_SUFFIX).write_text(text + "\n", encoding="utf-8")
+            except OSError as e:
+                log.warning("cannot mark %s for repair: %s", self.path, e)
+        self.damaged.emit(text)
+
     def get_setting(self, key: str, default: Any = None) -> Any:
-        row = self._conn.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
-        return default if row is None else json.loads(row[0])
+        try:
+            row = self._conn.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+            return default if row is None else json.loads(row[0])
+        except ROW_ERRORS as e:
+            self._damage(f"the setting {key!r} could not be read", f"{type(e).__name__}: {e}")
+            return default
 
     def put_setting(self, key: str, value: Any) -> None:
         self._conn.execute(
@@ -161,8 +260,10 @@ class Store:
         )
 
     def presets(self) -> dict[str, dict[str, Any]]:
-        rows = self._conn.execute("SELECT name, sampler_json FROM presets ORDER BY name COLLATE NOCASE")
-        return {name: json.loads(text) for name, text in rows}
+        read = read_past_damage(self._conn, "presets", "name, sampler_json", lambda r: (str(r[0]), json.loads(r[1])))
+        if read.damaged:
+            self._damage(f"{read.damaged} saved preset(s) could not be read", read.first_error)
+        return dict(sorted(read.rows, key=lambda item: item[0].lower()))
 
     def save_preset(self, name: str, sampler: dict[str, Any]) -> None:
         self._conn.execute(
@@ -200,11 +301,14 @@ class Store:
         self._conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     def conversation(self, conversation_id: int) -> ConversationRow | None:
-        row = self._conn.execute(
-            "SELECT id, title, system_prompt, created, updated, active_root_id FROM conversations WHERE id = ?",
-            (conversation_id,),
-        ).fetchone()
-        return None if row is None else ConversationRow(*row)
+        try:
+            row = self._conn.execute(
+                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", (conversation_id,)
+            ).fetchone()
+            return None if row is None else conversation_from_row(row)
+        except ROW_ERRORS as e:
+            self._damage(f"conversation {conversation_id} could not be read", f"{type(e).__name__}: {e}")
+            return None
 
     def conversations(self, query: str = "") -> list[ConversationRow]:
         """Newest first; `query` matches titles and message text (case-insensitive substring)."""
@@ -218,7 +322,18 @@ class Store:
             )
             args = (pattern,)
         sql += " ORDER BY updated DESC, id DESC"
-        return [ConversationRow(*row) for row in self._conn.execute(sql, args)]
+        try:
+            return [conversation_from_row(row) for row in self._conn.execute(sql, args)]
+        except ROW_ERRORS as e:
+            error = f"{type(e).__name__}: {e}"
+        # Damage on the way: every conversation that can still be read (the search then matches titles only).
+        read = read_past_damage(self._conn, "conversations", _CONVERSATION_COLUMNS, conversation_from_row)
+        rows = read.rows
+        if query.strip():
+            needle = query.strip().lower()
+            rows = [r for r in rows if needle in r.title.lower() or needle in r.system_prompt.lower()]
+        self._damage(f"{read.damaged or 'some'} conversation(s) could not be listed", read.first_error or error)
+        return sorted(rows, key=lambda r: (r.updated, r.id), reverse=True)
 
     # -- messages --------------------------------------------------------------------------
 
@@ -270,12 +385,22 @@ class Store:
             self._conn.execute(f"UPDATE messages SET {sets} WHERE id = ?", (*vals, message_id))
 
     def messages(self, conversation_id: int) -> list[MessageRow]:
-        rows = self._conn.execute(
-            "SELECT id, conversation_id, parent_id, role, content, created, active_child_id, finish_reason, "
-            "branch_index, request_json, model_json, stats_json FROM messages WHERE conversation_id = ? ORDER BY id",
-            (conversation_id,),
+        """The conversation's messages that can be read (damage is reported through `damaged`)."""
+        try:
+            rows = self._conn.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
+            )
+            return [message_from_row(r) for r in rows]
+        except ROW_ERRORS as e:
+            error = f"{type(e).__name__}: {e}"
+        read = read_past_damage(
+            self._conn, "messages", _MESSAGE_COLUMNS, message_from_row, "conversation_id = ?", (conversation_id,)
         )
-        return [MessageRow(*r[:9], _loads(r[9]), _loads(r[10]), _loads(r[11])) for r in rows]
+        total = count_rows(self._conn, "SELECT count(*) FROM messages WHERE conversation_id = ?", (conversation_id,))
+        shown = len(read.rows)
+        lost = f"{total - shown} of {total}" if total is not None and total > shown else "some"
+        self._damage(f"{lost} messages of this conversation could not be read ({shown} shown)", read.first_error or error)
+        return read.rows
 
     # -- token records ---------------------------------------------------------------------
 
@@ -287,12 +412,41 @@ class Store:
         )
 
     def tokens(self, message_id: int) -> list[TokenEvent]:
-        rows = self._conn.execute(
-            "SELECT idx, token_id, text, token_text, logprob, sampler_logprob, rank, entropy, forced, special, top_json "
-            "FROM tokens WHERE message_id = ? ORDER BY idx",
-            (message_id,),
-        )
-        return [token_from_row(r) for r in rows]
+        """The message's token records up to the first that cannot be read.
+
+        Only an unbroken run from index 0 is of use (Continue and branching rebuild the
+        token ids from it), so a damaged record ends the list; the loss is reported.
+        """
+        events, error = read_tokens(self._conn, message_id)
+        if error is not None:
+            total = count_rows(self._conn, "SELECT count(*) FROM tokens WHERE message_id = ?", (message_id,))
+            lost = f"{total - len(events)} of {total}" if total is not None and total > len(events) else "some"
+            self._damage(f"{lost} token records of an answer could not be read ({len(events)} shown)", error)
+        return events
+
+    def insert_rows(self, table: str, columns: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> None:
+        """Insert rows as they are (ids included): recovery copies what it read into a fresh database."""
+        if table not in ("conversations", "messages", "tokens", "settings", "presets"):
+            raise ValueError(f"unknown table {table!r}")
+        marks = ", ".join("?" * len(columns))
+        self._conn.executemany(f"INSERT OR REPLACE INTO {table}({', '.join(columns)}) VALUES ({marks})", rows)
 
     def token_count(self, message_id: int) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM tokens WHERE message_id = ?", (message_id,)).fetchone()[0])
+
+
+def read_tokens(conn: sqlite3.Connection, message_id: int) -> tuple[list[TokenEvent], str | None]:
+    """The unbroken run of readable token records from index 0, and the first error met (None: all read)."""
+    events: list[TokenEvent] = []
+    try:
+        rows = conn.execute(
+            f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE message_id = ? ORDER BY idx", (message_id,)
+        )
+        for row in rows:
+            event = token_from_row(row)
+            if event.index != len(events):
+                return events, f"token record {len(events)} is missing"
+            events.append(event)
+    except ROW_ERRORS as e:
+        return events, f"{type(e).__name__}: {e}"
+    return events, None
