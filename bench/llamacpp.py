@@ -1,6 +1,6 @@
 """Decode speed of our engine on llama.cpp vs llama-cpp-python's own `Llama`, same file, same threads, same run.
 
-    python bench/llamacpp.py [--model PATH.gguf] [--tokens 64] [--memory]
+    python bench/llamacpp.py [--model PATH.gguf] [--tokens 64] [--memory] [--torch]
 
 Prints tok/s for: raw `Llama.generate` greedy (llama.cpp samples, C side),
 ours greedy with no inspection (top_n=0), ours greedy with top-20 + entropy
@@ -8,7 +8,10 @@ per token (the app's default inspection); then `ratio_vs_llamacpp=X.XX`
 (ours with inspection / raw). With `--memory`, it also measures peak
 resident memory of a fresh process loading the GGUF on llama.cpp vs the
 torch conversion path (one subprocess each) and prints
-`rss_ratio_vs_torch=X.XX`.
+`rss_ratio_vs_torch=X.XX`. With `--torch`, the same inspected generation on
+our torch backend (the converted float32 model) gives `speedup_vs_torch=X.XX`,
+and a cold 2,000-token prefill on both gives `prefill_ratio_vs_torch=X.XX`
+(llama.cpp tok/s / torch tok/s).
 """
 
 from __future__ import annotations
@@ -63,8 +66,23 @@ from engine.load import load_model
 b = load_model({spec!r}, backend={backend!r})
 ids = b.tokenizer.encode("The capital of France is")
 b.forward(ids)
-print(json.dumps({{"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+try:  # Linux: ru_maxrss of a child starts at its parent's peak (fork), VmHWM is this program's own
+    peak = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1]) * 1024
+except (OSError, StopIteration):
+    pass
+print(json.dumps({{"peak_rss": peak}}))
 """
+
+
+def prefill_rate(backend, n: int = 2000) -> float:
+    ids = (backend.tokenizer.encode(PROMPT + " ") * (n // 10 + 1))[:n]
+    from engine.backends.base import prefill
+
+    backend.trim_cache(0)
+    t0 = time.perf_counter()
+    prefill(backend, ids)
+    return n / (time.perf_counter() - t0)
 
 
 def peak_rss(spec: str | None, backend: str) -> int:
@@ -79,6 +97,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="best of N for each measurement")
     parser.add_argument("--memory", action="store_true", help="also compare peak RSS with the torch path")
+    parser.add_argument("--torch", action="store_true", help="also decode and prefill on the torch backend")
     args = parser.parse_args()
 
     from engine.backends.llamacpp import LlamaCppBackend
@@ -98,6 +117,18 @@ def main() -> None:
     print(f"llama.cpp Llama.generate greedy:        {best['raw']:.1f} tok/s")
     print(f"ours greedy, no inspection:             {best['ours']:.1f} tok/s")
     print(f"ours greedy, top-20 + entropy per token: {best['ours_inspect']:.1f} tok/s")
+    if args.torch:
+        from engine.load import load_model
+
+        torch_backend = load_model(args.model, backend="torch")
+        torch_inspect = max(ours(torch_backend, prompt, args.tokens, top_n=20) for _ in range(args.repeats))
+        print(f"ours on torch (float32), top-20 + entropy: {torch_inspect:.1f} tok/s")
+        cpp_prefill = max(prefill_rate(backend) for _ in range(args.repeats))
+        torch_prefill = max(prefill_rate(torch_backend) for _ in range(args.repeats))
+        print(f"prefill 2,000 tokens cold: llama.cpp {cpp_prefill:.0f} tok/s, torch {torch_prefill:.0f} tok/s")
+        print(f"speedup_vs_torch={best['ours_inspect'] / torch_inspect:.2f}")
+        print(f"prefill_ratio_vs_torch={cpp_prefill / torch_prefill:.2f}")
+        torch_backend.close()
     backend.close()
     if args.memory:
         ours_rss = peak_rss(args.model, "llamacpp")

@@ -42,6 +42,7 @@ class LlamaCppRunner:
         params.n_ctx = backend.n_ctx
         params.n_batch = params.n_ubatch = n_batch
         params.n_seq_max = max_seqs
+        params.n_outputs_max = max_seqs  # one row of logits per sequence per decode, never more
         params.kv_unified = True  # one pool of cells shared by every sequence: seq_cp shares, not copies
         params.swa_full = True
         params.n_threads = params.n_threads_batch = backend.n_threads

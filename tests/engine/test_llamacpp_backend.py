@@ -72,8 +72,8 @@ def test_greedy_equals_llamacpp_own_greedy_on_the_default_model(fresh_default_ll
     llm = llama_reference(backend.info.path, backend)
     for text in ["The capital of France is", "Water boils at"]:
         ids = backend.tokenizer.encode(text)
-        ours, _ = our_tokens(backend, ids, 12)
-        out = llm.create_completion(ids, max_tokens=12, temperature=0.0)
+        ours, _ = our_tokens(backend, ids, 8)
+        out = llm.create_completion(ids, max_tokens=8, temperature=0.0)
         assert backend.tokenizer.decode(ours).startswith(out["choices"][0]["text"]), text
 
 
@@ -119,7 +119,7 @@ def test_second_chat_turn_evaluates_only_its_new_tokens(fresh_default_llamacpp):
     session = ChatSession()
     for turn, question in enumerate(["What is 2+2?", "And 3+3?"]):
         before = backend.tokens_evaluated
-        done = list(generate_events(backend, session.request(question, sampler=GREEDY, max_new_tokens=12)))[-1]
+        done = list(generate_events(backend, session.request(question, sampler=GREEDY, max_new_tokens=6)))[-1]
         assert isinstance(done, Done)
         stats = done.stats
         if turn == 1:

@@ -110,6 +110,9 @@ class LlamaCppBackend:
             cparams.n_ctx = self.n_ctx
             cparams.n_batch = cparams.n_ubatch = n_batch
             cparams.n_seq_max = 1
+            # Only the last position's logits are ever asked for: without this llama.cpp reserves room
+            # for n_batch rows of logits (512 x 49k floats = 96 MiB for the default model).
+            cparams.n_outputs_max = 1
             cparams.n_threads = cparams.n_threads_batch = self.n_threads
             cparams.offload_kqv = self.gpu_plan.offload_kqv
             cparams.swa_full = True  # sliding-window layers keep every position, so trimming stays exact
