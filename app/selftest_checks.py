@@ -92,7 +92,8 @@ def _resources() -> dict[str, Any]:
 async def send_stop_cycles(window, prompt: str, cycles: int, warmup: int = 5) -> dict[str, Any]:
     """Send and stop at once, `cycles` times, through the controller; threads and memory before and after.
 
-    Half the cycles stop before the first token, half right after it. A fresh chat every 10 cycles
+    Most cycles stop at once (before or during the prompt); one in ten waits for the first token
+    first, so stopping mid-decode is exercised too. A fresh chat every 10 cycles
     keeps the prompt short. Measured after `warmup` cycles, so caches and the allocator have settled.
     """
     controller = window.controller
@@ -101,7 +102,7 @@ async def send_stop_cycles(window, prompt: str, cycles: int, warmup: int = 5) ->
         if i % 10 == 0:
             window.library.new()
         task = asyncio.ensure_future(controller.send(f"{prompt} ({i})"))
-        if i % 2:
+        if i % 10 == 5:
             deadline = time.monotonic() + 10.0
             while controller.busy and not (controller.generating_message and controller.generating_message.tokens):
                 if time.monotonic() > deadline:
