@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QApplication
 from app import __version__
 from app.paths import DATA_DIR_ENV
 from app.platform_check import check_linux_desktop_libraries
+from engine import BACKENDS
 
 log = logging.getLogger("app")
 
@@ -23,7 +24,7 @@ log = logging.getLogger("app")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="logitlab", description="Chat with a local model and see how it samples.")
     p.add_argument("--model", help="a model folder, a .gguf file or a hub id (default: the last one used)")
-    p.add_argument("--backend", choices=("auto", "torch", "mlx", "mock"), help="how to run it (default: auto)")
+    p.add_argument("--backend", choices=BACKENDS, help="how to run it (default: auto)")
     p.add_argument("--appearance", choices=("system", "light", "dark"), help="colour scheme (default: as last time)")
     p.add_argument("--data-dir", help=f"where conversations are kept (default: ${DATA_DIR_ENV} or the user data dir)")
     p.add_argument(

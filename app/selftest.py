@@ -39,6 +39,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from engine import BACKENDS
+
 SELFTEST_FLAG = "--self-test"
 REPORT_PREFIX = "LOGITLAB_SELFTEST "
 DEFAULT_PROMPT = "What is the capital of France?"
@@ -52,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=8, help="answer length in tokens (default: 8)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--model", help="a model folder, .gguf file or hub id (default: the default model)")
-    p.add_argument("--backend", default="auto", choices=("auto", "torch", "mlx", "mock"))
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default: 600)")
     p.add_argument("--data-dir", help="use this data folder instead of a temporary one")
     p.add_argument("--report", help="also write the JSON report to this file")
