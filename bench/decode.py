@@ -5,8 +5,12 @@
 Runs alternate (ours, generate, ours, ...) so drift hits both alike. Both are
 greedy and ignore EOS so every run makes exactly --new-tokens tokens. Decode
 tokens/s counts tokens after the first over the time after the first (prefill
-excluded) for both. Then: time to first token of chat turn 5 vs turn 1 for
-equal new input. Last line: ratio_vs_generate=X.XX
+excluded) for both, and the tokens must be the same. Then: time to first
+token of chat turn 5 vs turn 1 for equal new input. Then one long greedy
+generation (--long-tokens, 3,000 by default) through `Engine.generate` on
+this torch backend: tok/s over tokens 2,900-3,000 divided by tok/s over
+100-200 (1.00 = no slowdown as the answer grows).
+Last lines: ratio_vs_generate=X.XX and long_context_ratio=X.XX
 """
 
 from __future__ import annotations
@@ -51,15 +55,15 @@ class TimingStreamer(BaseStreamer):
         pass
 
 
-def ours(backend: TorchBackend, prompt_ids: list[int], n: int) -> float:
+def ours(backend: TorchBackend, prompt_ids: list[int], n: int) -> tuple[float, list[int]]:
     backend.trim_cache(0)  # no reuse: the same work generate() does
     req = GenerationRequest(prompt_ids=tuple(prompt_ids), sampler=GREEDY, max_new_tokens=n, top_n=20, ignore_eos=True)
     done = [e for e in generate_events(backend, req)][-1]
     assert isinstance(done, Done) and done.stats.generated_tokens == n
-    return done.stats.decode_tokens_per_s
+    return done.stats.decode_tokens_per_s, list(done.stats.token_ids)
 
 
-def theirs(backend: TorchBackend, prompt_ids: list[int], n: int) -> float:
+def theirs(backend: TorchBackend, prompt_ids: list[int], n: int) -> tuple[float, list[int]]:
     streamer = TimingStreamer()
     with torch.inference_mode():
         out = backend.model.generate(
@@ -67,7 +71,7 @@ def theirs(backend: TorchBackend, prompt_ids: list[int], n: int) -> float:
         )
     assert out.shape[1] == len(prompt_ids) + n
     first, last = streamer.times[1], streamer.times[-1]
-    return (n - 1) / (last - first)
+    return (n - 1) / (last - first), out[0, len(prompt_ids) :].tolist()
 
 
 def sampler_cost_ms(backend: TorchBackend, prompt_ids: list[int], n: int = 64) -> dict[str, float]:
@@ -109,25 +113,63 @@ def chat_ttft(backend: TorchBackend, turns: int = 5) -> list[float]:
     return ttfts
 
 
+def long_context_ratio(backend: TorchBackend, prompt_ids: list[int], n: int) -> float:
+    """tok/s over tokens n-100..n over tok/s over 100..200 of one greedy generation through Engine.generate."""
+    from engine.engine import Engine
+    from engine.events import TokenEvent
+
+    backend.trim_cache(0)
+    req = GenerationRequest(prompt_ids=tuple(prompt_ids), sampler=GREEDY, max_new_tokens=n, top_n=20, ignore_eos=True)
+    engine = Engine.from_backend(backend)  # the worker thread owns (and finally closes) the backend from here on
+    try:
+        times = [time.perf_counter() for e in engine.generate(req) if isinstance(e, TokenEvent)]
+    finally:
+        engine.close()
+    assert len(times) == n
+
+    def rate(a: int, b: int) -> float:  # tokens a..b (0-based), b - a of them after token a
+        return (b - a) / (times[b - 1] - times[a - 1])
+
+    early, late = rate(100, 200), rate(n - 100, n)
+    for a in range(0, n - 99, max(n // 10, 100)):
+        if a:
+            print(f"  tokens {a}-{a + 100}: {rate(a, a + 100):.1f} tok/s")
+    print(f"long generation ({n} tokens, Engine.generate, torch): tokens 100-200 {early:.1f} tok/s, "
+          f"tokens {n - 100}-{n} {late:.1f} tok/s")
+    return late / early
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--long-tokens", type=int, default=3000, help="length of the long generation; 0 skips it")
+    ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                    help="the backend's compiled decode step (auto: on for CUDA, off for the CPU); waited for")
     args = ap.parse_args()
     quiet_third_party()
     source = resolve_spec(args.model)
-    backend = TorchBackend(materialize(source), spec=source.spec, display_name=source.name)
+    compile_step = {"auto": None, "on": True, "off": False}[args.compile]
+    # TorchBackend directly: the default model would otherwise pick llama.cpp.
+    backend = TorchBackend(materialize(source), spec=source.spec, display_name=source.name, compile_step=compile_step)
+    if backend.compiled is not None:
+        t = time.perf_counter()
+        usable = backend.compiled.wait()
+        print(f"compiled decode step: {'ready' if usable else 'failed'} after {time.perf_counter() - t:.0f} s")
     print(f"model {backend.info.name}: {backend.info.parameters / 1e6:.0f}M params, vocab {backend.info.vocab_size}, "
           f"{backend.info.device}, torch {torch.__version__}")
     prompt_ids = backend.tokenizer.chat_ids([{"role": "user", "content": PROMPT}])
     print(f"prompt {len(prompt_ids)} tokens, {args.new_tokens} new tokens, {args.rounds} rounds (after one warm-up each)")
     ours(backend, prompt_ids, 8)
     theirs(backend, prompt_ids, 8)
-    a, b = [], []
+    a, b, same = [], [], True
     for r in range(args.rounds):
-        a.append(ours(backend, prompt_ids, args.new_tokens))
-        b.append(theirs(backend, prompt_ids, args.new_tokens))
+        rate, our_tokens = ours(backend, prompt_ids, args.new_tokens)
+        a.append(rate)
+        rate, their_tokens = theirs(backend, prompt_ids, args.new_tokens)
+        b.append(rate)
+        same = same and our_tokens == their_tokens
         print(f"round {r + 1}: ours {a[-1]:.1f} tok/s (inspection: top-20 + entropy), generate() {b[-1]:.1f} tok/s")
     cost = sampler_cost_ms(backend, prompt_ids)
     print(f"sampler + inspection on real logits (vocab {backend.info.vocab_size}): {cost['plain']:.2f} ms/token, "
@@ -135,8 +177,13 @@ def main() -> None:
     print("chat time to first token, equal new input per turn:")
     ttfts = chat_ttft(backend)
     print(f"ttft turn5/turn1 = {ttfts[4] / ttfts[0]:.2f}")
-    print(f"ours median {statistics.median(a):.1f} tok/s, generate() median {statistics.median(b):.1f} tok/s")
-    print(f"ratio_vs_generate={statistics.median(a) / statistics.median(b):.2f}")
+    print(f"ours median {statistics.median(a):.1f} tok/s, generate() median {statistics.median(b):.1f} tok/s, "
+          f"same tokens: {'yes' if same else 'NO'}")
+    ratio = statistics.median(a) / statistics.median(b)
+    long_ratio = long_context_ratio(backend, prompt_ids, args.long_tokens) if args.long_tokens >= 300 else None
+    print(f"ratio_vs_generate={ratio:.2f}")
+    if long_ratio is not None:
+        print(f"long_context_ratio={long_ratio:.2f}")
 
 
 if __name__ == "__main__":

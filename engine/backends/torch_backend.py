@@ -70,7 +70,10 @@ class TorchBackend:
         dtype: str | None = None,
         trust_remote_code: bool = False,
         offload=None,
+        compile_step: bool | None = None,
     ):
+        """`compile_step`: build a torch.compile'd decode step in the background (None: the
+        LOGITLAB_TORCH_COMPILE environment variable, else on for CUDA and off for the CPU)."""
         from transformers import AutoModelForCausalLM
 
         self.device = pick_device(device)
@@ -99,6 +102,13 @@ class TorchBackend:
         self._cache = None
         self._tokens: list[int] = []
         self.info = self._describe(folder, spec, display_name)
+        self.compiled = None  # CompiledDecodeStep, swapped in by forward() once its thread has built it
+        if self.offload is None:
+            from engine.backends.torch_compile import CompiledDecodeStep, compile_wanted
+
+            if compile_wanted(self.device, compile_step):
+                tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2  # relative to the largest logit
+                self.compiled = CompiledDecodeStep(self.model, tolerance=tolerance)
 
     def _describe(self, folder: Path, spec: str, display_name: str) -> ModelInfo:
         cfg = self.model.config.get_text_config()
@@ -168,15 +178,25 @@ class TorchBackend:
         if self._cache is None:
             self._cache = self._new_cache()
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # (1, T)
+        step = self.compiled.step if self.compiled is not None and len(token_ids) == 1 else None
         try:
-            out = self.model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+            if step is not None and getattr(self._cache, "supports_static_step", False):
+                with self._cache.static_step():
+                    logits = step(self.model, ids, self._cache)
+            else:
+                # logits_to_keep=1: the head projects only the last position, (1, 1, V) not (1, T, V)
+                logits = self.model(
+                    input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1
+                ).logits
         except BaseException:
             self._reset()  # a half-updated cache no longer matches self._tokens
             raise
         self._tokens.extend(int(t) for t in token_ids)
-        return out.logits[0, -1].float().cpu().numpy()  # (V,)
+        return logits[0, -1].float().cpu().numpy()  # (V,)
 
     def peak_memory_bytes(self) -> int:
+        # The preallocated KV cache counts in full from when it is reserved, not only the filled part:
+        # on CUDA it is allocated memory; on the CPU its buffers are zero-filled, so their pages are resident.
         if self.device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(self.device))
         return process_peak_rss_bytes()

@@ -21,6 +21,8 @@ Buffers are (batch, kv_heads, capacity, head_dim), the layout attention reads.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, get_layer_types_and_kwargs
@@ -56,6 +58,11 @@ class GrowingLayer(CacheLayerMixin):
         self.grow_step = grow_step
         self.length = 0
         self.start = 0
+        # Fixed-shape mode for one compiled decode step (GrowingCache.static_step): the new token is written at
+        # `position` (a (1,) tensor, so the compiled graph does not specialize on it) and attention reads the
+        # whole buffer under a causal mask, as transformers' StaticLayer does.
+        self.static = False
+        self.position: torch.Tensor | None = None
 
     # --- storage -----------------------------------------------------------------
 
@@ -68,8 +75,9 @@ class GrowingLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def _allocate(self, capacity: int, head_dim: int) -> torch.Tensor:
-        # empty, not zeros: slots past `length` are never read, and untouched pages cost no RSS on the CPU
-        return torch.empty(
+        # zeros, not empty: the compiled step attends over the whole buffer with a mask, and a NaN left in a
+        # masked slot would still poison the output (0 * NaN). The zeroing is once per allocation.
+        return torch.zeros(
             (self.batch_size, self.num_heads, capacity, head_dim), dtype=self.dtype, device=self.device
         )
 
@@ -112,6 +120,10 @@ class GrowingLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write (B, H, T, D) new keys/values in place; return views of what attention reads."""
+        if self.static:
+            self.keys.index_copy_(2, self.position, key_states)
+            self.values.index_copy_(2, self.position, value_states)
+            return self.keys, self.values
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         t = key_states.shape[-2]
@@ -128,11 +140,13 @@ class GrowingLayer(CacheLayerMixin):
         return 0
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self.static:
+            return self.keys.shape[-2], 0
         kv_offset = self._first_visible(self.length)
         return self.length - kv_offset + query_length, kv_offset
 
     def get_seq_length(self) -> int:
-        return self.length
+        return self.position if self.static else self.length
 
     def get_max_length(self) -> int:
         return -1
@@ -255,3 +269,34 @@ class GrowingCache(Cache):
     def nbytes(self) -> int:
         """Bytes reserved by every layer's buffers."""
         return sum(layer.nbytes() for layer in self._attention_layers())
+
+    @property
+    def supports_static_step(self) -> bool:
+        """Whether `static_step` applies: every attention layer full (no sliding window) and already filled once."""
+        layers = self._attention_layers()
+        return bool(layers) and all(not layer.is_sliding and layer.is_initialized for layer in layers)
+
+    @contextmanager
+    def static_step(self) -> Iterator[None]:
+        """Run one decode token with fixed-shape tensors, the form a compiled step needs.
+
+        Inside, each layer writes the token at a tensor position and hands
+        attention its whole buffer; the mask hides slots past the token. On a
+        clean exit the cache is one token longer.
+        """
+        layers = self._attention_layers()
+        for layer in layers:
+            layer._make_room(1)
+        position = getattr(self, "_position", None)
+        if position is None or position.device != layers[0].device:
+            position = self._position = torch.zeros(1, dtype=torch.long, device=layers[0].device)
+        position.fill_(layers[0].length)
+        for layer in layers:
+            layer.static, layer.position, layer.is_compileable = True, position, True
+        try:
+            yield
+        finally:
+            for layer in layers:
+                layer.static, layer.is_compileable = False, False
+        for layer in layers:
+            layer.length += 1

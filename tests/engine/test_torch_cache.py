@@ -169,3 +169,40 @@ def test_default_model_long_greedy_matches_the_dynamic_cache(fresh_default_torch
     ours = _greedy(backend, prompt, n)
     assert backend._cache.layers[0].capacity >= len(prompt) + n - 1 > 8 * 16
     assert ours == _generate_reference(backend, prompt, n)
+
+
+def _compiler_available() -> bool:
+    import shutil as sh
+
+    return sh.which("cc") is not None or sh.which("gcc") is not None or sh.which("clang") is not None
+
+
+@pytest.mark.skipif(not _compiler_available(), reason="torch.compile (inductor) needs a C compiler on the CPU")
+def test_compiled_step_gives_the_eager_tokens_and_logprobs(tiny_llama_folder, small_steps):
+    """Built in the background, swapped in when ready, crossing a buffer growth: same greedy run as eager."""
+    from engine.backends.torch_backend import TorchBackend
+
+    req = GenerationRequest(prompt="compile me", sampler=GREEDY, max_new_tokens=40, ignore_eos=True, top_n=5)
+    compiled = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny", compile_step=True)
+    try:
+        first = list(generate_events(compiled, req))  # runs at once, eager or compiled: the build never blocks it
+        assert compiled.compiled.wait(600), f"the compiled step failed to build: {compiled.compiled.error!r}"
+        compiled.trim_cache(0)
+        calls = []
+        step = compiled.compiled.step
+        compiled.compiled.step = lambda *a: calls.append(1) or step(*a)
+        with_compile = list(generate_events(compiled, req))
+        assert len(calls) == 39  # every decode step after the first token ran compiled
+        assert compiled._cache.layers[0].capacity == 64  # grew from 32 slots while compiled
+    finally:
+        compiled.close()
+    eager = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny", compile_step=False)
+    try:
+        assert eager.compiled is None
+        reference = list(generate_events(eager, req))
+    finally:
+        eager.close()
+    assert with_compile[-1].stats.token_ids == reference[-1].stats.token_ids == first[-1].stats.token_ids
+    for a, b in zip(with_compile[:-1], reference[:-1]):
+        assert abs(a.logprob - b.logprob) < 1e-4
+        assert [t.token_id for t in a.top_model] == [t.token_id for t in b.top_model]
