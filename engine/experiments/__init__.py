@@ -17,7 +17,7 @@ from engine.experiments.compare import (
     with_shared_seed,
 )
 from engine.experiments.replay import TokenDiff, changed_fields, replay_settings, token_diff
-from engine.experiments.score import ScoredToken, ScoreResult, score, score_ids, text_ids
+from engine.experiments.score import ScoredToken, ScoreResult, score, score_ids, score_step_by_step, text_ids
 from engine.experiments.trace import (
     TRACE_FORMAT,
     TraceRun,
@@ -53,6 +53,7 @@ __all__ = [
     "run_column",
     "score",
     "score_ids",
+    "score_step_by_step",
     "score_run",
     "text_ids",
     "token_diff",

@@ -1,17 +1,22 @@
 """Teacher-forced scoring: how surprising is a given text to the model, token by token.
 
-Backends return only the last position's logits (the 5-method protocol), so a
-text is scored by feeding its tokens one forward at a time on top of the KV
-cache: the context (a prompt, or just the first token) is prefilled in chunks
-with prefix reuse, then every scored position costs one single-token forward.
-That is `n` small forwards instead of one `n`-token forward, which on a
-135M-parameter model on CPU is a few milliseconds per token (docs/experiments.md
-has the measurement); in exchange every backend that can generate can also
-score, with no second code path to keep in step with the decode loop.
+The text is read in one teacher-forced pass: the backend's research runner
+(`engine.research.positions`) runs it in chunks of positions (256 at a 49k
+vocabulary, fewer for larger ones, so the logits held at once stay bounded)
+on a KV cache carried from chunk to chunk, keeping every position's logits.
+A text of n tokens costs ceil(n / chunk) forwards, the Backend protocol is
+not widened (the runners are the research layer's, one per backend), and the
+backend's own KV cache, holding the conversation, is left as it was.
+
+Backends without such a runner (remote, mock) fall back to
+`score_step_by_step`: the context is prefilled with prefix reuse, then every
+scored position costs one single-token forward through the 5-method protocol.
+docs/experiments.md has the measured difference (`python bench/score.py`).
 
 Per position the numbers come from the same `SamplerChain` code that reports
 them for generated tokens (greedy, with the text's token forced), so scoring a
-generated answer reproduces its recorded log-probs, ranks and entropies.
+generated answer reproduces its recorded log-probs, ranks and entropies: exactly
+on the step-by-step path, within float32 rounding (~1e-5) on the batched one.
 """
 
 from __future__ import annotations
@@ -84,8 +89,8 @@ class ScoreResult:
     token_ids: tuple[int, ...]
     context: int
     tokens: tuple[ScoredToken, ...]
-    reused_tokens: int  # context tokens whose KV cache was reused
-    forward_calls: int
+    reused_tokens: int  # context tokens whose KV cache was reused (step by step only; else 0)
+    forward_calls: int  # model calls: one per chunk of positions, or one per position step by step
 
     @property
     def total_logprob(self) -> float:
@@ -134,8 +139,14 @@ def score_ids(
 ) -> ScoreResult:
     """Score `token_ids[context:]` given everything before each position.
 
+    On torch, MLX and llama.cpp the sequence runs teacher-forced through the
+    backend's research runner, every position's logits at once, in chunks
+    (`engine.research.positions`); the backend's own KV cache is left as it
+    was. Other backends (remote, mock) go step by step (`score_step_by_step`).
+    Call it on the backend's worker thread (`Engine.score` / `Engine.call`).
+
     Args:
-        backend: the model (its KV cache is reused and left holding the ids).
+        backend: the model.
         token_ids: the whole sequence, context first.
         context: how many leading ids are context only (>= 1).
         top_n: alternatives reported per position.
@@ -143,9 +154,24 @@ def score_ids(
             positions scored so far.
 
     Raises:
-        ValueError: fewer than two ids, or a context outside [1, len).
+        ValueError: fewer than two ids, a context outside [1, len), or an id outside the vocabulary.
         ContextLengthError: the sequence is longer than the model's context.
     """
+    ids = _checked_ids(backend, token_ids, context)
+    from engine.research.positions import sequence_runner_for
+
+    runner = sequence_runner_for(backend, len(ids))
+    if runner is None:
+        return score_step_by_step(backend, ids, context=context, top_n=top_n, cancelled=cancelled)
+    try:
+        return _score_all_positions(backend, runner, ids, context, top_n, cancelled)
+    finally:
+        close = getattr(runner, "close", None)  # llama.cpp: its scoring context
+        if close is not None:
+            close()
+
+
+def _checked_ids(backend: Backend, token_ids: Sequence[int], context: int) -> list[int]:
     ids = [int(t) for t in token_ids]
     if len(ids) < 2:
         raise ValueError(f"scoring needs at least two tokens (one to predict from), got {len(ids)}")
@@ -154,29 +180,84 @@ def score_ids(
     limit = backend.info.context_length
     if limit and len(ids) > limit:
         raise ContextLengthError(f"the text has {len(ids)} tokens but the model's context length is {limit}")
-    tok = backend.tokenizer
-    # Greedy with the text's token forced: the model-side numbers, computed as for generated tokens.
-    chain = SamplerChain(SamplerSettings(temperature=0.0, seed=0))
-    history = np.asarray(ids, dtype=np.int64)
+    vocab = backend.info.vocab_size
+    bad = [t for t in ids if t < 0 or (vocab and t >= vocab)]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the model's vocabulary (0..{vocab - 1})")
+    return ids
 
+
+class _Scorer:
+    """Turns the logits at position pos - 1 into the `ScoredToken` for position pos."""
+
+    def __init__(self, tokenizer: Tokenizer, ids: list[int], top_n: int):
+        self.tok = tokenizer
+        self.ids = ids
+        self.top_n = top_n
+        # Greedy with the text's token forced: the model-side numbers, computed as for generated tokens.
+        self.chain = SamplerChain(SamplerSettings(temperature=0.0, seed=0))
+        self.history = np.asarray(ids, dtype=np.int64)
+
+    def __call__(self, pos: int, logits: np.ndarray) -> ScoredToken:
+        tok, token_id = self.tok, self.ids[pos]
+        pick = self.chain.pick(logits, self.history[:pos], top_n=self.top_n, force_token=token_id)
+        return ScoredToken(
+            index=pos,
+            token_id=token_id,
+            token_text=tok.token_text(token_id),
+            logprob=pick.logprob,
+            rank=pick.rank,
+            entropy=pick.entropy,
+            top=tuple(TokenProb(int(i), tok.token_text(int(i)), float(lp)) for i, lp in pick.top_model),
+        )
+
+
+def _score_all_positions(
+    backend: Backend, runner, ids: list[int], context: int, top_n: int, cancelled: Callable[[], bool]
+) -> ScoreResult:
+    """One teacher-forced pass: the runner yields the logits of positions context-1 .. T-2 chunk by chunk."""
+    from engine.research.positions import positions_per_chunk
+
+    scorer = _Scorer(backend.tokenizer, ids, top_n)
+    chunk = positions_per_chunk(backend.info.vocab_size)
+    # The last token predicts nothing, so it is not run; row j of the first chunk predicts ids[context + j].
+    chunks = runner.position_logits(ids[:-1], first=context - 1, chunk=chunk)
+    scored: list[ScoredToken] = []
+    try:
+        while not cancelled():
+            block = next(chunks, None)  # (n, V): one forward
+            if block is None:
+                break
+            for row in block:
+                scored.append(scorer(context + len(scored), row))
+    finally:
+        chunks.close()
+    return ScoreResult(tuple(ids), context, tuple(scored), 0, runner.forward_calls)
+
+
+def score_step_by_step(
+    backend: Backend,
+    token_ids: Sequence[int],
+    *,
+    context: int = 1,
+    top_n: int = 10,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> ScoreResult:
+    """`score_ids` through the 5-method protocol alone: one single-token forward per position.
+
+    The fallback for backends without an all-positions runner (remote, mock).
+    The context is prefilled with prefix reuse and the backend's KV cache is
+    left holding the ids.
+    """
+    ids = _checked_ids(backend, token_ids, context)
+    scorer = _Scorer(backend.tokenizer, ids, top_n)
     logits, reused = prefill(backend, ids[:context], cancelled=cancelled)
     forwards = math.ceil((context - reused) / PREFILL_CHUNK) if logits is not None else 0
     scored: list[ScoredToken] = []
     for pos in range(context, len(ids)):
         if logits is None:
             break
-        pick = chain.pick(logits, history[:pos], top_n=top_n, force_token=ids[pos])
-        scored.append(
-            ScoredToken(
-                index=pos,
-                token_id=ids[pos],
-                token_text=tok.token_text(ids[pos]),
-                logprob=pick.logprob,
-                rank=pick.rank,
-                entropy=pick.entropy,
-                top=tuple(TokenProb(int(i), tok.token_text(int(i)), float(lp)) for i, lp in pick.top_model),
-            )
-        )
+        scored.append(scorer(pos, logits))
         if pos + 1 < len(ids):
             if cancelled():
                 break

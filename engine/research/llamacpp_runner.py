@@ -12,25 +12,41 @@ batch is its own sequence with its own positions, so no padding is needed:
 - `forward_rows` (the token trie): a row's cached prefix state is the bytes
   of its KV cache (`llama_state_seq_get_data`), restored into a sequence with
   `llama_state_seq_set_data`, so the trie can keep and evict states like
-  any other bytes; then all rows' new tokens run in one `llama_batch`.
+  any other bytes; then all rows' new tokens run in one `llama_batch`;
+- `position_logits` (teacher-forced scoring): one sequence in chunks of
+  positions, every position of a chunk asking for logits
+  (`llama_get_logits_ith(i)`), the KV cache carried from chunk to chunk.
+  `engine.research.positions.sequence_runner_for` builds a runner sized for
+  that (one sequence, a cache of the text's length, a chunk of logits rows).
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import llama_cpp
 import numpy as np
 
 from engine.backends.llamacpp import native
+from engine.research.positions import chunk_spans, stack_logprobs
 
 RowState = tuple[int, bytes]  # (cached positions, llama_state_seq_get_data bytes)
 
 
 class LlamaCppRunner:
-    def __init__(self, backend: Any, max_seqs: int = 128, n_batch: int = 512):
+    def __init__(
+        self,
+        backend: Any,
+        max_seqs: int = 128,
+        n_batch: int = 512,
+        *,
+        n_ctx: int | None = None,
+        n_outputs: int | None = None,
+    ):
+        """`n_ctx`: cache cells (default: the backend's context); `n_outputs`: logits rows one decode may
+        return (default: one per sequence; `position_logits` needs one per position of a chunk)."""
         self.backend = backend
         self.pad_id = max(0, backend.tokenizer.pad_token_id)
         self.n_vocab = backend.n_vocab
@@ -39,10 +55,11 @@ class LlamaCppRunner:
         self.forward_calls = 0
         self.tokens_evaluated = 0
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = backend.n_ctx
+        params.n_ctx = n_ctx or backend.n_ctx
         params.n_batch = params.n_ubatch = n_batch
         params.n_seq_max = max_seqs
-        params.n_outputs_max = max_seqs  # one row of logits per sequence per decode, never more
+        self.n_outputs = n_outputs or max_seqs
+        params.n_outputs_max = self.n_outputs  # by default one row of logits per sequence per decode, never more
         params.kv_unified = True  # one pool of cells shared by every sequence: seq_cp shares, not copies
         params.swa_full = True
         params.n_threads = params.n_threads_batch = backend.n_threads
@@ -155,6 +172,40 @@ class LlamaCppRunner:
     @staticmethod
     def state_nbytes(state: RowState) -> int:
         return len(state[1])
+
+    # --- every position of one sequence (teacher-forced scoring) -------------------------
+
+    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None) -> Iterator[np.ndarray]:
+        """Logits of positions `first`..T-1 of `ids`, as (n, V) float32 chunks in order (row t predicts t + 1).
+
+        One `llama_decode` per `chunk` positions (at most `n_batch` and `n_outputs`) as
+        sequence 0, every wanted position flagged for logits; the cache is cleared before and after.
+        """
+        chunk = min(chunk or self.n_outputs, self.n_batch, self.n_outputs)
+        ids = [int(t) for t in ids]
+        bad = [t for t in ids if not 0 <= t < self.n_vocab]
+        if bad:  # llama.cpp aborts on an out-of-range id
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+        spans = list(chunk_spans(len(ids), chunk, first))
+        llama_cpp.llama_memory_clear(self._mem, True)
+        try:
+            for lo, hi, keep in spans:
+                self._batch.clear()
+                for pos in range(lo, hi):
+                    self._batch.add(ids[pos], pos, 0, hi - pos <= keep)
+                native.decode(self.ctx, self._batch)
+                self.forward_calls += 1
+                self.tokens_evaluated += hi - lo
+                if keep > 0:
+                    rows = range(hi - lo - keep, hi - lo)  # batch indices of the wanted positions
+                    yield np.stack([native.logits_row(self.ctx, i, self.n_vocab) for i in rows])  # (keep, V)
+        finally:
+            self._batch.clear()
+            llama_cpp.llama_memory_clear(self._mem, True)
+
+    def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
+        """(T, V) float32 log-probs at every position of `ids` (row t: the distribution of token t + 1)."""
+        return stack_logprobs(self.position_logits(ids))
 
     def close(self) -> None:
         if self._batch is not None:

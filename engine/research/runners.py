@@ -7,14 +7,19 @@ that each start from their own cached prefix state (the token trie's KV
 states) in a single forward pass. All return last-position logits as a
 float32 numpy array of shape (B, V). `forward_calls` counts model calls so
 tests can check that batching really batches.
+
+`position_logits` / `sequence_logprobs` are the one exception: every
+position's logits of one sequence, in chunks (engine/research/positions.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+
+from engine.research.positions import chunk_spans, positions_per_chunk, stack_logprobs
 
 RowState = Any  # backend-specific KV of one sequence; `state_nbytes` measures it
 
@@ -32,13 +37,15 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np
 
 
 class TorchRunner:
-    def __init__(self, model: Any, pad_id: int = 0):
+    def __init__(self, model: Any, pad_id: int = 0, new_cache: Callable[[], Any] | None = None):
+        """`new_cache` makes the KV cache of `position_logits` (default: transformers' `DynamicCache`)."""
         import torch
 
         self.torch = torch
         self.model = model
         self.device = next(model.parameters()).device
         self.pad_id = pad_id
+        self.new_cache = new_cache
         self.forward_calls = 0
         self._cache = None
         self._mask = None  # (B, T_so_far) 0/1: which cached positions are real
@@ -142,6 +149,37 @@ class TorchRunner:
     def state_nbytes(state: RowState) -> int:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in state)
 
+    # --- every position of one sequence (teacher-forced scoring) -------------------
+
+    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None) -> Iterator[np.ndarray]:
+        """Logits of positions `first`..T-1 of `ids`, as (n, V) float32 chunks in order (row t predicts t + 1).
+
+        One forward per `chunk` positions on a fresh KV cache carried from chunk to
+        chunk; only the wanted positions go through the head (`logits_to_keep`).
+        The batch state of `start`/`step` is not touched.
+        """
+        from transformers import DynamicCache
+
+        torch = self.torch
+        chunk = chunk or positions_per_chunk(int(self.model.config.get_text_config().vocab_size))
+        spans = list(chunk_spans(len(ids), chunk, first))
+        cache = self.new_cache() if self.new_cache is not None else DynamicCache(config=self.model.config)
+        ids_t = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
+        for lo, hi, keep in spans:
+            self.forward_calls += 1
+            with torch.inference_mode():
+                out = self.model(
+                    input_ids=ids_t[:, lo:hi], past_key_values=cache, use_cache=True, logits_to_keep=max(keep, 1)
+                )
+                logits = out.logits[0, -keep:].float().cpu().numpy() if keep > 0 else None  # (keep, V)
+            del out  # hold only the numpy copy while the caller works on it
+            if logits is not None:
+                yield logits
+
+    def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
+        """(T, V) float32 log-probs at every position of `ids` (row t: the distribution of token t + 1)."""
+        return stack_logprobs(self.position_logits(ids))
+
 
 class MlxRunner:
     """The same moves on mlx-lm models, with mlx-lm's left-padded `BatchKVCache`."""
@@ -225,6 +263,42 @@ class MlxRunner:
     @staticmethod
     def state_nbytes(state: RowState) -> int:
         return sum(k.nbytes + v.nbytes for k, v in state)
+
+    # --- every position of one sequence (teacher-forced scoring) -------------------
+
+    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None) -> Iterator[np.ndarray]:
+        """As `TorchRunner.position_logits`, on mlx-lm's own prompt cache. A chunk with no wanted
+        position evaluates only the cache, so its (n, V) head projection is never computed (MLX is lazy)."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        mx = self.mx
+        chunk = chunk or positions_per_chunk(_mlx_vocab_size(self.model))
+        spans = list(chunk_spans(len(ids), chunk, first))
+        cache = make_prompt_cache(self.model)
+        ids_m = mx.array(list(ids), dtype=mx.int32)[None]  # (1, T)
+        for lo, hi, keep in spans:
+            self.forward_calls += 1
+            logits = self.model(ids_m[:, lo:hi], cache=cache)  # (1, n, V), lazy
+            if keep <= 0:
+                mx.eval([c.state for c in cache])
+                continue
+            rows = logits[0, -keep:].astype(mx.float32)  # (keep, V)
+            mx.eval(rows, [c.state for c in cache])
+            yield np.array(rows)
+
+    def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
+        """(T, V) float32 log-probs at every position of `ids` (row t: the distribution of token t + 1)."""
+        return stack_logprobs(self.position_logits(ids))
+
+
+def _mlx_vocab_size(model: Any) -> int:
+    """The vocabulary size an mlx-lm model declares (0 when it declares none: the largest chunk is used)."""
+    args = getattr(model, "args", None)
+    for source in (args, getattr(args, "text_config", None)):
+        size = source.get("vocab_size") if isinstance(source, dict) else getattr(source, "vocab_size", None)
+        if size:
+            return int(size)
+    return 0
 
 
 def runner_for(backend: Any) -> TorchRunner | MlxRunner:

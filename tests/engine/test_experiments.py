@@ -31,6 +31,7 @@ from engine.experiments import (
     write_trace,
 )
 from engine.experiments.trace import TRACE_FORMAT
+from engine.research.positions import positions_per_chunk
 from engine.sampling import SamplerChain
 
 MULTIBYTE = "Grüße aus Köln — 東京は晴れ 🙂, said the fox."
@@ -75,8 +76,8 @@ def test_score_matches_a_teacher_forced_transformers_forward(fresh_default_torch
         assert [a.token_id for a in t.top][:3] == list(np.argsort(-row, kind="stable")[:3])
     want_ppl = math.exp(-np.mean([lp[t.index - 1][t.token_id] for t in result.tokens]))
     assert result.perplexity == pytest.approx(want_ppl, rel=1e-4)
-    # One single-token forward per scored position after the first (the context is one prefill).
-    assert result.forward_calls == 1 + len(result.tokens) - 1
+    # One teacher-forced pass: a forward per chunk of positions (one here), not one per token.
+    assert result.forward_calls == math.ceil((len(ids) - 1) / positions_per_chunk(backend.info.vocab_size)) == 1
 
 
 def test_score_reuses_a_cached_context_and_stops_when_cancelled():
