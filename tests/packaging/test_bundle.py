@@ -158,7 +158,8 @@ def test_packaged_app_opens_window_loads_default_model_and_answers(build, dist, 
     line = next(l for l in result.stdout.splitlines() if l.startswith(REPORT_PREFIX))
     assert json.loads(line[len(REPORT_PREFIX):]) == report
     assert report["ok"] and report["frozen"]
-    assert report["model"]["name"] == "SmolLM2-135M-Instruct" and report["model"]["backend"] == "torch"
+    # The bundle carries llama.cpp's libraries, so the default GGUF runs on them, as in a pip install.
+    assert report["model"]["name"] == "SmolLM2-135M-Instruct" and report["model"]["backend"] == "llamacpp"
     assert report["tokens"] >= 1 and report["answer"].strip()
     assert report["window_title"].startswith("Logit Lab") and report["window_icon"]
     # Logs went to the file Help ▸ Show log file opens.
