@@ -101,6 +101,7 @@ def isolated_cache(tmp_path, monkeypatch) -> Path:
 def llama_server_url():
     """llama-cpp-python's OpenAI-compatible server on the default model, on 127.0.0.1, shared by the session
     (engine and app tests alike); its base URL ends in /v1. See tests/remote_server.py."""
+    pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python[server] (the test extra)")
     from remote_server import running_llama_server
 
     with running_llama_server() as url:

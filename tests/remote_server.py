@@ -1,7 +1,9 @@
 """A real OpenAI-compatible server for tests: llama-cpp-python's, on the default model, on 127.0.0.1 only.
 
 `tests/conftest.py` turns `running_llama_server` into the session fixture
-`llama_server_url`, so the engine and the app tests share one server process.
+`llama_server_url`, so the engine and the app tests share one server process;
+`bench/remote.py` starts its server with it too, so it raises plain errors
+rather than depending on pytest.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
-import pytest
 
 STARTUP_LIMIT_S = 60
 
@@ -29,30 +30,33 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_llama_server(model_path: str | None = None) -> Iterator[str]:
-    """Start `python -m llama_cpp.server` on a free port; yield its base URL (ending in /v1); kill it after."""
-    pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python[server] (the test extra)")
+def running_llama_server(model_path: str | None = None, n_threads: int = 1) -> Iterator[str]:
+    """Start `python -m llama_cpp.server` on a free port; yield its base URL (ending in /v1); kill it after.
+
+    Raises:
+        RuntimeError: the server exited or did not answer within STARTUP_LIMIT_S.
+    """
     if model_path is None:
         from engine.loading.default_model import default_model_path
 
         model_path = str(default_model_path())
     port = free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model_path, "--host", "127.0.0.1",
-           "--port", str(port), "--logits_all", "true", "--n_threads", "1", "--verbose", "false"]
+           "--port", str(port), "--logits_all", "true", "--n_threads", str(n_threads), "--verbose", "false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + STARTUP_LIMIT_S
     try:
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"the llama.cpp server exited: {proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"the llama.cpp server exited: {proc.stderr.read().decode()[-2000:]}")
             try:
                 if httpx.get(url + "/models", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"the llama.cpp server did not answer within {STARTUP_LIMIT_S} s")
+                raise RuntimeError(f"the llama.cpp server did not answer within {STARTUP_LIMIT_S} s")
             time.sleep(0.2)
         yield url
     finally:
