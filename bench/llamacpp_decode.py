@@ -1,6 +1,6 @@
 """Decode speed of our engine on llama.cpp vs llama-cpp-python's own `Llama`, same file, same threads, same run.
 
-    python bench/llamacpp.py [--model PATH.gguf] [--tokens 64] [--memory] [--torch]
+    python bench/llamacpp_decode.py [--model PATH.gguf] [--tokens 64] [--memory] [--torch]
 
 Prints tok/s for: raw `Llama.generate` greedy (llama.cpp samples, C side),
 ours greedy with no inspection (top_n=0), ours greedy with top-20 + entropy
