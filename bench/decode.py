@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from chat_turns import chat_ttft  # noqa: E402  (bench/ is the script folder, first on sys.path)
 from transformers.generation.streamers import BaseStreamer  # noqa: E402
 
 from engine.backends.torch_backend import TorchBackend  # noqa: E402
-from engine.chat import ChatSession  # noqa: E402
 from engine.decode import generate_events  # noqa: E402
 from engine.events import Done  # noqa: E402
 from engine.loading import materialize, resolve_spec  # noqa: E402
@@ -96,21 +96,6 @@ def sampler_cost_ms(backend: TorchBackend, prompt_ids: list[int], n: int = 64) -
             times.append(time.perf_counter() - t)
         out["stages" if record else "plain"] = statistics.median(times) * 1000
     return out
-
-
-def chat_ttft(backend: TorchBackend, turns: int = 5) -> list[float]:
-    backend.trim_cache(0)
-    session = ChatSession(system_prompt="You are a concise assistant.")
-    ttfts = []
-    for i in range(turns):
-        question = f"Give me fact number {i + 1} about the ocean."
-        req = session.request(question, sampler=GREEDY, max_new_tokens=32, top_n=20)
-        done = [e for e in generate_events(backend, req)][-1]
-        ttfts.append(done.stats.time_to_first_token_s)
-        session.add_turn(question, done.stats.text)
-        print(f"  turn {i + 1}: prompt {done.stats.prompt_tokens} tokens, reused {done.stats.reused_tokens}, "
-              f"ttft {done.stats.time_to_first_token_s * 1000:.1f} ms")
-    return ttfts
 
 
 def long_context_ratio(backend: TorchBackend, prompt_ids: list[int], n: int) -> float:

@@ -117,6 +117,11 @@ def main() -> None:
     print(f"llama.cpp Llama.generate greedy:        {best['raw']:.1f} tok/s")
     print(f"ours greedy, no inspection:             {best['ours']:.1f} tok/s")
     print(f"ours greedy, top-20 + entropy per token: {best['ours_inspect']:.1f} tok/s")
+    from chat_turns import chat_ttft  # bench/ is the script's folder, first on sys.path
+
+    print("chat time to first token, equal new input per turn:")
+    ttfts = chat_ttft(backend)
+    print(f"ttft turn5/turn1 = {ttfts[4] / ttfts[0]:.2f}")
     if args.torch:
         from engine.load import load_model
 
