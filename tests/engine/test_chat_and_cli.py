@@ -94,3 +94,20 @@ def test_cli_generate_with_beams_prints_scored_beams(capsys, tiny_llama_folder):
                      "--num-return-sequences", "2", "--max-new-tokens", "4"])
     out = capsys.readouterr().out
     assert code == 0 and out.count("[beam ") == 2 and "score -" in out
+
+
+def test_cli_output_piped_into_a_reader_that_quits_early_is_not_an_error():
+    """`logitlab-cli generate ... | head -1`: the closed pipe ends the program quietly, rc 0, no traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine", "generate", "--prompt", "Count from one to fifty, one number per line.",
+         "--temperature", "0", "--max-new-tokens", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    proc.stdout.readline()  # one line, as `head -1` would read, then hang up
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipe" not in err
