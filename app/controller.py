@@ -78,6 +78,17 @@ class ChatController:
         self._retry: asyncio.TimerHandle | None = None
         self._interrupted_by: str | None = None  # a signal asked the app to quit
 
+    def last_answer_seed(self) -> int | None:
+        """The seed of the open conversation's latest answer (saved with it, so it survives a restart);
+        else the seed of the last generation this session ran."""
+        conv = self.library.current
+        if conv is not None:
+            for message in reversed(conv.path()):
+                seed = (message.stats or {}).get("seed") if message.is_assistant else None
+                if isinstance(seed, int) and seed >= 0:
+                    return seed
+        return int(self.last_stats.seed) if self.last_stats is not None else None
+
     @property
     def busy(self) -> bool:
         return self._generating is not None

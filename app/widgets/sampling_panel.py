@@ -185,6 +185,7 @@ class SamplingPanel(QScrollArea):
         settings.changed.connect(self._on_settings_changed)
         settings.presets_changed.connect(self._on_presets_changed)
         controller.finished.connect(self._on_generation_finished)
+        controller.library.current_changed.connect(self._on_conversation_changed)
         controller.host.model_changed.connect(self._on_model_changed)
         self._on_presets_changed()
         self._on_settings_changed(settings.options)
@@ -252,13 +253,13 @@ class SamplingPanel(QScrollArea):
             self._apply(self._settings.update_sampler, seed=None)
         else:
             text = self.seed_edit.text().strip()
-            seed = int(text) if text else (self._controller.last_stats.seed if self._controller.last_stats else 0)
+            seed = int(text) if text else (self._controller.last_answer_seed() or 0)
             self._apply(self._settings.update_sampler, seed=seed)
 
     def _on_use_last_seed(self) -> None:
-        stats = self._controller.last_stats
-        if stats is not None:
-            self._apply(self._settings.update_sampler, seed=int(stats.seed))
+        seed = self._controller.last_answer_seed()
+        if seed is not None:
+            self._apply(self._settings.update_sampler, seed=seed)
 
     def _apply_stop(self) -> None:
         self._apply(self._settings.set_stop, parse_stop(self.stop_edit.toPlainText()))
@@ -334,9 +335,11 @@ class SamplingPanel(QScrollArea):
             self.preset_box.setCurrentText(name)
         self.delete_preset_button.setEnabled(name is not None and not self._settings.is_builtin(name))
 
-    def _on_generation_finished(self, _message, stats) -> None:
-        self.last_seed_button.setEnabled(stats is not None)
-        self._apply_server_limits()
+    def _on_generation_finished(self, _message, _stats) -> None:
+        self._apply_server_limits()  # "Use last" now has a seed to use
+
+    def _on_conversation_changed(self, _conversation) -> None:
+        self._apply_server_limits()  # "Use last" follows the open conversation's latest answer
 
     def _on_model_changed(self, info) -> None:
         self.mode_box.update_from(info)
@@ -352,5 +355,5 @@ class SamplingPanel(QScrollArea):
             self.seed_edit.setEnabled(self._settings.options.sampler.seed is not None)
         show_limit([self.last_seed_button], limits.get("seed"), "Fix the seed of the last answer, to reproduce or vary it")
         if "seed" not in limits:
-            self.last_seed_button.setEnabled(self._controller.last_stats is not None)
+            self.last_seed_button.setEnabled(self._controller.last_answer_seed() is not None)
         show_limit([self.stage_order], limits.get("order"), "")

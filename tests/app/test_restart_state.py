@@ -91,3 +91,21 @@ def test_status_bar_counts_the_selected_conversation_after_a_restart_and_while_s
     window.library.open(conv.id)
     assert _context_used(window) == prompt + len(answer.tokens)
     close_window(qtbot, window)
+
+
+def test_after_a_restart_use_last_fixes_the_open_conversations_latest_seed(qtbot, window, store, host):
+    first = _send_and_wait(qtbot, window, "the cat")
+    cat_id, cat_seed = window.library.current.id, first.stats["seed"]
+    window.new_chat()
+    dog_seed = _send_and_wait(qtbot, window, "the dog").stats["seed"]
+    assert cat_seed != dog_seed  # random seeds per answer
+
+    window = _restart(qtbot, window, store, host)
+    panel = window.sampling
+    assert panel.last_seed_button.isEnabled()  # the open conversation's answer has a saved seed
+    panel.last_seed_button.click()
+    assert window.settings.options.sampler.seed == dog_seed
+
+    window.library.open(cat_id)  # another conversation: its own latest answer's seed
+    panel.last_seed_button.click()
+    assert window.settings.options.sampler.seed == cat_seed
