@@ -59,7 +59,7 @@ class Tokenizer:
         """The surface text of one token (memoised: the UI asks for the same ids again and again)."""
         text = self._piece_cache.get(token_id)
         if text is None:
-            text = self.hf.decode([token_id], skip_special_tokens=False)
+            text = self.decode([token_id])  # subclasses (the remote tokenizer) bring their own decode
             self._piece_cache[token_id] = text
         return text
 

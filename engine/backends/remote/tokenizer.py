@@ -152,13 +152,6 @@ class RemoteTokenizer(Tokenizer):
             return text + (REPLACEMENT if cut else "")
         return REPLACEMENT
 
-    def token_text(self, token_id: int) -> str:
-        text = self._piece_cache.get(token_id)
-        if text is None:
-            text = self.decode([token_id])
-            self._piece_cache[token_id] = text
-        return text
-
     def id_of(self, text: str, cached_only: bool = False) -> int | None:
         """The id of the token whose text is exactly `text`, or None when the text is not one token.
 
