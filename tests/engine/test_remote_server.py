@@ -113,3 +113,39 @@ def test_wrong_port_is_a_clear_error_fast():
     with pytest.raises(ServerUnreachableError, match="connection refused"):
         RemoteBackend.connect(f"http://127.0.0.1:{free_port()}/v1")
     assert time.perf_counter() - t0 < 5
+
+
+@pytest.fixture(scope="module")
+def local_like_the_server():
+    """Our llama.cpp backend on the GGUF the server runs, with the server's attention kernel: llama-cpp-python's
+    server leaves flash attention off, and on the CPU that kernel alone moves log-probs by ~0.01-0.1 nats."""
+    pytest.importorskip("llama_cpp")
+    from engine.backends.llamacpp import LlamaCppBackend
+    from engine.loading import resolve_spec
+
+    source = resolve_spec(None)
+    backend = LlamaCppBackend(source.path, spec="default", display_name=source.name, flash_attn=False)
+    yield backend
+    backend.close()
+
+
+@pytest.mark.parametrize("prompt", ["Once upon a time", "def fib(n):", "The three primary colours are"])
+def test_server_samples_greedy_equals_our_local_llamacpp_on_the_same_file(remote, local_like_the_server, prompt):
+    """A peer that is not the server: our llama.cpp backend on the same file. Same greedy text, and the
+    server's top-5 alternatives carry the log-probs our local run computes."""
+    from engine.decode import generate_events
+
+    kw = dict(prompt=prompt, sampler=SamplerSettings(temperature=0), max_new_tokens=8, top_n=5)
+    served, served_done = run(remote, **kw, server_sampling=True)
+    local_like_the_server.trim_cache(0)
+    local = list(generate_events(local_like_the_server, GenerationRequest(**kw)))
+    local_events, local_done = local[:-1], local[-1]
+    assert served_done.stats.text == local_done.stats.text
+    assert len(served) == len(local_events) == 8
+    for ev_served, ev_local in zip(served, local_events):
+        assert ev_served.logprob == pytest.approx(ev_local.logprob, abs=1e-3)
+        theirs = {p.text: p.logprob for p in ev_served.top_model}
+        ours = {p.text: p.logprob for p in ev_local.top_model}
+        shared = theirs.keys() & ours.keys()
+        assert len(shared) >= 4  # a near-tie at the edge of the top 5 may differ
+        assert {t: theirs[t] for t in shared} == pytest.approx({t: ours[t] for t in shared}, abs=1e-3)
