@@ -38,6 +38,9 @@ SERVER_STAGES_TIP = (
 )
 
 
+MIN_WIDTH = 320  # px
+
+
 class Inspector(QWidget):
     branch_requested = Signal(object, int, int)  # Message, token index, alternative token id
 
@@ -49,6 +52,9 @@ class Inspector(QWidget):
         self._conv: Conversation | None = None
         self._message: Message | None = None  # the message in the chart
         self.setAccessibleName("Token inspector")
+        # Narrower than this, the table's token column and the chart's labels are cut off: when the window
+        # shrinks (a layout saved at 1440 px opened at 1024), Qt then takes the width from the chat instead.
+        self.setMinimumWidth(MIN_WIDTH)
 
         self.token_label = QLabel()
         self.token_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)

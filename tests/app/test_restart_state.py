@@ -109,3 +109,4 @@ def test_after_a_restart_use_last_fixes_the_open_conversations_latest_seed(qtbot
     window.library.open(cat_id)  # another conversation: its own latest answer's seed
     panel.last_seed_button.click()
     assert window.settings.options.sampler.seed == cat_seed
+    close_window(qtbot, window)

@@ -98,3 +98,24 @@ def test_wheel_over_a_control_scrolls_the_panel_instead_of_changing_the_value(qt
         QApplication.sendEvent(target, event)
     assert window.settings.options == before
     assert bar.value() > 0
+
+
+def test_shrinking_a_wide_layout_takes_width_from_the_chat_not_the_inspector(qtbot, window, store, host):
+    """A layout saved at 1440 px and opened at 1024x700: the inspector keeps a readable width."""
+    from qt_helpers import close_window, make_window
+
+    from app.widgets.inspector import MIN_WIDTH
+
+    window.resize(1440, 900)
+    window.show()
+    qtbot.waitExposed(window)
+    window.resizeDocks([window.inspector_dock], [470], Qt.Orientation.Horizontal)
+    close_window(qtbot, window)  # saves the layout
+    window = make_window(qtbot, store, host)
+    window.show()
+    qtbot.waitExposed(window)
+    window.resize(1024, 700)
+    qtbot.waitUntil(lambda: window.width() == 1024)
+    assert window.inspector.width() >= MIN_WIDTH
+    assert window.chat.width() > 0
+    close_window(qtbot, window)
