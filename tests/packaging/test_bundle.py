@@ -26,6 +26,7 @@ pytestmark = pytest.mark.packaging
 
 ROOT = Path(__file__).resolve().parents[2]
 DIST_ENV = "LOGITLAB_BUNDLE_DIST"
+ALLOW_MISSING_XCB_ENV = "LOGITLAB_BUNDLE_ALLOW_MISSING_XCB"  # packaging/logitlab.spec reads it
 REPORT_PREFIX = "LOGITLAB_SELFTEST "
 TEST_DIR_NAMES = {"tests", "test", "testing_data"}
 RUNTIME_MODULES_NAMED_TEST = {"jinja2.tests"}  # Jinja's template tests ("is defined"), not a test suite
@@ -59,7 +60,17 @@ def dist(build, tmp_path_factory) -> Iterator[Path]:
         return
     out = tmp_path_factory.mktemp("bundle")
     t0 = time.monotonic()
-    build.build(out / "dist", out / "work", quiet=True)
+    # A minimal test machine may lack Qt's X11 libraries: build without them rather than stop (a release
+    # build stops); test_bundle_carries_the_xcb_platform_libraries checks what this machine could give.
+    before = os.environ.get(ALLOW_MISSING_XCB_ENV)
+    os.environ[ALLOW_MISSING_XCB_ENV] = "1"
+    try:
+        build.build(out / "dist", out / "work", quiet=True)
+    finally:
+        if before is None:
+            del os.environ[ALLOW_MISSING_XCB_ENV]
+        else:
+            os.environ[ALLOW_MISSING_XCB_ENV] = before
     print(f"\nPyInstaller build: {time.monotonic() - t0:.0f} s")
     yield out / "dist"
     shutil.rmtree(out, ignore_errors=True)  # ~1.5 GB with PyInstaller's work folder
@@ -124,13 +135,17 @@ def test_bundle_has_desktop_entry_and_icon(build, dist):
 
 def test_bundle_carries_the_xcb_platform_libraries(build, dist):
     """Qt's X11 plugin needs libxcb-cursor0 & co., missing on minimal Debian/Ubuntu: the bundle brings them."""
-    from app.platform_check import XCB_LIBRARIES
+    from app.platform_check import XCB_LIBRARIES, library_loads
 
     internal = build.bundle_path(dist) / "_internal"
-    carried = [s for s in XCB_LIBRARIES if s != "libxcb.so.1"]  # libxcb itself is the system's (PyInstaller's rule)
-    missing = [s for s in carried if not (internal / s).is_file()]
-    assert not missing, f"the bundle lacks {missing}"
     assert any((internal / "PySide6" / "Qt" / "plugins" / "platforms").glob("libqxcb*.so"))
+    carried = [s for s in XCB_LIBRARIES if s != "libxcb.so.1"]  # libxcb itself is the system's (PyInstaller's rule)
+    available = [s for s in carried if library_loads(s)]
+    missing = [s for s in available if not (internal / s).is_file()]
+    assert not missing, f"the bundle lacks {missing}, which this machine has"
+    if len(available) < len(carried):  # a release build stops instead; see packaging/logitlab.spec
+        absent = sorted(XCB_LIBRARIES[s] for s in carried if s not in available)
+        pytest.skip(f"this build machine lacks {' '.join(absent)}, so the bundle could not carry them")
 
 
 def test_packaged_app_opens_window_loads_default_model_and_answers(build, dist, tmp_path, record_property):
