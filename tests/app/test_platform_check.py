@@ -70,8 +70,8 @@ def test_the_app_says_it_before_qt_fails(tmp_path):
     """`python -m app` with libxcb-cursor reported missing and no X display: our line comes first."""
     code = (
         "import app.platform_check as pc, sys\n"
-        "real = pc.library_loads\n"
-        "pc.library_loads = lambda soname: soname != 'libxcb-cursor.so.0' and real(soname)\n"
+        # Only libxcb-cursor is missing, whatever this machine really has (a minimal one lacks others too).
+        "pc.library_loads = lambda soname: soname != 'libxcb-cursor.so.0'\n"
         "from app.__main__ import run\n"
         "sys.exit(run([]))\n"
     )
