@@ -24,13 +24,13 @@ def test_keys_go_to_the_keyring_by_base_url(monkeypatch):
     monkeypatch.setitem(sys.modules, "keyring", ring)
     keys = ApiKeys()
     assert keys.persistent
-    keys.set("http://gpu-box:8000", "sk-1")
-    assert ring.saved == {(KEYRING_SERVICE, "http://gpu-box:8000/v1"): "sk-1"}
-    assert ApiKeys().get("http://gpu-box:8000/v1#some-model") == "sk-1"  # a new session reads it back
-    keys.set("http://gpu-box:8000/v1", "sk-2", remember=False)  # this session only
-    assert keys.get("http://gpu-box:8000/v1") == "sk-2" and ring.saved[(KEYRING_SERVICE, "http://gpu-box:8000/v1")] == "sk-1"
-    keys.set("http://gpu-box:8000/v1", None)
-    assert ring.saved == {} and keys.get("http://gpu-box:8000/v1") is None
+    keys.set("http://127.0.0.1:8000", "sk-1")
+    assert ring.saved == {(KEYRING_SERVICE, "http://127.0.0.1:8000/v1"): "sk-1"}
+    assert ApiKeys().get("http://127.0.0.1:8000/v1#some-model") == "sk-1"  # a new session reads it back
+    keys.set("http://127.0.0.1:8000/v1", "sk-2", remember=False)  # this session only
+    assert keys.get("http://127.0.0.1:8000/v1") == "sk-2" and ring.saved[(KEYRING_SERVICE, "http://127.0.0.1:8000/v1")] == "sk-1"
+    keys.set("http://127.0.0.1:8000/v1", None)
+    assert ring.saved == {} and keys.get("http://127.0.0.1:8000/v1") is None
 
 
 def test_without_keyring_keys_last_for_the_session_and_never_reach_the_store(monkeypatch, store):
