@@ -208,9 +208,5 @@ class LlamaCppRunner:
         return stack_logprobs(self.position_logits(ids))
 
     def close(self) -> None:
-        if self._batch is not None:
-            self._batch.free()
-            self._batch = None
-        if self.ctx:
-            llama_cpp.llama_free(self.ctx)
-        self.ctx = None
+        native.free_context(self.ctx, self._batch)
+        self.ctx = self._batch = None

@@ -215,12 +215,8 @@ class LlamaCppBackend:
         tokenizer = getattr(self, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.detach()
-        if self._batch is not None:
-            self._batch.free()
-            self._batch = None
-        if self.ctx:
-            llama_cpp.llama_free(self.ctx)
-        self.ctx = None
+        native.free_context(self.ctx, self._batch)
+        self.ctx = self._batch = None
         if self.model:
             llama_cpp.llama_model_free(self.model)
         self.model = None

@@ -220,3 +220,11 @@ def decode(ctx: Any, batch: Batch) -> None:
     code = llama_cpp.llama_decode(ctx, batch.raw)
     if code != 0:
         raise DecodeError(code)
+
+
+def free_context(ctx: Any, batch: Batch | None) -> None:
+    """Free a context and the batch used with it; either may already be gone (None / NULL)."""
+    if batch is not None:
+        batch.free()
+    if ctx:
+        llama_cpp.llama_free(ctx)
