@@ -44,6 +44,10 @@ def ours(backend, prompt_ids: list[int], n: int, top_n: int) -> float:
 def raw_llamacpp(path: str, backend, prompt_ids: list[int], n: int) -> float:
     from llama_cpp import Llama
 
+    from engine.backends.llamacpp.native import use_safe_defaults_for_llama_class
+
+    use_safe_defaults_for_llama_class()  # the same model parameters as ours (no AMX weight buffers on AMX builds)
+
     llm = Llama(path, n_ctx=backend.n_ctx, n_batch=backend.n_batch, n_ubatch=backend.n_batch,
                 n_threads=backend.n_threads, n_threads_batch=backend.n_threads, flash_attn=True, verbose=False)
     llm.reset()

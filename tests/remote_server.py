@@ -16,10 +16,21 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 
 STARTUP_LIMIT_S = 60
+
+
+# `python -m llama_cpp.server`, with the model defaults our backend uses (no AMX weight buffers on builds that
+# have them: llama.cpp's AMX matmul crashes there; see engine.backends.llamacpp.native.model_params).
+SERVER_MAIN = (
+    "import runpy, sys; sys.path.insert(0, {root!r}); "
+    "from engine.backends.llamacpp.native import use_safe_defaults_for_llama_class; "
+    "use_safe_defaults_for_llama_class(); "
+    "runpy.run_module('llama_cpp.server', run_name='__main__', alter_sys=True)"
+).format(root=str(Path(__file__).resolve().parents[1]))
 
 
 def free_port() -> int:
@@ -41,7 +52,7 @@ def running_llama_server(model_path: str | None = None, n_threads: int = 1) -> I
 
         model_path = str(default_model_path())
     port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model_path, "--host", "127.0.0.1",
+    cmd = [sys.executable, "-c", SERVER_MAIN, "--model", model_path, "--host", "127.0.0.1",
            "--port", str(port), "--logits_all", "true", "--n_threads", str(n_threads), "--verbose", "false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"

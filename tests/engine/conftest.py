@@ -15,6 +15,17 @@ def tiny_gguf(tmp_path_factory) -> Path:
     return write_tiny_llama_gguf(tmp_path_factory.mktemp("tiny-gguf") / "tiny-llama.gguf")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def llama_class_loads_like_our_backend():
+    """Reference runs through llama-cpp-python's own `Llama` load models with our backend's defaults, which
+    leave out the AMX weight buffers whose matmul crashes (see engine.backends.llamacpp.native.model_params)."""
+    try:
+        from engine.backends.llamacpp import native
+    except ImportError:  # no llama-cpp-python: its tests skip
+        return
+    native.use_safe_defaults_for_llama_class()
+
+
 @pytest.fixture(scope="session")
 def default_llamacpp():
     """The default model (Q4_1 GGUF) on llama.cpp, shared by the session; tests start with `trim_cache(0)`."""

@@ -253,3 +253,17 @@ def test_cli_runs_llamacpp_and_reports_a_prompt_over_n_ctx_in_one_line(capsys, t
     assert cli.main([*base, "--n-ctx", "16", "--prompt", "x" * 20, "--max-new-tokens", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error:") and "context length is 16" in err
+
+
+def test_model_parameters_leave_out_amx_buffers_only_on_amx_builds():
+    """llama.cpp's AMX matmul crashes on multi-token prompts (ggml-org/llama.cpp#20824): builds that carry it
+    load weights without the extra buffer types; other builds keep llama.cpp's defaults (repacked Q4_0 etc.)."""
+    import llama_cpp
+
+    from engine.backends.llamacpp import native
+
+    assert native.amx_built() == (b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info())
+    params = native.model_params(n_gpu_layers=3)
+    assert params.n_gpu_layers == 3
+    assert params.use_extra_bufts is (not native.amx_built())
+    assert llama_cpp.llama_cpp.llama_model_default_params is native.model_params  # the session fixture's doing

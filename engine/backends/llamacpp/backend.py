@@ -96,8 +96,7 @@ class LlamaCppBackend:
         )
         log.info("llama.cpp: n_ctx %d (%s); %s", self.n_ctx, ctx_reason, self.gpu_plan.reason)
 
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = self.gpu_plan.n_gpu_layers
+        mparams = native.model_params(self.gpu_plan.n_gpu_layers)
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
         if not self.model:
             why = native.take_recent_errors() or "see the log"

@@ -55,6 +55,40 @@ def init() -> None:
             _initialised = True
 
 
+def amx_built() -> bool:
+    """Whether this llama.cpp build carries ggml's AMX matmul (compiled in when built on a CPU with AMX)."""
+    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+
+
+def model_params(n_gpu_layers: int | None = None) -> llama_cpp.llama_model_params:
+    """llama.cpp's default model parameters, without the AMX weight layout where the build has one.
+
+    On CPUs with AMX (Xeon Sapphire Rapids and later) a source build of
+    llama-cpp-python 0.3.36 puts Q4_0/Q4_1/Q8_0/K-quant weights in AMX
+    "extra" buffers, and its AMX matmul then crashes on the first prompt of
+    more than one token (seen here: SIGSEGV in ggml_backend_amx_mul_mat on
+    the default Q4_1 model; upstream ggml-org/llama.cpp#20824, and #16315 on
+    wrong Q4_0/Q4_1 results). Without extra buffers the weights stay in the
+    plain CPU layout that the AVX-512 kernels read. Extra buffers also hold
+    llama.cpp's repacked Q4_0 layout, so they are given up only on such builds.
+    """
+    params = _original_default_params()
+    if n_gpu_layers is not None:
+        params.n_gpu_layers = n_gpu_layers
+    if amx_built():
+        params.use_extra_bufts = False
+    return params
+
+
+_original_default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+
+def use_safe_defaults_for_llama_class() -> None:
+    """Make llama-cpp-python's own `Llama` class (its server, reference runs in tests and benches) load models
+    with `model_params()`, so that they do not crash on AMX builds either."""
+    llama_cpp.llama_cpp.llama_model_default_params = model_params
+
+
 def take_recent_errors() -> str:
     """The warnings/errors llama.cpp logged since the last call, one line."""
     text = "; ".join(_recent_errors)
