@@ -7,9 +7,20 @@ greedy and ignore EOS so every run makes exactly --new-tokens tokens. Decode
 tokens/s counts tokens after the first over the time after the first (prefill
 excluded) for both, and the tokens must be the same. Then: time to first
 token of chat turn 5 vs turn 1 for equal new input. Then one long greedy
-generation (--long-tokens, 3,000 by default) through `Engine.generate` on
-this torch backend: tok/s over tokens 2,900-3,000 divided by tok/s over
-100-200 (1.00 = no slowdown as the answer grows).
+generation (--long-tokens, 3,000 by default) through the decode loop the
+engine's worker runs (`generate_events`) on this torch backend: tok/s over
+tokens 2,900-3,000 divided by tok/s over 100-200 (1.00 = no slowdown as the
+answer grows). It runs on this (main) thread, not through `Engine`: once
+the main thread has run torch's OpenMP kernels, the same kernels run ~30%
+slower from a second thread (measured: 383 vs 275 us per gemv), which would
+make the long run's rates say nothing about the cache. The app never hits
+this: its engine loads and runs the model on the worker thread only
+(`Engine.load`: 36 tok/s, as here).
+Also: the weights floor, the time of one step's matmuls alone (every
+linear layer's weight times one input row, head included): a decode step
+cannot be faster than reading its weights, so ours / floor says how much of
+a step is anything else. `--lean off` measures transformers' forward for
+our decode steps instead of the lean step (engine/backends/torch_lean.py).
 Last lines: ratio_vs_generate=X.XX and long_context_ratio=X.XX
 """
 
@@ -98,18 +109,30 @@ def sampler_cost_ms(backend: TorchBackend, prompt_ids: list[int], n: int = 64) -
     return out
 
 
+def weights_floor_ms(backend: TorchBackend, rounds: int = 20) -> tuple[float, int]:
+    """Median ms of one pass of matmuls over every linear layer's weight (one input row each), and their bytes."""
+    linears = [m for m in backend.model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {m: torch.ones(1, m.in_features, dtype=m.weight.dtype, device=m.weight.device) for m in linears}
+    nbytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    times = []
+    with torch.inference_mode():
+        for _ in range(rounds + 1):
+            t = time.perf_counter()
+            for m in linears:
+                torch.nn.functional.linear(inputs[m], m.weight)
+            if backend.device.type == "cuda":
+                torch.cuda.synchronize(backend.device)
+            times.append(time.perf_counter() - t)
+    return statistics.median(times[1:]) * 1000, nbytes
+
+
 def long_context_ratio(backend: TorchBackend, prompt_ids: list[int], n: int) -> float:
-    """tok/s over tokens n-100..n over tok/s over 100..200 of one greedy generation through Engine.generate."""
-    from engine.engine import Engine
+    """tok/s over tokens n-100..n over tok/s over 100..200 of one greedy generation through the decode loop."""
     from engine.events import TokenEvent
 
     backend.trim_cache(0)
     req = GenerationRequest(prompt_ids=tuple(prompt_ids), sampler=GREEDY, max_new_tokens=n, top_n=20, ignore_eos=True)
-    engine = Engine.from_backend(backend)  # the worker thread owns (and finally closes) the backend from here on
-    try:
-        times = [time.perf_counter() for e in engine.generate(req) if isinstance(e, TokenEvent)]
-    finally:
-        engine.close()
+    times = [time.perf_counter() for e in generate_events(backend, req) if isinstance(e, TokenEvent)]
     assert len(times) == n
 
     def rate(a: int, b: int) -> float:  # tokens a..b (0-based), b - a of them after token a
@@ -119,7 +142,7 @@ def long_context_ratio(backend: TorchBackend, prompt_ids: list[int], n: int) -> 
     for a in range(0, n - 99, max(n // 10, 100)):
         if a:
             print(f"  tokens {a}-{a + 100}: {rate(a, a + 100):.1f} tok/s")
-    print(f"long generation ({n} tokens, Engine.generate, torch): tokens 100-200 {early:.1f} tok/s, "
+    print(f"long generation ({n} tokens, the decode loop, torch): tokens 100-200 {early:.1f} tok/s, "
           f"tokens {n - 100}-{n} {late:.1f} tok/s")
     return late / early
 
@@ -132,12 +155,17 @@ def main() -> None:
     ap.add_argument("--long-tokens", type=int, default=3000, help="length of the long generation; 0 skips it")
     ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                     help="the backend's compiled decode step (auto: on for CUDA, off for the CPU); waited for")
+    ap.add_argument("--lean", choices=("on", "off"), default="on",
+                    help="the lean decode step for Llama-shaped models (off: transformers' forward every step)")
     args = ap.parse_args()
     quiet_third_party()
     source = resolve_spec(args.model)
     compile_step = {"auto": None, "on": True, "off": False}[args.compile]
     # TorchBackend directly: the default model would otherwise pick llama.cpp.
     backend = TorchBackend(materialize(source), spec=source.spec, display_name=source.name, compile_step=compile_step)
+    if args.lean == "off":
+        backend.lean = None
+    print(f"decode step: {'compiled' if backend.compiled else 'lean' if backend.lean else 'transformers forward'}")
     if backend.compiled is not None:
         t = time.perf_counter()
         usable = backend.compiled.wait()
@@ -164,6 +192,11 @@ def main() -> None:
     print(f"ttft turn5/turn1 = {ttfts[4] / ttfts[0]:.2f}")
     print(f"ours median {statistics.median(a):.1f} tok/s, generate() median {statistics.median(b):.1f} tok/s, "
           f"same tokens: {'yes' if same else 'NO'}")
+    floor_ms, nbytes = weights_floor_ms(backend)
+    ours_ms = 1000 / statistics.median(a)
+    print(f"weights floor: {floor_ms:.1f} ms per step for {nbytes / 2**20:.0f} MiB of linear weights "
+          f"({nbytes / floor_ms / 1e6:.1f} GB/s); ours {ours_ms:.1f} ms/token, "
+          f"{floor_ms / ours_ms:.0%} of the floor's speed")
     ratio = statistics.median(a) / statistics.median(b)
     long_ratio = long_context_ratio(backend, prompt_ids, args.long_tokens) if args.long_tokens >= 300 else None
     print(f"ratio_vs_generate={ratio:.2f}")

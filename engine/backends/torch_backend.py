@@ -7,6 +7,13 @@ runs its new tokens. The cache is our preallocated `GrowingCache`
 copying the whole cache, so speed stays flat over long answers. Models whose
 layer types it does not know, and offloaded models, use transformers'
 `DynamicCache`.
+
+A decode step (one token) of a Llama-shaped model runs through the lean
+step (engine.backends.torch_lean) rather than transformers' forward: the same
+arithmetic on the same weights in fewer ops, checked against transformers on
+its first use. Prefill, other architectures and offloaded models go through
+transformers; on CUDA a compiled step (engine.backends.torch_compile) takes
+over from both once it is built.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# How far the lean decode step may be from transformers' forward, relative to the largest logit: float32
+# is bit-identical on the CPU (checked), half precision may round differently when kernels differ.
+LEAN_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -103,7 +113,11 @@ class TorchBackend:
         self._tokens: list[int] = []
         self.info = self._describe(folder, spec, display_name)
         self.compiled = None  # CompiledDecodeStep, swapped in by forward() once its thread has built it
+        self.lean = None  # LeanDecodeStep for Llama-shaped models: decode steps without transformers' overhead
         if self.offload is None:
+            from engine.backends.torch_lean import LeanDecodeStep
+
+            self.lean = LeanDecodeStep.for_model(self.model)
             from engine.backends.torch_compile import CompiledDecodeStep, compile_wanted
 
             if compile_wanted(self.device, compile_step):
@@ -178,21 +192,49 @@ class TorchBackend:
         if self._cache is None:
             self._cache = self._new_cache()
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # (1, T)
-        step = self.compiled.step if self.compiled is not None and len(token_ids) == 1 else None
+        one_token = len(token_ids) == 1 and getattr(self._cache, "supports_static_step", False)
+        step = self.compiled.step if self.compiled is not None and one_token else None
         try:
-            if step is not None and getattr(self._cache, "supports_static_step", False):
+            if step is not None:
                 with self._cache.static_step():
                     logits = step(self.model, ids, self._cache)
+            elif self.lean is not None and one_token:
+                logits = self._lean_step(int(token_ids[0]), ids)
             else:
-                # logits_to_keep=1: the head projects only the last position, (1, 1, V) not (1, T, V)
-                logits = self.model(
-                    input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1
-                ).logits
+                logits = self._transformers_forward(ids)
         except BaseException:
             self._reset()  # a half-updated cache no longer matches self._tokens
             raise
         self._tokens.extend(int(t) for t in token_ids)
         return logits[0, -1].float().cpu().numpy()  # (V,)
+
+    def _transformers_forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # logits_to_keep=1: the head projects only the last position, (1, 1, V) not (1, T, V)
+        return self.model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+
+    def _lean_step(self, token: int, ids: torch.Tensor) -> torch.Tensor:
+        """One token through the lean step; its first use per model is checked against transformers' forward."""
+        lean = self.lean
+        if lean.verified:
+            return lean.step(token, self._cache)
+        try:
+            ours = lean.step(token, self._cache)
+        except Exception as e:  # a model the step misjudged costs speed, never the answer; the cache is intact
+            self.lean = None  # (layer lengths move only after every layer ran)
+            log.warning("the lean decode step failed (%s: %s); decoding uses transformers' forward",
+                        type(e).__name__, e)
+            return self._transformers_forward(ids)
+        self._cache.crop(-1)  # the same position again, through transformers
+        theirs = self._transformers_forward(ids)
+        err = (ours.float() - theirs.float()).abs().max().item()
+        scale = max(theirs.float().abs().max().item(), 1.0)
+        if err <= LEAN_TOLERANCE[self.dtype] * scale:
+            lean.verified = True
+        else:
+            self.lean = None
+            log.warning("the lean decode step differs from transformers' forward by %.3g; decoding uses the latter",
+                        err)
+        return theirs
 
     def peak_memory_bytes(self) -> int:
         # The preallocated KV cache counts in full from when it is reserved, not only the filled part:

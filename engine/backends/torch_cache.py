@@ -252,12 +252,13 @@ class GrowingCache(Cache):
                 raise UnsupportedCacheLayout(f"no preallocated cache for {layer_type!r} layers")
         super().__init__(layers=layers)
 
-    def _attention_layers(self) -> list[GrowingLayer]:
+    def attention_layers(self) -> list[GrowingLayer]:
+        """The layers holding keys/values (all but transformers' placeholder layers), in model order."""
         return [layer for layer in self.layers if isinstance(layer, GrowingLayer)]
 
     def can_crop_to(self, length: int) -> bool:
         """Whether every layer still holds what the token after `length` needs."""
-        return all(layer.can_crop_to(length) for layer in self._attention_layers())
+        return all(layer.can_crop_to(length) for layer in self.attention_layers())
 
     def crop(self, tokens_to_remove: int) -> None:
         """Remove the last `-tokens_to_remove` tokens from every layer, or raise CacheTrimError and change nothing."""
@@ -268,12 +269,12 @@ class GrowingCache(Cache):
 
     def nbytes(self) -> int:
         """Bytes reserved by every layer's buffers."""
-        return sum(layer.nbytes() for layer in self._attention_layers())
+        return sum(layer.nbytes() for layer in self.attention_layers())
 
     @property
     def supports_static_step(self) -> bool:
         """Whether `static_step` applies: every attention layer full (no sliding window) and already filled once."""
-        layers = self._attention_layers()
+        layers = self.attention_layers()
         return bool(layers) and all(not layer.is_sliding and layer.is_initialized for layer in layers)
 
     @contextmanager
@@ -284,7 +285,7 @@ class GrowingCache(Cache):
         attention its whole buffer; the mask hides slots past the token. On a
         clean exit the cache is one token longer.
         """
-        layers = self._attention_layers()
+        layers = self.attention_layers()
         for layer in layers:
             layer._make_room(1)
         position = getattr(self, "_position", None)

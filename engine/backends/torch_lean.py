@@ -1,0 +1,187 @@
+"""A lean single-token decode step for Llama-shaped models on the torch backend.
+
+A decode step of a small model is mostly not arithmetic: on the default
+135M model (30 layers, CPU) transformers' forward takes ~33 ms of which the
+weight matmuls are ~22 ms; the rest is ~1,300 small tensor ops and the
+Python around them (masks, kwargs, views, hooks). This step runs the same
+arithmetic directly over the model's own weights, with fewer ops:
+
+- q/k/v are one matmul and gate/up one matmul. The fused weight is a single
+  tensor and the model's own `q_proj.weight` etc. become views into it, so
+  memory does not grow and transformers' forward (prefill, scoring, the
+  research runners) reads the same bytes it read before;
+- rotary embedding for q and k in one pass, cos/sin from the model's own
+  rotary module (so every rope scaling type it implements is honoured);
+- keys/values written straight into the `GrowingCache` buffers, and one
+  scaled-dot-product call per layer over the filled part (a single query
+  attends to every cached position: no mask is needed);
+- RMSNorm written as the model writes it (float32 statistics), so float32
+  results equal transformers' bit for bit on the same kernels.
+
+Only decoder layers of the known Llama shape qualify (Llama, Mistral, Qwen2:
+norm -> attention -> residual -> norm -> gated MLP -> residual, no q/k
+norms, no sliding window in the cache); anything else keeps transformers'
+forward. `LeanDecodeStep.for_model` says why not, in the debug log. The
+backend checks the first lean step of every model against transformers'
+forward on the real cache before trusting it (see TorchBackend.forward).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from engine.backends.torch_cache import GrowingCache
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
+# Attributes a decoder layer of one of those types has; a module with anything
+# more (q_norm, pre_feedforward_layernorm, ...) computes something this step does not.
+LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
+MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
+
+
+def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several linears on the same input; the linears' own become views of it."""
+    weight = torch.cat([m.weight.detach() for m in linears])
+    biases = [m.bias for m in linears]
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    row = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight = torch.nn.Parameter(weight[row : row + n], requires_grad=False)
+        if bias is not None:
+            m.bias = torch.nn.Parameter(bias[row : row + n], requires_grad=False)
+        row += n
+    return weight, bias
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:  # torch's fused kernel: one op for LlamaRMSNorm's five, same float32 result
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    # LlamaRMSNorm's own sequence for half precision: statistics in float32, scaling in the model's dtype.
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class _Layer:
+    """One decoder layer's weights, fused where two matmuls share an input."""
+
+    def __init__(self, layer, heads: int, kv_heads: int, head_dim: int):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.norm_in, self.eps_in = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
+        self.norm_post = layer.post_attention_layernorm.weight
+        self.eps_post = layer.post_attention_layernorm.variance_epsilon
+        self.qkv, self.qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o, self.o_bias = attn.o_proj.weight, attn.o_proj.bias
+        self.gate_up, self.gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        self.down, self.down_bias = mlp.down_proj.weight, mlp.down_proj.bias
+        self.act = mlp.act_fn
+        self.scaling = float(attn.scaling)
+        self.intermediate = mlp.gate_proj.weight.shape[0]
+        self.rope_rows = (heads + kv_heads) * head_dim  # q and k: the columns that get the rotary embedding
+
+
+class LeanDecodeStep:
+    """`step(token_id, cache)`: logits (1, 1, V), shaped as transformers shapes them, for the token after
+    `token_id`, which it appends to the cache."""
+
+    def __init__(self, model):
+        cfg = model.config
+        inner = model.model
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.norm, self.norm_eps = inner.norm.weight, inner.norm.variance_epsilon
+        head = model.get_output_embeddings()
+        self.head, self.head_bias = head.weight, head.bias
+        self.layers = [_Layer(layer, self.heads, self.kv_heads, self.head_dim) for layer in inner.layers]
+        device = self.head.device
+        self._ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+        self._position = torch.zeros((1, 1), dtype=torch.long, device=device)
+        self.verified = False  # set by the backend once a step matched transformers' forward
+
+    @classmethod
+    def for_model(cls, model) -> LeanDecodeStep | None:
+        """The lean step for `model`, or None (with the reason in the debug log) when its shape is not Llama's."""
+        reason = cls._unsupported(model)
+        if reason:
+            log.debug("no lean decode step: %s", reason)
+            return None
+        return cls(model)
+
+    @staticmethod
+    def _unsupported(model) -> str | None:
+        cfg = model.config
+        if getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+            return f"model type {getattr(cfg, 'model_type', None)!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}"
+        inner = getattr(model, "model", None)
+        layers = getattr(inner, "layers", None)
+        if layers is None or not all(hasattr(inner, a) for a in ("embed_tokens", "rotary_emb", "norm")):
+            return "the model does not have the embed/layers/rotary/norm layout"
+        if len(layers) != cfg.num_hidden_layers:
+            return "the model runs a different number of layers than it holds"
+        for layer in layers:
+            children = {name for name, _ in layer.named_children()}
+            if children != LAYER_CHILDREN:
+                return f"a decoder layer has {sorted(children)}, not {sorted(LAYER_CHILDREN)}"
+            attn = {name for name, _ in layer.self_attn.named_children()}
+            mlp = {name for name, _ in layer.mlp.named_children()}
+            if attn != ATTENTION_CHILDREN or mlp != MLP_CHILDREN:
+                return f"attention has {sorted(attn)} and the MLP {sorted(mlp)}"
+            projections = [getattr(layer.self_attn, n) for n in sorted(ATTENTION_CHILDREN)]
+            projections += [getattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")]
+            odd = [type(p).__name__ for p in projections if type(p) is not torch.nn.Linear]
+            if odd:  # quantized or adapter layers hold other tensors than one dense weight
+                return f"a projection is a {odd[0]}, not a plain Linear"
+            if not all(hasattr(n, "variance_epsilon") for n in (layer.input_layernorm, layer.post_attention_layernorm)):
+                return "a norm is not an RMSNorm"
+        params = list(model.parameters())
+        if len({p.device for p in params}) != 1 or len({p.dtype for p in params}) != 1:
+            return "the weights are spread over several devices or dtypes"
+        return None
+
+    @torch.inference_mode()
+    def step(self, token_id: int, cache: GrowingCache) -> torch.Tensor:
+        """Logits (1, 1, V) after `token_id`; the caller has checked `cache.supports_static_step`."""
+        layers = cache.attention_layers()
+        position = layers[0].length
+        self._ids.fill_(token_id)
+        self._position.fill_(position)
+        h = self.embed(self._ids)[0]  # (1, D)
+        cos, sin = self.rotary(h, self._position)  # (1, 1, head_dim), the model's own rope
+        half = self.head_dim // 2
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
+        for weights, cached in zip(self.layers, layers):
+            x = _rms_norm(h, weights.norm_in, weights.eps_in)
+            qkv = F.linear(x, weights.qkv, weights.qkv_bias)  # (1, (H + 2 KV) * hd)
+            qk = qkv[:, : weights.rope_rows].view(1, heads + kv_heads, hd)
+            # rotate_half(x) * sin == roll(x, half) * (sin, first half negated): 4 ops, not 7; the same floats
+            qk = qk * cos + torch.roll(qk, half, -1) * signed_sin
+            cached._make_room(1)
+            slot = cached.length - cached.start
+            cached.keys.narrow(2, slot, 1).copy_(qk[:, heads:].unsqueeze(2))
+            cached.values.narrow(2, slot, 1).copy_(qkv[:, weights.rope_rows :].view(1, kv_heads, 1, hd))
+            attn = F.scaled_dot_product_attention(
+                qk[:, :heads].unsqueeze(2),  # (1, H, 1, hd)
+                cached.keys[:, :, : slot + 1],
+                cached.values[:, :, : slot + 1],
+                scale=weights.scaling,
+                enable_gqa=heads != kv_heads,
+            )
+            h = h + F.linear(attn.view(1, heads * hd), weights.o, weights.o_bias)
+            x = _rms_norm(h, weights.norm_post, weights.eps_post)
+            gate_up = F.linear(x, weights.gate_up, weights.gate_up_bias)
+            mixed = weights.act(gate_up[:, : weights.intermediate]) * gate_up[:, weights.intermediate :]
+            h = h + F.linear(mixed, weights.down, weights.down_bias)
+        for cached in layers:
+            cached.length += 1
+        return F.linear(_rms_norm(h, self.norm, self.norm_eps), self.head, self.head_bias).view(1, 1, -1)

@@ -1,0 +1,196 @@
+"""The lean decode step (engine/backends/torch_lean.py): same logits and tokens as transformers, or not used at all.
+
+Llama (the tiny random one and the default model) and a tiny Qwen2 with
+q/k/v biases run through it; Gemma 3 and a Llama layer with an extra module
+must be refused; a step that disagrees with transformers on its first use
+must be dropped for the rest of the backend's life.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from engine.backends.torch_backend import TorchBackend
+from engine.backends.torch_lean import LeanDecodeStep
+from engine.decode import generate_events
+from engine.events import Done
+from engine.request import GenerationRequest
+from engine.sampling.settings import SamplerSettings
+
+GREEDY = SamplerSettings(temperature=0.0)
+
+
+def _greedy_tokens(backend, prompt_ids, n: int) -> list[int]:
+    backend.trim_cache(0)
+    req = GenerationRequest(prompt_ids=tuple(prompt_ids), sampler=GREEDY, max_new_tokens=n, ignore_eos=True)
+    done = list(generate_events(backend, req))[-1]
+    assert isinstance(done, Done) and done.stats.generated_tokens == n
+    return list(done.stats.token_ids)
+
+
+def _count_lean_steps(backend, monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = backend.lean.step
+    monkeypatch.setattr(backend.lean, "step", lambda token, cache: calls.append(token) or real(token, cache))
+    return calls
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2_folder(tmp_path_factory, default_model_folder):
+    """A 2-layer random-weight Qwen2 (q/k/v projections with biases) with the default model's tokenizer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-qwen2")
+    config = Qwen2Config(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(1)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # larger logits and non-zero biases, so both matter to the result
+        model.model.embed_tokens.weight.normal_(0, 1.0)
+        model.lm_head.weight.normal_(0, 0.25)
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (default_model_folder / name).exists():
+            shutil.copy(default_model_folder / name, folder / name)
+    return folder
+
+
+def test_lean_step_equals_transformers_forward_step_by_step(tiny_torch):
+    backend = tiny_torch
+    assert backend.lean is not None
+    ids = backend.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
+    backend.trim_cache(0)
+    backend.forward(ids)
+    cache, token = backend._cache, ids[-1]
+    with torch.inference_mode():
+        for _ in range(24):
+            ours = backend.lean.step(token, cache)
+            cache.crop(-1)  # the same position again, through transformers
+            theirs = backend.model(
+                input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True, logits_to_keep=1
+            ).logits
+            assert ours.shape == theirs.shape
+            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+            token = int(theirs[0, -1].argmax())
+
+
+def test_decode_goes_through_the_lean_step_and_keeps_transformers_tokens(tiny_torch, monkeypatch):
+    backend = tiny_torch
+    prompt = backend.tokenizer.encode("Once upon a time")
+    calls = _count_lean_steps(backend, monkeypatch)
+    ours = _greedy_tokens(backend, prompt, 40)
+    assert backend.lean.verified
+    assert len(calls) == 39  # every step after the prefill's token
+    with torch.inference_mode():
+        ref = backend.model.generate(
+            torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40, do_sample=False
+        )[0, len(prompt) :]
+    assert ours == ref.tolist()
+
+
+def test_fused_weights_are_the_models_own_memory(tiny_torch):
+    """The model's q/k/v and gate/up weights are views into the fused tensors: no second copy."""
+    layer, fused = tiny_torch.model.model.layers[0], tiny_torch.lean.layers[0]
+    base = fused.qkv.untyped_storage().data_ptr()
+    for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+        assert proj.weight.untyped_storage().data_ptr() == base
+    assert layer.mlp.up_proj.weight.untyped_storage().data_ptr() == fused.gate_up.untyped_storage().data_ptr()
+    assert fused.qkv.shape[0] == sum(
+        p.weight.shape[0] for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+    )
+
+
+def test_qwen2_with_attention_biases(tiny_qwen2_folder, monkeypatch):
+    backend = TorchBackend(tiny_qwen2_folder, spec="tiny-qwen2", display_name="tiny-qwen2")
+    try:
+        assert backend.lean is not None and backend.lean.layers[0].qkv_bias is not None
+        prompt = backend.tokenizer.encode("Once upon a time")
+        calls = _count_lean_steps(backend, monkeypatch)
+        ours = _greedy_tokens(backend, prompt, 24)
+        assert backend.lean is not None and backend.lean.verified and len(calls) == 23
+        with torch.inference_mode():
+            ref = backend.model.generate(
+                torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False
+            )[0, len(prompt) :]
+        assert ours == ref.tolist()
+    finally:
+        backend.close()
+
+
+def test_other_shapes_keep_transformers_forward():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+    small = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1)
+    gemma = Gemma3ForCausalLM(Gemma3TextConfig(**small, head_dim=16, sliding_window=8))
+    assert LeanDecodeStep.for_model(gemma) is None
+    llama = LlamaForCausalLM(LlamaConfig(**small))
+    llama.model.layers[1].self_attn.q_norm = torch.nn.LayerNorm(16)  # Qwen3/OLMo-style: math the step lacks
+    q_before = llama.model.layers[0].self_attn.q_proj.weight
+    assert LeanDecodeStep.for_model(llama) is None
+    assert llama.model.layers[0].self_attn.q_proj.weight is q_before  # a refused model is left as it was
+
+
+def test_a_step_that_disagrees_is_dropped_on_first_use(tiny_torch, monkeypatch, caplog):
+    backend = tiny_torch
+    prompt = backend.tokenizer.encode("Once upon a time")
+    reference = _greedy_tokens(backend, prompt, 12)  # verified lean step: transformers' tokens (test above)
+
+    backend.lean.verified = False
+    real = backend.lean.step
+    monkeypatch.setattr(backend.lean, "step", lambda token, cache: real(token, cache) + 1.0)
+    with caplog.at_level(logging.WARNING, logger="engine.backends.torch_backend"):
+        assert _greedy_tokens(backend, prompt, 12) == reference
+    assert backend.lean is None
+    assert "lean decode step differs" in caplog.text
+
+
+def test_default_model_long_greedy_run_is_unchanged(fresh_default_torch):
+    """SmolLM2 (the Llama the product ships) through the lean step: 100 tokens, the same as without it."""
+    backend = fresh_default_torch
+    assert backend.lean is not None
+    prompt = backend.tokenizer.chat_ids([{"role": "user", "content": "Describe a walk along a river at dawn."}])
+    lean = backend.lean
+    with_lean = _greedy_tokens(backend, prompt, 100)
+    backend.lean = None
+    try:
+        without = _greedy_tokens(backend, prompt, 100)
+    finally:
+        backend.lean = lean
+    assert with_lean == without
+    assert np.unique(with_lean).size > 20  # a real answer, not one token repeated
+
+
+def test_a_step_that_fails_on_first_use_costs_speed_not_the_answer(tiny_torch, monkeypatch, caplog):
+    backend = tiny_torch
+    prompt = backend.tokenizer.encode("Once upon a time")
+    reference = _greedy_tokens(backend, prompt, 12)
+    backend.lean.verified = False
+
+    def broken(token, cache):
+        cache.attention_layers()[0]._make_room(1)  # as far as a real step gets before a bad shape
+        raise RuntimeError("shape mismatch in a layer")
+
+    monkeypatch.setattr(backend.lean, "step", broken)
+    with caplog.at_level(logging.WARNING, logger="engine.backends.torch_backend"):
+        assert _greedy_tokens(backend, prompt, 12) == reference
+    assert backend.lean is None
+    assert "lean decode step failed (RuntimeError: shape mismatch" in caplog.text
