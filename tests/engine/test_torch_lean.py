@@ -147,6 +147,10 @@ def test_other_shapes_keep_transformers_forward():
     q_before = llama.model.layers[0].self_attn.q_proj.weight
     assert LeanDecodeStep.for_model(llama) is None
     assert llama.model.layers[0].self_attn.q_proj.weight is q_before  # a refused model is left as it was
+    half_biased = LlamaForCausalLM(LlamaConfig(**small))
+    half_biased.model.layers[0].self_attn.k_proj.bias = torch.nn.Parameter(torch.zeros(16))
+    assert LeanDecodeStep.for_model(half_biased) is None
+    assert LeanDecodeStep.for_model(LlamaForCausalLM(LlamaConfig(**small))) is not None  # the control
 
 
 def test_a_step_that_disagrees_is_dropped_on_first_use(tiny_torch, monkeypatch, caplog):
