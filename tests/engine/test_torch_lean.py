@@ -198,3 +198,25 @@ def test_a_step_that_fails_on_first_use_costs_speed_not_the_answer(tiny_torch, m
         assert _greedy_tokens(backend, prompt, 12) == reference
     assert backend.lean is None
     assert "lean decode step failed (RuntimeError: shape mismatch" in caplog.text
+
+
+def test_grouped_attention_for_long_contexts_keeps_the_tokens(tiny_torch, monkeypatch):
+    """Past GROUPED_ATTENTION_FROM positions the query heads of a KV head attend as one group: the same
+    logits within float rounding and the same greedy tokens (the tiny model's context is 512, so the
+    threshold is lowered to put the whole run past it)."""
+    from engine.backends import torch_lean
+
+    backend = tiny_torch
+    assert backend.lean.heads != backend.lean.kv_heads  # grouped-query attention: the path under test
+    prompt = backend.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
+    reference = _greedy_tokens(backend, prompt, 40)  # transformers' SDPA call below the threshold
+    monkeypatch.setattr(torch_lean, "GROUPED_ATTENTION_FROM", 4)
+    assert _greedy_tokens(backend, prompt, 40) == reference
+    cache, token = backend._cache, reference[-1]
+    with torch.inference_mode():
+        ours = backend.lean.step(token, cache)
+        cache.crop(-1)
+        theirs = backend.model(
+            input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True, logits_to_keep=1
+        ).logits
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
