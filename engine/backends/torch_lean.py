@@ -37,6 +37,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from engine.backends.file_pages import release_file_pages
 from engine.backends.torch_cache import GrowingCache
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 
 def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One weight (and bias) for several linears on the same input; the linears' own become views of it."""
-    weight = torch.cat([m.weight.detach() for m in linears])
+    old = [m.weight.detach() for m in linears]
+    weight = torch.cat(old)
     biases = [m.bias for m in linears]
     bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
     row = 0
@@ -68,6 +70,7 @@ def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | 
         if bias is not None:
             m.bias = torch.nn.Parameter(bias[row : row + n], requires_grad=False)
         row += n
+    release_file_pages(old)  # the copies just read them: memory-mapped weights would otherwise stay resident
     return weight, bias
 
 
