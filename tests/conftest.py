@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -47,17 +46,12 @@ def fresh_default_torch(default_torch):
 def tiny_llama_folder(tmp_path_factory, default_model_folder) -> Path:
     """A 2-layer random-weight Llama with the default model's tokenizer, saved as a HF folder."""
     import torch
+    from tiny_models import TINY_DECODER, save_with_default_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
 
     folder = tmp_path_factory.mktemp("tiny-llama")
     config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        **TINY_DECODER,
         rope_theta=10000.0,
         tie_word_embeddings=False,  # tied random weights make every token predict itself
         bos_token_id=1,
@@ -69,10 +63,7 @@ def tiny_llama_folder(tmp_path_factory, default_model_folder) -> Path:
     with torch.no_grad():  # larger logits than the default init, so distributions are neither flat nor one-hot
         model.model.embed_tokens.weight.normal_(0, 1.0)
         model.lm_head.weight.normal_(0, 0.25)
-    model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-        if (default_model_folder / name).exists():
-            shutil.copy(default_model_folder / name, folder / name)
+    save_with_default_tokenizer(model, folder, default_model_folder)
     # mlx-lm reads rope_theta at the top level.
     cfg_path = folder / "config.json"
     cfg = json.loads(cfg_path.read_text())

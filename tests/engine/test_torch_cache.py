@@ -7,7 +7,6 @@ Small grow steps and reaches make growth and compaction happen often.
 
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ WINDOW = 16
 @pytest.fixture(scope="module")
 def tiny_gemma_folder(tmp_path_factory, default_model_folder):
     """A 4-layer random-weight Gemma 3 text model (sliding window 16) with the default model's tokenizer."""
+    from tiny_models import save_with_default_tokenizer
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     folder = tmp_path_factory.mktemp("tiny-gemma3")
@@ -51,11 +51,7 @@ def tiny_gemma_folder(tmp_path_factory, default_model_folder):
     model = Gemma3ForCausalLM(config).eval()
     with torch.no_grad():  # larger logits than the default init, so greedy choices are not near-ties
         model.model.embed_tokens.weight.normal_(0, 1.0)
-    model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-        if (default_model_folder / name).exists():
-            shutil.copy(default_model_folder / name, folder / name)
-    return folder
+    return save_with_default_tokenizer(model, folder, default_model_folder)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ must be dropped for the rest of the backend's life.
 from __future__ import annotations
 
 import logging
-import shutil
 
 import numpy as np
 import pytest
@@ -43,17 +42,12 @@ def _count_lean_steps(backend, monkeypatch) -> list[int]:
 @pytest.fixture(scope="module")
 def tiny_qwen2_folder(tmp_path_factory, default_model_folder):
     """A 2-layer random-weight Qwen2 (q/k/v projections with biases) with the default model's tokenizer."""
+    from tiny_models import TINY_DECODER, save_with_default_tokenizer
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     folder = tmp_path_factory.mktemp("tiny-qwen2")
     config = Qwen2Config(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        **TINY_DECODER,
         tie_word_embeddings=False,
         bos_token_id=1,
         eos_token_id=2,
@@ -66,11 +60,7 @@ def tiny_qwen2_folder(tmp_path_factory, default_model_folder):
         for layer in model.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 proj.bias.normal_(0, 0.5)
-    model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (default_model_folder / name).exists():
-            shutil.copy(default_model_folder / name, folder / name)
-    return folder
+    return save_with_default_tokenizer(model, folder, default_model_folder)
 
 
 def test_lean_step_equals_transformers_forward_step_by_step(tiny_torch):
