@@ -7,7 +7,6 @@ Small grow steps and reaches make growth and compaction happen often.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
