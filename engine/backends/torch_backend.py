@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from engine.backends.base import process_peak_rss_bytes
+from engine.backends.torch_compile import CompiledDecodeStep, compile_wanted, relative_logit_error
+from engine.backends.torch_lean import LeanDecodeStep
 from engine.devices import check_device_name, require_available
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
@@ -115,11 +117,7 @@ class TorchBackend:
         self.compiled = None  # CompiledDecodeStep, swapped in by forward() once its thread has built it
         self.lean = None  # LeanDecodeStep for Llama-shaped models: decode steps without transformers' overhead
         if self.offload is None:
-            from engine.backends.torch_lean import LeanDecodeStep
-
             self.lean = LeanDecodeStep.for_model(self.model)
-            from engine.backends.torch_compile import CompiledDecodeStep, compile_wanted
-
             if compile_wanted(self.device, compile_step):
                 tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2  # relative to the largest logit
                 self.compiled = CompiledDecodeStep(self.model, tolerance=tolerance)
@@ -191,28 +189,31 @@ class TorchBackend:
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
         if self._cache is None:
             self._cache = self._new_cache()
-        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # (1, T)
         one_token = len(token_ids) == 1 and getattr(self._cache, "supports_static_step", False)
         step = self.compiled.step if self.compiled is not None and one_token else None
         try:
             if step is not None:
                 with self._cache.static_step():
-                    logits = step(self.model, ids, self._cache)
+                    logits = step(self.model, self._ids(token_ids), self._cache)
             elif self.lean is not None and one_token:
-                logits = self._lean_step(int(token_ids[0]), ids)
+                logits = self._lean_step(int(token_ids[0]))
             else:
-                logits = self._transformers_forward(ids)
+                logits = self._transformers_forward(token_ids)
         except BaseException:
             self._reset()  # a half-updated cache no longer matches self._tokens
             raise
         self._tokens.extend(int(t) for t in token_ids)
         return logits[0, -1].float().cpu().numpy()  # (V,)
 
-    def _transformers_forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def _ids(self, token_ids: Sequence[int]) -> torch.Tensor:
+        return torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # (1, T)
+
+    def _transformers_forward(self, token_ids: Sequence[int]) -> torch.Tensor:
         # logits_to_keep=1: the head projects only the last position, (1, 1, V) not (1, T, V)
+        ids = self._ids(token_ids)
         return self.model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
 
-    def _lean_step(self, token: int, ids: torch.Tensor) -> torch.Tensor:
+    def _lean_step(self, token: int) -> torch.Tensor:
         """One token through the lean step; its first use per model is checked against transformers' forward."""
         lean = self.lean
         if lean.verified:
@@ -223,17 +224,16 @@ class TorchBackend:
             self.lean = None  # (layer lengths move only after every layer ran)
             log.warning("the lean decode step failed (%s: %s); decoding uses transformers' forward",
                         type(e).__name__, e)
-            return self._transformers_forward(ids)
+            return self._transformers_forward([token])
         self._cache.crop(-1)  # the same position again, through transformers
-        theirs = self._transformers_forward(ids)
-        err = (ours.float() - theirs.float()).abs().max().item()
-        scale = max(theirs.float().abs().max().item(), 1.0)
-        if err <= LEAN_TOLERANCE[self.dtype] * scale:
+        theirs = self._transformers_forward([token])
+        err = relative_logit_error(ours, theirs)
+        if err <= LEAN_TOLERANCE[self.dtype]:
             lean.verified = True
         else:
             self.lean = None
-            log.warning("the lean decode step differs from transformers' forward by %.3g; decoding uses the latter",
-                        err)
+            log.warning("the lean decode step differs from transformers' forward by %.3g of the largest logit; "
+                        "decoding uses the latter", err)
         return theirs
 
     def peak_memory_bytes(self) -> int:

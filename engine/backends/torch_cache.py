@@ -251,10 +251,11 @@ class GrowingCache(Cache):
             else:
                 raise UnsupportedCacheLayout(f"no preallocated cache for {layer_type!r} layers")
         super().__init__(layers=layers)
+        self._attention = [layer for layer in layers if isinstance(layer, GrowingLayer)]
 
     def attention_layers(self) -> list[GrowingLayer]:
         """The layers holding keys/values (all but transformers' placeholder layers), in model order."""
-        return [layer for layer in self.layers if isinstance(layer, GrowingLayer)]
+        return self._attention
 
     def can_crop_to(self, length: int) -> bool:
         """Whether every layer still holds what the token after `length` needs."""

@@ -57,8 +57,11 @@ ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
 MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 
 
-def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) for several linears on the same input; the linears' own become views of it."""
+def _fuse(linears: list[torch.nn.Linear], copied: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several linears on the same input; the linears' own become views of it.
+
+    The replaced weights are appended to `copied`: their memory-mapped pages are given back afterwards.
+    """
     old = [m.weight.detach() for m in linears]
     weight = torch.cat(old)
     biases = [m.bias for m in linears]
@@ -70,7 +73,7 @@ def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | 
         if bias is not None:
             m.bias = torch.nn.Parameter(bias[row : row + n], requires_grad=False)
         row += n
-    release_file_pages(old)  # the copies just read them: memory-mapped weights would otherwise stay resident
+    copied.extend(old)
     return weight, bias
 
 
@@ -86,14 +89,14 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 class _Layer:
     """One decoder layer's weights, fused where two matmuls share an input."""
 
-    def __init__(self, layer, heads: int, kv_heads: int, head_dim: int):
+    def __init__(self, layer, heads: int, kv_heads: int, head_dim: int, copied: list[torch.Tensor]):
         attn, mlp = layer.self_attn, layer.mlp
         self.norm_in, self.eps_in = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
         self.norm_post = layer.post_attention_layernorm.weight
         self.eps_post = layer.post_attention_layernorm.variance_epsilon
-        self.qkv, self.qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.qkv, self.qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], copied)
         self.o, self.o_bias = attn.o_proj.weight, attn.o_proj.bias
-        self.gate_up, self.gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        self.gate_up, self.gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj], copied)
         self.down, self.down_bias = mlp.down_proj.weight, mlp.down_proj.bias
         self.act = mlp.act_fn
         self.scaling = float(attn.scaling)
@@ -116,7 +119,10 @@ class LeanDecodeStep:
         self.norm, self.norm_eps = inner.norm.weight, inner.norm.variance_epsilon
         head = model.get_output_embeddings()
         self.head, self.head_bias = head.weight, head.bias
-        self.layers = [_Layer(layer, self.heads, self.kv_heads, self.head_dim) for layer in inner.layers]
+        copied: list[torch.Tensor] = []
+        self.layers = [_Layer(layer, self.heads, self.kv_heads, self.head_dim, copied) for layer in inner.layers]
+        # The copies just read the old weights: memory-mapped ones would otherwise stay resident.
+        release_file_pages(copied)
         device = self.head.device
         self._ids = torch.zeros((1, 1), dtype=torch.long, device=device)
         self._position = torch.zeros((1, 1), dtype=torch.long, device=device)

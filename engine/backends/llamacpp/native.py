@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import logging
 import os
 import sys
@@ -55,6 +56,11 @@ def init() -> None:
             _initialised = True
 
 
+# llama-cpp-python's own default, kept before `use_safe_defaults_for_llama_class` replaces it with model_params.
+_original_default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+
+@functools.cache
 def amx_built() -> bool:
     """Whether this llama.cpp build carries ggml's AMX matmul (compiled in when built on a CPU with AMX)."""
     return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
@@ -78,9 +84,6 @@ def model_params(n_gpu_layers: int | None = None) -> llama_cpp.llama_model_param
     if amx_built():
         params.use_extra_bufts = False
     return params
-
-
-_original_default_params = llama_cpp.llama_cpp.llama_model_default_params
 
 
 def use_safe_defaults_for_llama_class() -> None:
