@@ -4,14 +4,16 @@ CUDA when available, else CPU with every usable core. One KV cache is kept
 between requests so a request sharing a prefix with the previous one only
 runs its new tokens. The cache is our preallocated `GrowingCache`
 (engine.backends.torch_cache): a decode step writes in place instead of
-copying the whole cache, so speed stays flat over long answers. Models whose
+copying the whole cache, so a step grows only by attention over the cached
+tokens as an answer gets long (docs/torch.md has the figures). Models whose
 layer types it does not know, and offloaded models, use transformers'
 `DynamicCache`.
 
 A decode step (one token) of a Llama-shaped model runs through the lean
 step (engine.backends.torch_lean) rather than transformers' forward: the same
-arithmetic on the same weights in fewer ops, checked against transformers on
-its first use. Prefill, other architectures and offloaded models go through
+arithmetic on the same weights in fewer ops (on the CPU, each weight through
+the faster of MKL's and oneDNN's kernels on this machine: cpu_linear), checked
+against transformers on its first use. Prefill, other architectures and offloaded models go through
 transformers; on CUDA a compiled step (engine.backends.torch_compile) takes
 over from both once it is built.
 """
@@ -38,7 +40,8 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # How far the lean decode step may be from transformers' forward, relative to the largest logit: float32
-# is bit-identical on the CPU (checked), half precision may round differently when kernels differ.
+# is bit-identical on the CPU with torch's matmul kernel and ~1e-6 off with oneDNN's (cpu_linear, checked);
+# half precision may round differently when kernels differ.
 LEAN_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 
 

@@ -20,7 +20,11 @@ fewer ops:
   its queries, so long contexts read each KV head once;
 - RMSNorm written as the model writes it (float32 statistics), so float32
   results equal transformers' bit for bit on the same kernels (below
-  `GROUPED_ATTENTION_FROM` positions; within float rounding above).
+  `GROUPED_ATTENTION_FROM` positions; within float rounding above);
+- on the CPU in float32, each weight role (qkv, o, gate/up, down, head) is
+  multiplied by whichever of torch's and oneDNN's kernels read it faster on
+  this machine, timed once when the step is built (engine/backends/cpu_linear.py).
+  Where oneDNN is picked, logits differ from transformers' by rounding (~1e-6).
 
 Only decoder layers of the known Llama shape qualify (Llama, Mistral, Qwen2:
 norm -> attention -> residual -> norm -> gated MLP -> residual, no q/k
@@ -37,6 +41,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from engine.backends import cpu_linear
 from engine.backends.file_pages import release_file_pages
 from engine.backends.torch_cache import GrowingCache
 
@@ -55,6 +60,8 @@ GROUPED_ATTENTION_FROM = 512
 LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
 MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
+# The weights of a layer that the step multiplies, by role (each has a `<role>_bias` beside it); the head is the fifth.
+LAYER_ROLES = ("qkv", "o", "gate_up", "down")
 
 
 def _fuse(linears: list[torch.nn.Linear], copied: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -127,6 +134,37 @@ class LeanDecodeStep:
         self._ids = torch.zeros((1, 1), dtype=torch.long, device=device)
         self._position = torch.zeros((1, 1), dtype=torch.long, device=device)
         self.verified = False  # set by the backend once a step matched transformers' forward
+        self.kernels: dict[str, str] = {}
+        self._linears: dict[str, cpu_linear.Linear] = {}
+        self.choose_kernels("auto")
+
+    def choose_kernels(self, mode: str | dict[str, str] = "auto") -> dict[str, str]:
+        """Set the matmul kernel of each weight role (LAYER_ROLES and "head"): "auto" times the candidates
+        on this machine (cpu_linear.fastest, ~0.3 s for the default model); a kernel's name uses it for every
+        role where it runs; a {role: name} mapping (an earlier return value) restores that choice.
+
+        The step then counts as unverified again, so the backend checks its next use against transformers.
+        """
+        groups = {role: ([getattr(layer, role) for layer in self.layers],
+                         [getattr(layer, f"{role}_bias") for layer in self.layers]) for role in LAYER_ROLES}
+        groups["head"] = ([self.head], [self.head_bias])
+        timings = {}
+        for role, (weights, biases) in groups.items():
+            name = mode.get(role, "torch") if isinstance(mode, dict) else mode
+            if name == "auto":
+                self.kernels[role], timings[role] = cpu_linear.fastest(weights, biases)
+            elif name in cpu_linear.KERNELS:
+                self.kernels[role] = name if name in cpu_linear.candidates(weights[0]) else "torch"
+            else:
+                raise ValueError(f"unknown kernel choice {name!r}: auto or one of {sorted(cpu_linear.KERNELS)}")
+        self._linears = {role: cpu_linear.KERNELS[name] for role, name in self.kernels.items()}
+        self.verified = False
+        parts = []
+        for role, name in self.kernels.items():
+            measured = " vs ".join(f"{k} {seconds * 1e3:.2f} ms" for k, seconds in timings.get(role, {}).items())
+            parts.append(f"{role} {name} ({measured})" if measured else f"{role} {name}")
+        log.info("lean decode step kernels: %s", ", ".join(parts))
+        return dict(self.kernels)
 
     @classmethod
     def for_model(cls, model) -> LeanDecodeStep | None:
@@ -183,9 +221,11 @@ class LeanDecodeStep:
         half = self.head_dim // 2
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
+        linears = self._linears
+        qkv_linear, o_linear, gate_up_linear, down_linear = (linears[role] for role in LAYER_ROLES)
         for weights, cached in zip(self.layers, layers):
             x = _rms_norm(h, weights.norm_in, weights.eps_in)
-            qkv = F.linear(x, weights.qkv, weights.qkv_bias)  # (1, (H + 2 KV) * hd)
+            qkv = qkv_linear(x, weights.qkv, weights.qkv_bias)  # (1, (H + 2 KV) * hd)
             qk = qkv[:, : weights.rope_rows].view(1, heads + kv_heads, hd)
             # rotate_half(x) * sin == roll(x, half) * (sin, first half negated): 4 ops, not 7; the same floats
             qk = qk * cos + torch.roll(qk, half, -1) * signed_sin
@@ -203,11 +243,11 @@ class LeanDecodeStep:
                 attn = F.scaled_dot_product_attention(
                     qk[:, :heads].unsqueeze(2), keys, values, scale=weights.scaling, enable_gqa=heads != kv_heads
                 )
-            h = h + F.linear(attn.view(1, heads * hd), weights.o, weights.o_bias)
+            h = h + o_linear(attn.view(1, heads * hd), weights.o, weights.o_bias)
             x = _rms_norm(h, weights.norm_post, weights.eps_post)
-            gate_up = F.linear(x, weights.gate_up, weights.gate_up_bias)
+            gate_up = gate_up_linear(x, weights.gate_up, weights.gate_up_bias)
             mixed = weights.act(gate_up[:, : weights.intermediate]) * gate_up[:, weights.intermediate :]
-            h = h + F.linear(mixed, weights.down, weights.down_bias)
+            h = h + down_linear(mixed, weights.down, weights.down_bias)
         for cached in layers:
             cached.length += 1
-        return F.linear(_rms_norm(h, self.norm, self.norm_eps), self.head, self.head_bias).view(1, 1, -1)
+        return linears["head"](_rms_norm(h, self.norm, self.norm_eps), self.head, self.head_bias).view(1, 1, -1)

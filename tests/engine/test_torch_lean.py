@@ -9,11 +9,13 @@ must be dropped for the rest of the backend's life.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
 
+from engine.backends import cpu_linear
 from engine.backends.torch_backend import TorchBackend
 from engine.backends.torch_lean import LeanDecodeStep
 from engine.decode import generate_events
@@ -63,14 +65,30 @@ def tiny_qwen2_folder(tmp_path_factory, default_model_folder):
     return save_with_default_tokenizer(model, folder, default_model_folder)
 
 
-def test_lean_step_equals_transformers_forward_step_by_step(tiny_torch):
+@contextmanager
+def _kernels(lean, kernel: str):
+    """The lean step with every matmul on `kernel` (skipped where this torch lacks it), then as it was."""
+    if kernel not in cpu_linear.candidates(lean.head):
+        pytest.skip(f"no {kernel} kernel in this torch build")
+    before = lean.choose_kernels(kernel)
+    try:
+        yield
+    finally:
+        lean.choose_kernels(before)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "onednn"])
+def test_lean_step_equals_transformers_forward_step_by_step(tiny_torch, kernel):
+    """Torch's matmul kernel: bit for bit (transformers' own ops, below GROUPED_ATTENTION_FROM positions);
+    oneDNN's: within float rounding."""
     backend = tiny_torch
     assert backend.lean is not None
     ids = backend.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
     backend.trim_cache(0)
     backend.forward(ids)
     cache, token = backend._cache, ids[-1]
-    with torch.inference_mode():
+    with _kernels(backend.lean, kernel), torch.inference_mode():
+        assert set(backend.lean.kernels.values()) == {kernel}
         for _ in range(24):
             ours = backend.lean.step(token, cache)
             cache.crop(-1)  # the same position again, through transformers
@@ -78,7 +96,10 @@ def test_lean_step_equals_transformers_forward_step_by_step(tiny_torch):
                 input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True, logits_to_keep=1
             ).logits
             assert ours.shape == theirs.shape
-            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+            if kernel == "torch":
+                assert torch.equal(ours, theirs)
+            else:
+                torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
             token = int(theirs[0, -1].argmax())
 
 
@@ -157,13 +178,17 @@ def test_a_step_that_disagrees_is_dropped_on_first_use(tiny_torch, monkeypatch, 
     assert "lean decode step differs" in caplog.text
 
 
-def test_default_model_long_greedy_run_is_unchanged(fresh_default_torch):
-    """SmolLM2 (the Llama the product ships) through the lean step: 100 tokens, the same as without it."""
+@pytest.mark.parametrize("kernel", ["torch", "onednn"])
+def test_default_model_long_greedy_run_is_unchanged(fresh_default_torch, kernel):
+    """SmolLM2 (the Llama the product ships) through the lean step, with each matmul kernel it can pick:
+    100 tokens, the same as without it, and the step verified against transformers on first use."""
     backend = fresh_default_torch
     assert backend.lean is not None
     prompt = backend.tokenizer.chat_ids([{"role": "user", "content": "Describe a walk along a river at dawn."}])
     lean = backend.lean
-    with_lean = _greedy_tokens(backend, prompt, 100)
+    with _kernels(lean, kernel):
+        with_lean = _greedy_tokens(backend, prompt, 100)
+        assert backend.lean is lean and lean.verified
     backend.lean = None
     try:
         without = _greedy_tokens(backend, prompt, 100)
