@@ -19,8 +19,11 @@ this: its engine loads and runs the model on the worker thread only
 Also: the weights floor, the time of one step's matmuls alone (every
 linear layer's weight times one input row, head included): a decode step
 cannot be faster than reading its weights, so ours / floor says how much of
-a step is anything else. `--lean off` measures transformers' forward for
-our decode steps instead of the lean step (engine/backends/torch_lean.py).
+a step is anything else; it is given for each matmul kernel the lean step
+can pick on this machine (torch's, and oneDNN's for float32 on the CPU).
+`--lean off` measures transformers' forward for our decode steps instead of
+the lean step (engine/backends/torch_lean.py); `--linear torch|onednn` pins
+the lean step's matmul kernel instead of timing both at load.
 Last lines: ratio_vs_generate=X.XX and long_context_ratio=X.XX
 """
 
@@ -38,6 +41,7 @@ import torch  # noqa: E402
 from chat_turns import chat_ttft  # noqa: E402  (bench/ is the script folder, first on sys.path)
 from transformers.generation.streamers import BaseStreamer  # noqa: E402
 
+from engine.backends import cpu_linear  # noqa: E402
 from engine.backends.torch_backend import TorchBackend  # noqa: E402
 from engine.decode import generate_events  # noqa: E402
 from engine.events import Done  # noqa: E402
@@ -109,8 +113,10 @@ def sampler_cost_ms(backend: TorchBackend, prompt_ids: list[int], n: int = 64) -
     return out
 
 
-def weights_floor_ms(backend: TorchBackend, rounds: int = 20) -> tuple[float, int]:
-    """Median ms of one pass of matmuls over every linear layer's weight (one input row each), and their bytes."""
+def weights_floor_ms(backend: TorchBackend, kernel: str = "torch", rounds: int = 20) -> tuple[float, int]:
+    """Median ms of one pass of matmuls over every linear layer's weight (one input row each, with `kernel`
+    from engine/backends/cpu_linear.py), and their bytes."""
+    linear = cpu_linear.KERNELS[kernel]
     linears = [m for m in backend.model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = {m: torch.ones(1, m.in_features, dtype=m.weight.dtype, device=m.weight.device) for m in linears}
     nbytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
@@ -119,7 +125,7 @@ def weights_floor_ms(backend: TorchBackend, rounds: int = 20) -> tuple[float, in
         for _ in range(rounds + 1):
             t = time.perf_counter()
             for m in linears:
-                torch.nn.functional.linear(inputs[m], m.weight)
+                linear(inputs[m], m.weight, None)
             if backend.device.type == "cuda":
                 torch.cuda.synchronize(backend.device)
             times.append(time.perf_counter() - t)
@@ -157,6 +163,9 @@ def main() -> None:
                     help="the backend's compiled decode step (auto: on for CUDA, off for the CPU); waited for")
     ap.add_argument("--lean", choices=("on", "off"), default="on",
                     help="the lean decode step for Llama-shaped models (off: transformers' forward every step)")
+    ap.add_argument("--linear", choices=("auto", *cpu_linear.KERNELS), default="auto",
+                    help="the lean step's matmul kernels (auto: the faster of torch's and oneDNN's per weight role, "
+                         "timed at load)")
     args = ap.parse_args()
     quiet_third_party()
     source = resolve_spec(args.model)
@@ -165,6 +174,9 @@ def main() -> None:
     backend = TorchBackend(materialize(source), spec=source.spec, display_name=source.name, compile_step=compile_step)
     if args.lean == "off":
         backend.lean = None
+    elif backend.lean is not None:
+        kernels = backend.lean.choose_kernels(args.linear) if args.linear != "auto" else backend.lean.kernels
+        print("lean step kernels: " + ", ".join(f"{role} {name}" for role, name in kernels.items()))
     print(f"decode step: {'compiled' if backend.compiled else 'lean' if backend.lean else 'transformers forward'}")
     if backend.compiled is not None:
         t = time.perf_counter()
@@ -192,11 +204,12 @@ def main() -> None:
     print(f"ttft turn5/turn1 = {ttfts[4] / ttfts[0]:.2f}")
     print(f"ours median {statistics.median(a):.1f} tok/s, generate() median {statistics.median(b):.1f} tok/s, "
           f"same tokens: {'yes' if same else 'NO'}")
-    floor_ms, nbytes = weights_floor_ms(backend)
     ours_ms = 1000 / statistics.median(a)
-    print(f"weights floor: {floor_ms:.1f} ms per step for {nbytes / 2**20:.0f} MiB of linear weights "
-          f"({nbytes / floor_ms / 1e6:.1f} GB/s); ours {ours_ms:.1f} ms/token, "
-          f"{floor_ms / ours_ms:.0%} of the floor's speed")
+    for kernel in cpu_linear.candidates(next(backend.model.parameters())):
+        floor_ms, nbytes = weights_floor_ms(backend, kernel)
+        print(f"weights floor ({kernel} kernel): {floor_ms:.1f} ms per step for {nbytes / 2**20:.0f} MiB of linear "
+              f"weights ({nbytes / floor_ms / 1e6:.1f} GB/s); ours {ours_ms:.1f} ms/token, "
+              f"{floor_ms / ours_ms:.0%} of the floor's speed")
     ratio = statistics.median(a) / statistics.median(b)
     long_ratio = long_context_ratio(backend, prompt_ids, args.long_tokens) if args.long_tokens >= 300 else None
     print(f"ratio_vs_generate={ratio:.2f}")
