@@ -41,7 +41,13 @@ def test_cli_show_probs_prints_each_token_with_alternatives(capsys, tiny_llama_f
 
 
 def test_cli_chat_holds_a_three_turn_conversation(capsys, monkeypatch):
-    script = "My name is Ada.\n/set max_new_tokens 32\nWhat is the capital of France?\n/reset\nHello!\n/quit\n"
+    # The question leaves the first answer token no near tie: "What is the capital of France?" gave
+    # "The" 0.15 vs "L" 0.14 on torch, and llama.cpp's Q4_1 kernels on an AVX2 CPU answered "L'Étoile".
+    # Here "The" is 0.51 against 0.06 on both.
+    script = (
+        "My name is Ada.\n/set max_new_tokens 32\nFinish this sentence: The capital of France is\n"
+        "/reset\nHello!\n/quit\n"
+    )
     monkeypatch.setattr("sys.stdin", io.StringIO(script))
     code = cli.main(["chat", "--temperature", "0", "--max-new-tokens", "24"])
     captured = capsys.readouterr()

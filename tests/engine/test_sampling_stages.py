@@ -67,6 +67,30 @@ def assert_same(ours: np.ndarray, theirs: np.ndarray, rtol: float = 1e-6, atol: 
     assert ours.dtype == np.float32
 
 
+def assert_same_cut(ours: np.ndarray, theirs: np.ndarray, x: np.ndarray, p: float, typical: bool) -> None:
+    """`assert_same` for a stage that keeps the smallest set of tokens reaching mass p (top-p, typical-p),
+    except for a token at the cut where the mass before it is within float rounding of p.
+
+    transformers sums the mass in float32 and we in float64: over thousands of tokens the sums differ by
+    ~1e-7, so where the mass before a token is that close to p, one side keeps it and the other does not
+    (seen: 0.99899995 before a token of p = 0.999, on an AVX2 CPU only). Every other token must agree.
+    """
+    differ = np.flatnonzero(np.isfinite(ours) != np.isfinite(theirs))
+    if differ.size:
+        finite = np.isfinite(x)
+        x64 = np.where(finite, x.astype(np.float64), -np.inf)
+        logp = x64 - (x64[finite].max() + np.log(np.exp(x64[finite] - x64[finite].max()).sum()))
+        prob = np.exp(logp)
+        entropy = -(prob[finite] * logp[finite]).sum()
+        key = np.where(finite, np.abs(-logp - entropy), np.inf) if typical else -x64  # the stage's order
+        order = np.argsort(key, kind="stable")
+        mass_before = dict(zip(order.tolist(), (np.cumsum(prob[order]) - prob[order]).tolist()))
+        assert all(abs(mass_before[int(t)] - p) <= 1e-6 for t in differ), [mass_before[int(t)] for t in differ]
+        ours, theirs = ours.copy(), theirs.copy()
+        ours[differ] = theirs[differ] = NEG_INF
+    assert_same(ours, theirs)
+
+
 VOCABS = [1, 2, 7, 100, 3000]
 
 
@@ -118,7 +142,7 @@ def test_top_k_zero_and_large_k_change_nothing():
 @pytest.mark.parametrize("p", [1e-9, 0.05, 0.3, 0.5, 0.8, 0.9, 0.95, 0.99, 0.999999, 1.0])
 def test_top_p_matches_transformers(v, p):
     for x in rows(v):
-        assert_same(make_top_p(p)(x, ctx()), hf(TopPLogitsWarper(p), x))
+        assert_same_cut(make_top_p(p)(x, ctx()), hf(TopPLogitsWarper(p), x), x, p, typical=False)
 
 
 def test_top_p_tiny_p_keeps_only_the_top_token():
@@ -162,8 +186,8 @@ def test_top_p_and_typical_p_fallback_to_a_full_sort(monkeypatch, p):
     monkeypatch.setattr(stages, "_TOP_P_REACH", ())
     monkeypatch.setattr(stages, "_TYPICAL_REACH", ())
     for x in rows(3000):
-        assert_same(make_top_p(p)(x, ctx()), hf(TopPLogitsWarper(p), x))
-        assert_same(make_typical_p(p)(x, ctx()), hf(TypicalLogitsWarper(p), x))
+        assert_same_cut(make_top_p(p)(x, ctx()), hf(TopPLogitsWarper(p), x), x, p, typical=False)
+        assert_same_cut(make_typical_p(p)(x, ctx()), hf(TypicalLogitsWarper(p), x), x, p, typical=True)
 
 
 # ---------------------------------------------------------------------- min-p
@@ -188,7 +212,7 @@ def test_min_p_one_keeps_the_top_ties():
 @pytest.mark.parametrize("p", [1e-6, 0.2, 0.5, 0.9, 0.95, 0.999])
 def test_typical_p_matches_transformers(v, p):
     for x in rows(v):
-        assert_same(make_typical_p(p)(x, ctx()), hf(TypicalLogitsWarper(p), x))
+        assert_same_cut(make_typical_p(p)(x, ctx()), hf(TypicalLogitsWarper(p), x), x, p, typical=True)
 
 
 def test_typical_p_can_drop_the_most_likely_token():
