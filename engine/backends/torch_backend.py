@@ -13,9 +13,9 @@ A decode step (one token) of a Llama-shaped model runs through the lean
 step (engine.backends.torch_lean) rather than transformers' forward: the same
 arithmetic on the same weights in fewer ops (on the CPU, each weight through
 the faster of MKL's and oneDNN's kernels on this machine: cpu_linear), checked
-against transformers on its first use. Prefill, other architectures and offloaded models go through
-transformers; on CUDA a compiled step (engine.backends.torch_compile) takes
-over from both once it is built.
+against transformers on its first use. Prefill, other architectures and
+offloaded models go through transformers; on CUDA a compiled step
+(engine.backends.torch_compile) takes over from both once it is built.
 """
 
 from __future__ import annotations

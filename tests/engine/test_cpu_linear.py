@@ -79,3 +79,13 @@ def test_onednn_equals_torch_up_to_rounding(bias):
     assert float((ours - reference).abs().max()) <= 1e-6 * float(reference.abs().max())
     pick, seconds = cpu_linear.fastest(weights, biases)
     assert pick in {"torch", "onednn"} and set(seconds) == {"torch", "onednn"}  # both timed, either may win
+
+
+def test_timing_leaves_torchs_random_state_alone():
+    """Loading a model times the kernels; sampling code seeded before the load must see the same numbers."""
+    weights, biases = _weights()
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    cpu_linear.fastest(weights, biases, names=["torch", "onednn"] if ONEDNN else ["torch", "torch"])
+    assert torch.equal(torch.rand(3), expected)
