@@ -51,11 +51,26 @@ def layer_bytes(handle) -> float:
     return handle.placement.total_bytes / len(handle.placement.tiers)
 
 
-@pytest.fixture(scope="module")
-def tiny_reference(tiny_llama_folder):
+@pytest.fixture(autouse=True)
+def tiny_torch_without_lean_step(tiny_torch, monkeypatch):
+    """tiny_torch decoding through transformers' forward, as a backend with offloaded weights does: its lean
+    step holds the resident weights, so with it the tests below would not run the offloaded ones."""
+    monkeypatch.setattr(tiny_torch, "lean", None)
+
+
+def _resident_backend(folder):
+    """The reference: the same model resident, through transformers' forward (no lean step, whose matmul
+    kernel may be oneDNN's and round differently)."""
     from engine.backends.torch_backend import TorchBackend
 
-    backend = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny")
+    backend = TorchBackend(folder, spec="tiny", display_name="tiny")
+    backend.lean = None
+    return backend
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_llama_folder):
+    backend = _resident_backend(tiny_llama_folder)
     ref = greedy(backend, 12)
     backend.close()
     return ref
@@ -78,9 +93,7 @@ def test_tiny_attach_in_place_matches(tiny_torch, tiny_llama_folder, tiny_refere
 @pytest.fixture(scope="module")
 def tiny_aligned_reference(tiny_llama_folder):
     """The resident run with every weight copied into ordinary (aligned) memory, like the offloaded ones."""
-    from engine.backends.torch_backend import TorchBackend
-
-    backend = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny")
+    backend = _resident_backend(tiny_llama_folder)
     for module in backend.model.modules():
         for name, p in list(module._parameters.items()):
             if p is not None:
