@@ -99,6 +99,8 @@ class Sidebar(QWidget):
         self._reload_timer.start()
 
     def _reload(self) -> None:
+        if self._library.store.closed:  # a search or reload timer that fires after the window closed the database
+            return
         self._filling = True
         self.list.clear()
         current = self._library.current.id if self._library.current else None

@@ -46,3 +46,14 @@ def test_new_search_rename_delete(qtbot, window):
     assert window.library.current.id == second.id
     assert window.store.conversation(first.id) is None
     assert window.store.messages(first.id) == []
+
+
+def test_a_search_typed_as_the_window_closes_does_not_touch_the_closed_database(qtbot, window):
+    """The search waits 150 ms for more typing; the window and then its database can close within them
+    (seen in the test suite: a closed window's search fired after the store was closed)."""
+    window.close()  # closed, not yet deleted: its widgets and their timers live on
+    qtbot.waitUntil(lambda: window._shutdown_done, timeout=10000)
+    qtbot.keyClicks(window.sidebar.search, "cats")  # typed as the window went
+    assert window.sidebar._search_timer.isActive()
+    window.store.close()  # what the app does once the window is gone
+    qtbot.wait(400)  # the timer fires here: before the fix, AttributeError on the closed connection
