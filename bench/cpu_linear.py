@@ -26,7 +26,6 @@ import torch  # noqa: E402
 
 from engine.backends import cpu_linear  # noqa: E402
 from engine.backends.torch_backend import TorchBackend  # noqa: E402
-from engine.backends.torch_lean import LAYER_ROLES  # noqa: E402
 from engine.loading import materialize, resolve_spec  # noqa: E402
 from engine.quiet import quiet_third_party  # noqa: E402
 
@@ -60,9 +59,7 @@ def main() -> None:
     print(f"model {backend.info.name}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print("picked at load: " + ", ".join(f"{role} {name}" for role, name in auto.items()))
     cpu_linear.ROUNDS = args.rounds
-    for role in (*LAYER_ROLES, "head"):
-        weights = [lean.head] if role == "head" else [getattr(layer, role) for layer in lean.layers]
-        biases = [lean.head_bias] if role == "head" else [getattr(layer, f"{role}_bias") for layer in lean.layers]
+    for role, (weights, biases) in lean.weights_by_role().items():
         pick, seconds = cpu_linear.fastest(weights, biases)
         mib = sum(w.numel() * w.element_size() for w in weights) / 2**20
         rates = ", ".join(f"{k} {s * 1e3:.2f} ms ({mib * 2**20 / s / 1e9:.1f} GB/s)" for k, s in seconds.items())

@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from engine.backends.torch_compile import relative_logit_error
+
 log = logging.getLogger(__name__)
 
 Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -30,7 +32,7 @@ Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Ten
 # and torch's own kernel keeps the logits identical to transformers'.
 MARGIN = 0.05
 ROUNDS = 3
-# Two kernels agree when their results differ by rounding only, relative to the largest output.
+# Two kernels agree when their results differ by rounding only, relative to the largest output (or 1).
 AGREEMENT = 1e-4
 
 
@@ -66,8 +68,7 @@ def _agrees(name: str, x: torch.Tensor, weight: torch.Tensor, bias) -> bool:
         log.debug("linear kernel %s is unusable here (%s: %s)", name, type(exc).__name__, exc)
         return False
     reference = F.linear(x, weight, bias)
-    scale = reference.abs().max().clamp_min(1e-30)
-    return ours.shape == reference.shape and bool(((ours - reference).abs().max() / scale) <= AGREEMENT)
+    return ours.shape == reference.shape and relative_logit_error(ours, reference) <= AGREEMENT
 
 
 @torch.inference_mode()

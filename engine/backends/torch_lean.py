@@ -138,6 +138,13 @@ class LeanDecodeStep:
         self._linears: dict[str, cpu_linear.Linear] = {}
         self.choose_kernels("auto")
 
+    def weights_by_role(self) -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor | None]]]:
+        """{role: (weights, biases)} for LAYER_ROLES across the layers, and "head"."""
+        groups = {role: ([getattr(layer, role) for layer in self.layers],
+                         [getattr(layer, f"{role}_bias") for layer in self.layers]) for role in LAYER_ROLES}
+        groups["head"] = ([self.head], [self.head_bias])
+        return groups
+
     def choose_kernels(self, mode: str | dict[str, str] = "auto") -> dict[str, str]:
         """Set the matmul kernel of each weight role (LAYER_ROLES and "head"): "auto" times the candidates
         on this machine (cpu_linear.fastest, ~0.3 s for the default model); a kernel's name uses it for every
@@ -145,11 +152,8 @@ class LeanDecodeStep:
 
         The step then counts as unverified again, so the backend checks its next use against transformers.
         """
-        groups = {role: ([getattr(layer, role) for layer in self.layers],
-                         [getattr(layer, f"{role}_bias") for layer in self.layers]) for role in LAYER_ROLES}
-        groups["head"] = ([self.head], [self.head_bias])
         timings = {}
-        for role, (weights, biases) in groups.items():
+        for role, (weights, biases) in self.weights_by_role().items():
             name = mode.get(role, "torch") if isinstance(mode, dict) else mode
             if name == "auto":
                 self.kernels[role], timings[role] = cpu_linear.fastest(weights, biases)

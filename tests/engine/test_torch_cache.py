@@ -26,22 +26,16 @@ WINDOW = 16
 @pytest.fixture(scope="module")
 def tiny_gemma_folder(tmp_path_factory, default_model_folder):
     """A 4-layer random-weight Gemma 3 text model (sliding window 16) with the default model's tokenizer."""
-    from tiny_models import save_with_default_tokenizer
+    from tiny_models import TINY_DECODER, save_with_default_tokenizer
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     folder = tmp_path_factory.mktemp("tiny-gemma3")
     config = Gemma3TextConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **{**TINY_DECODER, "num_hidden_layers": 4, "max_position_embeddings": 1024},
         head_dim=16,
         query_pre_attn_scalar=16,
         sliding_window=WINDOW,
         layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
-        max_position_embeddings=1024,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=2,
