@@ -17,7 +17,9 @@ fewer ops:
   scaled-dot-product call per layer over the filled part (a single query
   attends to every cached position: no mask is needed); past
   `GROUPED_ATTENTION_FROM` positions the query heads of a KV head go in as
-  its queries, so long contexts read each KV head once;
+  its queries, so long contexts read each KV head once, and on the CPU in
+  float32 a C kernel compiled on this machine reads the cache at close to
+  the memory's speed, where one could be built (engine/backends/cpu_attention.py);
 - RMSNorm written as the model writes it (float32 statistics), so float32
   results equal transformers' bit for bit on the same kernels (below
   `GROUPED_ATTENTION_FROM` positions; within float rounding above);
@@ -41,7 +43,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from engine.backends import cpu_linear
+from engine.backends import cpu_attention, cpu_linear
 from engine.backends.file_pages import release_file_pages
 from engine.backends.torch_cache import GrowingCache
 
@@ -137,6 +139,12 @@ class LeanDecodeStep:
         self.kernels: dict[str, str] = {}
         self._linears: dict[str, cpu_linear.Linear] = {}
         self.choose_kernels("auto")
+        # Past GROUPED_ATTENTION_FROM positions: the C attention kernel, once the shared build has it
+        # (bench/cpu_attention.py); False keeps torch's attention (bench/decode.py --attention torch).
+        self.use_attention_kernel = device.type == "cpu" and self.head.dtype == torch.float32
+        self.attention_kernel: cpu_attention.DecodeAttention | None = None
+        if self.use_attention_kernel:
+            cpu_attention.shared.start()
 
     def weights_by_role(self) -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor | None]]]:
         """{role: (weights, biases)} for LAYER_ROLES across the layers, and "head"."""
@@ -225,6 +233,8 @@ class LeanDecodeStep:
         half = self.head_dim // 2
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
+        grouped = position + 1 >= GROUPED_ATTENTION_FROM
+        kernel = self._attention_kernel(layers[0]) if grouped else None
         linears = self._linears
         qkv_linear, o_linear, gate_up_linear, down_linear = (linears[role] for role in LAYER_ROLES)
         for weights, cached in zip(self.layers, layers):
@@ -238,11 +248,13 @@ class LeanDecodeStep:
             cached.keys.narrow(2, slot, 1).copy_(qk[:, heads:].unsqueeze(2))
             cached.values.narrow(2, slot, 1).copy_(qkv[:, weights.rope_rows :].view(1, kv_heads, 1, hd))
             keys, values = cached.keys[:, :, : slot + 1], cached.values[:, :, : slot + 1]
-            if slot + 1 >= GROUPED_ATTENTION_FROM and heads != kv_heads:
+            if grouped and (kernel is not None or heads != kv_heads):
                 # the query heads sharing a KV head as that head's queries: K/V are read once, not once per head
-                attn = F.scaled_dot_product_attention(
-                    qk[:, :heads].view(1, kv_heads, heads // kv_heads, hd), keys, values, scale=weights.scaling
-                )
+                grouped_q = qk[:, :heads].view(1, kv_heads, heads // kv_heads, hd)
+                if kernel is not None:
+                    attn = kernel(grouped_q, keys, values, weights.scaling)
+                else:
+                    attn = F.scaled_dot_product_attention(grouped_q, keys, values, scale=weights.scaling)
             else:  # transformers' own call: the same floats
                 attn = F.scaled_dot_product_attention(
                     qk[:, :heads].unsqueeze(2), keys, values, scale=weights.scaling, enable_gqa=heads != kv_heads
@@ -255,3 +267,17 @@ class LeanDecodeStep:
         for cached in layers:
             cached.length += 1
         return linears["head"](_rms_norm(h, self.norm, self.norm_eps), self.head, self.head_bias).view(1, 1, -1)
+
+    def _attention_kernel(self, cached) -> cpu_attention.DecodeAttention | None:
+        """The C kernel for this step's attention, if wanted, built, and able to read this cache's layout
+        (the same in every layer; the query is the one the kernel was checked with)."""
+        if not self.use_attention_kernel:
+            return None
+        if self.attention_kernel is None:
+            self.attention_kernel = cpu_attention.shared.get()
+        kernel = self.attention_kernel
+        if kernel is None or not kernel.takes_cache(
+            cached.keys, cached.values, self.kv_heads, self.heads // self.kv_heads, self.head_dim
+        ):
+            return None
+        return kernel

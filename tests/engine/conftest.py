@@ -1,4 +1,4 @@
-"""Fixtures for the llama.cpp tests: a tiny random-weight GGUF and the default model on llama.cpp."""
+"""Fixtures for the engine tests: a tiny random-weight GGUF, the default model on llama.cpp, the CPU attention kernel."""
 
 from __future__ import annotations
 
@@ -43,3 +43,13 @@ def default_llamacpp():
 def fresh_default_llamacpp(default_llamacpp):
     default_llamacpp.trim_cache(0)
     return default_llamacpp
+
+
+@pytest.fixture(scope="session")
+def attention_kernel(tmp_path_factory):
+    """The CPU attention kernel (engine/backends/cpu_attention.py), compiled here with the machine's C compiler."""
+    from engine.backends import cpu_attention
+
+    path = cpu_attention.build(tmp_path_factory.mktemp("kernels"))
+    assert path is not None, "no C compiler on this machine: the attention kernel cannot be tested"
+    return cpu_attention.DecodeAttention(path)

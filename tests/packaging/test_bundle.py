@@ -133,6 +133,14 @@ def test_bundle_has_desktop_entry_and_icon(build, dist):
     assert (bundle / "_internal" / "resources" / "logitlab.svg").is_file()  # the window's own icon
 
 
+def test_bundle_carries_the_attention_kernels_source(build, dist):
+    """engine/backends/cpu_attention.py compiles it next to itself where the user's machine has a compiler."""
+    from engine.backends import cpu_attention
+
+    shipped = build.bundle_path(dist) / "_internal" / "engine" / "backends" / cpu_attention.SOURCE.name
+    assert shipped.read_bytes() == cpu_attention.SOURCE.read_bytes()
+
+
 def test_bundle_carries_the_xcb_platform_libraries(build, dist):
     """Qt's X11 plugin needs libxcb-cursor0 & co., missing on minimal Debian/Ubuntu: the bundle brings them."""
     from app.platform_check import XCB_LIBRARIES, library_loads
