@@ -43,6 +43,8 @@ from app.widgets.status_bar import StatusBar
 log = logging.getLogger(__name__)
 
 GEOMETRY_KEY = "window_geometry"
+DEFAULT_SIZE = (1400, 880)  # the first start's window, where the screen has room for it
+DEFAULT_DOCK_WIDTHS = (300, 470)  # chats, inspector: their widths in a window of the default size
 APPEARANCE_KEY = "appearance"
 NOTHING_SAVED = "nothing saved"  # in the title bar while the app runs on a temporary database
 
@@ -462,11 +464,23 @@ class MainWindow(QMainWindow):
         except Exception:  # noqa: BLE001 - quitting must go on
             log.exception("writing the last tokens failed while quitting")
 
+    def size_to_fit(self, free_width: int, free_height: int) -> None:
+        """The first start's size: DEFAULT_SIZE, or the screen's free area where that is smaller (on a
+        1024x700 screen a 1400-wide window put the Inspector past its edge), the side panels scaled alike."""
+        width, height = min(DEFAULT_SIZE[0], free_width), min(DEFAULT_SIZE[1], free_height)
+        self.resize(width, height)
+        docks = [size * width // DEFAULT_SIZE[0] for size in DEFAULT_DOCK_WIDTHS]
+        self.resizeDocks([self.chats_dock, self.inspector_dock], docks, Qt.Orientation.Horizontal)
+
     def _restore_geometry(self) -> None:
         saved = self.store.get_setting(GEOMETRY_KEY)
         if not saved:
-            self.resize(1400, 880)
-            self.resizeDocks([self.chats_dock, self.inspector_dock], [300, 470], Qt.Orientation.Horizontal)
+            screen = self.screen()
+            if screen is None:
+                self.size_to_fit(*DEFAULT_SIZE)
+            else:
+                free = screen.availableGeometry()
+                self.size_to_fit(free.width(), free.height())
             return
         self.restoreGeometry(QByteArray.fromBase64(saved["geometry"].encode()))
         self.restoreState(QByteArray.fromBase64(saved["state"].encode()))

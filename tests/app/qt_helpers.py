@@ -18,9 +18,12 @@ def run_task(qtbot, awaitable, timeout_ms: int = 15000):
 
 
 def make_window(qtbot, store: Store, host: EngineHost, max_new_tokens: int = 24):
-    from app.main_window import MainWindow
+    from app.main_window import DEFAULT_SIZE, MainWindow
 
     window = MainWindow(store, host)
+    # The default size whatever the test platform's screen (offscreen: 800x800, which a first start fits
+    # itself to), so what the tests click and hover lies where they expect it.
+    window.size_to_fit(*DEFAULT_SIZE)
     window.settings.set_max_new_tokens(max_new_tokens)
     window.show()
     qtbot.waitExposed(window)

@@ -119,3 +119,37 @@ def test_shrinking_a_wide_layout_takes_width_from_the_chat_not_the_inspector(qtb
     assert window.inspector.width() >= MIN_WIDTH
     assert window.chat.width() > 0
     close_window(qtbot, window)
+
+
+def _docks_inside(window) -> list[str]:
+    problems = []
+    for dock in (window.chats_dock, window.inspector_dock):
+        if dock.isVisible() and not (0 <= dock.geometry().left() and dock.geometry().right() < window.width()):
+            problems.append(f"{dock.windowTitle()} spans x={dock.geometry().left()}..{dock.geometry().right()} "
+                            f"in a window {window.width()} wide")
+    return problems
+
+
+def test_a_first_start_fits_the_screen(qtbot, qloop, store, host):
+    """No saved geometry: the default size where the screen has room, else the screen's free area (the
+    offscreen test screen is 800x800), with the side panels inside the window."""
+    from app.main_window import DEFAULT_SIZE, MainWindow
+    from qt_helpers import close_window
+
+    window = MainWindow(store, host)
+    try:
+        window.show()
+        qtbot.waitExposed(window)
+        free, least = window.screen().availableGeometry(), window.minimumSizeHint()
+        assert free.width() < DEFAULT_SIZE[0]  # the branch under test
+        # the screen's width, or the narrowest the window's panels allow where the screen is narrower still
+        assert window.width() == max(free.width(), least.width()) < DEFAULT_SIZE[0]
+        assert window.height() == max(min(free.height(), DEFAULT_SIZE[1]), least.height())
+        assert not _docks_inside(window), _docks_inside(window)
+        for screen, expected in (((1024, 700), (1024, 700)), ((1440, 900), DEFAULT_SIZE)):
+            window.size_to_fit(*screen)
+            qtbot.waitUntil(lambda expected=expected: (window.width(), window.height()) == expected)
+            assert not _docks_inside(window), (screen, _docks_inside(window))
+            assert window.inspector_dock.width() >= 300 * expected[0] // DEFAULT_SIZE[0]
+    finally:
+        close_window(qtbot, window)
