@@ -1,4 +1,6 @@
-"""The sampling panel fits its dock: every control and value fully visible at 1440×900, usable at 1024×700."""
+"""The window at 1440×900 and 1024×700: the sampling panel fits its dock (every control and value fully
+visible at 1440×900, usable at 1024×700), a saved wide layout keeps a readable inspector, and a first start
+fits the screen."""
 
 from __future__ import annotations
 
