@@ -19,7 +19,7 @@ from engine.backends import cpu_linear
 from engine.backends.torch_backend import TorchBackend
 from engine.backends.torch_lean import LeanDecodeStep
 from engine.decode import generate_events
-from engine.events import Done
+from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings
 
@@ -285,7 +285,7 @@ def test_default_model_past_512_positions_keeps_its_tokens_with_the_attention_ke
         with _attention(backend.lean, attention, attention_kernel) as calls:
             backend.trim_cache(0)
             req = GenerationRequest(prompt_ids=tuple(prompt), sampler=GREEDY, max_new_tokens=40, ignore_eos=True)
-            events = [e for e in generate_events(backend, req) if hasattr(e, "logprob")]
+            events = [e for e in generate_events(backend, req) if isinstance(e, TokenEvent)]
             runs[attention] = ([e.token_id for e in events], [e.logprob for e in events], len(calls))
     assert runs["kernel"][0] == runs["torch"][0]
     np.testing.assert_allclose(runs["kernel"][1], runs["torch"][1], atol=1e-4)
