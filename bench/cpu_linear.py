@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.backends import cpu_linear  # noqa: E402
-from engine.backends.torch_backend import TorchBackend  # noqa: E402
-from engine.loading import materialize, resolve_spec  # noqa: E402
+from engine.backends.torch import linear as cpu_linear  # noqa: E402
+from engine.backends.torch.backend import TorchBackend  # noqa: E402
+from engine.sources import materialize, resolve_spec  # noqa: E402
 from engine.quiet import quiet_third_party  # noqa: E402
 
 

@@ -22,11 +22,8 @@ cannot be faster than reading its weights, so ours / floor says how much of
 a step is anything else; it is given for each matmul kernel the lean step
 can pick on this machine (torch's, and oneDNN's for float32 on the CPU).
 `--lean off` measures transformers' forward for our decode steps instead of
-the lean step (engine/backends/torch_lean.py); `--linear torch|onednn` pins
-the lean step's matmul kernel instead of timing both at load; `--attention
-torch` keeps torch's attention past 512 positions instead of the C kernel
-compiled on this machine (engine/backends/cpu_attention.py), whose build
-the bench waits for.
+the lean step (engine/backends/torch/lean.py); `--linear torch|onednn` pins
+the lean step's matmul kernel instead of timing both at load.
 Last lines: ratio_vs_generate=X.XX and long_context_ratio=X.XX
 """
 
@@ -44,11 +41,11 @@ import torch  # noqa: E402
 from chat_turns import chat_ttft  # noqa: E402  (bench/ is the script folder, first on sys.path)
 from transformers.generation.streamers import BaseStreamer  # noqa: E402
 
-from engine.backends import cpu_attention, cpu_linear  # noqa: E402
-from engine.backends.torch_backend import TorchBackend  # noqa: E402
+from engine.backends.torch import linear as cpu_linear  # noqa: E402
+from engine.backends.torch.backend import TorchBackend  # noqa: E402
 from engine.decode import generate_events  # noqa: E402
 from engine.events import Done  # noqa: E402
-from engine.loading import materialize, resolve_spec  # noqa: E402
+from engine.sources import materialize, resolve_spec  # noqa: E402
 from engine.quiet import quiet_third_party  # noqa: E402
 from engine.request import GenerationRequest  # noqa: E402
 from engine.sampling.settings import SamplerSettings  # noqa: E402
@@ -118,7 +115,7 @@ def sampler_cost_ms(backend: TorchBackend, prompt_ids: list[int], n: int = 64) -
 
 def weights_floor_ms(backend: TorchBackend, kernel: str = "torch", rounds: int = 20) -> tuple[float, int]:
     """Median ms of one pass of matmuls over every linear layer's weight (one input row each, with `kernel`
-    from engine/backends/cpu_linear.py), and their bytes."""
+    from engine/backends/torch/linear.py), and their bytes."""
     linear = cpu_linear.KERNELS[kernel]
     linears = [m for m in backend.model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = {m: torch.ones(1, m.in_features, dtype=m.weight.dtype, device=m.weight.device) for m in linears}
@@ -169,9 +166,6 @@ def main() -> None:
     ap.add_argument("--linear", choices=("auto", *cpu_linear.KERNELS), default="auto",
                     help="the lean step's matmul kernels (auto: the faster of torch's and oneDNN's per weight role, "
                          "timed at load)")
-    ap.add_argument("--attention", choices=("kernel", "torch"), default="kernel",
-                    help="the lean step's attention past 512 positions on the CPU: the C kernel compiled on this "
-                         "machine (when it can be built) or torch's scaled_dot_product_attention")
     args = ap.parse_args()
     quiet_third_party()
     source = resolve_spec(args.model)
@@ -183,13 +177,6 @@ def main() -> None:
     elif backend.lean is not None:
         kernels = backend.lean.choose_kernels(args.linear) if args.linear != "auto" else backend.lean.kernels
         print("lean step kernels: " + ", ".join(f"{role} {name}" for role, name in kernels.items()))
-        if args.attention == "torch" or not backend.lean.use_attention_kernel:
-            backend.lean.use_attention_kernel = False
-            print("lean step attention: torch's")
-        else:
-            kernel = cpu_attention.shared.wait()
-            used = "the C kernel" if kernel else "torch's (no kernel: see the log)"
-            print(f"lean step attention past 512 positions: {used}")
     print(f"decode step: {'compiled' if backend.compiled else 'lean' if backend.lean else 'transformers forward'}")
     if backend.compiled is not None:
         t = time.perf_counter()

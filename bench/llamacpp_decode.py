@@ -66,7 +66,7 @@ def raw_llamacpp(path: str, backend, prompt_ids: list[int], n: int) -> float:
 PEAK_RSS = """
 import json, resource, sys
 sys.path.insert(0, {root!r})
-from engine.load import load_model
+from engine.open_model import load_model
 b = load_model({spec!r}, backend={backend!r})
 ids = b.tokenizer.encode("The capital of France is")
 b.forward(ids)
@@ -105,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from engine.backends.llamacpp import LlamaCppBackend
-    from engine.loading import resolve_spec
+    from engine.sources import resolve_spec
 
     source = resolve_spec(args.model)
     t0 = time.perf_counter()
@@ -127,7 +127,7 @@ def main() -> None:
     ttfts = chat_ttft(backend)
     print(f"ttft turn5/turn1 = {ttfts[4] / ttfts[0]:.2f}")
     if args.torch:
-        from engine.load import load_model
+        from engine.open_model import load_model
 
         torch_backend = load_model(args.model, backend="torch")
         torch_inspect = max(ours(torch_backend, prompt, args.tokens, top_n=20) for _ in range(args.repeats))

@@ -158,8 +158,8 @@ class Loaded:
 def child_setup(args: argparse.Namespace):
     import torch
 
-    from engine.backends.torch_backend import pick_dtype
-    from engine.loading import materialize, resolve_spec
+    from engine.backends.torch.backend import pick_dtype
+    from engine.sources import materialize, resolve_spec
     from engine.quiet import quiet_third_party
     from engine.tokenizer import Tokenizer
 
@@ -175,7 +175,7 @@ def child_setup(args: argparse.Namespace):
 def set_threads(delta: int) -> None:
     import torch
 
-    from engine.backends.torch_backend import usable_cores
+    from engine.backends.torch.backend import usable_cores
 
     torch.set_num_threads(max(1, usable_cores() + delta))
 

@@ -22,9 +22,9 @@ from engine.errors import (
 )
 from engine.events import Done, GenerationStats, StageSnapshot, TokenEvent, TokenProb
 from engine import experiments  # score, compare, token diff, JSONL traces (engine.experiments)
-from engine.load import load_model
-from engine.loading.remote_code import custom_code_files
-from engine.loading.default_model import DefaultModelMissingError, download_default_model, models_dir
+from engine.open_model import load_model
+from engine.sources.remote_code import custom_code_files
+from engine.sources.default_model import DefaultModelMissingError, download_default_model, models_dir
 from engine.model_info import ModelInfo
 from engine.request import GenerationRequest
 from engine.servers import list_server_models, remember_connection, server_sampler_fields, split_server_spec

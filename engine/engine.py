@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from engine.backends.base import Backend
 from engine.events import Done, Event, GenerationStats
-from engine.load import load_model
+from engine.open_model import load_model
 from engine.model_info import ModelInfo
 from engine.request import GenerationRequest
 from engine.worker import EventCallback, GenerationHandle, ModelWorker

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         env["QT_QPA_PLATFORM"] = "offscreen"
     try:
-        from engine.loading.default_model import default_model_path
+        from engine.sources.default_model import default_model_path
 
         env.setdefault("LOGITLAB_DEFAULT_MODEL", str(default_model_path()))
     except Exception:  # noqa: BLE001 - the bundle may find it on its own (user models folder)

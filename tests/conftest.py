@@ -20,7 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def default_model_folder() -> Path:
     """The default model's converted folder (converted on first use; cached in the user cache dir)."""
-    from engine.loading import materialize, resolve_spec
+    from engine.sources import materialize, resolve_spec
 
     return materialize(resolve_spec(None))
 
@@ -28,7 +28,7 @@ def default_model_folder() -> Path:
 @pytest.fixture(scope="session")
 def default_torch(default_model_folder):
     """SmolLM2-135M-Instruct on the torch backend, shared by the session."""
-    from engine.backends.torch_backend import TorchBackend
+    from engine.backends.torch.backend import TorchBackend
 
     backend = TorchBackend(default_model_folder, spec="default", display_name="SmolLM2-135M-Instruct")
     yield backend
@@ -74,7 +74,7 @@ def tiny_llama_folder(tmp_path_factory, default_model_folder) -> Path:
 
 @pytest.fixture
 def tiny_torch(tiny_llama_folder):
-    from engine.backends.torch_backend import TorchBackend
+    from engine.backends.torch.backend import TorchBackend
 
     backend = TorchBackend(tiny_llama_folder, spec=str(tiny_llama_folder), display_name="tiny-llama")
     yield backend

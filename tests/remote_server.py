@@ -48,7 +48,7 @@ def running_llama_server(model_path: str | None = None, n_threads: int = 1) -> I
         RuntimeError: the server exited or did not answer within STARTUP_LIMIT_S.
     """
     if model_path is None:
-        from engine.loading.default_model import default_model_path
+        from engine.sources.default_model import default_model_path
 
         model_path = str(default_model_path())
     port = free_port()

@@ -26,16 +26,16 @@ _LAZY = {
     "attach": "engine.offload.apply",
     "OffloadHandle": "engine.offload.executor",
     "make_kv_cache": "engine.offload.kv_cache",
-    "build_empty": "engine.offload.load",
-    "load_offloaded": "engine.offload.load",
-    "plan_policy": "engine.offload.load",
+    "build_empty": "engine.offload.load_offloaded",
+    "load_offloaded": "engine.offload.load_offloaded",
+    "plan_policy": "engine.offload.load_offloaded",
 }
 
 if TYPE_CHECKING:
     from engine.offload.apply import attach
     from engine.offload.executor import OffloadHandle
     from engine.offload.kv_cache import make_kv_cache
-    from engine.offload.load import build_empty, load_offloaded, plan_policy
+    from engine.offload.load_offloaded import build_empty, load_offloaded, plan_policy
 
 
 def __getattr__(name: str) -> Any:

@@ -68,7 +68,7 @@ class LanguageModel:
     def load(cls, spec: str | None = None, *, backend: str = "auto", load_options: dict | None = None,
              **kwargs) -> "LanguageModel":
         """Load `spec`; `load_options` go to `engine.load_model` (device, dtype, trust_remote_code, ...)."""
-        from engine.load import load_model
+        from engine.open_model import load_model
 
         return cls(load_model(spec, backend=backend, **(load_options or {})), **kwargs)
 

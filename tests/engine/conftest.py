@@ -31,7 +31,7 @@ def default_llamacpp():
     """The default model (Q4_1 GGUF) on llama.cpp, shared by the session; tests start with `trim_cache(0)`."""
     pytest.importorskip("llama_cpp")
     from engine.backends.llamacpp import LlamaCppBackend
-    from engine.loading import resolve_spec
+    from engine.sources import resolve_spec
 
     source = resolve_spec(None)
     backend = LlamaCppBackend(source.path, spec="default", display_name=source.name)
@@ -45,11 +45,3 @@ def fresh_default_llamacpp(default_llamacpp):
     return default_llamacpp
 
 
-@pytest.fixture(scope="session")
-def attention_kernel(tmp_path_factory):
-    """The CPU attention kernel (engine/backends/cpu_attention.py), compiled here with the machine's C compiler."""
-    from engine.backends import cpu_attention
-
-    path = cpu_attention.build(tmp_path_factory.mktemp("kernels"))
-    assert path is not None, "no C compiler on this machine: the attention kernel cannot be tested"
-    return cpu_attention.DecodeAttention(path)

@@ -115,7 +115,7 @@ def custom_code_folder(tmp_path: Path, tiny_llama_folder: Path, model_type: str)
 
 
 def test_custom_code_folder_is_refused_in_our_words(tiny_llama_folder, tmp_path, capsys):
-    from engine.load import load_model
+    from engine.open_model import load_model
 
     folder = custom_code_folder(tmp_path, tiny_llama_folder, "my_own_arch")
     with pytest.raises(RemoteCodeRefusedError) as caught:
@@ -128,8 +128,8 @@ def test_custom_code_folder_is_refused_in_our_words(tiny_llama_folder, tmp_path,
 
 
 def test_auto_map_on_an_architecture_transformers_implements_loads_with_the_library_code(tiny_llama_folder, tmp_path):
-    from engine.load import load_model
-    from engine.loading.remote_code import custom_code_files, needs_remote_code
+    from engine.open_model import load_model
+    from engine.sources.remote_code import custom_code_files, needs_remote_code
 
     folder = custom_code_folder(tmp_path, tiny_llama_folder, "llama")
     assert custom_code_files(folder) == ("configuration_my.py", "modeling_my.py")
@@ -145,7 +145,7 @@ def test_hub_id_records_the_commit_it_was_loaded_at(tiny_llama_folder, tmp_path,
     """A hub id served from the local HF cache (no network): ModelInfo.revision is the snapshot's commit."""
     import huggingface_hub.constants
 
-    from engine.load import load_model
+    from engine.open_model import load_model
 
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hub" / "models--logitlab-test--tiny-llama"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine import cli
-from engine.cli_input import check_args
+from engine.cli.input import check_args
 from engine.errors import UsageError
 
 
@@ -24,7 +24,7 @@ def no_model_load(monkeypatch):
         raise AssertionError("a model was loaded before the command line was checked")
 
     monkeypatch.setattr("engine.engine.load_model", refuse)
-    monkeypatch.setattr("engine.load.load_model", refuse)
+    monkeypatch.setattr("engine.open_model.load_model", refuse)
 
 
 def one_error_line(capsys) -> str:

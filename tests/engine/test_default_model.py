@@ -7,7 +7,7 @@ import time
 import pytest
 
 from engine import DefaultModelMissingError, HubUnreachableError, ModelNotFoundError, download_default_model
-from engine.loading import default_model as dm
+from engine.sources import default_model as dm
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ def test_unknown_device_names_are_refused_in_words(text):
 
 
 def test_cuda_without_a_usable_gpu_is_refused_before_anything_touches_cuda(monkeypatch):
-    from engine.backends.torch_backend import pick_device
+    from engine.backends.torch.backend import pick_device
 
     def no_cuda_call(*_a, **_k):
         raise AssertionError("a CUDA call was made although CUDA is not available")

@@ -1,4 +1,4 @@
-"""Dropping the resident pages of memory-mapped weights the lean step has copied (engine/backends/file_pages.py)."""
+"""Dropping the resident pages of memory-mapped weights the lean step has copied (engine/backends/torch/file_pages.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.backends.file_pages import release_file_pages
+from engine.backends.torch.file_pages import release_file_pages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise on /proc/self/maps: Linux")
 

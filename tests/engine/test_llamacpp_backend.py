@@ -18,7 +18,7 @@ from engine.backends.llamacpp.placement import MIN_AUTO_CTX, choose_n_ctx, plan_
 from engine.chat import ChatSession  # noqa: E402
 from engine.decode import generate_events  # noqa: E402
 from engine.events import Done, TokenEvent  # noqa: E402
-from engine.load import load_model  # noqa: E402
+from engine.open_model import load_model  # noqa: E402
 from engine.request import GenerationRequest  # noqa: E402
 from engine.sampling import SamplerSettings  # noqa: E402
 

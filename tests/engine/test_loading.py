@@ -8,8 +8,8 @@ import time
 import pytest
 
 from engine.errors import HubUnreachableError, ModelLoadError, ModelNotFoundError
-from engine.loading import gguf_convert, materialize, resolve_spec
-from engine.loading.default_model import DEFAULT_FILE
+from engine.sources import gguf_convert, materialize, resolve_spec
+from engine.sources.default_model import DEFAULT_FILE
 
 
 def test_default_spec_finds_the_packaged_gguf():

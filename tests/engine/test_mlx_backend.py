@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("mlx_lm")
 
 from engine.backends.base import prefill  # noqa: E402
-from engine.backends.mlx_backend import MlxBackend  # noqa: E402
+from engine.backends.mlx.backend import MlxBackend  # noqa: E402
 from engine.decode import generate_events  # noqa: E402
 from engine.events import Done  # noqa: E402
 from engine.request import GenerationRequest  # noqa: E402

@@ -61,7 +61,7 @@ def tiny_torch_without_lean_step(tiny_torch, monkeypatch):
 def _resident_backend(folder):
     """The reference: the same model resident, through transformers' forward (no lean step, whose matmul
     kernel may be oneDNN's and round differently)."""
-    from engine.backends.torch_backend import TorchBackend
+    from engine.backends.torch.backend import TorchBackend
 
     backend = TorchBackend(folder, spec="tiny", display_name="tiny")
     backend.lean = None
@@ -118,7 +118,7 @@ def test_tiny_load_offloaded_is_bit_identical(
 
 def test_bfloat16_compute_from_a_float32_file(tiny_llama_folder):
     # Streamed weights are converted on the way in, as from_pretrained converts them at load.
-    from engine.backends.torch_backend import TorchBackend
+    from engine.backends.torch.backend import TorchBackend
 
     backend = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny", dtype="bfloat16")
     try:

@@ -121,7 +121,7 @@ def local_like_the_server():
     server leaves flash attention off, and on the CPU that kernel alone moves log-probs by ~0.01-0.1 nats."""
     pytest.importorskip("llama_cpp")
     from engine.backends.llamacpp import LlamaCppBackend
-    from engine.loading import resolve_spec
+    from engine.sources import resolve_spec
 
     source = resolve_spec(None)
     backend = LlamaCppBackend(source.path, spec="default", display_name=source.name, flash_attn=False)

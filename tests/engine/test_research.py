@@ -167,7 +167,7 @@ mlx_lm = pytest.importorskip("mlx_lm")
 
 @pytest.fixture(scope="module")
 def tiny_mlx_lm(tiny_llama_folder):
-    from engine.backends.mlx_backend import MlxBackend
+    from engine.backends.mlx.backend import MlxBackend
 
     backend = MlxBackend(tiny_llama_folder, spec="tiny", display_name="tiny")
     lm = LanguageModel(backend)

@@ -141,7 +141,7 @@ def test_backends_without_all_positions_logits_score_step_by_step():
 @pytest.mark.mlx
 def test_mlx_scores_equal_its_step_by_step_scores_and_torch(tiny_llama_folder, tiny_torch):
     pytest.importorskip("mlx_lm")
-    from engine.backends.mlx_backend import MlxBackend
+    from engine.backends.mlx.backend import MlxBackend
 
     backend = MlxBackend(tiny_llama_folder, spec=str(tiny_llama_folder), display_name="tiny-llama")
     try:

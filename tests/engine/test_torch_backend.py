@@ -86,7 +86,7 @@ def test_cancel_between_prefill_chunks_keeps_what_ran(tiny_torch):
 
 @pytest.mark.parametrize("policy", ["weights=0,0 cache=100", "weights=0,50 cache=100"])
 def test_offloaded_backend_decodes_like_the_resident_one(tiny_llama_folder, tiny_torch, policy):
-    from engine.backends.torch_backend import TorchBackend
+    from engine.backends.torch.backend import TorchBackend
 
     req = GenerationRequest(prompt="offload me", sampler=GREEDY, max_new_tokens=12, ignore_eos=True, top_n=5)
     resident = list(generate_events(tiny_torch, req))

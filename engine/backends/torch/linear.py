@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.backends.torch_compile import relative_logit_error
+from engine.backends.torch.compile import relative_logit_error
 
 log = logging.getLogger(__name__)
 

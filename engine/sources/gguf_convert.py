@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from engine.errors import ModelLoadError
-from engine.loading.cache_dir import cache_root
+from engine.sources.cache_dir import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -17,15 +17,13 @@ fewer ops:
   scaled-dot-product call per layer over the filled part (a single query
   attends to every cached position: no mask is needed); past
   `GROUPED_ATTENTION_FROM` positions the query heads of a KV head go in as
-  its queries, so long contexts read each KV head once, and on the CPU in
-  float32 a C kernel compiled on this machine reads the cache at close to
-  the memory's speed, where one could be built (engine/backends/cpu_attention.py);
+  its queries, so long contexts read each KV head once;
 - RMSNorm written as the model writes it (float32 statistics), so float32
   results equal transformers' bit for bit on the same kernels (below
   `GROUPED_ATTENTION_FROM` positions; within float rounding above);
 - on the CPU in float32, each weight role (qkv, o, gate/up, down, head) is
   multiplied by whichever of torch's and oneDNN's kernels read it faster on
-  this machine, timed once when the step is built (engine/backends/cpu_linear.py).
+  this machine, timed once when the step is built (engine/backends/torch/linear.py).
   Where oneDNN is picked, logits differ from transformers' by rounding (~1e-6).
 
 Only decoder layers of the known Llama shape qualify (Llama, Mistral, Qwen2:
@@ -43,9 +41,9 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from engine.backends import cpu_attention, cpu_linear
-from engine.backends.file_pages import release_file_pages
-from engine.backends.torch_cache import GrowingCache
+from engine.backends.torch import linear as cpu_linear
+from engine.backends.torch.file_pages import release_file_pages
+from engine.backends.torch.cache import GrowingCache
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +137,6 @@ class LeanDecodeStep:
         self.kernels: dict[str, str] = {}
         self._linears: dict[str, cpu_linear.Linear] = {}
         self.choose_kernels("auto")
-        # Past GROUPED_ATTENTION_FROM positions: the C attention kernel, once the shared build has it
-        # (bench/cpu_attention.py); False keeps torch's attention (bench/decode.py --attention torch).
-        self.use_attention_kernel = device.type == "cpu" and self.head.dtype == torch.float32
-        self.attention_kernel: cpu_attention.DecodeAttention | None = None
-        if self.use_attention_kernel:
-            cpu_attention.shared.start()
 
     def weights_by_role(self) -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor | None]]]:
         """{role: (weights, biases)} for LAYER_ROLES across the layers, and "head"."""
@@ -234,7 +226,6 @@ class LeanDecodeStep:
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
         grouped = position + 1 >= GROUPED_ATTENTION_FROM
-        kernel = self._attention_kernel(layers[0]) if grouped else None
         linears = self._linears
         qkv_linear, o_linear, gate_up_linear, down_linear = (linears[role] for role in LAYER_ROLES)
         for weights, cached in zip(self.layers, layers):
@@ -248,13 +239,10 @@ class LeanDecodeStep:
             cached.keys.narrow(2, slot, 1).copy_(qk[:, heads:].unsqueeze(2))
             cached.values.narrow(2, slot, 1).copy_(qkv[:, weights.rope_rows :].view(1, kv_heads, 1, hd))
             keys, values = cached.keys[:, :, : slot + 1], cached.values[:, :, : slot + 1]
-            if grouped and (kernel is not None or heads != kv_heads):
+            if grouped and heads != kv_heads:
                 # the query heads sharing a KV head as that head's queries: K/V are read once, not once per head
                 grouped_q = qk[:, :heads].view(1, kv_heads, heads // kv_heads, hd)
-                if kernel is not None:
-                    attn = kernel(grouped_q, keys, values, weights.scaling)
-                else:
-                    attn = F.scaled_dot_product_attention(grouped_q, keys, values, scale=weights.scaling)
+                attn = F.scaled_dot_product_attention(grouped_q, keys, values, scale=weights.scaling)
             else:  # transformers' own call: the same floats
                 attn = F.scaled_dot_product_attention(
                     qk[:, :heads].unsqueeze(2), keys, values, scale=weights.scaling, enable_gqa=heads != kv_heads
@@ -267,17 +255,3 @@ class LeanDecodeStep:
         for cached in layers:
             cached.length += 1
         return linears["head"](_rms_norm(h, self.norm, self.norm_eps), self.head, self.head_bias).view(1, 1, -1)
-
-    def _attention_kernel(self, cached) -> cpu_attention.DecodeAttention | None:
-        """The C kernel for this step's attention, if wanted, built, and able to read this cache's layout
-        (the same in every layer; the query is the one the kernel was checked with)."""
-        if not self.use_attention_kernel:
-            return None
-        if self.attention_kernel is None:
-            self.attention_kernel = cpu_attention.shared.get()
-        kernel = self.attention_kernel
-        if kernel is None or not kernel.takes_cache(
-            cached.keys, cached.values, self.kv_heads, self.heads // self.kv_heads, self.head_dim
-        ):
-            return None
-        return kernel

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Literal
 
 from engine.errors import ModelNotFoundError
-from engine.loading import gguf_convert, hub
-from engine.loading.default_model import DEFAULT_NAME, default_model_path
+from engine.sources import gguf_convert, hub
+from engine.sources.default_model import DEFAULT_NAME, default_model_path
 
 # (what is happening, fraction done or None when unknown)
 ProgressCallback = Callable[[str, "float | None"], None]

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 # What a causal LM folder needs; skips other formats (.bin, .pt, .onnx, .gguf) that would multiply the download.
 # *.py: a model's own code, fetched so that --trust-remote-code can run it; it is never run unless allowed
-# (engine.loading.remote_code).
+# (engine.sources.remote_code).
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.py"]
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 METADATA_TIMEOUT_S = 8.0

@@ -65,7 +65,7 @@ def cmd_beams(args: argparse.Namespace) -> int:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    """Generate for each prompt of `args.prompts` (read and checked by `cli_input.check_args`).
+    """Generate for each prompt of `args.prompts` (read and checked by `engine.cli.input.check_args`).
 
     Each prompt is tokenized and checked against the context before any
     forward pass; one that does not fit gets an error record in its place

@@ -20,7 +20,7 @@ import threading
 
 import torch
 
-from engine.backends.torch_cache import GrowingCache
+from engine.backends.torch.cache import GrowingCache
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Errors a user can act on (bad path, offline hub, invalid values, prompt too
 long) are printed as one line on stderr with exit status 2, no traceback.
-Every value and path is checked before the model loads (`engine.cli_input`).
+Every value and path is checked before the model loads (`engine.cli.input`).
 Long prompts come from a file or stdin: `--prompt-file PATH`, `--prompt -`.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import fields
 from typing import TextIO
 
 from engine.backends.select import BACKENDS
-from engine.cli_input import bad_utf8, check_args
-from engine.cli_research import add_batch_parser, cmd_batch, cmd_beams
-from engine.cli_experiments import add_experiment_parsers, cmd_compare, cmd_score
+from engine.cli.input import bad_utf8, check_args
+from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
+from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.errors import EngineError
 from engine.events import Done, TokenEvent
 from engine.sampling.settings import STAGE_NAMES, SamplerSettings

@@ -84,7 +84,7 @@ def download_default_model(progress=None) -> Path:
     """
     import huggingface_hub
 
-    from engine.loading.hub import METADATA_TIMEOUT_S, _progress_tqdm, hub_errors
+    from engine.sources.hub import METADATA_TIMEOUT_S, _progress_tqdm, hub_errors
 
     target = models_dir() / DEFAULT_FILE
     if target.is_file() and _sha256(target) == DEFAULT_SHA256:

@@ -143,7 +143,7 @@ def planned_backend(args: argparse.Namespace) -> str | None:
     """The backend `--model`/`--backend` will load with, found without loading (None when it cannot tell)."""
     from engine.backends.select import choose_backend
     from engine.errors import ModelNotFoundError
-    from engine.loading import resolve_spec
+    from engine.sources import resolve_spec
 
     if args.backend == "mock":
         return "mock"

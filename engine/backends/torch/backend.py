@@ -3,19 +3,19 @@
 CUDA when available, else CPU with every usable core. One KV cache is kept
 between requests so a request sharing a prefix with the previous one only
 runs its new tokens. The cache is our preallocated `GrowingCache`
-(engine.backends.torch_cache): a decode step writes in place instead of
+(engine.backends.torch.cache): a decode step writes in place instead of
 copying the whole cache, so a step grows only by attention over the cached
 tokens as an answer gets long (docs/torch.md has the figures). Models whose
 layer types it does not know, and offloaded models, use transformers'
 `DynamicCache`.
 
 A decode step (one token) of a Llama-shaped model runs through the lean
-step (engine.backends.torch_lean) rather than transformers' forward: the same
+step (engine.backends.torch.lean) rather than transformers' forward: the same
 arithmetic on the same weights in fewer ops (on the CPU, each weight through
 the faster of MKL's and oneDNN's kernels on this machine: cpu_linear), checked
 against transformers on its first use. Prefill, other architectures and
 offloaded models go through transformers; on CUDA a compiled step
-(engine.backends.torch_compile) takes over from both once it is built.
+(engine.backends.torch.compile) takes over from both once it is built.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from engine.backends.base import process_peak_rss_bytes
-from engine.backends.torch_compile import CompiledDecodeStep, compile_wanted, relative_logit_error
-from engine.backends.torch_lean import LeanDecodeStep
+from engine.backends.torch.compile import CompiledDecodeStep, compile_wanted, relative_logit_error
+from engine.backends.torch.lean import LeanDecodeStep
 from engine.devices import check_device_name, require_available
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
@@ -178,7 +178,7 @@ class TorchBackend:
             from engine.offload import make_kv_cache
 
             return make_kv_cache(self.model.config, self.offload.policy, self.device)
-        from engine.backends.torch_cache import GrowingCache, UnsupportedCacheLayout
+        from engine.backends.torch.cache import GrowingCache, UnsupportedCacheLayout
 
         try:
             return GrowingCache(self.model.config)
