@@ -64,12 +64,16 @@ class StageView(QWidget):
             self.note.setText("Select a token to see what each sampler stage did.")
             return
         stages = ev.stages or ()
-        if not stages:
+        greedy = _greedy(ev)
+        if not stages and greedy:
+            self.note.setText("Greedy (temperature 0): the model's most likely token was taken; no other stage was on.")
+        elif not stages:
             self.note.setText("Every stage was at its neutral value: the sampler drew from the model's distribution as is.")
         else:
             order = " → ".join(s.stage.replace("_", "-") for s in stages)
+            pick = " → greedy (temperature 0: the most likely token left was taken)" if greedy else ""
             self.note.setText(
-                f"{order}. Each column is the distribution after that stage; its header: tokens left · "
+                f"{order}{pick}. Each column is the distribution after that stage; its header: tokens left · "
                 "share of the incoming probability kept · entropy (nats)."
             )
         notes = list(dict.fromkeys(s.note for s in stages if s.note))  # e.g. "top 20 from server", said once
@@ -137,6 +141,21 @@ def _candidates(ev: TokenEvent) -> list[TokenProb]:
     rest = [p for p in rows if p.token_id != ev.token_id][: MAX_ROWS - 1]
     return sorted(chosen + rest, key=lambda p: rows.index(p))
 
+
+
+def _greedy(ev: TokenEvent) -> bool:
+    """Whether the token was picked greedily (temperature 0), read from the event itself.
+
+    The chain reports a greedy pick's final distribution as the argmax alone at log-prob 0. A draw
+    reports the whole final distribution, which is one token only when a stage (recorded in
+    `stages`) or the model itself left one: then the model's own list has no second token either.
+    """
+    top = ev.top_sampler
+    if len(top) != 1 or top[0].logprob != 0.0:
+        return False
+    if ev.stages:
+        return ev.stages[-1].survivors > 1  # the last stage left several tokens, yet one was certain
+    return sum(1 for p in ev.top_model if p.logprob > float("-inf")) > 1
 
 
 def _count(n: int) -> str:
