@@ -367,7 +367,7 @@ class ChatController:
     def _fit_to_context(engine, history: list[dict[str, str]], prefix_len: int, wanted: int) -> int:
         """Clamp the answer length to what the context has left (the engine refuses overflowing requests)."""
         context = engine.info.context_length
-        if not context or engine.info.backend == "remote":
+        if not context or not engine.info.runs_locally:
             # A remote tokenizer is HTTP: not on this (the UI) thread. The server refuses an overflow itself.
             return wanted
         prompt = len(engine.tokenizer.chat_ids(history, add_generation_prompt=True)) + prefix_len

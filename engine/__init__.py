@@ -25,7 +25,7 @@ from engine import experiments  # score, compare, token diff, JSONL traces (engi
 from engine.open_model import load_model
 from engine.sources.remote_code import custom_code_files
 from engine.sources.default_model import DefaultModelMissingError, download_default_model, models_dir
-from engine.model_info import ModelInfo
+from engine.model_info import ModelInfo, ServerInfo
 from engine.request import GenerationRequest
 from engine.servers import list_server_models, remember_connection, server_sampler_fields, split_server_spec
 from engine.sampling.settings import DEFAULT_ORDER, STAGE_NAMES, SamplerSettings
@@ -48,6 +48,7 @@ __all__ = [
     "RemoteCodeRefusedError",
     "STAGE_NAMES",
     "SamplerSettings",
+    "ServerInfo",
     "StageSnapshot",
     "TokenEvent",
     "TokenProb",

@@ -12,6 +12,8 @@ only when one of these is first called.
 
 from __future__ import annotations
 
+from engine.model_info import ServerInfo
+
 
 def split_server_spec(spec: str) -> tuple[str, str]:
     """(base URL ending in /v1, model or ""); ValueError naming the problem when `spec` is not a server URL."""
@@ -63,21 +65,20 @@ def round_trip_s(backend) -> float | None:
 
     None for a local model, or before the first request.
     """
-    if getattr(backend, "name", "") != "remote":
-        return None
-    return backend.client.last_latency_s
+    from engine.capabilities import RoundTrip
+
+    return backend.round_trip_s() if isinstance(backend, RoundTrip) else None
 
 
-def server_sampler_fields(capabilities: tuple[str, ...] | list[str]) -> frozenset[str]:
-    """The `SamplerSettings` fields a server takes when it samples, from its `ModelInfo.capabilities`.
+def server_sampler_fields(server: ServerInfo) -> frozenset[str]:
+    """The `SamplerSettings` fields a server takes when it samples (`ModelInfo.server`).
 
     Every other field must stay at its neutral value in server-samples mode (the request is refused,
     naming it, otherwise); "seed" is included only when the server's seeds proved reproducible.
     """
     from engine.backends.remote.server_params import PARAMETER_NAMES
 
-    kind = next((c.split("=", 1)[1] for c in capabilities if c.startswith("server=")), "openai")
-    fields = set(PARAMETER_NAMES.get(kind, PARAMETER_NAMES["openai"]))
-    if "seed" in capabilities:
+    fields = set(PARAMETER_NAMES.get(server.kind, PARAMETER_NAMES["openai"]))
+    if server.seed:
         fields.add("seed")
     return frozenset(fields)

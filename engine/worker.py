@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from engine.backends.base import Backend
+from engine.capabilities import MissingCapabilityError, OwnEvents
 from engine.decode import generate_events
 from engine.events import Done, Event
 from engine.request import GenerationRequest
@@ -29,14 +30,14 @@ EventCallback = Callable[["Event | BaseException"], None]
 
 
 def events_for(backend: Backend, request: GenerationRequest, cancel: threading.Event):
-    """The event stream of one request. Remote models go through their own package, which adds
-    server sampling and the "top N from server" notes; every other backend runs the decode loop."""
-    if backend.name == "remote":
-        from engine.backends.remote.generate import remote_events
-
-        return remote_events(backend, request, cancel)
+    """The event stream of one request. A backend with its own stream (a server model: server sampling,
+    "top N from server" notes) makes it; every other backend runs the shared decode loop."""
+    if isinstance(backend, OwnEvents):
+        return backend.events(request, cancel)
     if request.server_sampling:
-        raise ValueError(f"server sampling needs a model on a server; this one runs on {backend.name}")
+        raise MissingCapabilityError(
+            f"server sampling needs a model on a server; {backend.info.name} runs here ({backend.info.backend})"
+        )
     return generate_events(backend, request, cancel)
 
 

@@ -9,7 +9,6 @@ timeout only.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from engine import ModelInfo, split_server_spec
@@ -91,54 +90,12 @@ class ApiKeys:
             log.warning("could not remove the key for %s from the keyring: %s", base, type(e).__name__)
 
 
-@dataclass(frozen=True)
-class ServerFacts:
-    """What the connected server can do, read from `ModelInfo.capabilities` (see the engine's probe)."""
-
-    kind: str
-    host: str
-    max_top_logprobs: int
-    token_prompts: bool
-    tokenize: bool
-    prompt_logprobs: bool
-    seed: bool
-    capabilities: tuple[str, ...]
-
-    @classmethod
-    def of(cls, info: ModelInfo | None) -> "ServerFacts | None":
-        """None for a local model."""
-        if info is None or info.backend != "remote":
-            return None
-        caps = tuple(info.capabilities)
-        value = {c.split("=", 1)[0]: c.split("=", 1)[1] for c in caps if "=" in c}
-        top = next((c.split("<=", 1)[1] for c in caps if c.startswith("top_logprobs<=")), "0")
-        return cls(
-            kind=value.get("server", "openai"), host=info.device, max_top_logprobs=int(top) if top.isdigit() else 0,
-            token_prompts="token_prompts" in caps, tokenize="tokenize" in value, prompt_logprobs="prompt_logprobs" in caps,
-            seed="seed" in caps, capabilities=caps,
-        )
-
-    @property
-    def we_sample_ok(self) -> bool:
-        return self.max_top_logprobs > 0 and self.tokenize
-
-    @property
-    def why_server_only(self) -> str:
-        """Why this server cannot do we-sample mode ("" when it can)."""
-        if self.max_top_logprobs <= 0:
-            return f"{self.host} returns no token log-probs, so only the server can sample"
-        if not self.tokenize:
-            return f"{self.host} has no tokenize endpoint, so only the server can sample"
-        return ""
-
-
 def server_samples(server_sampling: bool, info: ModelInfo | None) -> bool:
     """Whether the next answer is sampled by the server: the user's choice on a remote model, forced on a server
     that cannot do we-sample mode, never on a local model."""
-    facts = ServerFacts.of(info)
-    if facts is None:
+    if info is None or info.server is None:
         return False
-    return server_sampling or not facts.we_sample_ok
+    return server_sampling or not info.server.we_sample_ok
 
 
 def prepare_connection(store: Store, keys: ApiKeys, spec: str) -> None:

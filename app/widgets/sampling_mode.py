@@ -13,7 +13,7 @@ from engine import ModelInfo, server_sampler_fields
 from PySide6.QtWidgets import QCheckBox, QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from app.engine_host import EngineHost
-from app.state.servers import ServerFacts, server_samples
+from app.state.servers import server_samples
 from app.state.settings import SettingsState
 
 SERVER_SAMPLES_TIP = (
@@ -43,12 +43,12 @@ class SamplingModeBox(QGroupBox):
         self.update_from(host.info)
 
     def _on_toggled(self, on: bool) -> None:
-        facts = ServerFacts.of(self._host.info)
-        if facts is not None and facts.we_sample_ok:  # a forced choice is not the user's to save
+        info = self._host.info
+        if info is not None and info.server is not None and info.server.we_sample_ok:  # a forced choice is not the user's to save
             self._settings.set_server_sampling(on)
 
     def update_from(self, info: ModelInfo | None) -> None:
-        facts = ServerFacts.of(info)
+        facts = info.server if info is not None else None
         self.setVisible(facts is not None)
         if facts is None:
             return
@@ -61,15 +61,15 @@ class SamplingModeBox(QGroupBox):
         self.note.setText(
             f"{facts.host} ({facts.kind}): the server samples; settings it has no parameter for are off."
             if on else
-            f"{facts.host} ({facts.kind}): we sample from its top {min(facts.max_top_logprobs, 64)} log-probs."
+            f"{facts.host} ({facts.kind}): we sample from its top {info.reports_top_n} log-probs."
         )
 
     def limits(self, info: ModelInfo | None) -> dict[str, str]:
         """Sampler field -> why it cannot apply now ({} when everything can: local model or we-sample mode)."""
-        facts = ServerFacts.of(info)
+        facts = info.server if info is not None else None
         if facts is None or not server_samples(self._settings.options.server_sampling, info):
             return {}
-        fields = server_sampler_fields(facts.capabilities)
+        fields = server_sampler_fields(facts)
         why = f"a {facts.kind} server has no parameter for this: it applies in we-sample mode only"
         out = {name: why for name in ("top_k", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
                                       "frequency_penalty", "penalty_last_n", "xtc_probability", "xtc_threshold")

@@ -125,16 +125,16 @@ class StatusBar(QStatusBar):
     def _update_server(self) -> None:
         """Host, model and the last round trip of a remote model (the round trip changes with every request)."""
         info, engine = self._host.info, self._host.engine
-        remote = info is not None and info.backend == "remote"
-        self.server_label.setVisible(remote)
-        if not remote:
+        server = info.server if info is not None else None
+        self.server_label.setVisible(server is not None)
+        if server is None:
             return
         rtt = engine.round_trip_s if engine is not None else None
         latency = f"{rtt * 1000:.0f} ms" if rtt is not None else "— ms"
         self.server_label.setText(f"round trip {latency}")  # the host is in the model label: name · remote · host
         self.server_label.setToolTip(
             f"{info.name} on {info.path}; {latency} for the last complete request (network and the server's work)\n"
-            + "server can: " + ", ".join(info.capabilities)
+            + "server can: " + ", ".join(server.labels())
         )
 
     def _on_conversation_changed(self, conv) -> None:
@@ -151,7 +151,7 @@ class StatusBar(QStatusBar):
         info = self._host.info
         engine = self._host.engine
         # A remote model's tokenizer is HTTP: never from this (the UI) thread; finished answers still count.
-        local = engine is not None and (info is None or info.backend != "remote")
+        local = engine is not None and (info is None or info.runs_locally)
         used = self._context.used(self._context_conv, engine.tokenizer if local else None)
         total = f"{info.context_length:,}" if info and info.context_length else "?"
         self.context_label.setText(f"context {'—' if used is None else f'{used:,}'} / {total}")

@@ -1,11 +1,11 @@
 """Teacher-forced scoring: how surprising is a given text to the model, token by token.
 
-The text is read in one teacher-forced pass: the backend's research runner
-(`engine.research.positions`) runs it in chunks of positions (256 at a 49k
+The text is read in one teacher-forced pass: the backend's position runner
+(engine.capabilities.PositionRunners) runs it in chunks of positions (256 at a 49k
 vocabulary, fewer for larger ones, so the logits held at once stay bounded)
 on a KV cache carried from chunk to chunk, keeping every position's logits.
 A text of n tokens costs ceil(n / chunk) forwards, the Backend protocol is
-not widened (the runners are the research layer's, one per backend), and the
+not widened (a position runner is a capability each backend's package implements), and the
 backend's own KV cache, holding the conversation, is left as it was.
 
 Backends without such a runner (remote, mock) fall back to
@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.backends.base import PREFILL_CHUNK, Backend, prefill
+from engine.backends.chunks import positions_per_chunk
+from engine.capabilities import PositionRunners
 from engine.errors import ContextLengthError
 from engine.events import TokenEvent, TokenProb
 from engine.sampling import SamplerChain, SamplerSettings
@@ -139,10 +141,11 @@ def score_ids(
 ) -> ScoreResult:
     """Score `token_ids[context:]` given everything before each position.
 
-    On torch, MLX and llama.cpp the sequence runs teacher-forced through the
-    backend's research runner, every position's logits at once, in chunks
-    (`engine.research.positions`); the backend's own KV cache is left as it
-    was. Other backends (remote, mock) go step by step (`score_step_by_step`).
+    A backend with a position runner (engine.capabilities.PositionRunners:
+    torch, MLX, llama.cpp) runs the sequence teacher-forced, every position's
+    logits at once, in chunks (engine.backends.chunks); the backend's own KV
+    cache is left as it was. Others (a server, the mock) go step by step
+    (`score_step_by_step`).
     Call it on the backend's worker thread (`Engine.score` / `Engine.call`).
 
     Args:
@@ -158,11 +161,9 @@ def score_ids(
         ContextLengthError: the sequence is longer than the model's context.
     """
     ids = _checked_ids(backend, token_ids, context)
-    from engine.research.positions import sequence_runner_for
-
-    runner = sequence_runner_for(backend, len(ids))
-    if runner is None:
+    if not isinstance(backend, PositionRunners):
         return score_step_by_step(backend, ids, context=context, top_n=top_n, cancelled=cancelled)
+    runner = backend.position_runner(len(ids))
     try:
         return _score_all_positions(backend, runner, ids, context, top_n, cancelled)
     finally:
@@ -216,8 +217,6 @@ def _score_all_positions(
     backend: Backend, runner, ids: list[int], context: int, top_n: int, cancelled: Callable[[], bool]
 ) -> ScoreResult:
     """One teacher-forced pass: the runner yields the logits of positions context-1 .. T-2 chunk by chunk."""
-    from engine.research.positions import positions_per_chunk
-
     scorer = _Scorer(backend.tokenizer, ids, top_n)
     chunk = positions_per_chunk(backend.info.vocab_size)
     # The last token predicts nothing, so it is not run; row j of the first chunk predicts ids[context + j].

@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.research.batch_generate import check_rows_fit, generate_batch
 from engine.research.beam import BeamResult, beam_search
-from engine.research.runners import runner_for
+from engine.capabilities import BatchRunners, require
 from engine.research.trie import TokenTrie
 from engine.sampling import SamplerChain, SamplerSettings
 
@@ -55,7 +55,7 @@ class LanguageModel:
         self.backend = backend
         self.tokenizer = backend.tokenizer
         self.context_length = int(getattr(backend.info, "context_length", 0) or 0)  # 0: unknown, unchecked
-        self.runner = runner_for(backend)
+        self.runner = require(backend, BatchRunners, "the research API").batch_runner()
         self._states = self.runner.supports_row_states()
         self.trie = TokenTrie(kv_budget_bytes, self.runner.state_nbytes)
         self.max_batch_size = max_batch_size

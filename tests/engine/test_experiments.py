@@ -31,7 +31,7 @@ from engine.experiments import (
     write_trace,
 )
 from engine.experiments.trace import TRACE_FORMAT
-from engine.research.positions import positions_per_chunk
+from engine.backends.chunks import positions_per_chunk
 from engine.sampling import SamplerChain
 
 MULTIBYTE = "Grüße aus Köln — 東京は晴れ 🙂, said the fox."

@@ -40,13 +40,19 @@ def run(backend, **kw) -> tuple[list[TokenEvent], Done]:
 
 
 def test_connect_reports_capabilities(remote):
-    caps = remote.info.capabilities
-    assert "server=llama-cpp-python" in caps
-    assert any(c.startswith("top_logprobs<=") and int(c.split("<=")[1]) >= 20 for c in caps)
-    assert "tokenize=/extras/tokenize" in caps
-    assert "prompt_logprobs" in caps  # echo + logprobs works on this server
-    assert "token_prompts" not in caps  # its /v1/completions takes strings only
+    from engine.capabilities import BatchRunners, OwnEvents, PositionRunners, RoundTrip
+
+    server = remote.info.server
+    assert server is not None and not remote.info.runs_locally
+    assert server.kind == "llama-cpp-python" and server.host == remote.info.device
+    assert server.max_top_logprobs >= 20 and remote.info.reports_top_n == min(server.max_top_logprobs, 64)
+    assert server.tokenize and server.we_sample_ok
+    assert server.prompt_logprobs  # echo + logprobs works on this server
+    assert not server.token_prompts  # its /v1/completions takes strings only
     assert remote.info.backend == "remote" and remote.info.device.startswith("127.0.0.1:")
+    # What it can do beyond the 5 methods, asked by type: its own events, batches, a round trip; no all-positions pass.
+    assert isinstance(remote, OwnEvents) and isinstance(remote, BatchRunners) and isinstance(remote, RoundTrip)
+    assert not isinstance(remote, PositionRunners)
     ids = remote.tokenizer.encode("Hello world")
     assert len(ids) == 2 and remote.tokenizer.decode(ids) == "Hello world"
 

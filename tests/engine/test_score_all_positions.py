@@ -12,13 +12,14 @@ import math
 import numpy as np
 import pytest
 
-import engine.research.positions as positions
+import engine.backends.chunks as positions
 from engine import GenerationRequest, SamplerSettings
 from engine.decode import generate_events
 from engine.events import TokenEvent
 from engine.experiments import score, score_ids, score_step_by_step, text_ids
-from engine.research.positions import positions_per_chunk, sequence_runner_for
-from engine.research.runners import TorchRunner
+from engine.backends.chunks import positions_per_chunk
+from engine.backends.torch.runner import TorchRunner
+from engine.capabilities import PositionRunners
 
 TEXT = (
     "Grüße aus Köln — 東京は晴れ 🙂, said the fox. "
@@ -129,7 +130,7 @@ def test_backends_without_all_positions_logits_score_step_by_step():
     from engine.backends.mock import MockBackend
 
     backend = MockBackend()
-    assert sequence_runner_for(backend, 10) is None
+    assert not isinstance(backend, PositionRunners)
     ids = backend.tokenizer.encode(" the old man and the sea")
     result = score_ids(backend, ids)
     assert result.forward_calls == len(ids) - 1  # the fallback: one forward per position
@@ -146,7 +147,7 @@ def test_mlx_scores_equal_its_step_by_step_scores_and_torch(tiny_llama_folder, t
     backend = MlxBackend(tiny_llama_folder, spec=str(tiny_llama_folder), display_name="tiny-llama")
     try:
         ids = backend.tokenizer.encode("a few words to run through the model in several chunks")
-        runner = sequence_runner_for(backend, len(ids))
+        runner = backend.position_runner(len(ids))
         chunked = np.concatenate(list(runner.position_logits(ids, first=2, chunk=4)))
         assert runner.forward_calls == math.ceil(len(ids) / 4)
         torch_lp = TorchRunner(tiny_torch.model).sequence_logprobs(ids)

@@ -17,9 +17,11 @@ import llama_cpp
 import numpy as np
 
 from engine.backends.base import PREFILL_CHUNK, process_peak_rss_bytes
+from engine.backends.chunks import positions_per_chunk
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.gguf_header import GGUFHeader, read_header
 from engine.backends.llamacpp.placement import choose_n_ctx, plan_gpu_layers
+from engine.backends.llamacpp.runner import LlamaCppRunner
 from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
 from engine.errors import ContextLengthError, ModelLoadError
 from engine.model_info import ModelInfo
@@ -220,6 +222,18 @@ class LlamaCppBackend:
             llama_cpp.llama_model_free(self.model)
         self.model = None
         self._tokens = []
+
+    # --- capabilities (engine.capabilities) ----------------------------------------------
+
+    def batch_runner(self) -> LlamaCppRunner:
+        """Several sequences per llama_batch on a second context over the same weights (BatchRunners)."""
+        return LlamaCppRunner(self)
+
+    def position_runner(self, n_tokens: int) -> LlamaCppRunner:
+        """Every position of one sequence (PositionRunners): one sequence, a cache of just this text,
+        room for one chunk of logits rows."""
+        chunk = positions_per_chunk(self.n_vocab)
+        return LlamaCppRunner(self, max_seqs=1, n_batch=chunk, n_ctx=max(n_tokens, chunk), n_outputs=chunk)
 
     def _reset(self) -> None:
         llama_cpp.llama_memory_clear(self._memory, True)

@@ -16,6 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from engine.backends.mlx.runner import MlxRunner
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
 from engine.tokenizer import Tokenizer
@@ -116,6 +117,17 @@ class MlxBackend:
         # main thread (scripts, tests) they must stay: the default stream lives there too.
         if threading.current_thread() is not threading.main_thread():
             mx.clear_streams()
+
+    # --- capabilities (engine.capabilities) ----------------------------------------------
+
+    def batch_runner(self) -> MlxRunner:
+        """Many sequences in one forward on mlx-lm's BatchKVCache (BatchRunners)."""
+        return MlxRunner(self.model, getattr(self.tokenizer.hf, "pad_token_id", None) or 0)
+
+    def position_runner(self, n_tokens: int) -> MlxRunner:
+        """Every position of one sequence on mlx-lm's own prompt cache (PositionRunners)."""
+        del n_tokens  # the prompt cache grows as needed
+        return MlxRunner(self.model)
 
     def _reset(self) -> None:
         self._cache = None

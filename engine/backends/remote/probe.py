@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from engine.backends.remote.client import ServerClient
 from engine.backends.remote.errors import ServerError, ServerResponseError, UnknownServerModelError
 from engine.backends.remote.tokenizer import TokenizeDialect, probe_tokenize
+from engine.model_info import ServerInfo
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class ServerCapabilities:
     context_length: int = 0  # 0 = not reported
 
     def labels(self) -> tuple[str, ...]:
-        """Short facts for ModelInfo.capabilities and the app."""
+        """Short facts for the log line on connect (ModelInfo.server carries them to the app, typed)."""
         out = [f"server={self.kind}", f"top_logprobs<={self.max_top_logprobs}"]
         out += [name for name, ok in (("token_prompts", self.token_prompts), ("prompt_logprobs", self.prompt_logprobs),
                                       ("seed", self.seed)) if ok]
@@ -48,6 +49,13 @@ class ServerCapabilities:
     @property
     def we_sample_ok(self) -> bool:
         return self.max_top_logprobs > 0 and self.tokenize is not None
+
+    def server_info(self, host: str) -> ServerInfo:
+        """The typed facts `ModelInfo.server` carries to the app."""
+        return ServerInfo(
+            kind=self.kind, host=host, max_top_logprobs=self.max_top_logprobs, token_prompts=self.token_prompts,
+            tokenize=self.tokenize is not None, prompt_logprobs=self.prompt_logprobs, seed=self.seed,
+        )
 
 
 def list_models(client: ServerClient) -> list[dict]:

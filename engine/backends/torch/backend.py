@@ -31,6 +31,7 @@ import torch
 from engine.backends.base import process_peak_rss_bytes
 from engine.backends.torch.compile import CompiledDecodeStep, compile_wanted, relative_logit_error
 from engine.backends.torch.lean import LeanDecodeStep
+from engine.backends.torch.runner import TorchRunner
 from engine.devices import check_device_name, require_available
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
@@ -172,6 +173,23 @@ class TorchBackend:
             return 0
         del self._tokens[keep:]
         return keep
+
+    # --- capabilities (engine.capabilities) ----------------------------------------------
+
+    def batch_runner(self) -> TorchRunner:
+        """Many sequences in one transformers forward (BatchRunners)."""
+        return TorchRunner(self.model, getattr(self.tokenizer.hf, "pad_token_id", None) or 0)
+
+    def position_runner(self, n_tokens: int) -> TorchRunner:
+        """Every position of one sequence (PositionRunners); its KV cache goes where the offload policy
+        puts this backend's own, so scoring an offloaded model fits where generating does."""
+        del n_tokens  # transformers' caches grow as needed
+        if self.offload is None:
+            return TorchRunner(self.model)
+        from engine.offload import make_kv_cache
+
+        model, policy, device = self.model, self.offload.policy, self.device
+        return TorchRunner(model, new_cache=lambda: make_kv_cache(model.config, policy, device))
 
     def _new_cache(self):
         if self.offload is not None:

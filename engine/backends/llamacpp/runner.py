@@ -16,8 +16,8 @@ batch is its own sequence with its own positions, so no padding is needed:
 - `position_logits` (teacher-forced scoring): one sequence in chunks of
   positions, every position of a chunk asking for logits
   (`llama_get_logits_ith(i)`), the KV cache carried from chunk to chunk.
-  `engine.research.positions.sequence_runner_for` builds a runner sized for
-  that (one sequence, a cache of the text's length, a chunk of logits rows).
+  `LlamaCppBackend.position_runner` builds a runner sized for that (one
+  sequence, a cache of the text's length, a chunk of logits rows).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import llama_cpp
 import numpy as np
 
 from engine.backends.llamacpp import native
-from engine.research.positions import chunk_spans, stack_logprobs
+from engine.backends.chunks import chunk_spans, stack_logprobs
 
 RowState = tuple[int, bytes]  # (cached positions, llama_state_seq_get_data bytes)
 

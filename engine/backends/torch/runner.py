@@ -1,0 +1,162 @@
+"""The torch backend's research runners: a batch of sequences in one KV cache, and every position of one.
+
+Implements engine.capabilities.BatchRunner and PositionRunner over transformers'
+forward with left-padded rows (engine.backends.chunks.left_pad), position ids
+that continue each row's own past, and transformers' `DynamicCache` (or the
+offload policy's cache for scoring an offloaded model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from engine.backends.chunks import chunk_spans, left_pad, positions_per_chunk, stack_logprobs
+from engine.capabilities import RowState
+
+
+class TorchRunner:
+    def __init__(self, model: Any, pad_id: int = 0, new_cache: Callable[[], Any] | None = None):
+        """`new_cache` makes the KV cache of `position_logits` (default: transformers' `DynamicCache`)."""
+        import torch
+
+        self.torch = torch
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.pad_id = pad_id
+        self.new_cache = new_cache
+        self.forward_calls = 0
+        self._cache = None
+        self._mask = None  # (B, T_so_far) 0/1: which cached positions are real
+        self._next_pos = None  # (B,) position id of each row's next token
+
+    def _call(self, ids, mask, positions, cache):
+        self.forward_calls += 1
+        with self.torch.inference_mode():
+            out = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions,
+                past_key_values=cache, use_cache=True, logits_to_keep=1,
+            )
+        return out.logits[:, -1].float().cpu().numpy()  # (B, V)
+
+    def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        from transformers import DynamicCache
+
+        torch = self.torch
+        ids, mask = left_pad(prompts, self.pad_id)
+        ids_t = torch.from_numpy(ids).to(self.device)
+        self._mask = torch.from_numpy(mask).to(self.device)
+        positions = (self._mask.cumsum(-1) - 1).clamp(min=0)  # pads get 0; real tokens 0..n-1
+        self._next_pos = self._mask.sum(-1)
+        self._cache = DynamicCache(config=self.model.config)
+        return self._call(ids_t, self._mask, positions, self._cache)
+
+    def step(self, tokens: Sequence[int]) -> np.ndarray:
+        torch = self.torch
+        b = len(tokens)
+        self._mask = torch.cat([self._mask, self._mask.new_ones(b, 1)], dim=1)
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device)[:, None]  # (B, 1)
+        logits = self._call(ids, self._mask, self._next_pos[:, None], self._cache)
+        self._next_pos = self._next_pos + 1
+        return logits
+
+    def reorder(self, rows: Sequence[int]) -> None:
+        idx = self.torch.tensor(list(rows), dtype=self.torch.long, device=self.device)
+        self._cache.reorder_cache(idx)
+        self._mask = self._mask[idx]
+        self._next_pos = self._next_pos[idx]
+
+    # --- rows that each continue their own cached prefix -----------------------
+
+    def supports_row_states(self) -> bool:
+        from transformers import DynamicCache
+
+        return not any(getattr(layer, "is_sliding", False) for layer in DynamicCache(config=self.model.config).layers)
+
+    def forward_rows(
+        self, rows: Sequence[tuple[RowState | None, Sequence[int]]], keep_states: bool = True
+    ) -> tuple[np.ndarray, list[RowState | None]]:
+        """One forward over rows (past_state_i, new_tokens_i); returns (B, V) logits and each row's new state.
+
+        Layout per row, along time: [past pads][past][new pads][new]. Pads are
+        masked out; position ids continue each row's own past, so every real
+        token sees exactly what it would see unbatched. The new tokens are
+        left-padded so that every row ends at the last position and only one
+        position's logits are computed.
+        """
+        from transformers import DynamicCache
+
+        torch = self.torch
+        past_lens = [0 if s is None else s[0][0].shape[1] for s, _ in rows]
+        new_lens = [len(t) for _, t in rows]
+        b, lmax, smax = len(rows), max(past_lens), max(new_lens)
+        cache = DynamicCache(config=self.model.config)
+        if lmax:
+            template = next(s for s, _ in rows if s is not None)
+            for layer, (k0, v0) in enumerate(template):
+                k = k0.new_zeros((b, k0.shape[0], lmax, k0.shape[2]))  # (B, H, Lmax, D)
+                v = v0.new_zeros((b, v0.shape[0], lmax, v0.shape[2]))
+                for i, (state, _) in enumerate(rows):
+                    if state is not None:
+                        k[i, :, lmax - past_lens[i] :] = state[layer][0]
+                        v[i, :, lmax - past_lens[i] :] = state[layer][1]
+                cache.update(k, v, layer)
+        ids = torch.full((b, smax), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((b, lmax + smax), dtype=torch.long)
+        positions = torch.zeros((b, smax), dtype=torch.long)
+        for i, (_, toks) in enumerate(rows):
+            n, p = new_lens[i], past_lens[i]
+            ids[i, smax - n :] = torch.tensor(list(toks))
+            mask[i, lmax - p : lmax] = 1
+            mask[i, lmax + smax - n :] = 1
+            positions[i, smax - n :] = torch.arange(p, p + n)
+        logits = self._call(ids.to(self.device), mask.to(self.device), positions.to(self.device), cache)
+        states: list[RowState | None] = [None] * b
+        if keep_states:
+            for i in range(b):
+                p, n = past_lens[i], new_lens[i]
+                states[i] = tuple(
+                    (
+                        torch.cat([layer.keys[i, :, lmax - p : lmax], layer.keys[i, :, lmax + smax - n :]], dim=1),
+                        torch.cat([layer.values[i, :, lmax - p : lmax], layer.values[i, :, lmax + smax - n :]], dim=1),
+                    )
+                    for layer in cache.layers
+                )  # per layer: (H, p+n, D) keys and values
+        return logits, states
+
+    @staticmethod
+    def state_nbytes(state: RowState) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in state)
+
+    # --- every position of one sequence (teacher-forced scoring) -------------------
+
+    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None) -> Iterator[np.ndarray]:
+        """Logits of positions `first`..T-1 of `ids`, as (n, V) float32 chunks in order (row t predicts t + 1).
+
+        One forward per `chunk` positions on a fresh KV cache carried from chunk to
+        chunk; only the wanted positions go through the head (`logits_to_keep`).
+        The batch state of `start`/`step` is not touched.
+        """
+        from transformers import DynamicCache
+
+        torch = self.torch
+        chunk = chunk or positions_per_chunk(int(self.model.config.get_text_config().vocab_size))
+        spans = list(chunk_spans(len(ids), chunk, first))
+        cache = self.new_cache() if self.new_cache is not None else DynamicCache(config=self.model.config)
+        ids_t = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
+        for lo, hi, keep in spans:
+            self.forward_calls += 1
+            with torch.inference_mode():
+                out = self.model(
+                    input_ids=ids_t[:, lo:hi], past_key_values=cache, use_cache=True, logits_to_keep=max(keep, 1)
+                )
+                logits = out.logits[0, -keep:].float().cpu().numpy() if keep > 0 else None  # (keep, V)
+            del out  # hold only the numpy copy while the caller works on it
+            if logits is not None:
+                yield logits
+
+    def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
+        """(T, V) float32 log-probs at every position of `ids` (row t: the distribution of token t + 1)."""
+        return stack_logprobs(self.position_logits(ids))

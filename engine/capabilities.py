@@ -1,0 +1,133 @@
+"""What only some backends can do: typed, optional protocols beside `Backend`.
+
+`Backend` (engine/backends/base.py) stays at its five methods. A backend that
+can do more implements one of these protocols in its own package, and a
+caller asks for it by type, never by the backend's name::
+
+    runner = require(backend, BatchRunners, "beam search").batch_runner()
+    if isinstance(backend, PositionRunners): ...
+
+`require` raises `MissingCapabilityError`, a one-line message that says what
+the caller wanted and which model cannot do it, so the user reads words, not
+an AttributeError.
+
+| protocol          | what it gives                                            | who has it                     |
+|-------------------|----------------------------------------------------------|--------------------------------|
+| `BatchRunners`    | a runner for many sequences at once (research API, beams, N continuations) | torch, MLX, llama.cpp, remote |
+| `PositionRunners` | every position's logits of one sequence (scoring)       | torch, MLX, llama.cpp          |
+| `OwnEvents`       | the model's own event stream (server sampling, notes)    | remote                         |
+| `RoundTrip`       | the latest request's network round trip                  | remote                         |
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+
+from engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from engine.events import Event
+    from engine.request import GenerationRequest
+
+RowState = Any  # one sequence's KV state, backend-specific; `state_nbytes` measures it
+
+
+class MissingCapabilityError(EngineError):
+    """The loaded model cannot do what was asked (e.g. score every position on a server)."""
+
+
+class BatchRunner(Protocol):
+    """Several sequences in one KV cache; every move returns last-position logits, float32 (B, V).
+
+    `start` prefills prompts, `step` adds one token per row, `reorder` keeps the
+    rows beam search picked; `forward_rows` extends rows that each continue
+    their own cached prefix state (the token trie's) in one forward.
+    `forward_calls` counts model calls, so tests can check batching batches.
+    """
+
+    forward_calls: int
+
+    def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray: ...
+
+    def step(self, tokens: Sequence[int]) -> np.ndarray: ...
+
+    def reorder(self, rows: Sequence[int]) -> None: ...
+
+    def supports_row_states(self) -> bool: ...
+
+    def forward_rows(
+        self, rows: Sequence[tuple[RowState | None, Sequence[int]]], keep_states: bool = True
+    ) -> tuple[np.ndarray, list[RowState | None]]: ...
+
+    def state_nbytes(self, state: RowState) -> int: ...
+
+
+class PositionRunner(Protocol):
+    """Every position's logits of one sequence, in chunks: teacher-forced scoring.
+
+    Shares the backend's weights but not its KV cache; call it on the backend's
+    worker thread and `close()` it (when it has `close`) before the backend closes.
+    """
+
+    forward_calls: int
+
+    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None) -> Iterator[np.ndarray]:
+        """Logits of positions `first`..T-1, as (n, V) float32 chunks in order (row t predicts t + 1)."""
+        ...
+
+    def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
+        """(T, V) float32 log-probs at every position of `ids`."""
+        ...
+
+
+@runtime_checkable
+class BatchRunners(Protocol):
+    """Can run a batch of sequences (the research API, beam search, N continuations from one prefix)."""
+
+    def batch_runner(self) -> BatchRunner: ...
+
+
+@runtime_checkable
+class PositionRunners(Protocol):
+    """Can give every position's logits of a sequence in one pass, instead of one forward per token."""
+
+    def position_runner(self, n_tokens: int) -> PositionRunner:
+        """A runner for one sequence of up to `n_tokens` tokens."""
+        ...
+
+
+@runtime_checkable
+class OwnEvents(Protocol):
+    """Makes its own event stream for a request instead of the shared decode loop over `forward`.
+
+    A server model does: the server may sample (request.server_sampling), and
+    what it reports (top N only) is noted on every event.
+    """
+
+    def events(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]: ...
+
+
+@runtime_checkable
+class RoundTrip(Protocol):
+    """Its work happens elsewhere: the latest complete request's round trip is worth showing."""
+
+    def round_trip_s(self) -> float | None:
+        """Seconds the last complete request took (network and the server's work); None before the first."""
+        ...
+
+
+C = TypeVar("C")
+
+
+def require(backend: object, capability: type[C], purpose: str) -> C:
+    """`backend` as `capability`, or MissingCapabilityError saying that `purpose` needs what this model lacks."""
+    if isinstance(backend, capability):
+        return backend
+    info = getattr(backend, "info", None)
+    where = f"{info.name} ({info.backend})" if info is not None else type(backend).__name__
+    what = (capability.__doc__ or capability.__name__).strip().splitlines()[0].rstrip(".")
+    raise MissingCapabilityError(f"{purpose} needs a model that {what[0].lower()}{what[1:]}; {where} cannot")
