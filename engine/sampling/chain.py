@@ -4,17 +4,26 @@ One numpy implementation serves every backend (the libraries disagree on the
 order of stages: transformers applies temperature first, mlx-lm last), so
 the same seed, settings and logits give the same token everywhere.
 
-Default order (`DEFAULT_ORDER`)::
+Default order (`DEFAULT_ORDER`, llama.cpp's, see `engine.sampling.settings`)::
 
-    penalties -> top_k -> top_p -> min_p -> typical_p -> xtc -> temperature
+    logit_bias -> penalties -> dry -> top_n_sigma -> smoothing -> top_k -> typical_p
+    -> top_p -> min_p -> xtc -> temperature -> mirostat -> adaptive_p
 
-Penalties come first because they change what the model "said" about repeats
+Bias and penalties come first because they change what the model "said"
 and the filters should see that. The filters then cut on the model's own
 (penalized) distribution and temperature reshapes only the survivors, last
 (llama.cpp / mlx-lm order): a cut then means "the model found this unlikely",
 not "the temperature made it look unlikely", and raising the temperature
 cannot let junk from the far tail back in. The order is a setting; a stage
-missing from it, or at its neutral value, is not run.
+missing from it, or at its neutral value, is not run. Unlike llama.cpp,
+which drops every other filter when mirostat is on and lets mirostat or
+adaptive-p draw the token, all stages here run as ordered and the chain
+draws from the last distribution: each stage's effect stays visible.
+
+Stages with per-run state (mirostat's mu, adaptive-p's moving average) are
+objects the chain owns (`engine.sampling.adaptive`); after each pick the
+chain tells them the token (`accept`). `state()` / `restore()` let the
+decode loop step back to an earlier token (banned strings).
 
 Per token the chain also reports the model's own view of the chosen token
 (log-prob, rank, entropy, top-N) and, when asked, what every stage did. Only
@@ -32,11 +41,16 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from engine.sampling.adaptive import AdaptiveP, Mirostat, Mirostat2
+from engine.sampling.dry import Vocabulary, breaker_sequences, make_dry
 from engine.sampling.settings import SamplerSettings
+from engine.sampling.shaping import make_logit_bias, make_smoothing, make_temperature_ext, make_top_n_sigma
 from engine.sampling.stages import (
     CHUNK,
     NEG_INF,
@@ -57,7 +71,9 @@ TopList = tuple[tuple[int, float], ...]
 
 # Stages that never change which token has the highest score (these filters keep
 # the top token and its ties; temperature is monotone). Typical-p is not one.
-_ARGMAX_PRESERVING = frozenset({"top_k", "top_p", "min_p", "temperature"})
+_ARGMAX_PRESERVING = frozenset({"top_k", "top_p", "min_p", "top_n_sigma", "temperature"})
+# The name under which a pick's banned tokens (banned strings) are recorded when recording stages.
+BANNED_STAGE = "banned_strings"
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +241,9 @@ def _lookup(dist: _Dist, scores: np.ndarray, token: int) -> float:
 class SamplerChain:
     """Builds the stage list once from `SamplerSettings`, then picks tokens.
 
+    One chain per generation run: it holds the run's random stream and the
+    state of mirostat and adaptive-p.
+
     Attributes:
         settings: what the chain was built from.
         seed: the seed of its generator (settings.seed, or a fresh one drawn
@@ -232,11 +251,22 @@ class SamplerChain:
         stage_names: the stages that run, in order (neutral ones left out).
     """
 
-    def __init__(self, settings: SamplerSettings) -> None:
+    def __init__(self, settings: SamplerSettings, vocab: Vocabulary | None = None) -> None:
+        """
+        Args:
+            settings: the sampler settings.
+            vocab: the model's tokenizer; needed for DRY's sequence breakers
+                and for logit biases given as text.
+
+        Raises:
+            ValueError: a setting needs the tokenizer and none was given.
+        """
         self.settings = settings
         self.seed: int = settings.seed if settings.seed is not None else secrets.randbits(63)
         self._rng = np.random.default_rng(self.seed)  # PCG64: same stream on every platform
         self._greedy = settings.greedy
+        self._vocab = vocab
+        self._stateful: list[Any] = []  # Mirostat / AdaptiveP objects, in stage order
         stages: list[tuple[str, Stage]] = []
         for name in settings.order:
             stage = self._make(name, settings)
@@ -252,8 +282,7 @@ class SamplerChain:
             keep -= 1
         self._greedy_stages = self._stages[:keep]
 
-    @staticmethod
-    def _make(name: str, s: SamplerSettings) -> Stage | None:
+    def _make(self, name: str, s: SamplerSettings) -> Stage | None:
         """The stage function for `name`, or None when the setting makes it a no-op."""
         if name == "penalties":
             off = s.penalty_last_n == 0 or (
@@ -274,8 +303,78 @@ class SamplerChain:
             return make_xtc(s.xtc_probability, s.xtc_threshold) if s.xtc_probability > 0 else None
         if name == "temperature":
             # 0 = greedy (argmax in `pick`), 1 = identity: neither needs a stage.
-            return make_temperature(s.temperature) if s.temperature not in (0, 1) else None
+            if s.temperature == 0 or (s.temperature == 1 and s.dynatemp_range == 0):
+                return None
+            if s.dynatemp_range > 0:
+                return make_temperature_ext(s.temperature, s.dynatemp_range, s.dynatemp_exponent)
+            return make_temperature(s.temperature)
+        if name == "top_n_sigma":
+            return make_top_n_sigma(s.top_n_sigma) if s.top_n_sigma > 0 else None
+        if name == "smoothing":
+            return make_smoothing(s.smoothing_factor, s.smoothing_curve) if s.smoothing_factor > 0 else None
+        if name == "logit_bias":
+            return self._logit_bias(s) if s.logit_bias else None
+        if name == "dry":
+            return self._dry(s) if s.dry_multiplier > 0 and s.dry_penalty_last_n != 0 else None
+        if name == "mirostat":
+            if s.mirostat == 0:
+                return None
+            obj = Mirostat(s.mirostat_tau, s.mirostat_eta) if s.mirostat == 1 else Mirostat2(s.mirostat_tau, s.mirostat_eta)
+            self._stateful.append(obj)
+            return obj
+        if name == "adaptive_p":
+            if s.adaptive_target < 0:
+                return None
+            obj = AdaptiveP(s.adaptive_target, s.adaptive_decay)
+            self._stateful.append(obj)
+            return obj
         raise ValueError(f"unknown sampler stage {name!r}")  # settings validation prevents this
+
+    def _needs_vocab(self, what: str) -> Vocabulary:
+        if self._vocab is None:
+            raise ValueError(f"{what} needs the model's tokenizer, and this sampler was built without one")
+        return self._vocab
+
+    def _logit_bias(self, s: SamplerSettings) -> Stage:
+        """llama.cpp server's rule: a text biases every token of its tokenization (no special tokens)."""
+        ids: list[int] = []
+        biases: list[float] = []
+        for key, bias in s.logit_bias:
+            if isinstance(key, str):
+                toks = self._needs_vocab(f"the logit bias for the text {key!r}").encode(key, add_special_tokens=False)
+                if not toks:
+                    raise ValueError(f"the logit bias text {key!r} has no tokens in this model's vocabulary")
+            else:
+                toks = [key]
+            ids += toks
+            biases += [bias] * len(toks)
+        return make_logit_bias(ids, biases)
+
+    def _dry(self, s: SamplerSettings) -> Stage:
+        """DRY; its breakers are found in the vocabulary on the first pick (when its size is known)."""
+        vocab = self._needs_vocab("DRY's sequence breakers") if s.dry_sequence_breakers else None
+        built: list[Stage] = []
+
+        def dry(scores: np.ndarray, ctx: StageContext) -> np.ndarray:
+            if not built:
+                breakers = breaker_sequences(vocab, s.dry_sequence_breakers, scores.size) if vocab is not None else {}
+                built.append(make_dry(s.dry_multiplier, s.dry_base, s.dry_allowed_length, s.dry_penalty_last_n, breakers))
+            return built[0](scores, ctx)
+
+        return dry
+
+    def state(self) -> tuple:
+        """The run's stage state (mirostat's mu, adaptive-p's average), for `restore`.
+
+        The random stream is not part of it: a step back draws fresh numbers,
+        which a replay with the same seed draws again.
+        """
+        return tuple(obj.state() for obj in self._stateful)
+
+    def restore(self, state: tuple) -> None:
+        """Put the stage state back to what `state()` returned earlier in this run."""
+        for obj, st in zip(self._stateful, state, strict=True):
+            obj.restore(st)
 
     def pick(
         self,
@@ -285,6 +384,7 @@ class SamplerChain:
         top_n: int = 20,
         record_stages: bool = False,
         force_token: int | None = None,
+        banned: Collection[int] = (),
     ) -> Pick:
         """Run the stages on one row of logits and choose a token.
 
@@ -296,6 +396,9 @@ class SamplerChain:
             force_token: take this token instead of drawing one (branching
                 from an alternative); everything is still reported. The
                 random stream advances as if a token had been drawn.
+            banned: tokens that may not be picked here (a banned string began
+                with them at this position); removed before every stage and,
+                when recording, shown as a `banned_strings` stage.
 
         Returns:
             The chosen token and its statistics.
@@ -320,6 +423,13 @@ class SamplerChain:
         out = scores
         dist: _Dist | None = model  # summary of `out`, when known
         recorded: list[StageStats] | None = [] if record_stages else None
+        if banned:
+            out = _ban(scores, banned)
+            if recorded is not None:
+                dist = _Dist(out)
+                recorded.append(StageStats(BANNED_STAGE, dist.count, _mass_kept(model, dist, out), dist.entropy, dist.top(top_n)))
+            else:
+                dist = None
         for name, stage in stages:
             new = stage(out, ctx)
             if recorded is not None:
@@ -349,6 +459,8 @@ class SamplerChain:
             sampler_logprob = _lookup(dist, out, token)
             top_sampler = dist.top(top_n)
 
+        for obj in self._stateful:
+            obj.accept(token)
         raw = scores[token]
         return Pick(
             token_id=token,
@@ -361,6 +473,16 @@ class SamplerChain:
             stages=tuple(recorded) if recorded is not None else None,
             forced=force_token is not None,
         )
+
+
+def _ban(scores: np.ndarray, banned: Collection[int]) -> np.ndarray:
+    """`scores` without the banned tokens; unchanged if banning them would leave no token."""
+    ids = np.fromiter((t for t in banned if 0 <= t < scores.size), dtype=np.int64)
+    out = scores.copy()
+    out[ids] = NEG_INF
+    if out.max() == NEG_INF:
+        return scores
+    return out
 
 
 def _mass_kept(before: _Dist, after: _Dist, scores_after: np.ndarray) -> float:

@@ -2,57 +2,109 @@
 
 The settings say *what* the chain does; `engine.sampling.chain` says *how*.
 Keeping them apart lets the app store, diff and show settings without numpy.
+Field names are llama.cpp server's wherever llama.cpp has the sampler, so a
+settings JSON from llama.cpp or SillyTavern carries over.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-# Every stage the chain knows, in the default order. Filters run on the
-# model's own distribution and temperature reshapes only the survivors last
-# (llama.cpp / mlx-lm order), so what a filter cut is what the model said,
-# not an artefact of the temperature. The order is a parameter.
+# Every stage the chain knows, in the default order: llama.cpp's
+# (`common_params_sampling.samplers`: penalties; dry; top_n_sigma; top_k;
+# typ_p; top_p; min_p; xtc; temperature), with logit bias first (llama.cpp
+# applies it before the chain), smoothing beside the other reshapers' early
+# place in text-generation-webui, and the two adaptive truncations, mirostat
+# and adaptive-p, last (in llama.cpp they pick the token). Filters run on the
+# model's own distribution and temperature reshapes only the survivors, so
+# what a filter cut is what the model said, not an artefact of the
+# temperature. The order is a parameter.
 STAGE_NAMES: tuple[str, ...] = (
+    "logit_bias",
     "penalties",
+    "dry",
+    "top_n_sigma",
+    "smoothing",
     "top_k",
+    "typical_p",
     "top_p",
     "min_p",
-    "typical_p",
     "xtc",
     "temperature",
+    "mirostat",
+    "adaptive_p",
 )
 DEFAULT_ORDER: tuple[str, ...] = STAGE_NAMES
+# The default order before DRY & co. existed; a saved order equal to it is read as today's default.
+_LEGACY_DEFAULT_ORDER = ("penalties", "top_k", "top_p", "min_p", "typical_p", "xtc", "temperature")
+
+DEFAULT_DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")  # llama.cpp's
+DRY_BREAKER_MAX_CHARS = 40  # llama.cpp truncates longer breakers; we refuse them instead
+
+LogitBias = tuple[tuple[int | str, float], ...]
 
 
 @dataclass(frozen=True)
 class SamplerSettings:
     """How the next token is chosen from the model's logits.
 
-    A value that switches a stage off is its neutral value: temperature 1,
-    top_k 0, top_p 1, min_p 0, typical_p 1, penalties 1/0/0, xtc_probability 0.
+    A value that switches a stage off is its neutral value: temperature 1
+    (dynatemp_range 0), top_k 0, top_p 1, min_p 0, typical_p 1, penalties
+    1/0/0, xtc_probability 0, top_n_sigma <= 0, dry_multiplier 0, mirostat 0,
+    adaptive_target < 0, smoothing_factor 0, no logit_bias, no banned_strings.
     `temperature == 0` means greedy (argmax after the other stages).
+
+    `logit_bias` takes what llama.cpp's server takes: a mapping
+    `{token id or text: bias}` or a list of `[token id or text, bias]` pairs;
+    a text biases every token of its tokenization, a key that is an integer
+    (also as a string, "42") is a token id, and a bias of `False` or -inf bans
+    the token. It is stored as a tuple of (key, bias) pairs.
     """
 
     temperature: float = 1.0
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
     typical_p: float = 1.0
+    top_n_sigma: float = -1.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64  # how many recent tokens the penalties look at; -1 = all
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1  # how many recent tokens DRY scans; -1 = all (llama.cpp server: the context)
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.9
+    smoothing_factor: float = 0.0
+    smoothing_curve: float = 1.0
+    logit_bias: LogitBias = ()
+    banned_strings: tuple[str, ...] = ()
     seed: int | None = None
     order: tuple[str, ...] = field(default=DEFAULT_ORDER)
 
     def __post_init__(self) -> None:
         # Lists from JSON / argparse become tuples so the value stays hashable.
         object.__setattr__(self, "order", tuple(self.order))
-        errors = validate(self)
+        for name in ("dry_sequence_breakers", "banned_strings"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                object.__setattr__(self, name, tuple(value))
+        errors: list[str] = []
+        object.__setattr__(self, "logit_bias", normalize_logit_bias(self.logit_bias, errors))
+        errors += validate(self)
         if errors:
             raise ValueError("invalid sampler settings: " + "; ".join(errors))
 
@@ -67,6 +119,11 @@ class SamplerSettings:
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["order"] = list(self.order)
+        d["dry_sequence_breakers"] = list(self.dry_sequence_breakers)
+        d["banned_strings"] = list(self.banned_strings)
+        # Pairs, not a mapping: a mapping's keys are all strings in JSON, and "42" would lose whether it
+        # was the token id 42 or the text "42" (llama.cpp reads such a key as the id, as we do).
+        d["logit_bias"] = [[k, b] for k, b in self.logit_bias]
         return d
 
     @classmethod
@@ -75,7 +132,49 @@ class SamplerSettings:
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown sampler settings: {', '.join(sorted(unknown))}")
+        d = dict(d)
+        if tuple(d.get("order", ())) == _LEGACY_DEFAULT_ORDER:
+            d["order"] = DEFAULT_ORDER  # saved before the new stages existed: today's default, with them
         return cls(**d)
+
+
+def normalize_logit_bias(value: Any, errors: list[str]) -> LogitBias:
+    """`value` (a mapping or pairs, as llama.cpp's server takes) as a tuple of (token id | text, bias).
+
+    A key that reads as an integer is a token id; a bias of False is -inf (ban). Problems go to `errors`.
+    """
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = []
+        for item in value:
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                errors.append(f"logit_bias entries must be [token id or text, bias] pairs, got {item!r}")
+                return ()
+            items.append((item[0], item[1]))
+    else:
+        errors.append(f"logit_bias must be a mapping {{token id or text: bias}} or a list of pairs, got {value!r}")
+        return ()
+    out: list[tuple[int | str, float]] = []
+    for key, bias in items:
+        if isinstance(key, str) and key.strip().lstrip("+-").isdigit():
+            key = int(key)
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            errors.append(f"logit_bias keys must be token ids or texts, got {key!r}")
+            continue
+        if isinstance(key, int) and key < 0:
+            errors.append(f"logit_bias token ids must be >= 0, got {key}")
+            continue
+        if isinstance(key, str) and not key:
+            errors.append("logit_bias has an empty text as a key; give the text to bias, or a token id")
+            continue
+        if bias is False:
+            bias = -math.inf
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias) or bias == math.inf:
+            errors.append(f"logit_bias for {key!r} must be a number, or false / -inf to ban the token, got {bias!r}")
+            continue
+        out.append((key, float(bias)))
+    return tuple(out)
 
 
 def _finite(name: str, v: Any, errors: list[str]) -> bool:
@@ -92,11 +191,25 @@ def _integer(name: str, v: Any, errors: list[str]) -> bool:
     return True
 
 
+def _strings(name: str, v: Any, errors: list[str], what: str) -> bool:
+    if not isinstance(v, tuple) or not all(isinstance(s, str) for s in v):
+        errors.append(f"{name} must be a list of texts ({what}), got {v!r}")
+        return False
+    if any(not s for s in v):
+        errors.append(f"{name} has an empty text; remove it ({what})")
+        return False
+    return True
+
+
 def validate(s: SamplerSettings) -> list[str]:
     """Every problem with `s`, as messages a user can act on (empty if fine)."""
     e: list[str] = []
     if _finite("temperature", s.temperature, e) and s.temperature < 0:
         e.append(f"temperature must be >= 0 (0 = greedy), got {s.temperature}")
+    if _finite("dynatemp_range", s.dynatemp_range, e) and s.dynatemp_range < 0:
+        e.append(f"dynatemp_range must be >= 0 (0 = off), got {s.dynatemp_range}")
+    if _finite("dynatemp_exponent", s.dynatemp_exponent, e) and s.dynatemp_exponent <= 0:
+        e.append(f"dynatemp_exponent must be > 0 (1 = linear), got {s.dynatemp_exponent}")
     if _integer("top_k", s.top_k, e) and s.top_k < 0:
         e.append(f"top_k must be >= 0 (0 = off), got {s.top_k}")
     if _finite("top_p", s.top_p, e) and not 0 < s.top_p <= 1:
@@ -105,6 +218,7 @@ def validate(s: SamplerSettings) -> list[str]:
         e.append(f"min_p must be in [0, 1], got {s.min_p}")
     if _finite("typical_p", s.typical_p, e) and not 0 < s.typical_p <= 1:
         e.append(f"typical_p must be in (0, 1], got {s.typical_p}")
+    _finite("top_n_sigma", s.top_n_sigma, e)  # <= 0 is off, as in llama.cpp
     if _finite("repetition_penalty", s.repetition_penalty, e) and s.repetition_penalty <= 0:
         e.append(f"repetition_penalty must be > 0 (1 = off), got {s.repetition_penalty}")
     if _finite("presence_penalty", s.presence_penalty, e) and not -2 <= s.presence_penalty <= 2:
@@ -113,10 +227,40 @@ def validate(s: SamplerSettings) -> list[str]:
         e.append(f"frequency_penalty must be in [-2, 2], got {s.frequency_penalty}")
     if _integer("penalty_last_n", s.penalty_last_n, e) and s.penalty_last_n < -1:
         e.append(f"penalty_last_n must be >= -1 (-1 = whole history), got {s.penalty_last_n}")
+    if _finite("dry_multiplier", s.dry_multiplier, e) and s.dry_multiplier < 0:
+        e.append(f"dry_multiplier must be >= 0 (0 = off), got {s.dry_multiplier}")
+    if _finite("dry_base", s.dry_base, e) and s.dry_base < 1:
+        e.append(f"dry_base must be >= 1 (the penalty grows as base ** repeat length), got {s.dry_base}")
+    if _integer("dry_allowed_length", s.dry_allowed_length, e) and s.dry_allowed_length < 0:
+        e.append(f"dry_allowed_length must be >= 0, got {s.dry_allowed_length}")
+    if _integer("dry_penalty_last_n", s.dry_penalty_last_n, e) and s.dry_penalty_last_n < -1:
+        e.append(f"dry_penalty_last_n must be >= -1 (-1 = whole history, 0 = off), got {s.dry_penalty_last_n}")
+    if _strings("dry_sequence_breakers", s.dry_sequence_breakers, e, "texts that end a repeat, e.g. newline, ':'"):
+        long = [b for b in s.dry_sequence_breakers if len(b) > DRY_BREAKER_MAX_CHARS]
+        if long:
+            e.append(f"dry_sequence_breakers must be at most {DRY_BREAKER_MAX_CHARS} characters each; shorten {long[0]!r}")
     if _finite("xtc_probability", s.xtc_probability, e) and not 0 <= s.xtc_probability <= 1:
         e.append(f"xtc_probability must be in [0, 1], got {s.xtc_probability}")
     if _finite("xtc_threshold", s.xtc_threshold, e) and not 0 < s.xtc_threshold <= 0.5:
         e.append(f"xtc_threshold must be in (0, 0.5], got {s.xtc_threshold}")
+    if _integer("mirostat", s.mirostat, e) and s.mirostat not in (0, 1, 2):
+        e.append(f"mirostat must be 0 (off), 1 or 2 (the version), got {s.mirostat}")
+    if _finite("mirostat_tau", s.mirostat_tau, e) and s.mirostat_tau <= 0:
+        e.append(f"mirostat_tau (the target surprise, in bits) must be > 0, got {s.mirostat_tau}")
+    if _finite("mirostat_eta", s.mirostat_eta, e) and not 0 < s.mirostat_eta <= 1:
+        e.append(f"mirostat_eta (the learning rate) must be in (0, 1], got {s.mirostat_eta}")
+    if _finite("adaptive_target", s.adaptive_target, e) and s.adaptive_target > 1:
+        e.append(f"adaptive_target must be in [0, 1], or negative for off, got {s.adaptive_target}")
+    if _finite("adaptive_decay", s.adaptive_decay, e) and not 0 <= s.adaptive_decay <= 0.99:
+        e.append(f"adaptive_decay must be in [0, 0.99], got {s.adaptive_decay}")
+    if isinstance(s.mirostat, int) and s.mirostat and isinstance(s.adaptive_target, (int, float)) and s.adaptive_target >= 0:
+        e.append("mirostat and adaptive-p cannot both be on (each steers the picks toward its own target, and "
+                 "llama.cpp runs only mirostat then); turn one off: mirostat 0 or adaptive_target -1")
+    if _finite("smoothing_factor", s.smoothing_factor, e) and s.smoothing_factor < 0:
+        e.append(f"smoothing_factor must be >= 0 (0 = off), got {s.smoothing_factor}")
+    if _finite("smoothing_curve", s.smoothing_curve, e) and s.smoothing_curve < 1:
+        e.append(f"smoothing_curve must be >= 1 (1 = plain quadratic), got {s.smoothing_curve}")
+    _strings("banned_strings", s.banned_strings, e, "phrases the answer must not contain")
     if s.seed is not None and _integer("seed", s.seed, e) and not 0 <= s.seed < 2**63:
         e.append(f"seed must be in [0, 2**63), got {s.seed}")
     unknown = [n for n in s.order if n not in STAGE_NAMES]

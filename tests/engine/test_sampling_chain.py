@@ -53,7 +53,7 @@ def survivors_distribution(chain: SamplerChain, x: np.ndarray, history=EMPTY) ->
         ({"penalty_last_n": -2}, "penalty_last_n must be >= -1"),
         ({"xtc_threshold": 0.7}, "xtc_threshold must be in (0, 0.5]"),
         ({"seed": -1}, "seed must be in [0, 2**63)"),
-        ({"order": ("top_k", "banana")}, "unknown sampler stages ['banana']; known: penalties, top_k"),
+        ({"order": ("top_k", "banana")}, "unknown sampler stages ['banana']; known: logit_bias, penalties, dry"),
         ({"order": ("top_k", "top_k")}, "names a stage twice"),
     ],
 )
@@ -80,10 +80,21 @@ def test_settings_round_trip_and_unknown_keys():
         s.with_(top_p=0)
 
 
-def test_default_order_puts_penalties_first_and_temperature_last():
-    assert DEFAULT_ORDER == ("penalties", "top_k", "top_p", "min_p", "typical_p", "xtc", "temperature")
+def test_default_order_is_llamacpps_with_bias_first_and_the_adaptive_stages_last():
+    # llama.cpp's common_params_sampling.samplers, with the stages it runs outside that list placed where it runs them
+    assert DEFAULT_ORDER == (
+        "logit_bias", "penalties", "dry", "top_n_sigma", "smoothing", "top_k", "typical_p", "top_p", "min_p", "xtc",
+        "temperature", "mirostat", "adaptive_p",
+    )
     assert set(DEFAULT_ORDER) == set(STAGE_NAMES)
     assert SamplerSettings().order == DEFAULT_ORDER
+
+
+def test_a_saved_order_from_before_the_new_stages_reads_as_todays_default():
+    old = ["penalties", "top_k", "top_p", "min_p", "typical_p", "xtc", "temperature"]
+    assert SamplerSettings.from_dict({"order": old}).order == DEFAULT_ORDER
+    custom = ["temperature", "top_k"]
+    assert SamplerSettings.from_dict({"order": custom}).order == tuple(custom)
 
 
 # ------------------------------------------------------------------ building
@@ -277,6 +288,9 @@ def test_masked_tokens_in_the_raw_logits_are_handled():
 # ------------------------------------------- the whole chain vs transformers
 
 
+_HF_STAGES = ("penalties", "top_k", "top_p", "min_p", "typical_p", "temperature")
+
+
 def _hf_chain(order, s: SamplerSettings, x: np.ndarray, history: np.ndarray) -> np.ndarray:
     procs = {
         "penalties": RepetitionPenaltyLogitsProcessor(s.repetition_penalty),
@@ -302,7 +316,7 @@ def _hf_chain(order, s: SamplerSettings, x: np.ndarray, history: np.ndarray) -> 
 def test_final_distribution_matches_transformers_in_the_same_order(order):
     s = SamplerSettings(
         temperature=0.7, top_k=60, top_p=0.95, min_p=0.01, typical_p=0.97,
-        repetition_penalty=1.3, penalty_last_n=-1, order=tuple(n for n in order if n != "xtc"), seed=0,
+        repetition_penalty=1.3, penalty_last_n=-1, order=tuple(n for n in order if n in _HF_STAGES), seed=0,
     )
     for seed in range(4):
         x = logits(700, seed=seed, scale=2.0)

@@ -1,0 +1,195 @@
+"""DRY, "don't repeat yourself" (p-e-w, text-generation-webui PR #5677; llama.cpp `llama_sampler_init_dry`).
+
+A token that would extend a sequence already seen in the history is penalized
+by `multiplier * base ** (length - allowed_length)`, where `length` is how
+long the repeated sequence already is. Sequence breakers (newline, ':', ...)
+end a repeat: a repeat never reaches back across one, and a token that is a
+breaker on its own is never penalized.
+
+Follows llama.cpp's port of KoboldCpp's implementation (pi6am) exactly:
+which tokens count as breakers (`breaker_sequences`: every token whose text
+contains a breaker, and every token whose text *ends* with the start of one,
+with the rest of the breaker as a token tail), the restart-limit scan, and
+the exponent clamp. Only the repeat search differs in method: instead of
+the Z-algorithm's Python-level loop, every earlier occurrence of the last
+token is extended backwards at once with numpy, one comparison per extra
+token of match length. The cost grows with the history length (the bench
+reports it).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from engine.sampling.stages import Stage, StageContext
+
+# llama.cpp's limits on breakers: at most 40 characters (we refuse longer in the settings), and a
+# breaker's token tail is cut to 20 tokens.
+MAX_TAIL_TOKENS = 20
+_FLOAT_MAX_LOG = 88.7228391  # log(FLT_MAX): the exponent clamp, as llama.cpp
+
+
+class Vocabulary(Protocol):
+    """What the chain needs from a tokenizer: turn text into ids and an id into its bytes."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+
+Breakers = dict[int, tuple[tuple[int, ...], ...]]  # head token -> the token tails that complete a breaker
+
+# Scanning the vocabulary for breakers takes ~0.1 s at 262k tokens: once per tokenizer and breaker set.
+_BREAKER_CACHE: "weakref.WeakKeyDictionary[object, dict[tuple[tuple[str, ...], int], Breakers]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def vocabulary_words(vocab: Vocabulary, n_vocab: int) -> list[bytes]:
+    return [vocab.token_bytes(i) for i in range(n_vocab)]
+
+
+def breaker_sequences(vocab: Vocabulary, breakers: Sequence[str], n_vocab: int) -> Breakers:
+    """llama.cpp's `get_overlapping_token_sequences` for every breaker, merged (cached per tokenizer)."""
+    key = (tuple(breakers), n_vocab)
+    try:
+        per_vocab = _BREAKER_CACHE.setdefault(vocab, {})
+    except TypeError:  # not weak-referenceable: no cache
+        per_vocab = {}
+    if key in per_vocab:
+        return per_vocab[key]
+    words = vocabulary_words(vocab, n_vocab)
+    seqs: dict[int, list[tuple[int, ...]]] = {}
+
+    def add(token: int, tail: tuple[int, ...]) -> None:
+        tails = seqs.setdefault(token, [])
+        if tail not in tails:
+            tails.append(tail)
+
+    for breaker in breakers:
+        b = breaker.encode("utf-8")
+        if not b:
+            continue
+        contains = [i for i, w in enumerate(words) if b in w]
+        contained = set(contains)
+        for i in contains:
+            add(i, ())
+        # A token whose text ends with the first j bytes of the breaker starts it; the tail is the
+        # tokenization of the rest (llama.cpp walks every occurrence of b[0] in the word; each one
+        # that runs to the word's end is such a j).
+        for j in range(len(b) - 1, 0, -1):
+            head = b[:j]
+            enders = [i for i, w in enumerate(words) if i not in contained and w.endswith(head)]
+            if not enders:
+                continue
+            tail = tuple(vocab.encode(b[j:].decode("utf-8", "replace"), add_special_tokens=False)[:MAX_TAIL_TOKENS])
+            for i in enders:
+                add(i, tail)
+    out = {t: tuple(tails) for t, tails in seqs.items()}
+    per_vocab[key] = out
+    return out
+
+
+def make_dry(
+    multiplier: float,
+    base: float,
+    allowed_length: int,
+    penalty_last_n: int,
+    breakers: Breakers,
+) -> Stage:
+    """The DRY stage over `ctx.history`'s last `penalty_last_n` tokens (-1 = all).
+
+    `breakers` comes from `breaker_sequences` (empty: no breakers).
+    """
+    max_exponent = int(_FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
+    heads = np.fromiter(breakers, dtype=np.int64, count=len(breakers))
+    single = np.fromiter((t for t, tails in breakers.items() if () in tails), dtype=np.int64)
+
+    def dry(scores: np.ndarray, ctx: StageContext) -> np.ndarray:
+        h = np.asarray(ctx.history, dtype=np.int64)
+        if penalty_last_n > 0:
+            h = h[-penalty_last_n:]
+        n = h.size
+        if n <= allowed_length:
+            return scores
+        rep_limit = _restart_limit(h, heads, breakers)
+        if rep_limit < allowed_length:
+            return scores
+        tokens, lengths = _repeats(h, rep_limit, allowed_length)
+        keep = lengths >= allowed_length
+        tokens, lengths = tokens[keep], lengths[keep]
+        if tokens.size == 0:
+            return scores
+        if single.size:
+            not_breaker = ~np.isin(tokens, single)
+            tokens, lengths = tokens[not_breaker], lengths[not_breaker]
+        tokens = tokens[(tokens >= 0) & (tokens < scores.size)]  # ids outside the vocabulary: ignored
+        if tokens.size == 0:
+            return scores
+        # Longest repeat each token would extend: sort by (token, length) and take each token's last.
+        order = np.lexsort((lengths, tokens))
+        tokens, lengths = tokens[order], lengths[order]
+        last = np.flatnonzero(np.append(tokens[1:] != tokens[:-1], True))
+        tokens, lengths = tokens[last], lengths[last]
+        exps = lengths - allowed_length
+        if max_exponent > 0:
+            exps = np.minimum(exps, max_exponent)
+        # llama.cpp: float multiplier * std::pow(float base, int exponent) (a double), stored as float.
+        penalty = (np.float64(np.float32(multiplier)) * np.power(np.float64(np.float32(base)), exps)).astype(np.float32)
+        out = scores.copy()
+        out[tokens] -= penalty
+        return out
+
+    return dry
+
+
+def _restart_limit(h: np.ndarray, heads: np.ndarray, breakers: Breakers) -> int:
+    """How far back a repeat may reach: to just after the last complete breaker (llama.cpp step 1)."""
+    n = h.size
+    if heads.size == 0:
+        return n
+    rev = h[::-1]
+    for i in np.flatnonzero(np.isin(rev, heads)):  # i tokens from the end, most recent first
+        i = int(i)
+        longest = -1
+        for tail in breakers[int(rev[i])]:
+            m = len(tail)
+            if longest < m <= i and all(tail[o] == rev[i - o - 1] for o in range(m)):
+                longest = m
+        if longest >= 0:
+            return i - longest
+    return n
+
+
+def _repeats(h: np.ndarray, rep_limit: int, allowed_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(next token, repeat length) for every earlier place the history's tail also ends.
+
+    For an end position e < n - 1, the repeat length is how many tokens
+    h[..e] and h[..n-1] agree on, read backwards, capped at `rep_limit`; the
+    token that followed there, h[e + 1], is the one that would extend the
+    repeat now. Occurrences of the last token are extended one token of
+    match at a time, all together.
+    """
+    n = h.size
+    ends = np.flatnonzero(h[: n - 1] == h[n - 1])
+    lengths = np.ones(ends.size, dtype=np.int64)
+    alive = np.arange(ends.size)
+    step = 1
+    while alive.size and step < rep_limit:
+        pos = ends[alive] - step
+        ok = pos >= 0
+        alive, pos = alive[ok], pos[ok]
+        alive = alive[h[pos] == h[n - 1 - step]]
+        lengths[alive] += 1
+        step += 1
+    lengths = np.minimum(lengths, rep_limit)
+    if allowed_length == 0:  # every earlier position counts, a repeat of length 0 included (as llama.cpp)
+        every = np.zeros(n - 1, dtype=np.int64)
+        every[ends] = lengths
+        return h[1:], every
+    return h[ends + 1], lengths
