@@ -26,7 +26,9 @@ def test_invalid_setting_values_are_rejected(qtbot, window):
     _type(qtbot, temperature, "abc")
     assert temperature.value() == before.sampler.temperature
     _type(qtbot, temperature, "-3")
-    assert settings.options.sampler.temperature >= 0
+    # A negative temperature is clamped to the box's minimum, 0 (greedy), and what the box shows is what is saved.
+    assert temperature.value() == 0.0 and temperature.text() == "0 (greedy)"
+    assert settings.options.sampler.temperature == 0.0
     top_p = panel.rows["top_p"].spin
     _type(qtbot, top_p, "7")
     assert 0 < settings.options.sampler.top_p <= 1 and top_p.value() <= 1

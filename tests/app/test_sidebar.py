@@ -56,4 +56,7 @@ def test_a_search_typed_as_the_window_closes_does_not_touch_the_closed_database(
     qtbot.keyClicks(window.sidebar.search, "cats")  # typed as the window went
     assert window.sidebar._search_timer.isActive()
     window.store.close()  # what the app does once the window is gone
-    qtbot.wait(400)  # the timer fires here: before the fix, AttributeError on the closed connection
+    with qtbot.captureExceptions() as exceptions:
+        qtbot.wait(400)  # the timer fires here: before the fix, AttributeError on the closed connection
+    assert not window.sidebar._search_timer.isActive(), "the search timer fired"
+    assert exceptions == []

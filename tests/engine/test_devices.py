@@ -45,5 +45,12 @@ def test_cuda_without_a_usable_gpu_is_refused_before_anything_touches_cuda(monke
         free_memory("cuda")
 
 
-def test_cpu_is_always_available():
-    require_available(torch.device("cpu"))
+def test_the_cpu_is_accepted_where_cuda_is_refused(monkeypatch):
+    """The same check that refuses CUDA without a GPU lets the CPU through, and the CPU is what gets picked."""
+    from engine.backends.torch.backend import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UsageError):
+        require_available(torch.device("cuda"))
+    require_available(torch.device("cpu"))  # raises UsageError if the CPU were refused too
+    assert pick_device("cpu") == torch.device("cpu") and pick_device(None) == torch.device("cpu")
