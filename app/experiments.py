@@ -1,8 +1,9 @@
 """Qt-free glue between the chat state and the engine's sampling experiments.
 
-What a stored answer was generated with (prompt, settings, seed), turning an
-experiment's tokens into a new answer in the conversation (a branch), and an
-answer's JSONL trace.
+What a stored answer was generated with (prompt, settings, seed, model),
+whether the loaded model is the one that made it, turning an experiment's
+tokens into a new answer in the conversation (a branch), and an answer's
+JSONL trace.
 """
 
 from __future__ import annotations
@@ -10,14 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine import Engine, GenerationRequest, GenerationStats, SamplerSettings, TokenEvent
+from engine import Engine, GenerationRequest, GenerationStats, ModelInfo, SamplerSettings, TokenEvent
 from engine import experiments
 
 from app.state.conversation import Conversation, Message
 
 TOP_N = 20  # alternatives recorded per token, as in the chat
 STATS_SKIP = ("text", "token_ids")
-MODEL_FIELDS = ("name", "spec", "architecture", "parameters", "dtype", "context_length", "backend", "device")
+# As the chat saves them; `revision` is the hub commit of the weights ("" for local files).
+MODEL_FIELDS = ("name", "spec", "architecture", "parameters", "dtype", "context_length", "backend", "device", "revision")
+# What must match for a replay to reproduce an answer: the weights (spec, name, revision) and the
+# code that runs them (backend, dtype). Device and context length do not change the draws' inputs enough
+# to refuse; another backend or dtype computes other logits, which change a draw near a tie.
+SAME_MODEL_FIELDS = ("spec", "name", "revision", "backend", "dtype")
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class AnswerRecipe:
     sampler: SamplerSettings  # with the run's seed filled in
     max_new_tokens: int
     stop: tuple[str, ...]
+    model: dict[str, Any] | None = None  # the model that made the answer (MODEL_FIELDS), None if unrecorded
 
     def request(self, sampler: SamplerSettings | None = None) -> GenerationRequest:
         return GenerationRequest(
@@ -70,6 +77,36 @@ def recipe_for(conv: Conversation, message: Message) -> AnswerRecipe:
         sampler=sampler,
         max_new_tokens=int(req.get("max_new_tokens", 256)),
         stop=tuple(req.get("stop", ())),
+        model=message.model,
+    )
+
+
+def describe_model(model: dict[str, Any] | ModelInfo | None) -> str:
+    """A model as a person reads it: its name, then the backend and dtype that ran it."""
+    doc = model.to_dict() if isinstance(model, ModelInfo) else (model or {})
+    how = ", ".join(str(doc[k]) for k in ("backend", "dtype") if doc.get(k))
+    return f"{doc.get('name') or doc.get('spec') or 'an unnamed model'}" + (f" ({how})" if how else "")
+
+
+def other_model(recorded: dict[str, Any] | None, loaded: ModelInfo) -> str | None:
+    """Why `loaded` cannot replay an answer `recorded` made, in words; None when it is the same model.
+
+    A field either side did not record (older answers have no revision) does not count as a difference.
+    An answer that recorded no model at all cannot be checked: None.
+    """
+    if not recorded:
+        return None
+    now = loaded.to_dict()
+    differ = [k for k in SAME_MODEL_FIELDS if recorded.get(k) and now.get(k) and recorded[k] != now[k]]
+    if not differ:
+        return None
+    made, there = describe_model(recorded), describe_model(loaded)
+    if made == there:  # the same name, backend and dtype: say what else differs (another file, another commit)
+        made += f" [{', '.join(f'{k} {recorded[k]}' for k in differ)}]"
+        there += f" [{', '.join(f'{k} {now[k]}' for k in differ)}]"
+    return (
+        f"This answer was made by {made}, but {there} is loaded: a replay on another model "
+        f"cannot reproduce it. Load {recorded.get('name') or recorded.get('spec')} to replay it."
     )
 
 

@@ -7,256 +7,50 @@ columns agree until the settings change the survivors somewhere: that first
 divergence is marked (wavy underline) in every column. Each column shows its
 tokens coloured by probability (hover for alternatives, click to inspect
 below), its stats, and can be taken into the chat as a new answer.
+
+The run itself belongs to the `ExperimentController` (a `CompareRun`): this
+window reads the prompt and settings, starts the run, and draws its signals.
 """
 
 from __future__ import annotations
 
 import asyncio
-import html
-import logging
 import secrets
 
-from engine import GenerationRequest, GenerationStats, SamplerSettings, TokenEvent
-from engine import experiments
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
+from engine import SamplerSettings, experiments
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QDoubleSpinBox,
-    QGridLayout,
-    QFrame,
-    QHBoxLayout,
-    QLabel,
-    QPlainTextEdit,
-    QPushButton,
-    QScrollArea,
-    QSpinBox,
-    QSplitter,
-    QTabWidget,
-    QVBoxLayout,
-    QWidget,
+    QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QSplitter, QVBoxLayout, QWidget,
 )
 
-from app.engine_host import EngineHost, describe_error
-from app.experiments import TOP_N, add_answer, model_dict
+from app.engine_host import EngineHost
+from app.experiment_controller import CompareRun, ExperimentController
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
 from app.state.settings import SettingsState
-from app.theme import is_dark
-from app.token_stream import TokenStream
-from app.widgets.fmt import bits, pct, visible
-from app.widgets.message_body import MessageBody
-from app.widgets.prob_table import ProbTable
-from app.widgets.stage_view import StageView
-
-log = logging.getLogger(__name__)
+from app.widgets.token_column import TokenColumn, mark_tokens
+from app.widgets.token_detail import TokenDetail
 
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
-DIVERGENCE_COLOR = QColor(200, 30, 160)
-
-# (field, label, kind, minimum, maximum, step): the knobs a column edits; the rest come from the chat's settings.
-EDITED_FIELDS: tuple[tuple[str, str, type, float, float, float], ...] = (
-    ("temperature", "Temperature", float, 0.0, 5.0, 0.05),
-    ("top_k", "Top-k", int, 0, 100000, 1),
-    ("top_p", "Top-p", float, 0.01, 1.0, 0.01),
-    ("min_p", "Min-p", float, 0.0, 1.0, 0.01),
-    ("typical_p", "Typical-p", float, 0.01, 1.0, 0.01),
-    ("repetition_penalty", "Repetition penalty", float, 0.05, 3.0, 0.01),
-    ("xtc_probability", "XTC probability", float, 0.0, 1.0, 0.05),
-)
-
-
-class SettingsEditor(QWidget):
-    """Spin boxes for the common sampler knobs over a base `SamplerSettings`."""
-
-    changed = Signal()
-
-    def __init__(self, settings: SamplerSettings, parent: QWidget | None = None):
-        super().__init__(parent)
-        self._base = settings
-        self.boxes: dict[str, QSpinBox | QDoubleSpinBox] = {}
-        grid = QGridLayout(self)  # two label/box pairs per row: the columns stay short
-        grid.setContentsMargins(0, 0, 0, 0)
-        grid.setVerticalSpacing(2)
-        for i, (name, label, kind, lo, hi, step) in enumerate(EDITED_FIELDS):
-            box: QSpinBox | QDoubleSpinBox
-            if kind is int:
-                box = QSpinBox()
-                box.setRange(int(lo), int(hi))
-            else:
-                box = QDoubleSpinBox()
-                box.setDecimals(2)
-                box.setRange(lo, hi)
-                box.setSingleStep(step)
-            box.setValue(getattr(settings, name))
-            box.setAccessibleName(label)
-            box.valueChanged.connect(lambda _v: self.changed.emit())
-            self.boxes[name] = box
-            row, col = divmod(i, 2)
-            grid.addWidget(QLabel(label), row, 2 * col)
-            grid.addWidget(box, row, 2 * col + 1)
-        grid.setColumnStretch(1, 1)
-        grid.setColumnStretch(3, 1)
-
-    def settings(self) -> SamplerSettings:
-        """The edited settings (raises ValueError, in words, when they are invalid)."""
-        values = {name: (int(b.value()) if isinstance(b, QSpinBox) else round(b.value(), 4)) for name, b in self.boxes.items()}
-        return self._base.with_(**values)
-
-    def set_value(self, name: str, value: float) -> None:
-        self.boxes[name].setValue(value)
-
-
-def mark_tokens(body: MessageBody, indices: list[int] | tuple[int, ...], color: QColor = DIVERGENCE_COLOR) -> None:
-    """Underline tokens with a wavy line and bold them (a divergence or a changed position)."""
-    fmt = QTextCharFormat()
-    fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.WaveUnderline)
-    fmt.setUnderlineColor(color)
-    fmt.setFontWeight(700)
-    for i in indices:
-        if 0 <= i < body.rendered_tokens:
-            start, end = body.token_span(i)
-            cursor = QTextCursor(body.document())
-            cursor.setPosition(start)
-            cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
-            cursor.mergeCharFormat(fmt)
-
-
-def stats_text(s: experiments.ColumnStats) -> str:
-    return (
-        f"{s.length} tokens · {s.finish_reason} · {s.mean_surprisal_bits:.2f} bits/token · "
-        f"entropy {s.mean_entropy:.2f} nats · distinct-2 {s.distinct_2:.2f} · "
-        f"repeated 3-grams {s.repeated_ngrams} · {s.tokens_per_s:.1f} tok/s"
-    )
-
-
-class TokenColumn(QFrame):
-    """One run: optional settings editor, coloured tokens, stats, and its actions."""
-
-    token_clicked = Signal(object, int)  # TokenColumn, index
-    duplicate_requested = Signal(object)
-    remove_requested = Signal(object)
-    take_requested = Signal(object)
-
-    def __init__(self, title: str, settings: SamplerSettings | None, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setAccessibleName(title)
-        self.events: list[TokenEvent] = []
-        self.stats: GenerationStats | None = None
-        self.run_settings: SamplerSettings | None = None  # as last run (seed filled in)
-        lay = QVBoxLayout(self)
-        head = QHBoxLayout()
-        self.title = QLabel(f"<b>{html.escape(title)}</b>")
-        head.addWidget(self.title, 1)
-        self.duplicate_button = QPushButton("Duplicate")
-        self.duplicate_button.setToolTip("Add a column with these settings, to change one value in it")
-        self.remove_button = QPushButton("Remove")
-        self.take_button = QPushButton("Take into chat")
-        self.take_button.setToolTip("Add this answer to the conversation as a new branch")
-        self.take_button.setEnabled(False)
-        self.duplicate_button.clicked.connect(lambda: self.duplicate_requested.emit(self))
-        self.remove_button.clicked.connect(lambda: self.remove_requested.emit(self))
-        self.take_button.clicked.connect(lambda: self.take_requested.emit(self))
-        for b in (self.duplicate_button, self.remove_button, self.take_button):
-            head.addWidget(b)
-        lay.addLayout(head)
-        self.editor = SettingsEditor(settings) if settings is not None else None
-        if self.editor is not None:
-            lay.addWidget(self.editor)
-        else:
-            self.duplicate_button.hide()
-            self.remove_button.hide()
-        self.body = MessageBody(self)
-        self.body.setAccessibleName(f"{title} tokens")
-        self.body.token_clicked.connect(lambda i: self.token_clicked.emit(self, i))
-        lay.addWidget(self.body)
-        self.stats_label = QLabel()
-        self.stats_label.setWordWrap(True)
-        self.stats_label.setAccessibleName(f"{title} statistics")
-        lay.addWidget(self.stats_label)
-        lay.addStretch(1)
-        self.clear()
-
-    def clear(self) -> None:
-        self.events, self.stats = [], None
-        self.body.show_tokens([], "probability", is_dark(self.palette()))
-        self.stats_label.setText("")
-        self.take_button.setEnabled(False)
-
-    def show_events(self, events: list[TokenEvent]) -> None:
-        self.events = list(events)
-        self.body.show_tokens(self.events, "probability", is_dark(self.palette()))
-
-    def append(self, events: list[TokenEvent]) -> None:
-        self.events.extend(events)
-        self.body.append_tokens(events)
-
-    def finish(self, stats: GenerationStats | None) -> experiments.ColumnStats:
-        self.stats = stats
-        summary = experiments.column_stats(self.events, stats.finish_reason if stats else "cancelled",
-                               stats.decode_tokens_per_s if stats else 0.0)
-        self.stats_label.setText(stats_text(summary))
-        return summary
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [e.token_id for e in self.events]
-
-
-class TokenDetail(QTabWidget):
-    """The clicked token's alternatives and sampler stages (the inspector's views)."""
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.label = QLabel("Click a token to see its alternatives and what each sampler stage did.")
-        self.label.setWordWrap(True)
-        self.table = ProbTable()
-        self.stages = StageView()
-        alts = QWidget()
-        lay = QVBoxLayout(alts)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.label)
-        lay.addWidget(self.table, 1)
-        self.addTab(alts, "Alternatives")
-        self.addTab(self.stages, "Sampler stages")
-        self.setAccessibleName("Token details")
-
-    def show_token(self, ev: TokenEvent | None, where: str = "") -> None:
-        self.table.show_token(ev)
-        self.stages.show_token(ev)
-        if ev is not None:
-            self.label.setText(
-                f"{html.escape(where)} <b><code>{html.escape(visible(ev.token_text))}</code></b> · "
-                f"p {html.escape(pct(ev.prob))} · rank {ev.rank + 1} · {bits(ev.logprob)} · entropy {ev.entropy:.2f} nats"
-            )
 
 
 class CompareView(QWidget):
     """A window: the prompt, the columns, and the clicked token's details."""
 
-    def __init__(
-        self,
-        library: Library,
-        settings: SettingsState,
-        host: EngineHost,
-        anchor: tuple[Conversation, Message] | None = None,
-        parent: QWidget | None = None,
-    ):
+    def __init__(self, library: Library, settings: SettingsState, host: EngineHost,
+                 anchor: tuple[Conversation, Message] | None = None, parent: QWidget | None = None, *,
+                 controller: ExperimentController | None = None):
+        """`controller` runs the comparisons (the window's own, when it has one; else one for this view)."""
         super().__init__(parent, Qt.WindowType.Window)
         self.setWindowTitle("Compare settings")
         self.setAccessibleName("Compare settings")
         self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        self._library = library
         self._settings = settings
-        self._host = host
+        self._experiments = controller or ExperimentController(host, library)
         self._anchor = anchor  # (conversation, user message) the prompt comes from
-        self._task: asyncio.Task | None = None
-        self._stream: TokenStream | None = None
-        self._running = False
+        self._run: CompareRun | None = None  # the last run started here
+        self._ran: list[TokenColumn] = []  # the columns that run draws into, by its column index
         self.columns: list[TokenColumn] = []
-        self.divergence: int | None = None
-        self.summaries: list[experiments.ColumnStats] = []
 
         self.prompt = QPlainTextEdit()
         self.prompt.setAccessibleName("Prompt")
@@ -291,11 +85,8 @@ class CompareView(QWidget):
         for w in (self.run_button, self.stop_button, self.add_button):
             bar.addWidget(w)
         bar.addSpacing(12)
-        bar.addWidget(QLabel("Max tokens"))
-        bar.addWidget(self.max_tokens)
-        bar.addWidget(QLabel("Seed"))
-        bar.addWidget(self.seed)
-        bar.addWidget(self.same_seed)
+        for w in (QLabel("Max tokens"), self.max_tokens, QLabel("Seed"), self.seed, self.same_seed):
+            bar.addWidget(w)
         bar.addStretch(1)
         self.status = QLabel()
         self.status.setAccessibleName("Comparison status")
@@ -314,16 +105,14 @@ class CompareView(QWidget):
         split.setSizes([560, 200])
 
         lay = QVBoxLayout(self)
-        lay.addWidget(QLabel("Prompt"))
-        lay.addWidget(self.prompt)
-        lay.addWidget(self.prompt_note)
+        for w in (QLabel("Prompt"), self.prompt, self.prompt_note):
+            lay.addWidget(w)
         lay.addLayout(bar)
         lay.addWidget(self.status)
         lay.addWidget(split, 1)
 
-        base = settings.options.sampler
         for _ in range(MIN_COLUMNS):
-            self.add_column(base)
+            self.add_column(settings.options.sampler)
         self._update_prompt_note()
         self.resize(1200, 800)
 
@@ -397,7 +186,17 @@ class CompareView(QWidget):
 
     @property
     def running(self) -> bool:
-        return self._running
+        return self._run is not None and self._run.running
+
+    @property
+    def divergence(self) -> int | None:
+        """The first position where the last run's columns differ (None: identical, or not run)."""
+        return self._run.divergence if self._run is not None else None
+
+    @property
+    def summaries(self) -> list[experiments.ColumnStats]:
+        """The last run's finished columns, in numbers."""
+        return [c.summary for c in self._run.done if c.summary is not None] if self._run is not None else []
 
     def column_settings(self) -> list[SamplerSettings]:
         """Each column's settings with the seed it will run with (ValueError names the column at fault)."""
@@ -412,65 +211,57 @@ class CompareView(QWidget):
         return out
 
     def run(self) -> asyncio.Task | None:
+        """Start a comparison of every column; the task ends with the run (None when the input is invalid)."""
         if self.running:
-            return self._task
+            return self._run.task
         try:
-            messages = self.messages()
-            settings = self.column_settings()
+            run = self._experiments.compare(self.messages(), self.column_settings(), max_new_tokens=self.max_tokens.value(),
+                                            stop=self._settings.options.stop)
         except ValueError as e:
             self.status.setText(str(e))
             return None
-        self._set_running(True)  # at once: a second click before the task starts must not start another
-        self._task = asyncio.ensure_future(self._run(messages, settings))
-        return self._task
-
-    async def _run(self, messages: tuple[dict[str, str], ...], settings: list[SamplerSettings]) -> None:
-        self._set_running(True)
-        self.divergence = None
-        self.summaries = []
+        self._run, self._ran = run, list(self.columns)
+        for signal, slot in self._subscriptions(run):
+            signal.connect(slot)
         for col in self.columns:
             col.clear()
-        try:
-            engine = await self._host.wait_engine()
-            for i, (col, s) in enumerate(zip(self.columns, settings)):
-                self.status.setText(f"Generating column {i + 1} of {len(settings)}…")
-                request = GenerationRequest(messages=messages, sampler=s, max_new_tokens=self.max_tokens.value(),
-                                            stop=self._settings.options.stop, top_n=TOP_N, record_stages=True)
-                col.run_settings = s
-                self._stream = stream = TokenStream(engine, request)
-                async for batch in stream.batches():
-                    col.append(batch)
-                self.summaries.append(col.finish(stream.stats))
-                col.take_button.setEnabled(True)
-                if stream.stats is not None and stream.stats.finish_reason == "cancelled":
-                    break
-            self._show_divergence()
-        except Exception as e:  # noqa: BLE001 - shown in the window; the columns keep what arrived
-            log.warning("comparison failed: %s", e, exc_info=not isinstance(e, ValueError))
-            self.status.setText(f"Comparison failed: {describe_error(e)}")
-        finally:
-            self._stream = None
-            self._set_running(False)
+        self._set_running(True)
+        return run.task
 
-    def _show_divergence(self) -> None:
-        done = [c for c in self.columns if c.stats is not None]
-        self.divergence = experiments.first_divergence([c.token_ids for c in done])
+    def _on_column_started(self, index: int) -> None:
+        self.status.setText(f"Generating column {index + 1} of {len(self._ran)}…")
+
+    def _on_tokens(self, index: int, batch: list) -> None:
+        self._ran[index].append(batch)
+
+    def _on_column_finished(self, index: int) -> None:
+        result = self._run.columns[index]
+        self._ran[index].finish(result.stats, result.summary)
+        self._ran[index].take_button.setEnabled(True)
+
+    def _on_finished(self) -> None:
+        run = self._run
+        self._set_running(False)
+        if run.error is not None:
+            self.status.setText(f"Comparison failed: {run.error}")
+            return
+        done = run.done
         prompt = done[0].stats.prompt_tokens if done else 0
         computed = sum(c.stats.prefilled_tokens for c in done)
         shared = f"prompt {prompt} tokens, {computed} computed over {len(done)} columns"
-        if self.divergence is None:
+        if run.divergence is None:
             self.status.setText(f"All columns are identical ({shared}).")
             return
-        for c in done:
-            mark_tokens(c.body, [self.divergence])
-        self.status.setText(f"First divergence at token {self.divergence + 1} ({shared}).")
+        for col, result in zip(self._ran, run.columns):
+            if result.stats is not None:
+                mark_tokens(col.body, [run.divergence])
+        self.status.setText(f"First divergence at token {run.divergence + 1} ({shared}).")
 
     def stop(self) -> None:
-        if self._stream is not None:
-            self._stream.cancel()
+        if self._run is not None:
+            self._run.cancel()
 
     def _set_running(self, running: bool) -> None:
-        self._running = running
         self.run_button.setEnabled(not running)
         self.stop_button.setEnabled(running)
         for c in self.columns:
@@ -480,31 +271,27 @@ class CompareView(QWidget):
                 c.take_button.setEnabled(False)
         self._update_column_buttons()
 
+    def _subscriptions(self, run: CompareRun) -> tuple:
+        return ((run.column_started, self._on_column_started), (run.tokens, self._on_tokens),
+                (run.column_finished, self._on_column_finished), (run.finished, self._on_finished))
+
     # -- into the chat ---------------------------------------------------------------------
 
     def take_into_chat(self, col: TokenColumn) -> Message | None:
         """The column's answer becomes a new answer in the conversation (the open one when anchored)."""
-        if col.stats is None or col.run_settings is None or self.running:
+        if self.running or self._run is None or col not in self._ran:
             return None
-        engine = self._host.engine
-        if self._anchored():
-            conv, user = self._anchor
-        else:
-            conv = self._library.new()
-            user = conv.add_message(None, "user", self.prompt.toPlainText().strip())
-            self._anchor = (conv, user)
-        if self._library.current is not conv:
-            self._library.open(conv.id)
-            conv = self._library.current
-            user = conv.messages[user.id]
-        answer = add_answer(conv, user, col.events, stats=col.stats, sampler=col.run_settings,
-                            max_new_tokens=self.max_tokens.value(), stop=self._settings.options.stop,
-                            model=model_dict(engine) if engine is not None else None)
-        self.status.setText(f"{col.accessibleName()} is now an answer in “{conv.title}”.")
+        result = self._run.columns[self._ran.index(col)]
+        if result.stats is None:
+            return None
+        anchor = self._anchor if self._anchored() else None
+        self._anchor, answer = self._experiments.take_into_chat(result, anchor, self.prompt.toPlainText())
+        self.status.setText(f"{col.accessibleName()} is now an answer in “{self._anchor[0].title}”.")
         return answer
 
     def closeEvent(self, event) -> None:
-        if self._task is not None and not self._task.done():
-            self.stop()
-            self._task.cancel()
+        if self._run is not None:
+            for signal, slot in self._subscriptions(self._run):  # it ends after this window: nothing to draw into
+                signal.disconnect(slot)
+            self._run.abandon()
         super().closeEvent(event)

@@ -5,29 +5,29 @@ identical. "Replay with…" changes one field first. Both runs take the same
 random draw at each step, so a step's token changes only where the change
 altered the survivors there; the first divergence and every position that
 differs are marked in both columns. The replay can be kept as a branch.
+
+Only the model that made the answer can reproduce it: on another one the
+window says which model made it and offers to load that one. The run itself
+belongs to the `ExperimentController` (a `ReplayRun`); this window draws it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from dataclasses import fields, replace
+from dataclasses import fields
 
 from engine import SamplerSettings
 from engine import experiments
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout, QWidget
 
-from app.engine_host import EngineHost, describe_error
-from app.experiments import AnswerRecipe, add_answer, answer_parent, model_dict, recipe_for
+from app.engine_host import EngineHost
+from app.experiment_controller import ExperimentController, ReplayRun
+from app.experiments import AnswerRecipe, describe_model, recipe_for
 from app.state.conversation import Conversation, Message
-from app.token_stream import TokenStream
-from app.widgets.compare_view import TokenColumn, TokenDetail, mark_tokens, stats_text
+from app.widgets.token_column import CHANGED_COLOR, TokenColumn, mark_tokens, stats_text
+from app.widgets.token_detail import TokenDetail
 
-log = logging.getLogger(__name__)
-
-CHANGED_COLOR = QColor(220, 120, 0)
 # Fields "Replay with…" offers; the seed is what a replay keeps, so it is not among them.
 REPLAY_FIELDS = tuple(f.name for f in fields(SamplerSettings) if f.name not in ("seed",))
 
@@ -48,17 +48,17 @@ def parse_value(settings: SamplerSettings, name: str, text: str) -> object:
 
 class ReplayView(QWidget):
     def __init__(self, conv: Conversation, message: Message, host: EngineHost, *, with_change: bool,
-                 parent: QWidget | None = None):
+                 parent: QWidget | None = None, controller: ExperimentController | None = None):
+        """ValueError when `message` cannot be replayed (it stored no settings or seed)."""
         super().__init__(parent, Qt.WindowType.Window)
         self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.setWindowTitle("Replay with a change" if with_change else "Replay")
         self.setAccessibleName(self.windowTitle())
-        self._conv, self._message, self._host = conv, message, host
+        self._conv, self._message = conv, message
+        self._experiments = controller or ExperimentController(host)
         self.recipe: AnswerRecipe = recipe_for(conv, message)  # ValueError when it cannot be replayed
-        self.diff: experiments.TokenDiff | None = None
-        self._task: asyncio.Task | None = None
-        self._stream: TokenStream | None = None
-        self._settings: SamplerSettings | None = None
+        self._run: ReplayRun | None = None  # the last replay started here
+        self._loading: asyncio.Task | None = None  # loading the answer's own model, then replaying
 
         self.field = QComboBox()
         self.field.addItems(REPLAY_FIELDS)
@@ -74,17 +74,20 @@ class ReplayView(QWidget):
         self.keep_button.setToolTip("Add the replay to the conversation as a new version of this answer")
         self.keep_button.setEnabled(False)
         self.keep_button.clicked.connect(lambda: self.keep())
+        made_by = describe_model(self.recipe.model) if self.recipe.model else "the model that made the answer"
+        self.load_button = QPushButton(f"Load {made_by} and replay")
+        self.load_button.setToolTip("Replace the loaded model with the one that made this answer (the chat uses it too)")
+        self.load_button.clicked.connect(lambda: self.load_and_replay())
+        self.load_button.hide()
         bar = QHBoxLayout()
         if with_change:
-            bar.addWidget(QLabel("Change"))
-            bar.addWidget(self.field)
-            bar.addWidget(QLabel("to"))
-            bar.addWidget(self.value)
+            for w in (QLabel("Change"), self.field, QLabel("to"), self.value):
+                bar.addWidget(w)
         else:
             self.field.hide()
             self.value.hide()
-        bar.addWidget(self.run_button)
-        bar.addWidget(self.keep_button)
+        for w in (self.run_button, self.keep_button, self.load_button):
+            bar.addWidget(w)
         bar.addStretch(1)
         self.summary = QLabel(f"Seed {self.recipe.sampler.seed}; settings as stored with the answer.")
         self.summary.setWordWrap(True)
@@ -95,11 +98,10 @@ class ReplayView(QWidget):
         for c in (self.original, self.replay):
             c.take_button.hide()
             c.token_clicked.connect(self._on_token_clicked)
-        prefix = list(self.recipe.prefix)
         self.original.show_events(conv.tokens(message))
         self.original.stats_label.setText(stats_text(experiments.column_stats(
             self.original.events, message.finish_reason or "interrupted", (message.stats or {}).get("decode_tokens_per_s", 0.0))))
-        self.replay.show_events(prefix)
+        self.replay.show_events(list(self.recipe.prefix))
         cols = QHBoxLayout()
         cols.addWidget(self.original, 1)
         cols.addWidget(self.replay, 1)
@@ -110,6 +112,12 @@ class ReplayView(QWidget):
         lay.addLayout(cols, 3)
         lay.addWidget(self.detail, 1)
         self.resize(1100, 760)
+        self._refuse_another_model(self._experiments.model_mismatch(self.recipe))
+
+    @property
+    def diff(self) -> experiments.TokenDiff | None:
+        """The last replay's token diff against the original (None until one finished)."""
+        return self._run.diff if self._run is not None else None
 
     def _on_field_changed(self, name: str) -> None:
         v = getattr(self.recipe.sampler, name)
@@ -122,44 +130,72 @@ class ReplayView(QWidget):
         return self.recipe.sampler.with_(**{name: parse_value(self.recipe.sampler, name, self.value.text())})
 
     def run(self) -> asyncio.Task | None:
-        if self._task is not None and not self._task.done():
-            return self._task
+        """Start the replay; the task ends with it (None when the new value is invalid)."""
+        if self._run is not None and self._run.running:
+            return self._run.task
         try:
-            settings = self.replay_settings()
+            run = self._experiments.replay(self._conv, self._message, self.replay_settings())
         except ValueError as e:
             self.summary.setText(str(e))
             return None
-        self._task = asyncio.ensure_future(self._run(settings))
-        return self._task
-
-    async def _run(self, settings: SamplerSettings) -> None:
+        self._run = run
+        run.tokens.connect(self.replay.append)
+        run.finished.connect(self._on_finished)
         self.run_button.setEnabled(False)
         self.keep_button.setEnabled(False)
-        prefix = list(self.recipe.prefix)
-        self.replay.show_events(prefix)
+        self.replay.show_events(list(self.recipe.prefix))
         self.replay.stats = None
-        self._settings = settings
-        try:
-            engine = await self._host.wait_engine()
-            self._stream = stream = TokenStream(engine, self.recipe.request(settings))
-            offset = len(prefix)
-            async for batch in stream.batches():
-                self.replay.append([replace(e, index=offset + e.index) for e in batch])
-            self.replay.finish(stream.stats)
-            self._show_diff(settings)
-            self.keep_button.setEnabled(True)
-        except Exception as e:  # noqa: BLE001 - shown in the window
-            log.warning("replay failed: %s", e, exc_info=not isinstance(e, ValueError))
-            self.summary.setText(f"Replay failed: {describe_error(e)}")
-        finally:
-            self._stream = None
-            self.run_button.setEnabled(True)
+        return run.task
 
-    def _show_diff(self, settings: SamplerSettings) -> None:
+    def _on_finished(self) -> None:
+        run = self._run
+        self.run_button.setEnabled(True)
+        if run.error is not None:
+            if run.other_model is not None:
+                self._refuse_another_model(run.error)
+            else:
+                self.summary.setText(f"Replay failed: {run.error}")
+            return
+        if run.result.summary is None:  # closed or cancelled before it ran
+            return
+        self.load_button.hide()
+        self.replay.finish(run.result.stats, run.result.summary)
+        self._show_diff(run)
+        self.keep_button.setEnabled(True)
+
+    def _refuse_another_model(self, reason: str | None) -> None:
+        """Say which model made the answer, and offer to load it (None: the loaded model is the right one)."""
+        if reason is not None:
+            self.summary.setText(reason)
+            self.load_button.setVisible(bool(self.recipe.model and self.recipe.model.get("spec")))
+
+    def load_and_replay(self) -> asyncio.Task:
+        """Load the model that made the answer, then replay on it."""
+        if self._loading is None or self._loading.done():
+            self._loading = asyncio.ensure_future(self._load_and_replay())
+        return self._loading
+
+    async def _load_and_replay(self) -> None:
+        self.load_button.setEnabled(False)
+        self.run_button.setEnabled(False)
+        self.summary.setText(f"Loading {describe_model(self.recipe.model)}…")
+        try:
+            await self._experiments.load_model_of(self.recipe)
+        except (RuntimeError, ValueError) as e:  # it failed, or another load is under way
+            self.summary.setText(f"Could not load {describe_model(self.recipe.model)}: {e}")
+            return
+        finally:
+            self.load_button.setEnabled(True)
+            self.run_button.setEnabled(True)
+        self.load_button.hide()
+        task = self.run()
+        if task is not None:
+            await asyncio.shield(task)
+
+    def _show_diff(self, run: ReplayRun) -> None:
+        d, settings = run.diff, run.result.settings
         a, b = self.original.token_ids, self.replay.token_ids
-        self.diff = d = experiments.token_diff(a, b)
-        change = experiments.changed_fields(self.recipe.sampler, settings)
-        what = ", ".join(f"{k} {old} → {new}" for k, (old, new) in change.items()) or "nothing changed"
+        what = ", ".join(f"{k} {old} → {new}" for k, (old, new) in run.changed.items()) or "nothing changed"
         if d.identical:
             self.summary.setText(f"Identical: all {len(a)} tokens match ({what}; seed {settings.seed}).")
             return
@@ -184,23 +220,18 @@ class ReplayView(QWidget):
 
     def keep(self) -> Message | None:
         """The replay becomes a new version of the answer (a sibling)."""
-        if self.replay.stats is None or self._settings is None:
+        if self._run is None or self._run.running or self._run.result.stats is None:
             return None
-        engine = self._host.engine
-        user = answer_parent(self._conv, self._message)
-        answer = add_answer(
-            self._conv, user, self.replay.events, stats=self.replay.stats, sampler=self._settings,
-            max_new_tokens=self.recipe.max_new_tokens, stop=self.recipe.stop,
-            model=model_dict(engine) if engine is not None else None,
-            branch_index=self._message.branch_index,
-        )
+        answer = self._experiments.keep_replay(self._run, self._conv, self._message)
         self.keep_button.setEnabled(False)
         self.summary.setText(self.summary.text() + " Kept as a new version of the answer.")
         return answer
 
     def closeEvent(self, event) -> None:
-        if self._stream is not None:
-            self._stream.cancel()
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        if self._run is not None:  # it ends after this window: nothing to draw into
+            self._run.tokens.disconnect(self.replay.append)
+            self._run.finished.disconnect(self._on_finished)
+            self._run.abandon()
+        if self._loading is not None:
+            self._loading.cancel()
         super().closeEvent(event)

@@ -4,42 +4,40 @@ Paste text, open a file or pick one of the conversation's user messages; the
 model reads it teacher-forced (engine.experiments.score) and every token is
 coloured by its surprisal. The summary gives the perplexity; clicking a token
 shows the model's alternatives at that position and the rank of the actual token.
+The run itself belongs to the `ExperimentController` (a `ScoreRun`); this
+window draws its result.
 """
 
 from __future__ import annotations
 
 import asyncio
 import html
-import logging
-import threading
 from pathlib import Path
 
 from engine import experiments
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
-from app.engine_host import EngineHost, describe_error
+from app.engine_host import EngineHost
+from app.experiment_controller import ExperimentController, ScoreRun
 from app.state.conversation import Conversation
 from app.theme import is_dark
-from app.widgets.compare_view import TokenDetail
 from app.widgets.heat import HeatLegend
 from app.widgets.message_body import MessageBody
-
-log = logging.getLogger(__name__)
+from app.widgets.token_detail import TokenDetail
 
 MAX_FILE_BYTES = 2 << 20  # a text longer than this would take minutes to score token by token anyway
-TOP_N = 10
 
 
 class ScoreView(QWidget):
-    def __init__(self, host: EngineHost, conv: Conversation | None = None, parent: QWidget | None = None):
+    def __init__(self, host: EngineHost, conv: Conversation | None = None, parent: QWidget | None = None, *,
+                 controller: ExperimentController | None = None):
         super().__init__(parent, Qt.WindowType.Window)
         self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.setWindowTitle("Score text")
         self.setAccessibleName("Score text")
-        self._host = host
-        self._task: asyncio.Task | None = None
-        self._cancel = threading.Event()
+        self._experiments = controller or ExperimentController(host)
+        self._run: ScoreRun | None = None  # the last scoring started here
         self.result: experiments.ScoreResult | None = None
 
         self.text = QPlainTextEdit()
@@ -61,7 +59,7 @@ class ScoreView(QWidget):
         self.score_button.clicked.connect(lambda: self.run())
         self.stop_button = QPushButton("Stop")
         self.stop_button.setEnabled(False)
-        self.stop_button.clicked.connect(self._cancel.set)
+        self.stop_button.clicked.connect(self.stop)
         bar = QHBoxLayout()
         for w in (self.open_button, self.messages, self.score_button, self.stop_button):
             bar.addWidget(w)
@@ -109,40 +107,39 @@ class ScoreView(QWidget):
         return True
 
     def run(self) -> asyncio.Task | None:
-        if self._task is not None and not self._task.done():
-            return self._task
-        text = self.text.toPlainText()
-        if not text.strip():
-            self.summary.setText("Write or open a text to score first.")
+        """Start scoring the text; the task ends with it (None when there is nothing to score)."""
+        if self._run is not None and self._run.running:
+            return self._run.task
+        try:
+            self._run = run = self._experiments.score(self.text.toPlainText())
+        except ValueError as e:
+            self.summary.setText(str(e))
             return None
-        self._task = asyncio.ensure_future(self._run(text))
-        return self._task
-
-    async def _run(self, text: str) -> None:
-        self._cancel.clear()
+        run.finished.connect(self._on_finished)
         self.score_button.setEnabled(False)
         self.stop_button.setEnabled(True)
         self.summary.setText("Scoring…")
-        try:
-            engine = await self._host.wait_engine()
-            cancelled = self._cancel.is_set
-            # On the model's worker thread: the backend is only ever used from there.
-            future = engine.call(lambda backend: experiments.score(backend, text, top_n=TOP_N, cancelled=cancelled))
-            self.show_result(await asyncio.wrap_future(future))
-        except Exception as e:  # noqa: BLE001 - shown in the window
-            log.warning("scoring failed: %s", e, exc_info=not isinstance(e, ValueError))
-            self.summary.setText(f"Scoring failed: {describe_error(e)}")
-        finally:
-            self.score_button.setEnabled(True)
-            self.stop_button.setEnabled(False)
+        return run.task
 
-    def show_result(self, result: experiments.ScoreResult) -> None:
+    def stop(self) -> None:
+        if self._run is not None:
+            self._run.cancel()
+
+    def _on_finished(self) -> None:
+        run = self._run
+        self.score_button.setEnabled(True)
+        self.stop_button.setEnabled(False)
+        if run.error is not None:
+            self.summary.setText(f"Scoring failed: {run.error}")
+        elif run.result is not None:
+            self.show_result(run.result, run.context_text)
+
+    def show_result(self, result: experiments.ScoreResult, context_text: str = "") -> None:
+        """Draw `result`; `context_text` is its start that only serves as context (nothing predicts it)."""
         self.result = result
         self.body.show_tokens(result.events(), "surprisal", is_dark(self.palette()))
         partial = " (stopped early)" if len(result.tokens) < len(result.token_ids) - result.context else ""
-        engine = self._host.engine
-        head = engine.tokenizer.decode(list(result.token_ids[: result.context])) if engine is not None else ""
-        context = f" The start, “{html.escape(head)}”, is context: nothing predicts it." if head.strip() else ""
+        context = f" The start, “{html.escape(context_text)}”, is context: nothing predicts it." if context_text.strip() else ""
         self.summary.setText(
             f"{len(result.tokens)} tokens scored{partial} · perplexity <b>{result.perplexity:.2f}</b> · "
             f"mean surprisal {result.mean_surprisal_bits:.2f} bits/token · total {-result.total_logprob:.1f} nats. "
@@ -157,5 +154,7 @@ class ScoreView(QWidget):
         self.detail.show_token(ev, f"token {index + 1}:")
 
     def closeEvent(self, event) -> None:
-        self._cancel.set()
+        if self._run is not None:  # it ends after this window: nothing to draw into
+            self._run.finished.disconnect(self._on_finished)
+            self._run.cancel()
         super().closeEvent(event)
