@@ -99,10 +99,19 @@ class Tokenizer:
         return piece.replace(_METASPACE, " ").encode("utf-8")
 
     def chat_text(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        template = None if self.has_chat_template else FALLBACK_TEMPLATE
-        return self.hf.apply_chat_template(
-            list(messages), chat_template=template, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+        """The prompt text: the model's template rendered as transformers' `apply_chat_template` renders it,
+        but within `engine.chat_template`'s time and size limits (the template is the model's code)."""
+        from engine.chat_template import ChatTemplateError, render_chat_template
+
+        template = FALLBACK_TEMPLATE
+        if self.has_chat_template:
+            try:
+                template = self.hf.get_chat_template()
+            except ValueError as e:  # several named templates and none is the default
+                raise ChatTemplateError(f"the model's chat template cannot be chosen: {e}") from None
+        variables = {**self.hf.special_tokens_map, "messages": [dict(m) for m in messages], "tools": None,
+                     "documents": None, "add_generation_prompt": add_generation_prompt}
+        return render_chat_template(template, variables)
 
     def chat_ids(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         # The template text already carries BOS where the model wants one.

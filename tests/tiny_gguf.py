@@ -34,7 +34,9 @@ def byte_symbols() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
-def write_tiny_llama_gguf(path: Path, *, seed: int = 0, n_ctx: int = 256, layers: int = 2) -> Path:
+def write_tiny_llama_gguf(
+    path: Path, *, seed: int = 0, n_ctx: int = 256, layers: int = 2, chat_template: str = CHAT_TEMPLATE
+) -> Path:
     from gguf import GGUFWriter, LlamaFileType, TokenType
 
     rng = np.random.default_rng(seed)
@@ -64,7 +66,7 @@ def write_tiny_llama_gguf(path: Path, *, seed: int = 0, n_ctx: int = 256, layers
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
     w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(chat_template)  # another one for tests of hostile templates
 
     def t(name: str, *shape: int, scale: float = 0.1) -> None:
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))

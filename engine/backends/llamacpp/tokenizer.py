@@ -6,45 +6,22 @@ with `errors="replace"`: a multi-byte UTF-8 character split across byte-level
 tokens decodes to U+FFFD until its last byte arrives, which is exactly the
 signal `engine.tokenizer.StreamDetokenizer` waits on.
 
-The chat template is the file's `tokenizer.chat_template`, rendered with
-jinja2 the way transformers renders it (sandboxed, `trim_blocks`,
-`lstrip_blocks`, `loopcontrols`, its `tojson`, `raise_exception` and
-`strftime_now`, and the special tokens as variables), so a GGUF file and
-its Hugging Face original give the same prompt text.
+The chat template is the file's `tokenizer.chat_template`, rendered by
+`engine.chat_template` the way transformers renders it (sandboxed, with the
+special tokens as variables), within its time and size limits, so a GGUF file
+and its Hugging Face original give the same prompt text.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 from collections.abc import Iterable, Sequence
-from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 import llama_cpp
 
+from engine.chat_template import render_chat_template
 from engine.tokenizer import FALLBACK_TEMPLATE
-
-
-@lru_cache(maxsize=8)
-def _compile(template: str):
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x: Any, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
-        # jinja's own tojson escapes HTML characters; transformers' does not.
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)
 
 
 class LlamaCppTokenizer:
@@ -140,17 +117,16 @@ class LlamaCppTokenizer:
         return self.token_str(token_id) if 0 <= token_id < self.vocab_size else ""
 
     def chat_text(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        template = _compile(self.chat_template or FALLBACK_TEMPLATE)
         v = self._v()
-        return template.render(
-            messages=[dict(m) for m in messages],
-            tools=None,
-            documents=None,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self._special(int(llama_cpp.llama_vocab_bos(v))),
-            eos_token=self._special(int(llama_cpp.llama_vocab_eos(v))),
-            pad_token=self._special(int(llama_cpp.llama_vocab_pad(v))),
-        )
+        return render_chat_template(self.chat_template or FALLBACK_TEMPLATE, {
+            "messages": [dict(m) for m in messages],
+            "tools": None,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self._special(int(llama_cpp.llama_vocab_bos(v))),
+            "eos_token": self._special(int(llama_cpp.llama_vocab_eos(v))),
+            "pad_token": self._special(int(llama_cpp.llama_vocab_pad(v))),
+        })
 
     def chat_ids(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         # The template text already carries BOS where the model wants one.
