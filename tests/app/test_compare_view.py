@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from PySide6.QtGui import QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QWidget
 
+from engine import Engine
+from engine.backends.mock import MockBackend
 from engine.experiments import first_divergence, read_trace
 
+from app.engine_host import EngineHost
 from app.experiment_actions import export_trace, open_compare, open_replay
-from qt_helpers import run_task, send
+from qt_helpers import close_window, make_window, run_task, send
 
 
 def _underline_at(body, index: int) -> QTextCharFormat.UnderlineStyle:
@@ -130,3 +135,36 @@ def test_menus_open_the_experiments(qtbot, window):
     window.actions_["score"].trigger()
     titles = {w.windowTitle() for w in window.findChildren(QWidget) if w.isWindow() and w.isVisible()}
     assert {"Compare settings", "Score text"} <= titles
+
+
+def test_replay_on_another_model_names_the_answers_model_and_offers_to_load_it(qtbot, qloop, store):
+    def factory(spec, backend, progress):  # two mock "models": the window only sees their ModelInfo
+        mock = MockBackend(delay_s=0.01)
+        if spec == "other-mock":
+            mock.info = replace(mock.info, name="other-mock", spec="other-mock")
+        return Engine.from_backend(mock)
+
+    host = EngineHost(factory)
+    assert run_task(qtbot, host.load("mock", "mock"))
+    window = make_window(qtbot, store, host)
+    try:
+        answer = send(qtbot, window, "the cat")
+        original = [t.token_id for t in window.library.current.tokens(answer)]
+        assert run_task(qtbot, host.load("other-mock", "mock")) and host.info.name == "other-mock"
+
+        view = open_replay(window, with_change=False)
+        qtbot.addWidget(view)
+        qtbot.waitUntil(view.run_button.isEnabled, timeout=5000)  # the replay ran at once, and was refused
+        text = view.summary.text()
+        assert "made by mock (mock, float32), but other-mock (mock, float32) is loaded" in text
+        assert view.diff is None and view.replay.token_ids == [] and not view.keep_button.isEnabled()
+        assert view.load_button.isVisibleTo(view) and "Load mock (mock, float32)" in view.load_button.text()
+
+        run_task(qtbot, view.load_and_replay())
+        assert host.info.name == "mock" and not view.load_button.isVisibleTo(view)
+        assert view.diff is not None and view.diff.identical and view.replay.token_ids == original
+        assert "Identical" in view.summary.text()
+        view.close()
+    finally:
+        close_window(qtbot, window)
+        host.close()
