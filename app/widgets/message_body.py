@@ -6,6 +6,11 @@ an answer streams the new text is appended plainly and the whole message is
 re-rendered as Markdown at most every `_md_interval_ms` (which adapts to how
 long a render takes), and once more when the answer ends: a 4,000-token
 answer does not re-parse its Markdown per token.
+
+A model's text is shown as text: Markdown without raw HTML (a `<div>` in an
+answer is a tag written out, not markup that swallows the rest), no resource
+is ever loaded (an image path names a local file), and a link opens only as
+http(s), after the user has seen its address (`model_links`).
 """
 
 from __future__ import annotations
@@ -15,16 +20,19 @@ import math
 import time
 
 from engine import TokenEvent
-from PySide6.QtCore import QPoint, QPointF, Qt, QTimer, Signal
+from PySide6.QtCore import QPoint, QPointF, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QColor, QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QTextEdit, QToolTip, QWidget
 
 from app.widgets.fmt import completed_character, finished_characters, token_label, token_tooltip
 from app.widgets.heat import confidence, heat_color
+from app.widgets.model_links import link_tooltip, offer_to_open
 
 EOS_MARK = "⟨eos⟩"
 MD_MIN_INTERVAL_MS = 250
 MD_MAX_INTERVAL_MS = 1000
+# GitHub's dialect, but HTML in the text stays text: a model's "<div>" or "vector<int>" is not markup.
+MD_FEATURES = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
 
 
 def display_text(ev: TokenEvent) -> str:
@@ -42,7 +50,12 @@ class MessageBody(QTextBrowser):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.setOpenExternalLinks(True)
+        # Links never navigate by themselves (a file: or relative link would replace the answer with a
+        # local file; others would go straight to the OS): `_on_anchor_clicked` decides.
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.anchorClicked.connect(self._on_anchor_clicked)
+        self.highlighted.connect(self._on_link_hovered)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -140,7 +153,7 @@ class MessageBody(QTextBrowser):
     def _render_markdown(self) -> None:
         t0 = time.perf_counter()
         self._md_stale = False
-        self.document().setMarkdown(self._text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+        self.document().setMarkdown(self._text, MD_FEATURES)
         cost_ms = (time.perf_counter() - t0) * 1000
         self.markdown_renders += 1
         # Spend at most ~10 % of the UI thread on re-rendering a growing answer.
@@ -252,6 +265,21 @@ class MessageBody(QTextBrowser):
     def leaveEvent(self, event) -> None:
         self._hovered = None
         super().leaveEvent(event)
+
+    # -- links and resources ---------------------------------------------------------------
+
+    def _on_anchor_clicked(self, url: QUrl) -> None:
+        offer_to_open(self, url)
+
+    def _on_link_hovered(self, url: QUrl) -> None:
+        if url.isEmpty():
+            QToolTip.hideText()
+        else:
+            QToolTip.showText(self.cursor().pos(), link_tooltip(url), self.viewport())
+
+    def loadResource(self, kind: int, name: QUrl):  # noqa: N802 - Qt's name
+        """Nothing: an answer's image or style sheet would name a local file (or a path relative to ours)."""
+        return None
 
     # -- size ------------------------------------------------------------------------------
 

@@ -65,6 +65,7 @@ class MessageWidget(QFrame):
         header.setSpacing(4)
         self.role_label = QLabel(f"<b>{who}</b>")
         self.model_label = QLabel()
+        self.model_label.setTextFormat(Qt.TextFormat.PlainText)  # a server names its model: text, never markup
         self.model_label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         header.addWidget(self.role_label)
         header.addWidget(self.model_label)
@@ -122,6 +123,7 @@ class MessageWidget(QFrame):
         self._footer_timer.setInterval(250)
         self._footer_timer.timeout.connect(self._update_footer)
         self.footer = QLabel()
+        self.footer.setTextFormat(Qt.TextFormat.PlainText)  # an error may quote a server's HTML page
         self.footer.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         self.footer.setAccessibleName("Answer statistics")
         outer.addWidget(self.footer)
