@@ -136,7 +136,9 @@ class AdaptiveP:
         ids, vals = finite_part(scores)
         m = vals.max()
         probs = np.exp(vals - m)
-        probs /= np.float32(probs.sum(dtype=np.float64))
+        # llama.cpp's softmax adds the float32 terms one after the other in array (token id) order; the
+        # transform below magnifies its rounding, so do exactly the same (cumsum is sequential).
+        probs /= np.cumsum(probs, dtype=np.float32)[-1]
         self._ids, self._probs = ids, probs
         target = min(max(self.target, 0.0), 1.0)
         adapted = np.float32(min(max(2.0 * target - float(self.weighted_sum) / float(self.total_weight), 0.0), 1.0))
@@ -157,8 +159,9 @@ class AdaptiveP:
             else:
                 j = int(np.searchsorted(self._ids, token))
                 p = float(self._probs[j]) if j < self._ids.size and self._ids[j] == token else 0.0
-        self.weighted_sum = np.float32(p + self.decay * float(self.weighted_sum))
-        self.total_weight = np.float32(1.0 + self.decay * float(self.total_weight))
+        decay = np.float32(self.decay)  # float32 arithmetic, as llama.cpp
+        self.weighted_sum = np.float32(p) + decay * self.weighted_sum
+        self.total_weight = np.float32(1.0) + decay * self.total_weight
         self._ids = self._probs = None
 
     def state(self) -> tuple[float, float]:
