@@ -3,6 +3,11 @@
 Edits go to `SettingsState`, which validates them; a refused value is put
 back and the reason shown under the controls. The panel follows the state
 (a preset applied, a reset) through `_on_settings_changed`.
+
+The stop strings box waits for a pause in typing before it applies; an edit
+still waiting is applied before anything else the panel does, when the box
+loses focus and when the panel is hidden (the window closing), so no click
+that follows can lose it.
 """
 
 from __future__ import annotations
@@ -141,6 +146,9 @@ class SamplingPanel(QScrollArea):
         self.stop_edit.setAccessibleName("Stop strings")
         self.stop_edit.setPlaceholderText("Stop strings, one per line (\\n for a newline)")
         self.stop_edit.setFixedHeight(self.fontMetrics().lineSpacing() * 3 + 12)
+        self.stop_edit.setTabChangesFocus(True)  # a tab is typed as \t; Tab moves on, as in every other field
+        self.stop_edit.installEventFilter(self)  # focus out applies a pending edit
+        self._shown_stop: tuple[str, ...] = ()  # the state's stop strings the box last agreed with
         length.addWidget(self.stop_edit)
         col.addWidget(length_box)
 
@@ -180,7 +188,7 @@ class SamplingPanel(QScrollArea):
         self.preset_box.activated.connect(self._on_preset_chosen)
         self.save_preset_button.clicked.connect(self._on_save_preset_clicked)
         self.delete_preset_button.clicked.connect(self._on_delete_preset_clicked)
-        self.reset_button.clicked.connect(settings.reset)
+        self.reset_button.clicked.connect(self._on_reset_clicked)
 
         settings.changed.connect(self._on_settings_changed)
         settings.presets_changed.connect(self._on_presets_changed)
@@ -210,7 +218,9 @@ class SamplingPanel(QScrollArea):
                 w.installEventFilter(self)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():
+        if watched is self.stop_edit and event.type() == QEvent.Type.FocusOut:
+            self.flush_pending_edits()
+        elif event.type() == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():
             self.verticalScrollBar().event(event)  # hand the wheel to the panel's scroll bar
             return True
         return super().eventFilter(watched, event)
@@ -226,7 +236,18 @@ class SamplingPanel(QScrollArea):
 
     # -- edits -> state --------------------------------------------------------------------
 
+    def flush_pending_edits(self) -> None:
+        """Apply the stop strings now if the box is still waiting for a pause in typing."""
+        if self._stop_timer.isActive():
+            self._stop_timer.stop()
+            self._apply_stop()
+
+    def hideEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        self.flush_pending_edits()  # the window is closing (or the dock hiding): keep what was typed
+        super().hideEvent(event)
+
     def _apply(self, fn, *args, **kwargs) -> bool:
+        self.flush_pending_edits()  # first the stop strings typed a moment ago, then this edit
         try:
             fn(*args, **kwargs)
         except ValueError as e:
@@ -262,7 +283,20 @@ class SamplingPanel(QScrollArea):
             self._apply(self._settings.update_sampler, seed=seed)
 
     def _apply_stop(self) -> None:
-        self._apply(self._settings.set_stop, parse_stop(self.stop_edit.toPlainText()))
+        stop = tuple(parse_stop(self.stop_edit.toPlainText()))
+        previous, self._shown_stop = self._shown_stop, stop  # the change it makes must not rewrite the box
+        try:
+            self._settings.set_stop(stop)
+        except ValueError as e:
+            # The text stays as typed (nothing is lost); the reason is shown until it is fixed.
+            self._shown_stop = previous
+            self._show_error(str(e))
+            return
+        self._show_error("")
+
+    def _on_reset_clicked(self) -> None:
+        self.flush_pending_edits()  # applied, then reset with the rest: Reset means reset
+        self._settings.reset()
 
     def _on_order_changed(self, order: tuple[str, ...]) -> None:
         self._apply(self._settings.update_sampler, order=order)
@@ -305,10 +339,15 @@ class SamplingPanel(QScrollArea):
         self.seed_edit.setEnabled(s.seed is not None)
         if s.seed is not None:
             self.seed_edit.setText(str(s.seed))
-        if parse_stop(self.stop_edit.toPlainText()) != list(options.stop):
-            self.stop_edit.blockSignals(True)
-            self.stop_edit.setPlainText(format_stop(options.stop))
-            self.stop_edit.blockSignals(False)
+        if options.stop != self._shown_stop:
+            # The stop strings changed elsewhere (reset, a preset that holds some): they replace the box.
+            # Any other change leaves the box, and an edit still waiting in it, alone.
+            self._stop_timer.stop()
+            self._shown_stop = options.stop
+            if parse_stop(self.stop_edit.toPlainText()) != list(options.stop):
+                self.stop_edit.blockSignals(True)
+                self.stop_edit.setPlainText(format_stop(options.stop))
+                self.stop_edit.blockSignals(False)
         if self.stage_order.order() != s.order:
             self.stage_order.set_order(s.order)
         self._select_matching_preset()
