@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -83,10 +82,6 @@ class ExperimentRun:
     def running(self) -> bool:
         return self.task is not None and not self._ended and not self.task.done()
 
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
     def cancel(self) -> None:
         """Stop before the next token; what was made so far is kept."""
         self._cancelled = True
@@ -99,12 +94,17 @@ class ExperimentRun:
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    def _start(self, body: Coroutine[Any, Any, None]) -> None:
-        self.task = asyncio.ensure_future(self._guarded(body))
+    def start(self, host: EngineHost) -> None:
+        """Run on `host`'s model, as a task (`task`) of the running event loop."""
+        self.task = asyncio.ensure_future(self._guarded(host))
 
-    async def _guarded(self, body: Coroutine[Any, Any, None]) -> None:
+    async def _run(self, host: EngineHost) -> None:
+        """The run itself (each kind of run writes its own)."""
+        raise NotImplementedError
+
+    async def _guarded(self, host: EngineHost) -> None:
         try:
-            await body
+            await self._run(host)
         except Exception as e:  # noqa: BLE001 - shown in the window; what arrived is kept
             log.warning("%s failed: %s", type(self).__name__, e, exc_info=not isinstance(e, (ValueError, EngineError)))
             self.error = describe_error(e)
@@ -230,10 +230,10 @@ class ExperimentController:
     def runs(self) -> frozenset[ExperimentRun]:
         return frozenset(self._runs)
 
-    def _own(self, run: ExperimentRun, body: Coroutine[Any, Any, None]) -> None:
+    def _own(self, run: ExperimentRun) -> None:
         self._runs.add(run)
         run.finished.connect(lambda: self._runs.discard(run))
-        run._start(body)
+        run.start(self.host)
 
     def stop_all(self) -> None:
         for run in list(self._runs):
@@ -247,21 +247,21 @@ class ExperimentController:
         if not messages:
             raise ValueError("write a prompt first")
         run = CompareRun(messages, settings, max_new_tokens, tuple(stop), self.top_n)
-        self._own(run, run._run(self.host))
+        self._own(run)
         return run
 
     def replay(self, conv: Conversation, message: Message, settings: SamplerSettings | None = None) -> ReplayRun:
         """Generate `message` again with its stored seed and settings (or `settings`); ValueError if it cannot be."""
         recipe = recipe_for(conv, message)
         run = ReplayRun(recipe, [t.token_id for t in conv.tokens(message)], settings or recipe.sampler)
-        self._own(run, run._run(self.host))
+        self._own(run)
         return run
 
     def score(self, text: str, *, top_n: int = SCORE_TOP_N) -> ScoreRun:
         if not text.strip():
             raise ValueError("Write or open a text to score first.")
         run = ScoreRun(text, top_n)
-        self._own(run, run._run(self.host))
+        self._own(run)
         return run
 
     # -- the model that made an answer -----------------------------------------------------

@@ -242,11 +242,11 @@ class CompareView(QWidget):
     def _on_finished(self) -> None:
         run = self._run
         self._set_running(False)
-        if run.error is not None:
-            self.status.setText(f"Comparison failed: {run.error}")
-            return
         done = run.done
-        prompt = done[0].stats.prompt_tokens if done else 0
+        if run.error is not None or not done:
+            self.status.setText(f"Comparison failed: {run.error}" if run.error else "Stopped before any column ran.")
+            return
+        prompt = done[0].stats.prompt_tokens
         computed = sum(c.stats.prefilled_tokens for c in done)
         shared = f"prompt {prompt} tokens, {computed} computed over {len(done)} columns"
         if run.divergence is None:

@@ -18,7 +18,7 @@ from engine import SamplerSettings, experiments
 
 from app.controller import ChatController
 from app.engine_host import EngineHost
-from app.experiment_controller import ExperimentController, OtherModelError
+from app.experiment_controller import ExperimentController
 from app.experiments import recipe_for
 from app.state.library import Library
 from app.state.settings import SettingsState
