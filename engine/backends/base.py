@@ -42,12 +42,59 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+class CachedTokens:
+    """The token bookkeeping of a backend's KV cache, written once: `cached_tokens` and `trim_cache`.
+
+    A backend inherits this, appends to `self._tokens` what its `forward` ran,
+    and says how its own cache is cut: `_cut_cache(keep)` drops the cached
+    positions from `keep` on and returns False when its cache cannot be cut
+    there (a recurrent state, a sliding window that moved past it), and
+    `_clear_cache()` drops everything. A cut that fails clears the cache, so
+    the next prefill recomputes rather than reusing a wrong state.
+    """
+
+    _tokens: list[int]
+
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens whose keys/values are in the cache, in order."""
+        return self._tokens
+
+    def trim_cache(self, keep: int) -> int:
+        """Keep the first `keep` cached tokens; return how many are kept (0 when the cache had to be cleared)."""
+        keep = max(0, min(keep, len(self._tokens)))
+        if keep == len(self._tokens):
+            return keep
+        if keep == 0 or not self._cut_cache(keep):
+            self._clear_cache()
+            self._tokens = []
+            return 0
+        del self._tokens[keep:]
+        return keep
+
+    def _cut_cache(self, keep: int) -> bool:
+        """Drop cached positions `keep`.. from the model's cache; False if it cannot be cut there."""
+        raise NotImplementedError
+
+    def _clear_cache(self) -> None:
+        """Drop the whole cache (`_tokens` is emptied by the caller)."""
+        raise NotImplementedError
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+@runtime_checkable
+class InterruptibleForward(Protocol):
+    """Can stop a forward part way, when asked from another thread (llama.cpp's abort callback)."""
+
+    def forward_until(self, token_ids: Sequence[int], cancelled: Callable[[], bool]) -> np.ndarray | None:
+        """`forward`, or None once `cancelled()` (polled from another thread) is true; what ran stays cached."""
+        ...
 
 
 def prefill(
@@ -61,7 +108,10 @@ def prefill(
     At least the last prompt token is always run, because its logits are what
     the first new token is sampled from. `cancelled` is checked between
     chunks, so a long prompt can be stopped; then the logits are None (the
-    chunks already run stay cached and are reused next time).
+    chunks already run stay cached and are reused next time). A backend that
+    is `InterruptibleForward` also stops inside a chunk, within milliseconds:
+    there `cancelled` is polled from another thread, so it must be thread-safe
+    (`threading.Event.is_set` is).
     """
     if not prompt:
         raise ValueError("the prompt is empty: at least one token is needed")
@@ -71,7 +121,13 @@ def prefill(
     for start in range(reused, len(prompt), chunk):
         if cancelled():
             return None, reused
-        logits = backend.forward(prompt[start : start + chunk])
+        ids = prompt[start : start + chunk]
+        if isinstance(backend, InterruptibleForward):
+            logits = backend.forward_until(ids, cancelled)
+        else:
+            logits = backend.forward(ids)
+        if logits is None:
+            return None, reused
     return logits, reused
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.backends.base import CachedTokens
 from engine.model_info import ModelInfo
 from engine.tokenizer import FALLBACK_TEMPLATE
 
@@ -70,7 +71,7 @@ class MockTokenizer:
         return self.encode(self.chat_text(messages, add_generation_prompt))
 
 
-class MockBackend:
+class MockBackend(CachedTokens):
     name = "mock"
 
     def __init__(self, delay_s: float = 0.0, context_length: int = 4096):
@@ -92,12 +93,11 @@ class MockBackend:
             device="cpu",
         )
 
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens
+    def _cut_cache(self, keep: int) -> bool:
+        return True  # no real cache: the token list is all there is
 
-    def trim_cache(self, keep: int) -> int:
-        del self._tokens[keep:]
-        return len(self._tokens)
+    def _clear_cache(self) -> None:
+        pass
 
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
         self.forward_calls += 1

@@ -26,16 +26,16 @@ _LAZY = {
     "attach": "engine.offload.apply",
     "OffloadHandle": "engine.offload.executor",
     "make_kv_cache": "engine.offload.kv_cache",
-    "build_empty": "engine.offload.load_offloaded",
-    "load_offloaded": "engine.offload.load_offloaded",
-    "plan_policy": "engine.offload.load_offloaded",
+    "build_empty": "engine.offload.load_in_layout",
+    "load_offloaded": "engine.offload.load_in_layout",
+    "plan_policy": "engine.offload.load_in_layout",
 }
 
 if TYPE_CHECKING:
     from engine.offload.apply import attach
     from engine.offload.executor import OffloadHandle
     from engine.offload.kv_cache import make_kv_cache
-    from engine.offload.load_offloaded import build_empty, load_offloaded, plan_policy
+    from engine.offload.load_in_layout import build_empty, load_offloaded, plan_policy
 
 
 def __getattr__(name: str) -> Any:

@@ -16,6 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from engine.backends.base import CachedTokens
 from engine.backends.mlx.runner import MlxRunner
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
@@ -24,7 +25,7 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 
-class MlxBackend:
+class MlxBackend(CachedTokens):
     name = "mlx"
 
     def __init__(self, folder: Path, *, spec: str, display_name: str, trust_remote_code: bool = False):
@@ -65,24 +66,16 @@ class MlxBackend:
 
     # --- the Backend protocol -------------------------------------------------
 
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens
-
-    def trim_cache(self, keep: int) -> int:
+    def _cut_cache(self, keep: int) -> bool:
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-        keep = max(0, min(keep, len(self._tokens)))
-        if keep == len(self._tokens):
-            return keep
-        if keep == 0 or self._cache is None or not can_trim_prompt_cache(self._cache):
-            self._reset()  # e.g. a rotating (sliding-window) cache that wrapped: rebuild
-            return 0
-        trimmed = trim_prompt_cache(self._cache, len(self._tokens) - keep)
-        if trimmed != len(self._tokens) - keep:
-            self._reset()
-            return 0
-        del self._tokens[keep:]
-        return keep
+        if self._cache is None or not can_trim_prompt_cache(self._cache):
+            return False  # e.g. a rotating (sliding-window) cache that wrapped: rebuild
+        drop = len(self._tokens) - keep
+        return trim_prompt_cache(self._cache, drop) == drop
+
+    def _clear_cache(self) -> None:
+        self._reset()
 
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
         if self._cache is None:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.backends.base import process_peak_rss_bytes
+from engine.backends.base import CachedTokens, process_peak_rss_bytes
 from engine.backends.torch.compile import CompiledDecodeStep, compile_wanted, relative_logit_error
 from engine.backends.torch.lean import LeanDecodeStep
 from engine.backends.torch.runner import TorchRunner
@@ -73,7 +73,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-class TorchBackend:
+class TorchBackend(CachedTokens):
     name = "torch"
 
     def __init__(
@@ -153,26 +153,20 @@ class TorchBackend:
 
     # --- the Backend protocol -------------------------------------------------
 
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens
-
-    def trim_cache(self, keep: int) -> int:
-        keep = max(0, min(keep, len(self._tokens)))
-        if keep == len(self._tokens):
-            return keep
-        if keep == 0 or self._cache is None:
-            self._reset()
-            return 0
+    def _cut_cache(self, keep: int) -> bool:
+        if self._cache is None:
+            return False
         try:
             self._cache.crop(keep - len(self._tokens))  # negative: remove that many from the end
         except (RuntimeError, ValueError) as e:
             # A sliding-window layer no longer holds the window before `keep` (GrowingCache keeps
             # SLIDING_REACH tokens more than the window; DynamicCache none): recompute instead.
             log.debug("cache cannot be trimmed (%s); rebuilding", e)
-            self._reset()
-            return 0
-        del self._tokens[keep:]
-        return keep
+            return False
+        return True
+
+    def _clear_cache(self) -> None:
+        self._reset()
 
     # --- capabilities (engine.capabilities) ----------------------------------------------
 
