@@ -168,3 +168,17 @@ def test_replay_on_another_model_names_the_answers_model_and_offers_to_load_it(q
     finally:
         close_window(qtbot, window)
         host.close()
+
+
+def test_closing_a_comparison_mid_run_stops_its_run(qtbot, window):
+    view = open_compare(window)
+    qtbot.addWidget(view)
+    view.prompt.setPlainText("a new prompt")
+    view.max_tokens.setValue(400)
+    task = view.run()
+    run = view._run
+    qtbot.waitUntil(lambda: len(view.columns[0].events) >= 2, timeout=5000)
+    assert view.running and not view.run_button.isEnabled()
+    view.close()  # the run ends; nothing is drawn into the closed window
+    qtbot.waitUntil(task.done, timeout=5000)
+    assert not run.running and len(run.columns[0].events) < 400 and run.columns[1].stats is None
