@@ -35,6 +35,44 @@ DEFAULT_PRESET = "Balanced"
 
 
 @dataclass(frozen=True)
+class Preset:
+    """A named set of sampler settings, and, when the user asked, the answer length and stop strings.
+
+    Stored as the sampler's dict (presets saved before length and stop could be
+    kept) or as {"sampler", "max_new_tokens", "stop"}.
+    """
+
+    sampler: SamplerSettings
+    max_new_tokens: int | None = None  # None: applying the preset keeps the current length
+    stop: tuple[str, ...] | None = None  # None: applying it keeps the current stop strings
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.max_new_tokens is None and self.stop is None:
+            return self.sampler.to_dict()
+        return {"sampler": self.sampler.to_dict(), "max_new_tokens": self.max_new_tokens,
+                "stop": None if self.stop is None else list(self.stop)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Preset":
+        if "sampler" not in d:
+            return cls(SamplerSettings.from_dict(d))
+        stop = d.get("stop")
+        return cls(SamplerSettings.from_dict(d["sampler"]), d.get("max_new_tokens"), None if stop is None else tuple(stop))
+
+    def applied_to(self, options: "GenerationOptions") -> "GenerationOptions":
+        """`options` with this preset's settings (validated: a bad stored value raises ValueError)."""
+        return replace(
+            options,
+            sampler=self.sampler,
+            max_new_tokens=options.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens,
+            stop=options.stop if self.stop is None else self.stop,
+        )
+
+    def matches(self, options: "GenerationOptions") -> bool:
+        return self.sampler == options.sampler and self.applied_to(options) == options
+
+
+@dataclass(frozen=True)
 class GenerationOptions:
     """Sampler settings plus the per-request limits the panel edits."""
 
@@ -75,11 +113,14 @@ class SettingsState:
     """The options for the next generation, and the presets; persisted on every change."""
 
     KEY = "generation_options"
+    PRESET_KEY = "preset_name"  # the preset last chosen or saved: shown when several have the same values
 
     def __init__(self, store: Store):
         self._store = store
         self.changed = Signal()  # (GenerationOptions)
         self.presets_changed = Signal()  # ()
+        chosen = store.get_setting(self.PRESET_KEY)
+        self._chosen_preset: str | None = chosen if isinstance(chosen, str) else None
         saved = store.get_setting(self.KEY)
         try:
             self.options = GenerationOptions.from_dict(saved) if saved else GenerationOptions()
@@ -115,6 +156,7 @@ class SettingsState:
 
     def reset(self) -> None:
         # Who samples is a choice about the server, not a sampler setting: Reset keeps it.
+        self._choose(DEFAULT_PRESET)
         self._set(GenerationOptions(server_sampling=self.options.server_sampling))
 
     # -- presets ---------------------------------------------------------------------------
@@ -127,34 +169,57 @@ class SettingsState:
         return name in BUILTIN_PRESETS
 
     def preset(self, name: str) -> SamplerSettings:
+        """The sampler settings of preset `name` (KeyError when there is none)."""
+        return self.preset_entry(name).sampler
+
+    def preset_entry(self, name: str) -> Preset:
+        """Preset `name` with what it stores besides the sampler (KeyError when there is none)."""
         if name in BUILTIN_PRESETS:
-            return BUILTIN_PRESETS[name]
+            return Preset(BUILTIN_PRESETS[name])
         saved = self._store.presets()
         if name not in saved:
             raise KeyError(f"no preset named {name!r}")
-        return SamplerSettings.from_dict(saved[name])
+        return Preset.from_dict(saved[name])
 
     def apply_preset(self, name: str) -> None:
-        self.set_sampler(self.preset(name))
+        options = self.preset_entry(name).applied_to(self.options)
+        self._choose(name)
+        self._set(options)
 
     def matching_preset(self) -> str | None:
-        """The preset whose sampler settings equal the current ones, if any."""
-        for name in self.preset_names():
+        """The preset whose settings equal the current ones, if any.
+
+        Several can (a preset saved with a built-in's values): the one last chosen or saved wins,
+        then the user's own, then the built-ins.
+        """
+        names = self.preset_names()
+        own = [n for n in names if n not in BUILTIN_PRESETS]
+        order = ([self._chosen_preset] if self._chosen_preset in names else []) + own + list(BUILTIN_PRESETS)
+        for name in order:
             try:
-                if self.preset(name) == self.options.sampler:
+                if self.preset_entry(name).matches(self.options):
                     return name
-            except (KeyError, ValueError):
+            except (KeyError, ValueError, TypeError):
                 continue
         return None
 
-    def save_preset(self, name: str) -> None:
+    def save_preset(self, name: str, include_length_and_stop: bool = False) -> None:
+        """Save the current sampler settings as `name`; with `include_length_and_stop`, the length and stop strings too."""
         name = name.strip()
         if not name:
             raise ValueError("a preset needs a name")
         if name in BUILTIN_PRESETS:
             raise ValueError(f"{name!r} is a built-in preset; choose another name")
-        self._store.save_preset(name, self.options.sampler.to_dict())
+        o = self.options
+        preset = Preset(o.sampler, o.max_new_tokens, o.stop) if include_length_and_stop else Preset(o.sampler)
+        self._store.save_preset(name, preset.to_dict())
+        self._choose(name)
         self.presets_changed.emit()
+
+    def _choose(self, name: str) -> None:
+        if name != self._chosen_preset:
+            self._chosen_preset = name
+            self._store.put_setting(self.PRESET_KEY, name)
 
     def delete_preset(self, name: str) -> None:
         if name in BUILTIN_PRESETS:

@@ -25,7 +25,6 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QLineEdit,
     QMessageBox,
@@ -40,6 +39,7 @@ from app.controller import ChatController
 from app.state.settings import MAX_NEW_TOKENS_LIMIT, GenerationOptions, SettingsState
 from app.widgets.param_row import ParamRow, ParamSpec
 from app.widgets.sampling_mode import SamplingModeBox, show_limit
+from app.widgets.save_preset_dialog import SavePresetDialog
 from app.widgets.stage_order import StageOrderList
 
 log = logging.getLogger(__name__)
@@ -305,14 +305,16 @@ class SamplingPanel(QScrollArea):
         name = self.preset_box.itemText(index)
         if name != CUSTOM:
             self._apply(self._settings.apply_preset, name)
+            self._select_matching_preset()  # the same values under another name: the chosen name shows
 
     def _on_save_preset_clicked(self) -> None:
-        name, ok = QInputDialog.getText(self, "Save preset", "Name for the current sampler settings:")
-        if ok and name.strip():
-            self.save_preset(name)
+        self.flush_pending_edits()  # the stop strings a preset may keep are the ones typed so far
+        answer = SavePresetDialog.ask(self, self._settings.preset_names())
+        if answer is not None and answer[0]:
+            self.save_preset(*answer)
 
-    def save_preset(self, name: str) -> bool:
-        return self._apply(self._settings.save_preset, name)
+    def save_preset(self, name: str, include_length_and_stop: bool = False) -> bool:
+        return self._apply(self._settings.save_preset, name, include_length_and_stop)
 
     def _on_delete_preset_clicked(self) -> None:
         name = self.preset_box.currentText()

@@ -72,3 +72,59 @@ def test_reset_right_after_typing_resets_the_stop_strings(qtbot, window):
     qtbot.mouseClick(panel.reset_button, Qt.MouseButton.LeftButton)
     qtbot.wait(600)
     assert settings.options.stop == () and panel.stop_edit.toPlainText() == ""
+
+
+def test_a_preset_saved_with_a_builtins_values_shows_the_users_name(qtbot, window):
+    panel, settings = window.sampling, window.settings
+    panel.preset_box.activated.emit(panel.preset_box.findText("Greedy"))
+    assert panel.preset_box.currentText() == "Greedy"
+    assert panel.save_preset("Deterministic")
+    assert panel.preset_box.currentText() == "Deterministic" and panel.delete_preset_button.isEnabled()
+    # ...after a restart too.
+    assert SettingsState(window.store).matching_preset() == "Deterministic"
+    # Choosing the built-in shows the built-in.
+    panel.preset_box.activated.emit(panel.preset_box.findText("Greedy"))
+    assert panel.preset_box.currentText() == "Greedy" and not panel.delete_preset_button.isEnabled()
+    assert SettingsState(window.store).matching_preset() == "Greedy"
+
+
+def test_a_preset_may_hold_length_and_stop_strings_when_asked(qtbot, window):
+    panel, settings = window.sampling, window.settings
+    settings.update_sampler(temperature=0.5)
+    settings.set_max_new_tokens(77)
+    settings.set_stop(["END"])
+    assert panel.save_preset("Short answers", include_length_and_stop=True)
+    assert panel.save_preset("Warm", include_length_and_stop=False)
+
+    settings.reset()
+    panel.preset_box.activated.emit(panel.preset_box.findText("Short answers"))
+    assert settings.options.sampler.temperature == 0.5
+    assert (settings.options.max_new_tokens, settings.options.stop) == (77, ("END",))
+    assert panel.stop_edit.toPlainText() == "END" and panel.max_tokens.value() == 77
+    assert panel.preset_box.currentText() == "Short answers"
+
+    settings.reset()
+    panel.preset_box.activated.emit(panel.preset_box.findText("Warm"))  # sampler only: length and stop stay
+    assert settings.options.sampler.temperature == 0.5
+    assert (settings.options.max_new_tokens, settings.options.stop) == (512, ())
+    # Stored the old way (a bare sampler), a preset still reads.
+    assert SettingsState(window.store).preset("Warm").temperature == 0.5
+
+
+def test_the_save_dialog_asks_for_a_name_and_whether_to_include_length_and_stop(qtbot, window, monkeypatch):
+    from app.widgets.save_preset_dialog import SavePresetDialog
+
+    dialog = SavePresetDialog(window.sampling)
+    qtbot.addWidget(dialog)
+    assert not dialog.include_length_and_stop.isChecked()
+    assert not dialog.ok_button.isEnabled()  # no name yet
+    qtbot.keyClicks(dialog.name_edit, "  Mine  ")
+    dialog.include_length_and_stop.setChecked(True)
+    assert dialog.ok_button.isEnabled()
+    assert dialog.choice() == ("Mine", True)
+
+    monkeypatch.setattr(SavePresetDialog, "ask", staticmethod(lambda parent, names: ("Via button", True)))
+    window.settings.set_stop(["STOP"])
+    qtbot.mouseClick(window.sampling.save_preset_button, Qt.MouseButton.LeftButton)
+    assert window.sampling.preset_box.currentText() == "Via button"
+    assert window.settings.preset_entry("Via button").stop == ("STOP",)
