@@ -26,6 +26,7 @@ from engine import GenerationRequest, GenerationStats, TokenEvent
 from app.engine_host import EngineHost, describe_error
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
+from app.state.model_record import model_record
 from app.state.observable import Signal
 from app.state.servers import server_samples
 from app.state.settings import SettingsState
@@ -34,9 +35,6 @@ from app.token_stream import TokenStream
 log = logging.getLogger(__name__)
 
 TOP_N = 20  # alternatives recorded per token (and per sampler stage)
-# Saved with each answer; `revision` is the hub commit of the weights ("" for local files), so a
-# conversation says exactly which weights produced it.
-_MODEL_FIELDS = ("name", "spec", "architecture", "parameters", "dtype", "context_length", "backend", "device", "revision")
 
 
 SAVE_RETRY_S = 10.0  # how often saving is tried again after a write failed
@@ -311,7 +309,7 @@ class ChatController:
             )
             info = engine.info
             request_doc = {**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n, "server_sampling": by_server}
-            model_doc = {k: getattr(info, k) for k in _MODEL_FIELDS}
+            model_doc = model_record(info)
             if not self._save(conv, message, lambda: conv.update_message(
                     message, request=request_doc, model=model_doc, finish_reason=None)):
                 # Nothing could be written: generating more would only pile up in memory.

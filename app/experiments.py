@@ -15,11 +15,10 @@ from engine import Engine, GenerationRequest, GenerationStats, ModelInfo, Sample
 from engine import experiments
 
 from app.state.conversation import Conversation, Message
+from app.state.model_record import model_record
 
 TOP_N = 20  # alternatives recorded per token, as in the chat
 STATS_SKIP = ("text", "token_ids")
-# As the chat saves them; `revision` is the hub commit of the weights ("" for local files).
-MODEL_FIELDS = ("name", "spec", "architecture", "parameters", "dtype", "context_length", "backend", "device", "revision")
 # What must match for a replay to reproduce an answer: the weights (spec, name, revision) and the
 # code that runs them (backend, dtype). Device and context length do not change the draws' inputs enough
 # to refuse; another backend or dtype computes other logits, which change a draw near a tie.
@@ -138,8 +137,7 @@ def add_answer(
 
 
 def model_dict(engine: Engine) -> dict[str, Any]:
-    info = engine.info
-    return {k: getattr(info, k) for k in MODEL_FIELDS}
+    return model_record(engine.info)
 
 
 def trace_lines(conv: Conversation, message: Message, engine: Engine | None) -> list[dict[str, Any]]:
