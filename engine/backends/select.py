@@ -31,6 +31,29 @@ def llamacpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def offload_refusal(backend: str | None) -> str | None:
+    """Why `backend` takes no offload policy, in words; None when it takes one (or is not known yet)."""
+    if backend == "mlx":
+        return "offload is not for the mlx backend: MLX shares one memory between CPU and GPU"
+    if backend == "remote":
+        return "offload is not for a server: the server decides where its weights live"
+    return None
+
+
+def device_refusal(backend: str | None) -> str | None:
+    """Why `backend` takes no torch device name, in words; None when it does (torch, or not known yet)."""
+    if backend in (None, "torch"):
+        return None
+    how = ('its GPU share is set with --offload, e.g. "weights=100,0"; or pass --backend torch'
+           if backend == "llamacpp" else "pass --backend torch to choose a device")
+    return f"--device chooses the torch backend's device; this model runs on {backend} ({how})"
+
+
+def checks_torch_device(backend: str | None) -> bool:
+    """Whether a device name given for `backend` is one torch must find usable here before loading."""
+    return backend == "torch"
+
+
 def choose_backend(requested: str | None = None, source_kind: str | None = None) -> str:
     """Resolve "auto" (or None) to a concrete backend name; validate explicit names.
 
