@@ -43,6 +43,25 @@ class StageSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class Rewind:
+    """The decode loop stepped back because the answer would have contained a banned string.
+
+    Carried by the first `TokenEvent` after the step back, whose `index` is
+    where the withdrawn tokens began: the events yielded before it with an
+    index >= its own are void (none of their text was released). The token
+    the phrase began with is banned at that position from then on.
+    """
+
+    phrase: str  # the banned string the withdrawn tokens would have written
+    withdrawn: int  # how many tokens were taken back
+    banned_token_id: int
+    banned_token_text: str
+
+    def describe(self) -> str:
+        return f"banned {self.phrase!r} here ({self.withdrawn} tokens taken back, {self.banned_token_text!r} banned)"
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     """One generated token and how it was chosen.
 
@@ -66,6 +85,7 @@ class TokenEvent:
     forced: bool = False
     special: bool = False  # an end-of-sequence token: shown in token views, not in text
     token_bytes: bytes | None = None  # as in TokenProb: set only for a piece of a multi-byte character
+    rewind: Rewind | None = None  # set on the first token after a banned string made the loop step back
 
     @property
     def prob(self) -> float:
