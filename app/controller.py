@@ -294,7 +294,8 @@ class ChatController:
             engine = await self.host.wait_engine()
             options = self.settings.options
             history = conv.history(user)
-            max_new = self._fit_to_context(engine, history, len(prefix), options.max_new_tokens)
+            # Counting the prompt renders the model's chat template: its code, never on the UI thread.
+            max_new = await self.host.off_ui_thread(self._fit_to_context, engine, history, len(prefix), options.max_new_tokens)
             by_server = server_samples(options.server_sampling, engine.info)  # remote models only
             request = GenerationRequest(
                 messages=tuple(history),

@@ -8,10 +8,13 @@ arrive on that thread and hop to the event loop with `call_soon_threadsafe`
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from engine import Engine, EngineError, ModelInfo
 
@@ -20,6 +23,7 @@ from app.state.observable import Signal
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[str, "float | None"], None]
+T = TypeVar("T")
 EngineFactory = Callable[[str | None, str, ProgressFn], Engine]
 
 
@@ -67,6 +71,10 @@ class EngineHost:
         self.state_changed = Signal()  # (LoadState)
         self.model_changed = Signal()  # (ModelInfo)
         self.load_failed = Signal()  # (spec, message)
+        # Blocking engine calls the window needs (a chat template render, a tokenization): never on the UI
+        # thread, where a slow or hostile template would freeze the window. Two threads: one stuck
+        # job (up to the template's time limit) does not hold up the next send.
+        self._blocking = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logitlab-blocking")
 
     @property
     def loading(self) -> bool:
@@ -136,6 +144,30 @@ class EngineHost:
             raise NoModelError("no model is loaded: open one from Model ▸ Open model…")
         return self.engine
 
+    async def off_ui_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on a worker thread; the result (or its exception) comes back on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._blocking, functools.partial(fn, *args))
+
+    def run_off_ui_thread(self, job: Callable[[], T], done: Callable[[T | None, BaseException | None], None]) -> bool:
+        """Start `job` on a worker thread; `done(result, error)` runs on the event loop when it ends.
+
+        For callers that are not coroutines (a label that needs a count). False when there is no
+        running event loop to come back to (nothing was started).
+        """
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self._blocking, job)
+        except RuntimeError:
+            return False
+
+        def finished(f: asyncio.Future) -> None:
+            if f.cancelled():
+                return
+            error = f.exception()
+            done(None if error is not None else f.result(), error)
+
+        future.add_done_callback(finished)
+        return True
+
     def _on_progress(self, spec: str | None, message: str, fraction: float | None) -> None:
         if self.loading and spec == self.state.spec:
             self._set_state(LoadState(True, spec, message, fraction))
@@ -147,6 +179,7 @@ class EngineHost:
     def close(self, wait: bool = True) -> None:
         """Release the model (its worker finishes queued work first)."""
         self._closed = True
+        self._blocking.shutdown(wait=False, cancel_futures=True)
         engine, self.engine = self.engine, None
         if engine is not None:
             if wait:

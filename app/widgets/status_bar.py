@@ -31,7 +31,9 @@ class StatusBar(QStatusBar):
         super().__init__(parent)
         self._host = host
         self._controller = controller
-        self._context = ContextCounter()  # the selected conversation's tokens in the model's context
+        # The selected conversation's tokens in the model's context; the chat template is rendered off this thread.
+        self._context = ContextCounter(host.run_off_ui_thread)
+        self._context.counted.connect(self._update_context)
         self._context_conv = None
         self.progress_label = QLabel()
         self.progress = QProgressBar()
@@ -78,6 +80,7 @@ class StatusBar(QStatusBar):
         self._host.load_failed.disconnect(self._on_load_failed)
         self._memory_timer.stop()
         self._controller.library.current_changed.disconnect(self._on_conversation_changed)
+        self._context.counted.disconnect(self._update_context)
         self._on_conversation_changed(None)
 
     def _on_load_state(self, state: LoadState) -> None:
@@ -154,10 +157,15 @@ class StatusBar(QStatusBar):
         local = engine is not None and (info is None or info.runs_locally)
         used = self._context.used(self._context_conv, engine.tokenizer if local else None)
         total = f"{info.context_length:,}" if info and info.context_length else "?"
-        self.context_label.setText(f"context {'—' if used is None else f'{used:,}'} / {total}")
-        self.context_label.setToolTip(
-            "Tokens of the model's context the selected conversation fills: system prompt, messages and answer"
-        )
+        failed = used is None and self._context.error is not None
+        shown = "?" if failed else "—" if used is None else f"{used:,}"
+        self.context_label.setText(f"context {shown} / {total}")
+        tip = "Tokens of the model's context the selected conversation fills: system prompt, messages and answer"
+        if failed:
+            tip = f"The context cannot be counted: {self._context.error}"
+        elif used is None and self._context.counting:
+            tip += " (counting…)"
+        self.context_label.setToolTip(tip)
 
     def _update_memory(self) -> None:
         rss = resident_bytes()
