@@ -47,8 +47,11 @@ _TEMPLATE_FILE = "<template>"  # the file name jinja2 compiles `from_string` tem
 _ADVICE = "the model cannot chat until it has a working template (a plain prompt, without the chat format, still works)"
 
 
-class ChatTemplateError(EngineError):
-    """The model's chat template could not be rendered: broken, refused the conversation, or ran past a limit."""
+class ChatTemplateError(EngineError, ValueError):
+    """The model's chat template could not be rendered: broken, refused the conversation, or ran past a limit.
+
+    A ValueError too, like `ContextLengthError`: callers that report bad input in words catch it.
+    """
 
 
 class _Overtime(BaseException):
