@@ -24,6 +24,7 @@ original render the same prompt.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -118,6 +119,32 @@ def _guard_ints(values: Iterable[Any]) -> None:
             raise _TooLarge()
 
 
+_PRINTF_WIDTH = re.compile(r"%[-+ #0]*(\d+|\*)?(?:\.(\d+|\*))?")
+_FORMAT_WIDTH = re.compile(r"\{[^{}]*?:[^{}]*?(\d+)")
+# Filters and str methods whose number arguments are widths or counts of the text they make.
+_WIDTH_FILTERS = frozenset({"center", "indent", "wordwrap", "truncate"})
+_WIDTH_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs"})
+
+
+def _guard_printf(fmt: str, args: Any) -> None:
+    """`'%0100000000d' % 1` and `'%*d' % (10**9, 1)` make a huge text from a short one."""
+    stars = False
+    for width, precision in _PRINTF_WIDTH.findall(fmt):
+        for n in (width, precision):
+            if n == "*":
+                stars = True
+            elif n and int(n) > _max_chars():
+                raise _TooLarge()
+    if stars:
+        _guard_ints(args if isinstance(args, tuple) else (args,))
+
+
+def _guard_str_format(fmt: str) -> None:
+    """`'{:>100000000}'.format(1)`: a width in a format field."""
+    if any(int(n) > _max_chars() for n in _FORMAT_WIDTH.findall(fmt)):
+        raise _TooLarge()
+
+
 def _guard_binop(operator: str, left: Any, right: Any) -> None:
     limit = _max_chars()
     if operator == "*":
@@ -133,7 +160,7 @@ def _guard_binop(operator: str, left: Any, right: Any) -> None:
             if left.bit_length() * right > _MAX_INT_BITS:
                 raise _TooLarge()
     elif operator == "%" and isinstance(left, str):
-        _guard_ints(right if isinstance(right, tuple) else (right,))
+        _guard_printf(left, right)
         _guard(left, right)
     elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
         if len(left) + len(right) > limit:
@@ -167,11 +194,14 @@ class _LimitedSandbox(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja2's signature
-        _guard_ints(args)
-        _guard_ints(kwargs.values())
         owner = getattr(__obj, "__self__", None)
         name = getattr(__obj, "__name__", "")
-        if isinstance(owner, str) and name == "replace":
+        if isinstance(owner, str) and name in _WIDTH_METHODS:
+            _guard_ints(args)
+            _guard_ints(kwargs.values())
+        elif isinstance(owner, str) and name in ("format", "format_map"):
+            _guard_str_format(owner)
+        elif isinstance(owner, str) and name == "replace":
             _guard_replace(owner, *args[:3])
         elif isinstance(owner, str) and name == "join" and args:
             _guard_join(owner, list(args[0]) if isinstance(args[0], (set, frozenset, dict)) else args[0])
@@ -188,8 +218,11 @@ def _limited_filter(name: str, f: Any) -> Any:
         # A generator (`range(n)|map(...)`) is counted as the filter consumes it, never consumed here.
         args = tuple(_counted(a) if isinstance(a, GeneratorType) else a for a in args)
         values = [a for a in args if not isinstance(a, (jinja2.runtime.Context, jinja2.nodes.EvalContext, jinja2.Environment))]
-        _guard_ints(values[1:])
-        _guard_ints(kwargs.values())
+        if name in _WIDTH_FILTERS:
+            _guard_ints(values[1:])
+            _guard_ints(kwargs.values())
+        elif name == "format" and values and isinstance(values[0], str):
+            _guard_printf(values[0], tuple(values[1:]))
         _guard(*values[:1])
         if name == "replace" and len(values) >= 3:
             _guard_replace(*values[:4])

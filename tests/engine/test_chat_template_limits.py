@@ -34,6 +34,10 @@ BOMBS = {
     "a list that holds itself": "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l }}",
     "join of a generator": "{{ range(100000)|map('string')|map('center', 100000)|join }}",
     "format width": "{{ '%*d' % (10000000000, 1) }}",
+    "format width written out": "{{ '%0100000000d' % 1 }}",
+    "format filter width": "{{ '%*d'|format(10000000000, 1) }}",
+    "str.format width": "{{ '{:>100000000}'.format(1) }}",
+    "ljust": "{{ 'x'.ljust(100000000) }}",
     "output": "{% for i in range(100000) %}{% for j in range(100) %}{{ 'xxxxxxxxxxxxxxxxxxxx' }}{% endfor %}{% endfor %}",
 }
 
@@ -41,6 +45,11 @@ BOMBS = {
 def test_an_honest_template_renders_as_jinja_renders_it():
     text = render_chat_template(CHATML, {"messages": MESSAGES, "add_generation_prompt": True})
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_big_numbers_that_are_not_widths_are_fine():
+    template = "{{ '%d' % 20240101 }} {{ x|default(99999999999) }} {{ {'a': 1}.get('b', 12345678901) }} {{ 'v%s'|format(20240101) }}"
+    assert render_chat_template(template, {}, max_chars=1_000_000) == "20240101 99999999999 12345678901 v20240101"
 
 
 def test_a_template_that_loops_for_hours_is_stopped_at_the_time_limit():
