@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from engine.backends.base import Backend
 from engine.backends.select import choose_backend
+from engine.runtime_settings import RuntimeSettings
 from engine.sources import ProgressCallback, materialize, resolve_spec
 from engine.sources.hub import revision_of
 from engine.sources.remote_code import is_remote_code_error, refusal, refuse_unless_trusted
@@ -24,6 +25,10 @@ def load_model(
     trust_remote_code: bool = False,
     offload=None,
     n_ctx: int | None = None,
+    n_threads: int | None = None,
+    n_threads_batch: int | None = None,
+    n_gpu_layers: int | None = None,
+    n_batch: int | None = None,
 ) -> Backend:
     """Load a model for generation on the calling thread.
 
@@ -39,8 +44,10 @@ def load_model(
         offload: torch only: an `engine.offload.OffloadPolicy`, its CLI form
             "weights=GPU%,CPU% cache=GPU%", or "auto"; None keeps every weight resident.
             llamacpp: the weights' GPU share becomes a share of the layers on the GPU.
-        n_ctx: llamacpp only: the context to allocate (None: the file's, lowered only when its KV
-            cache would not fit comfortably in free memory).
+        n_ctx, n_threads, n_threads_batch, n_gpu_layers, n_batch: how the model runs here, as
+            `engine.runtime_settings.RuntimeSettings` describes them (None: the engine chooses); today
+            llama.cpp's settings, so another backend refuses them in words. A window keeping a
+            `RuntimeSettings` passes `**settings.load_kwargs()`.
 
     Raises:
         ModelNotFoundError, ModelLoadError, HubUnreachableError: with a message for the user.
@@ -49,8 +56,16 @@ def load_model(
         from engine.backends.mock import MockBackend
 
         return MockBackend()
+    runtime = RuntimeSettings(
+        n_threads=n_threads, n_threads_batch=n_threads_batch, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_batch=n_batch
+    )  # checked before anything loads
     source = resolve_spec(spec)
     name = choose_backend(backend, source.kind)
+    if name != "llamacpp" and runtime.load_kwargs():
+        raise ValueError(
+            f"{', '.join(runtime.load_kwargs())}: threads, context length, GPU layers and batch size are "
+            f"settings of llama.cpp models (.gguf files); this model runs on {name}, so leave them out"
+        )
     if name == "remote":
         from engine.backends.remote import RemoteBackend
 
@@ -62,7 +77,7 @@ def load_model(
             progress(f"loading {source.name} (llamacpp)", None)
         assert source.path is not None
         return LlamaCppBackend(
-            source.path, spec=source.spec, display_name=source.name, offload=offload, n_ctx=n_ctx
+            source.path, spec=source.spec, display_name=source.name, offload=offload, **runtime.load_kwargs()
         )
     folder = materialize(source, progress)
     refuse_unless_trusted(folder, trust_remote_code)  # in our words, before transformers asks in its own

@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 from engine.devices import check_device_name
 from engine.errors import UsageError
+from engine.runtime_settings import RuntimeSettings
 from engine.sampling.settings import SamplerSettings
 
 STDIN = "-"
@@ -177,6 +178,15 @@ def check_device(args: argparse.Namespace, backend: str | None) -> None:
         require_available(torch.device(args.device))
 
 
+def runtime_settings_from(args: argparse.Namespace) -> RuntimeSettings:
+    """--threads, --threads-batch, --n-ctx, --n-gpu-layers, --batch-size as the engine's load settings."""
+    values = {name: getattr(args, name, None) for name in RuntimeSettings.names()}
+    try:
+        return RuntimeSettings(**values)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def sampler_or_error(**values) -> SamplerSettings:
     try:
         return SamplerSettings(**values)
@@ -217,6 +227,7 @@ def check_args(args: argparse.Namespace, stdin: BinaryIO | None = None) -> None:
         sampler_or_error(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if command in ("score", "compare") and getattr(args, "output", None) not in (None, STDIN):
         check_output_file(args.output, "--output")
+    runtime_settings_from(args)
     backend = planned_backend(args)
     check_device(args, backend)
     check_offload(args, backend)

@@ -16,7 +16,7 @@ from dataclasses import fields
 from typing import TextIO
 
 from engine.backends.select import BACKENDS
-from engine.cli.input import bad_utf8, check_args
+from engine.cli.input import bad_utf8, check_args, runtime_settings_from
 from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.errors import EngineError
@@ -43,8 +43,20 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="run model code shipped in the model folder")
     p.add_argument("--offload", default=None, metavar="POLICY",
                    help='torch: stream weights, e.g. "weights=0,50 cache=100" (GPU%%,CPU%%; disk = rest) or "auto"')
-    p.add_argument("--n-ctx", type=int, default=None, metavar="TOKENS",
+    p.add_argument("--n-ctx", "--ctx-size", dest="n_ctx", type=int, default=None, metavar="TOKENS",
                    help="llamacpp: the context to allocate (default: the file's, lowered if its KV cache would not fit in memory)")
+    p.add_argument("--threads", dest="n_threads", type=int, default=None, metavar="N",
+                   help="llamacpp: CPU threads (default: one fewer than the CPUs, at most the physical cores, "
+                        "so a busy core elsewhere does not stall every token)")
+    p.add_argument("--threads-batch", dest="n_threads_batch", type=int, default=None, metavar="N",
+                   help="llamacpp: CPU threads while reading the prompt (default: as --threads)")
+    p.add_argument("--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=int, default=None, metavar="N",
+                   help="llamacpp: layers on the GPU, -1 for all (default: all on a GPU build; see also --offload)")
+    batch_help = "llamacpp: prompt tokens per model call (default: 512)"
+    try:
+        p.add_argument("--batch-size", "--n-batch", dest="n_batch", type=int, default=None, metavar="TOKENS", help=batch_help)
+    except argparse.ArgumentError:  # `batch` has its own --batch-size (prompts per batch)
+        p.add_argument("--n-batch", dest="n_batch", type=int, default=None, metavar="TOKENS", help=batch_help)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -126,7 +138,7 @@ def _load(args: argparse.Namespace):
         progress=progress,
         trust_remote_code=args.trust_remote_code,
         offload=args.offload,
-        **({"n_ctx": args.n_ctx} if getattr(args, "n_ctx", None) is not None else {}),
+        **runtime_settings_from(args).load_kwargs(),
     )
 
 

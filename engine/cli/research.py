@@ -30,13 +30,13 @@ def add_batch_parser(sub, add_model_args) -> None:
 
 
 def _load_lm(args: argparse.Namespace):
+    from engine.cli.input import runtime_settings_from
     from engine.research import LanguageModel
 
     options = dict(device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     if args.offload is not None:
         options["offload"] = args.offload
-    if getattr(args, "n_ctx", None) is not None:
-        options["n_ctx"] = args.n_ctx
+    options.update(runtime_settings_from(args).load_kwargs())  # --threads, --n-ctx, --n-gpu-layers, --n-batch
     return LanguageModel.load(args.model, backend=args.backend, load_options=options)
 
 

@@ -43,7 +43,7 @@ def llama_reference(path, backend, **kw):
     from llama_cpp import Llama
 
     return Llama(str(path), n_ctx=backend.n_ctx, n_batch=backend.n_batch, n_ubatch=backend.n_batch,
-                 n_threads=backend.n_threads, n_threads_batch=backend.n_threads, flash_attn=True, verbose=False, **kw)
+                 n_threads=backend.n_threads, n_threads_batch=backend.n_threads_batch, flash_attn=True, verbose=False, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +133,8 @@ def test_second_chat_turn_evaluates_only_its_new_tokens(fresh_default_llamacpp):
 def test_cancel_between_prefill_chunks_keeps_what_ran(tiny):
     tiny.trim_cache(0)
     ids = tiny.tokenizer.encode("x" * 100)
-    checks = iter([False, False, True])
-    logits, reused = prefill(tiny, ids, chunk=16, cancelled=lambda: next(checks))
+    # Asked before each chunk, and polled from a watcher thread during one: true once two chunks are cached.
+    logits, reused = prefill(tiny, ids, chunk=16, cancelled=lambda: len(tiny.cached_tokens()) >= 32)
     assert logits is None and reused == 0
     assert list(tiny.cached_tokens()) == ids[:32]  # two chunks ran before the cancel
     logits, reused = prefill(tiny, ids, chunk=16)

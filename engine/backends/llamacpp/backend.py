@@ -10,18 +10,20 @@ its new tokens. Sampling stays ours (`engine.sampling`), as on torch and MLX.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
-from engine.backends.base import PREFILL_CHUNK, process_peak_rss_bytes
+from engine.backends.base import PREFILL_CHUNK, CachedTokens, process_peak_rss_bytes
 from engine.backends.chunks import positions_per_chunk
 from engine.backends.llamacpp import native
+from engine.backends.llamacpp.abort import ABORTED, AbortSwitch
 from engine.backends.llamacpp.gguf_header import GGUFHeader, read_header
-from engine.backends.llamacpp.placement import choose_n_ctx, plan_gpu_layers
+from engine.backends.llamacpp.placement import choose_n_ctx, layers_as_asked, plan_gpu_layers
 from engine.backends.llamacpp.runner import LlamaCppRunner
+from engine.backends.llamacpp.threads import default_threads
 from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
 from engine.errors import ContextLengthError, ModelLoadError
 from engine.model_info import ModelInfo
@@ -49,7 +51,7 @@ def kv_bytes_per_token(header: GGUFHeader) -> int:
     return layers * int(kv_heads) * (key_dim + value_dim) * KV_BYTES_PER_VALUE
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(CachedTokens):
     name = "llamacpp"
 
     def __init__(
@@ -61,7 +63,9 @@ class LlamaCppBackend:
         offload=None,
         n_ctx: int | None = None,
         n_threads: int | None = None,
-        n_batch: int = PREFILL_CHUNK,
+        n_threads_batch: int | None = None,
+        n_gpu_layers: int | None = None,
+        n_batch: int | None = None,
         flash_attn: bool | None = None,
     ):
         """Load `path` (a .gguf file).
@@ -71,8 +75,11 @@ class LlamaCppBackend:
                 (the weights' GPU share becomes a share of the layers), or "auto" (what fits in free GPU memory).
             n_ctx: the context to allocate; None takes the file's context length, lowered only when its KV
                 cache would not fit comfortably in free memory.
-            n_threads: CPU threads; None uses the physical cores.
-            n_batch: tokens per llama_decode call (prefill chunk).
+            n_threads: CPU threads while decoding; None: one fewer than the usable CPUs, at most the
+                physical cores (engine/backends/llamacpp/threads.py says why).
+            n_threads_batch: CPU threads for prompts; None: as n_threads.
+            n_gpu_layers: layers on the GPU (-1: all), instead of what `offload` would choose.
+            n_batch: tokens per llama_decode call (prefill chunk); None: PREFILL_CHUNK.
             flash_attn: llama.cpp's fused attention; None lets llama.cpp decide (on where supported).
         """
         path = Path(path)
@@ -81,7 +88,11 @@ class LlamaCppBackend:
         native.take_recent_errors()
         self.path = path
         self.header = header
-        self.n_threads = n_threads or native.physical_cores()
+        if n_gpu_layers is not None and offload is not None:
+            raise ValueError("give either n_gpu_layers or offload, not both: both say which layers run on the GPU")
+        self.n_threads = n_threads or default_threads()
+        self.n_threads_batch = n_threads_batch or self.n_threads  # as llama.cpp: the prompt's follow the decode's
+        n_batch = n_batch or PREFILL_CHUNK
         n_layers = int(header.arch_value("block_count", 0) or 0)
         per_token = kv_bytes_per_token(header)
         self.n_ctx, ctx_reason = choose_n_ctx(
@@ -96,7 +107,10 @@ class LlamaCppBackend:
             cache_bytes=per_token * self.n_ctx,
             free_gpu_bytes=gpus[0].free_bytes if gpus else None,
         )
-        log.info("llama.cpp: n_ctx %d (%s); %s", self.n_ctx, ctx_reason, self.gpu_plan.reason)
+        if n_gpu_layers is not None:
+            self.gpu_plan = layers_as_asked(n_gpu_layers, n_layers, gpu_build=bool(llama_cpp.llama_supports_gpu_offload()))
+        log.info("llama.cpp: n_ctx %d (%s); %s; %d decode threads, %d prompt threads",
+                 self.n_ctx, ctx_reason, self.gpu_plan.reason, self.n_threads, self.n_threads_batch)
 
         mparams = native.model_params(self.gpu_plan.n_gpu_layers)
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
@@ -114,7 +128,7 @@ class LlamaCppBackend:
             # Only the last position's logits are ever asked for: without this llama.cpp reserves room
             # for n_batch rows of logits (512 x 49k floats = 96 MiB for the default model).
             cparams.n_outputs_max = 1
-            cparams.n_threads = cparams.n_threads_batch = self.n_threads
+            cparams.n_threads, cparams.n_threads_batch = self.n_threads, self.n_threads_batch
             cparams.offload_kqv = self.gpu_plan.offload_kqv
             cparams.swa_full = True  # sliding-window layers keep every position, so trimming stays exact
             cparams.no_perf = True
@@ -127,6 +141,7 @@ class LlamaCppBackend:
             # llama.cpp rounds the cache up (to 256 cells); the limit we enforce stays the one chosen.
             self.n_ctx = min(self.n_ctx, int(llama_cpp.llama_n_ctx(self.ctx)))
             self._memory = llama_cpp.llama_get_memory(self.ctx)
+            self._abort = AbortSwitch(self.ctx)  # stops a long prompt chunk when the caller cancels
             self._batch = native.Batch(n_batch)
             self.n_batch = n_batch
             self.tokenizer = LlamaCppTokenizer(self.model, header.chat_template)
@@ -145,9 +160,9 @@ class LlamaCppBackend:
             on_gpu = min(plan.n_gpu_layers, n_layers)
             device = f"{gpu}: {on_gpu}/{n_layers} layers" + ("" if plan.offload_kqv else ", KV cache on CPU")
             if on_gpu < n_layers:
-                device += f"; cpu ({self.n_threads} threads) for the rest"
+                device += f"; cpu ({self._threads_text()}) for the rest"
         else:
-            device = f"cpu ({self.n_threads} threads)"
+            device = f"cpu ({self._threads_text()})"
         desc = ctypes_desc(self.model)
         return ModelInfo(
             name=display_name,
@@ -165,20 +180,19 @@ class LlamaCppBackend:
             file_bytes=self.header.file_bytes,
         )
 
+    def _threads_text(self) -> str:
+        if self.n_threads == self.n_threads_batch:
+            return f"{self.n_threads} threads"
+        return f"{self.n_threads} decode thread{'s' * (self.n_threads > 1)}, {self.n_threads_batch} for prompts"
+
     # --- the Backend protocol -------------------------------------------------
 
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens
+    def _cut_cache(self, keep: int) -> bool:
+        # False e.g. for a recurrent model, whose state cannot be cut back: then start over
+        return bool(llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1))
 
-    def trim_cache(self, keep: int) -> int:
-        keep = max(0, min(keep, len(self._tokens)))
-        if keep == len(self._tokens):
-            return keep
-        if keep == 0 or not llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1):
-            self._reset()  # e.g. a recurrent model's state cannot be cut back: start over
-            return 0
-        del self._tokens[keep:]
-        return keep
+    def _clear_cache(self) -> None:
+        self._reset()
 
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
         ids = [int(t) for t in token_ids]
@@ -208,6 +222,20 @@ class LlamaCppBackend:
             raise
         # One (V,) float32 row for our sampler (~0.2 MB at 49k): the only copy of logits per step.
         return native.logits_row(self.ctx, -1, self.n_vocab)
+
+    def forward_until(self, token_ids: Sequence[int], cancelled: Callable[[], bool]) -> np.ndarray | None:
+        """`forward`, stopped within milliseconds once `cancelled()` is true: then None (InterruptibleForward).
+
+        The llama_decode calls that finished stay cached; the one stopped leaves nothing behind.
+        `cancelled` is polled from a helper thread.
+        """
+        with self._abort.watching(cancelled):
+            try:
+                return self.forward(token_ids)
+            except native.DecodeError as e:
+                if e.code == ABORTED and self._abort.tripped:
+                    return None
+                raise
 
     def peak_memory_bytes(self) -> int:
         return process_peak_rss_bytes()

@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,8 @@ _LEVELS = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.W
 _recent_errors: collections.deque[str] = collections.deque(maxlen=8)
 _init_lock = threading.Lock()
 _initialised = False
+# Per thread: while its predicate holds, llama.cpp's failure lines on this thread are an abort we asked for.
+_expected_abort = threading.local()
 
 
 @llama_cpp.llama_log_callback
@@ -41,9 +44,18 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     if not message:
         return
     py_level = _LEVELS.get(level, logging.DEBUG)  # llama.cpp's INFO is chatty (every metadata key): DEBUG here
-    if py_level >= logging.WARNING:
+    expected = getattr(_expected_abort, "predicate", None)
+    if expected is not None and expected():
+        py_level = logging.DEBUG  # a cancel, not a failure: nothing for the user or the next error message
+    elif py_level >= logging.WARNING:
         _recent_errors.append(message)
     log.log(py_level, "%s", message)
+
+
+def expect_aborts(predicate: Callable[[], bool] | None) -> None:
+    """On the calling thread, while `predicate()` is true, llama.cpp's log lines are a requested abort
+    unwinding (debug level, not kept as errors); None ends that."""
+    _expected_abort.predicate = predicate
 
 
 def init() -> None:

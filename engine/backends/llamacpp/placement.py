@@ -69,6 +69,15 @@ def plan_gpu_layers(
     return GpuPlan(layers, kqv, f"{policy.weights_gpu_percent}% of the weights on the GPU")
 
 
+def layers_as_asked(n_gpu_layers: int, n_layers: int, *, gpu_build: bool) -> GpuPlan:
+    """The user's own layer count (-1 or more than the model has: all of them), with the KV cache beside them."""
+    if not gpu_build:
+        asked = n_gpu_layers != 0
+        return GpuPlan(0, False, "CPU build of llama.cpp" + (": the GPU layers asked for run on the CPU" if asked else ""))
+    layers = n_layers if n_gpu_layers < 0 else min(n_gpu_layers, n_layers)
+    return GpuPlan(layers, layers > 0, f"{layers} of {n_layers} layers on the GPU, as asked")
+
+
 def _policy(offload: OffloadPolicy | str) -> OffloadPolicy:
     return parse_offload(offload) if isinstance(offload, str) else offload
 

@@ -1,0 +1,50 @@
+"""How many CPU threads llama.cpp uses: one CPU is left to other programs, so a busy desktop does not stall it.
+
+llama.cpp's threads meet at a barrier after every graph node and wait there
+by spinning (OpenMP's barrier, or ggml's own). A decode step is hundreds of
+tiny nodes; when one thread shares its core with another program (a browser,
+a build, this app's own window thread), every barrier waits for the
+scheduler to give that thread a slice. Measured with bench/threads.py on a
+2-core machine (shared with other work), the default model, a Python busy
+loop on one core beside it (tok/s):
+
+    threads   decode alone   decode busy   prompt alone   prompt busy
+    1         94-100         90-100        205            130-203
+    2         175 (quiet)    1.4-26        330-387        62-174
+
+A prompt's nodes are long matrix products that idle threads share out, so
+prompts suffer less, but they still fall below one thread's speed. So both
+use one thread fewer than the CPUs this process may run on (at most the
+physical cores, at least one): the other program's core stays free and no
+barrier waits on it. On a machine with SMT the physical cores are already
+fewer than the logical CPUs, so the siblings take the other programs and
+every physical core is used. On an idle machine this costs one core's share
+(half on 2 cores, an eighth on 8); beside a busy one it is the difference
+between a few and a hundred tokens a second.
+`n_threads` / `n_threads_batch` override it (the prompt's follows the decode's
+when only that is given, as in llama.cpp).
+"""
+
+from __future__ import annotations
+
+import os
+
+from engine.backends.llamacpp import native
+
+
+def usable_cpus() -> int:
+    """Logical CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def choose_threads(physical: int, logical: int) -> int:
+    """llama.cpp's threads for `physical` cores and `logical` usable CPUs: one CPU left free, at most the cores."""
+    return max(1, min(physical, logical - 1))
+
+
+def default_threads() -> int:
+    """llama.cpp's threads on this machine (decode and prompt)."""
+    return choose_threads(native.physical_cores(), usable_cpus())

@@ -1,0 +1,94 @@
+"""A cancel during a long prompt on llama.cpp stops within milliseconds, inside a chunk, and the cache stays right.
+
+llama.cpp runs a prompt chunk (512 tokens) in one `llama_decode`; before the
+abort callback (engine/backends/llamacpp/abort.py) a cancel waited for the
+chunk to end: 0.24-3.68 s.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+import llama_cpp  # noqa: E402
+
+from engine.backends.base import prefill  # noqa: E402
+from engine.backends.llamacpp import native  # noqa: E402
+from engine.decode import generate_events  # noqa: E402
+from engine.events import Done, TokenEvent  # noqa: E402
+from engine.request import GenerationRequest  # noqa: E402
+from engine.sampling import SamplerSettings  # noqa: E402
+
+GREEDY = SamplerSettings(temperature=0)
+TEXT = "The lighthouse keeper wrote every night about the ships, the weather and the gulls. "
+
+
+def long_prompt(backend, n: int) -> list[int]:
+    ids = backend.tokenizer.encode(TEXT)
+    return (ids * (n // len(ids) + 1))[:n]
+
+
+def greedy_run(backend, ids: list[int], cancel: threading.Event | None = None) -> Done:
+    req = GenerationRequest(prompt_ids=ids, sampler=GREEDY, max_new_tokens=8, ignore_eos=True, top_n=0)
+    events = list(generate_events(backend, req, cancel))
+    assert isinstance(events[-1], Done)
+    return events[-1]
+
+
+@pytest.mark.model
+def test_a_cancel_stops_inside_a_prompt_chunk_and_the_cache_stays_consistent(fresh_default_llamacpp):
+    backend = fresh_default_llamacpp
+    ids = long_prompt(backend, 3 * backend.n_batch)
+    start = backend.tokens_evaluated
+    asked_at: list[float] = []
+
+    def cancelled() -> bool:  # true once the first llama_decode (n_batch tokens) is done: the second is running
+        if backend.tokens_evaluated - start >= backend.n_batch:
+            asked_at.append(time.perf_counter())
+            return True
+        return False
+
+    # One chunk of the whole prompt: without a stop inside llama_decode, all three decodes run.
+    logits, reused = prefill(backend, ids, chunk=len(ids), cancelled=cancelled)
+    assert logits is None and reused == 0, "the whole prompt ran despite the cancel"
+    latency = time.perf_counter() - asked_at[0]
+    assert latency < 0.5, f"the prompt stopped {latency:.2f} s after the cancel"
+    assert list(backend.cached_tokens()) == ids[: backend.n_batch]  # the decode that finished, not the stopped one
+    assert llama_cpp.llama_memory_seq_pos_max(backend._memory, 0) == backend.n_batch - 1  # llama.cpp agrees
+    assert native.take_recent_errors() == ""  # the abort's log lines are not kept as errors
+
+    resumed = greedy_run(backend, ids)
+    assert resumed.stats.reused_tokens == backend.n_batch
+    backend.trim_cache(0)
+    uncancelled = greedy_run(backend, ids)
+    assert uncancelled.stats.reused_tokens == 0
+    assert resumed.stats.token_ids == uncancelled.stats.token_ids
+
+
+@pytest.mark.model
+def test_cancelling_a_generation_during_its_prompt_returns_within_half_a_second(fresh_default_llamacpp):
+    """The app's path: the worker runs `generate_events`, the window sets the cancel event."""
+    backend = fresh_default_llamacpp
+    ids = long_prompt(backend, 4 * backend.n_batch)
+    start = backend.tokens_evaluated
+    cancel = threading.Event()
+    events: list = []
+    worker = threading.Thread(target=lambda: events.extend(generate_events(
+        backend, GenerationRequest(prompt_ids=ids, sampler=GREEDY, max_new_tokens=8), cancel)))
+    worker.start()
+    while backend.tokens_evaluated - start < backend.n_batch and worker.is_alive():
+        time.sleep(0.005)
+    time.sleep(0.05)  # into the second chunk
+    asked = time.perf_counter()
+    cancel.set()
+    worker.join(timeout=30)
+    latency = time.perf_counter() - asked
+    assert not worker.is_alive()
+    assert latency < 0.5, f"the generation ended {latency:.2f} s after the cancel"
+    assert not any(isinstance(e, TokenEvent) for e in events)
+    assert events[-1].stats.finish_reason == "cancelled"
+    assert len(backend.cached_tokens()) <= len(ids) // 2
