@@ -43,9 +43,19 @@ def check_context(prompt_len: int, max_new_tokens: int, context_length: int) -> 
 
 
 def generate_events(
-    backend: Backend, request: GenerationRequest, cancel: threading.Event | None = None
+    backend: Backend,
+    request: GenerationRequest,
+    cancel: threading.Event | None = None,
+    *,
+    recoverable: tuple[type[Exception], ...] = (),
 ) -> Iterator[Event]:
-    """Run one generation on `backend`; yields TokenEvents then exactly one Done."""
+    """Run one generation on `backend`; yields TokenEvents then exactly one Done.
+
+    `recoverable`: failures of `backend.forward` that end the answer instead of losing it (a server that
+    dies mid-answer). After the first token such a failure ends the run with finish reason "error", its
+    message in `stats.error`, and the tokens, seed and timings so far; raised during the prompt, or while
+    `cancel` is set, it ends the run as cancelled when cancelled and is re-raised otherwise.
+    """
     cancel = cancel or threading.Event()
     tok = backend.tokenizer
     t0 = time.perf_counter()
@@ -62,6 +72,7 @@ def generate_events(
     stopper = StopStringMatcher(request.stop)
     generated: list[int] = []
     finish = "length"
+    error: str | None = None
     t_first = t_last = None
     reused = 0
 
@@ -81,10 +92,16 @@ def generate_events(
                 seed=chain.seed,
                 text=stopper.text,
                 token_ids=tuple(generated),
+                error=error,
             )
         )
 
-    logits, reused = prefill(backend, prompt, cancelled=cancel.is_set)
+    try:
+        logits, reused = prefill(backend, prompt, cancelled=cancel.is_set)
+    except recoverable:
+        if not cancel.is_set():
+            raise  # nothing generated yet: the caller's error to report
+        logits = None
     if logits is None or cancel.is_set():
         finish = "cancelled"
         yield done()
@@ -124,7 +141,14 @@ def generate_events(
         if cancel.is_set():
             finish = "cancelled"
             break
-        logits = backend.forward([token])
+        try:
+            logits = backend.forward([token])
+        except recoverable as e:
+            if cancel.is_set():
+                finish = "cancelled"
+            else:
+                finish, error = "error", str(e)
+            break
     yield done()
 
 

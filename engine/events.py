@@ -13,6 +13,12 @@ from typing import Literal
 
 FinishReason = Literal["eos", "stop", "length", "cancelled", "error"]
 
+# `TokenProb.token_id` of the "rest" entry: every token the source did not report, as one entry. A server
+# gives only its top N log-probs per step; the model view lists them as the server gave them and adds this
+# entry with the probability left over (1 - their sum), so nothing on screen is renormalised.
+REST_TOKEN_ID = -2
+REST_TEXT = "(the rest)"
+
 
 @dataclass(frozen=True, slots=True)
 class TokenProb:
@@ -28,6 +34,17 @@ class TokenProb:
     @property
     def prob(self) -> float:
         return math.exp(self.logprob)
+
+    @property
+    def is_rest(self) -> bool:
+        """This entry is the probability of every unreported token together, not one token (no branching)."""
+        return self.token_id == REST_TOKEN_ID
+
+
+def rest_entry(reported_mass: float) -> TokenProb | None:
+    """The "rest" entry for alternatives that hold `reported_mass` of the probability; None when they hold it all."""
+    left = 1.0 - reported_mass
+    return TokenProb(REST_TOKEN_ID, REST_TEXT, math.log(left)) if left > 1e-9 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +86,13 @@ class TokenEvent:
     or a possible stop string is still incomplete, so concatenating `text`
     over a generation gives exactly the final answer. `token_text` is the
     token's own surface form, for token views.
+
+    When the model's distribution is known only in part (a server's top N),
+    `top_model` holds the reported log-probs as they are, followed by one
+    "rest" entry (`TokenProb.is_rest`) with the unreported probability, and
+    `entropy` counts that rest as one outcome: a lower bound of the model's.
+    The sampler's views (`top_sampler`, `stages`) are over the reported
+    tokens only, renormalised, and their stage notes say so.
     """
 
     index: int  # 0-based position among generated tokens

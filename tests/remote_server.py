@@ -77,3 +77,199 @@ def running_llama_server(model_path: str | None = None, n_threads: int = 1) -> I
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# --- scripted servers for hostile cases ------------------------------------------------------------------
+
+
+class Reply:
+    """What a `FakeServer` handler answers: a JSON document, a server-sent-event stream, or misbehaviour.
+
+    Args:
+        body: a JSON document (`events` None), sent with `status`.
+        events: SSE `data:` payloads (dicts) streamed one by one, then `data: [DONE]` unless `cut`.
+        cut: drop the connection after the events (no [DONE], no last chunk): a server that dies mid-answer.
+        hang: accept the request and never answer (until the server closes).
+        trickle: after the events, send one byte every `trickle` seconds and never complete a line.
+        gap: seconds between streamed events.
+        raw: bytes sent as the body as they are (with `content_type`), e.g. a JSON document to a stream request.
+    """
+
+    def __init__(self, body=None, status: int = 200, *, events: list | None = None, cut: bool = False,
+                 hang: bool = False, trickle: float = 0.0, gap: float = 0.0, raw: bytes | None = None,
+                 content_type: str = "application/json", headers: dict | None = None):
+        self.body, self.status, self.events, self.cut, self.hang = body, status, events, cut, hang
+        self.trickle, self.gap, self.raw, self.content_type = trickle, gap, raw, content_type
+        self.headers = headers or {}
+
+
+class FakeServer:
+    """An HTTP server on 127.0.0.1 whose every answer comes from `handler(method, path, body) -> Reply`.
+
+    `requests` lists (method, path, body) as received; `auth` the Authorization headers. Hanging and
+    trickling answers end when the server closes (`close()`), so tests never leave threads behind for long.
+    """
+
+    def __init__(self, handler):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[tuple[str, str, object]] = []
+        self.auth: list[str | None] = []
+        self.closing = threading.Event()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._answer("GET", None)
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw
+                self._answer("POST", body)
+
+            def _answer(self, method: str, body) -> None:
+                fake.requests.append((method, self.path, body))
+                fake.auth.append(self.headers.get("Authorization"))
+                reply = handler(method, self.path, body)
+                if reply.hang:
+                    fake.closing.wait(60)
+                    self.close_connection = True
+                    return
+                if reply.events is None and not reply.trickle:
+                    data = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", reply.content_type)
+                    self.send_header("Content-Length", str(len(data)))
+                    for k, v in reply.headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                try:
+                    for event in reply.events or []:
+                        self._chunk(f"data: {json.dumps(event)}\n\n".encode())
+                        if fake.closing.wait(reply.gap) if reply.gap else False:
+                            return
+                    if reply.trickle:
+                        while not fake.closing.wait(reply.trickle):
+                            self._chunk(b"x")  # a byte, never a whole line
+                        return
+                    if reply.cut:
+                        self.wfile.flush()
+                        self.connection.shutdown(2)
+                        self.close_connection = True
+                        return
+                    self._chunk(b"data: [DONE]\n\n")
+                    self._chunk(b"")
+                except OSError:  # the client went away (a cancel): nothing to finish
+                    self.close_connection = True
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def paths(self, path: str) -> int:
+        """How many requests went to `path`."""
+        return sum(1 for _, p, _ in self.requests if p == path)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class CharModel:
+    """A fake OpenAI-compatible server's model, for `FakeServer`: one token per character (id = code point),
+    and after any prompt the same next-token distribution, `probs`, of which only the top ones are reported.
+
+    The probabilities are exact numbers, so a test can check what is shown against what the server said.
+    `kind` "llama.cpp" answers like llama.cpp's server (ids in `logprobs.content`, /tokenize {"content"});
+    "vllm" like vLLM (texts "token_id:N" with `return_tokens_as_token_ids`, /tokenize {"prompt"}).
+    """
+
+    def __init__(self, probs: dict[str, float], kind: str = "llama.cpp", tokenize: bool = True,
+                 fail_at: int | None = None, fail: "Reply | None" = None, max_top: int = 5):
+        self.probs = dict(sorted(probs.items(), key=lambda kv: -kv[1]))
+        self.max_top = max_top  # more log-probs per token are refused (400), as real servers cap them
+        self.kind = kind
+        self.tokenize = tokenize
+        self.fail_at = fail_at  # one-token completions of a prompt this long or longer get `fail`
+        self.fail = fail or Reply({"error": {"message": "the GPU fell off the bus"}}, 500)
+
+    def top(self, n: int) -> list[tuple[str, float]]:
+        import math
+
+        return [(t, math.log(p)) for t, p in list(self.probs.items())[:n]]
+
+    def __call__(self, method: str, path: str, body) -> Reply:
+        owner = {"llama.cpp": "llamacpp", "vllm": "vllm"}.get(self.kind, "me")
+        if path == "/v1/models":
+            return Reply({"object": "list", "data": [{"id": "char-model", "object": "model", "owned_by": owner}]})
+        if path in ("/tokenize", "/detokenize") and self.tokenize:
+            key = "content" if self.kind == "llama.cpp" else "prompt"
+            if path == "/tokenize" and isinstance(body, dict) and isinstance(body.get(key), str):
+                return Reply({"tokens": [ord(c) for c in body[key]]})
+            if path == "/detokenize" and isinstance(body, dict):
+                text = "".join(chr(t) for t in body.get("tokens", []))
+                return Reply({key: text})
+            return Reply({"error": "bad request"}, 400)
+        if path in ("/v1/completions", "/v1/chat/completions"):
+            return self.complete(body, chat=path.endswith("chat/completions"))
+        return Reply({"error": {"message": "no such route"}}, 404)
+
+    def complete(self, body: dict, chat: bool = False) -> Reply:
+        """A completion: the most likely character, `max_tokens` times (a stream: 3 at most)."""
+        prompt = body.get("prompt", "")
+        n_prompt = len(prompt) if isinstance(prompt, (list, str)) else 0
+        n = int(body.get("top_logprobs") or body.get("logprobs") or 0) if body.get("logprobs") else 0
+        if n > self.max_top:
+            return Reply({"error": {"message": f"at most {self.max_top} log-probs"}}, 400)
+        best = next(iter(self.probs))
+        if body.get("stream"):
+            tokens = [best] * min(int(body.get("max_tokens") or 3), 3)
+            return Reply(events=[self.chunk(t, n, finish=i == len(tokens) - 1) for i, t in enumerate(tokens)])
+        if body.get("max_tokens") == 1 and self.fail_at is not None and n_prompt >= self.fail_at:
+            return self.fail  # a we-sample step some tokens into the answer (the probe's prompts are short)
+        tokens = [best] * int(body.get("max_tokens") or 16)
+        choice = {"text": "".join(tokens), "index": 0, "finish_reason": "length"}
+        if n:
+            choice["logprobs"] = {"content": [self.entry(t, n) for t in tokens]} if self.kind == "llama.cpp" else {
+                "tokens": [self.name(t) for t in tokens], "token_logprobs": [self.top(1)[0][1]] * len(tokens),
+                "top_logprobs": [dict((self.name(a), lp) for a, lp in self.top(n)) for _ in tokens]}
+        return Reply({"choices": [choice]})
+
+    def name(self, text: str) -> str:
+        return f"token_id:{ord(text)}" if self.kind == "vllm" else text
+
+    def entry(self, text: str, n: int) -> dict:
+        import math
+
+        return {"id": ord(text), "token": text, "logprob": math.log(self.probs[text]),
+                "top_logprobs": [{"id": ord(a), "token": a, "logprob": lp} for a, lp in self.top(n)]}
+
+    def chunk(self, text: str, n: int, finish: bool = False) -> dict:
+        choice = {"text": text, "index": 0, "finish_reason": "length" if finish else None}
+        if n:
+            choice["logprobs"] = {"content": [self.entry(text, n)]} if self.kind == "llama.cpp" else {
+                "tokens": [self.name(text)], "token_logprobs": [self.top(1)[0][1]],
+                "top_logprobs": [dict((self.name(a), lp) for a, lp in self.top(n))]}
+        return {"choices": [choice]}

@@ -24,6 +24,7 @@ from engine.events import Done, TokenEvent
 from engine.sampling.settings import STAGE_NAMES, SamplerSettings
 
 EXIT_USAGE = 2
+EXIT_FAILED = 1  # the run started but did not finish (a server failed mid-answer): what arrived was printed
 USER_BACKENDS = [b for b in BACKENDS if b != "mock"]  # mock is for tests
 
 
@@ -180,16 +181,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             print()
         _print_stats(done)
-    return 0
+    return EXIT_FAILED if done.stats.finish_reason == "error" else 0
 
 
 def _print_stats(done: Done) -> None:
     s = done.stats
+    seed = f"seed {s.seed}" if s.seed >= 0 else "no seed (the server sampled without one)"
     print(
         f"[{s.generated_tokens} tokens, {s.finish_reason}; first token {s.time_to_first_token_s * 1000:.0f} ms, "
-        f"{s.decode_tokens_per_s:.1f} tok/s; prompt {s.prompt_tokens} ({s.reused_tokens} reused); seed {s.seed}]",
+        f"{s.decode_tokens_per_s:.1f} tok/s; prompt {s.prompt_tokens} ({s.reused_tokens} reused); {seed}]",
         file=sys.stderr,
     )
+    if s.finish_reason == "error":
+        print(f"error: the answer stopped after {s.generated_tokens} tokens (kept above): {s.error}", file=sys.stderr)
+    elif s.error:
+        print(f"note: {s.error}", file=sys.stderr)  # e.g. what a server said with an empty answer
 
 
 CHAT_HELP = """commands:

@@ -77,7 +77,23 @@ def test_we_sample_seeded_is_reproducible_and_picks_survivors(remote):
     for ev in a:
         survivors = {p.token_id for p in ev.stages[-1].top}
         assert ev.token_id in survivors
-        assert all(s.note.startswith(f"top {remote.top_n} from server") for s in ev.stages)
+        assert all(s.note.startswith(f"renormalised over the server's top {remote.top_n} tokens") for s in ev.stages)
+
+
+def test_we_sample_model_view_is_the_servers_own_logprobs(remote, server_url):
+    """Issue 20 item 11: the model's probabilities as the server gave them (not renormalised over its top N),
+    the unreported mass as one "rest" entry; only the sampler's view renormalises."""
+    prompt = "The capital of France is"
+    events, _ = run(remote, prompt=prompt, sampler=SamplerSettings(temperature=0), max_new_tokens=1, top_n=5)
+    raw = httpx.post(server_url + "/completions", json={"prompt": prompt, "max_tokens": 1, "temperature": 0,
+                                                          "logprobs": 5}, timeout=30).json()["choices"][0]
+    ev = events[0]
+    top = raw["logprobs"]["top_logprobs"][0]
+    assert {p.text: p.logprob for p in ev.top_model[:5]} == pytest.approx(top, abs=1e-3)
+    assert ev.logprob == pytest.approx(raw["logprobs"]["token_logprobs"][0], abs=1e-3)
+    rest = ev.top_model[-1]
+    assert rest.is_rest and 0 < rest.prob < 1
+    assert ev.sampler_prob == 1.0  # greedy: the sampler's own view
 
 
 def test_server_sampling_streams_logprobs_and_alternatives(remote, server_url):
@@ -91,7 +107,8 @@ def test_server_sampling_streams_logprobs_and_alternatives(remote, server_url):
     assert done.stats.text == raw["text"]
     for ev, lp, top in zip(events, raw["logprobs"]["token_logprobs"], raw["logprobs"]["top_logprobs"]):
         assert ev.logprob == pytest.approx(lp, abs=1e-3)
-        assert {p.text: p.logprob for p in ev.top_model} == pytest.approx(top, abs=1e-3)
+        assert {p.text: p.logprob for p in ev.top_model if not p.is_rest} == pytest.approx(top, abs=1e-3)
+        assert ev.top_model[-1].is_rest and sum(p.prob for p in ev.top_model) == pytest.approx(1.0, abs=1e-6)
         assert ev.stages[0].stage == "server" and "sampled by the server" in ev.stages[0].note
     assert all(t >= 0 for t in done.stats.token_ids)  # ids learnt from the server's tokenizer after the stream
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.backends.base import CachedTokens
 from engine.backends.remote.client import ServerClient
 from engine.backends.remote.errors import UnsupportedByServerError
 from engine.backends.remote.options import ConnectionOptions, options_for
@@ -34,7 +35,7 @@ VOCAB_ROUND = 1024  # the logits vector grows in these steps when the server doe
 MAX_TOP_N = 64  # more alternatives cost tokenize calls (text-keyed servers) for mass that is ~0
 
 
-class RemoteBackend:
+class RemoteBackend(CachedTokens):
     name = "remote"
 
     def __init__(self, client: ServerClient, caps: ServerCapabilities, tokenizer: RemoteTokenizer | None, spec: str):
@@ -57,7 +58,8 @@ class RemoteBackend:
             bytes=0,
             backend="remote",
             device=client.options.host,
-            capabilities=caps.labels(),
+            server=caps.server_info(client.options.host),
+            reports_top_n=self.top_n,
         )
 
     @classmethod
@@ -79,21 +81,18 @@ class RemoteBackend:
 
     # --- the Backend protocol ------------------------------------------------------
 
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens
+    def _cut_cache(self, keep: int) -> bool:
+        return True  # nothing to free here: the next request simply sends the shorter prefix
 
-    def trim_cache(self, keep: int) -> int:
-        # Nothing to free here: the next request simply sends the shorter prefix.
-        del self._tokens[keep:]
-        return len(self._tokens)
+    def _clear_cache(self) -> None:
+        pass
 
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Extend the sequence by `token_ids`; the server's top-N log-probs as a (V,) float32 vector."""
-        if not self.caps.we_sample_ok:
-            raise UnsupportedByServerError(
-                f"{self.client.options.host} gives no token log-probs or has no tokenize endpoint, so we cannot "
-                "sample here: use server sampling"
-            )
+        """Extend the sequence by `token_ids`; the server's top-N log-probs as a (V,) float32 vector.
+
+        Inside `client.cancellable(event)`, setting the event ends a request in flight at once.
+        """
+        self.require_we_sample()
         self._tokens.extend(int(t) for t in token_ids)
         top = next_token_top(self.client, self.caps.model, self._prompt(), self.top_n, self.tokenizer, self.caps.kind)
         high = max([i for i, _, _ in top] + self._tokens[-1:], default=0)
@@ -111,11 +110,40 @@ class RemoteBackend:
     def close(self) -> None:
         self.client.close()
 
+    # --- capabilities (engine.capabilities) ----------------------------------------------
+
+    def events(self, request, cancel):
+        """OwnEvents: the server samples (request.server_sampling), or we do over its top N, noted so."""
+        from engine.backends.remote.generate import remote_events
+
+        return remote_events(self, request, cancel)
+
+    def batch_runner(self):
+        """BatchRunners: one request per row and step, the server's top N as each row's logits."""
+        from engine.research.remote_runner import RemoteRunner
+
+        return RemoteRunner(self)
+
+    def round_trip_s(self) -> float | None:
+        """RoundTrip: seconds the last complete request took, network and the server's work."""
+        return self.client.last_latency_s
+
     # --- helpers for the remote package --------------------------------------------------
 
     @property
     def vocab_size(self) -> int:
         return self._vocab
+
+    def require_we_sample(self) -> None:
+        """Raise UnsupportedByServerError, saying what to do instead, when our sampler cannot run on this server."""
+        if self.caps.we_sample_ok:
+            return
+        host = self.client.options.host
+        why = "returns no token log-probs" if self.caps.max_top_logprobs <= 0 else "has no tokenize endpoint"
+        raise UnsupportedByServerError(
+            f"{host} {why}, so only the server can sample there: use server sampling "
+            "(logitlab-cli --server-sampling; in the window, tick “The server samples”)"
+        )
 
     def _prompt(self) -> str | list[int]:
         if self.caps.token_prompts:

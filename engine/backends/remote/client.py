@@ -9,19 +9,32 @@ completions, which are pure functions of their input) are retried on
 429/5xx, a bounded number of times with exponential backoff that honours
 `Retry-After`. A streamed completion is never retried: it may have produced
 tokens already.
+
+Cancelling: inside `cancellable(event)` (one run on the worker thread), a
+request waits on a helper thread while this one watches the event, so a
+cancel (Ctrl-C, Stop) returns within `CANCEL_POLL_S` even when the server
+never answers; a stream is also read on a helper thread, so one that
+trickles bytes without ever completing an event ends after the timeout
+(httpx's read timeout restarts on every byte and would never fire).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
+import queue
+import socket
+import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import httpx
 
 from engine.backends.remote.errors import (
+    RequestCancelledError,
     ServerAuthError,
     ServerResponseError,
     ServerTimeoutError,
@@ -35,6 +48,21 @@ log = logging.getLogger(__name__)
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 BACKOFF_S = 0.25  # first wait; doubles each retry
 MAX_BACKOFF_S = 4.0
+CANCEL_POLL_S = 0.05  # how often a waiting request looks at its cancel event
+
+T = TypeVar("T")
+_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("logitlab_remote_cancel", default=None)
+_END = object()  # a stream's reader thread is done
+
+
+@contextlib.contextmanager
+def cancellable(cancel: threading.Event | None) -> Iterator[None]:
+    """Requests made in this block (on this thread) end with RequestCancelledError as soon as `cancel` is set."""
+    token = _CANCEL.set(cancel)
+    try:
+        yield
+    finally:
+        _CANCEL.reset(token)
 
 
 class ServerClient:
@@ -63,16 +91,20 @@ class ServerClient:
 
     def _request(self, method: str, url: str, body: dict | None, idempotent: bool) -> Any:
         attempts = 1 + (self.options.retries if idempotent else 0)
+        cancel = _CANCEL.get()
         for attempt in range(attempts):
             t0 = time.perf_counter()
             try:
-                response = self._http.request(method, url, json=body)
+                response = _watching(cancel, lambda: self._http.request(method, url, json=body))
             except httpx.HTTPError as e:
                 raise self._transport_error(e) from None
             if response.status_code in RETRY_STATUSES and attempt + 1 < attempts:
                 wait = _retry_after(response) or min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S)
                 log.info("%s %s answered %d; retrying in %.2f s", method, _path(url), response.status_code, wait)
-                time.sleep(wait)
+                if cancel is not None and cancel.wait(wait):
+                    raise RequestCancelledError("cancelled")
+                if cancel is None:
+                    time.sleep(wait)
                 continue
             self.last_latency_s = time.perf_counter() - t0
             self._raise_for_status(response)
@@ -87,30 +119,99 @@ class ServerClient:
 
     # --- streaming ------------------------------------------------------------
 
-    def stream_events(self, path: str, body: dict) -> Iterator[dict]:
-        """Server-sent events of a streamed completion, as dicts; closing the iterator closes the connection."""
+    def stream_events(self, path: str, body: dict, cancel: threading.Event | None = None) -> Iterator[dict]:
+        """Server-sent events of a streamed completion, as dicts; closing the iterator closes the connection.
+
+        The body is read on a helper thread. Here, each wait for the next event lasts at most the timeout
+        (else ServerTimeoutError: a trickle of bytes that never completes an event is a stalled server) and
+        ends early when `cancel` is set (RequestCancelledError).
+        """
         url = self.url(path)
-        t0 = time.perf_counter()
-        try:
-            with self._http.stream("POST", url, json=body) as response:
-                self.last_latency_s = time.perf_counter() - t0  # to the response headers: the stream's round trip
-                if response.status_code >= 400:
-                    response.read()
-                    self._raise_for_status(response)
-                for line in response.iter_lines():
-                    if not line.startswith("data:"):
-                        continue  # comments, pings, event names, blank separators
-                    data = line[len("data:") :].strip()
-                    if data == "[DONE]":
+        host = self.options.host
+        lines: queue.SimpleQueue = queue.SimpleQueue()
+        opened: dict[str, Any] = {}
+        stop = threading.Event()
+
+        def read() -> None:
+            try:
+                with self._http.stream("POST", url, json=body) as response:
+                    opened["response"] = response
+                    lines.put(response)
+                    if response.status_code >= 400:
+                        response.read()
                         return
-                    try:
-                        yield json.loads(data)
-                    except ValueError:
-                        raise ServerResponseError(f"{self.options.host} streamed a line that is not JSON: {data[:80]!r}") from None
-        except httpx.HTTPError as e:
-            raise self._transport_error(e, streaming=True) from None
+                    for line in response.iter_lines():
+                        if stop.is_set():
+                            return
+                        lines.put(line)
+            except BaseException as e:  # noqa: BLE001 - handed to the reading side
+                lines.put(e)
+            finally:
+                lines.put(_END)
+
+        t0 = time.perf_counter()
+        threading.Thread(target=read, name="logitlab-stream", daemon=True).start()
+        timeout = self.options.timeout_s
+        response: httpx.Response | None = None
+        ended = False  # the reader is done (it closed the response itself)
+        before_data: list[str] = []  # what came before the first "data:" line (a JSON error document?)
+        seen_data = False
+        deadline = time.monotonic() + timeout  # moved on by every event, not by pings or a trickle of bytes
+        try:
+            while True:
+                item = _next_line(lines, cancel, deadline, timeout, host, response is not None)
+                if isinstance(item, httpx.Response):
+                    response = item
+                    self.last_latency_s = time.perf_counter() - t0  # to the response headers: the stream's round trip
+                    continue
+                if item is _END:
+                    ended = True
+                    break
+                if isinstance(item, httpx.HTTPError):
+                    raise self._transport_error(item, streaming=True) from None
+                if isinstance(item, BaseException):
+                    raise item
+                if not item.startswith("data:"):
+                    if not seen_data and sum(map(len, before_data)) < 65536:
+                        before_data.append(item)
+                    continue  # comments, pings, event names, blank separators
+                seen_data = True
+                deadline = time.monotonic() + timeout
+                data = item[len("data:") :].strip()
+                if data == "[DONE]":
+                    return
+                try:
+                    yield json.loads(data)
+                except ValueError:
+                    raise ServerResponseError(f"{host} streamed a line that is not JSON: {data[:80]!r}") from None
+        finally:
+            stop.set()
+            if not ended:
+                _abort(opened.get("response"))
+        if response is not None and response.status_code >= 400:
+            self._raise_for_status(response)
+        if not seen_data and "".join(before_data).strip():
+            raise self._not_a_stream("\n".join(before_data))
         # The body ended without "[DONE]": the server (or a proxy) dropped the connection.
-        raise StreamCutError(f"the connection to {self.options.host} ended in the middle of the answer")
+        raise StreamCutError(f"the connection to {host} ended in the middle of the answer, without its end marker")
+
+    def _not_a_stream(self, body: str) -> ServerResponseError:
+        """A whole answer where a stream (server-sent events) was asked for: say what came, in its own words."""
+        host = self.options.host
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return ServerResponseError(
+                f"{host} answered a streamed request with something that is not a stream: {_first_line(body)[:120]!r}"
+            )
+        err = doc.get("error") or doc.get("detail") if isinstance(doc, dict) else None
+        if err:
+            detail = _first_line(str(err.get("message", err) if isinstance(err, dict) else err))[:200]
+            return ServerResponseError(f"{host} answered with an error instead of a stream: {detail}")
+        return ServerResponseError(
+            f"{host} answered a streamed request with one JSON document instead of a stream of events: "
+            "it does not seem to support streaming (stream=true)"
+        )
 
     # --- error translation ----------------------------------------------------
 
@@ -155,6 +256,62 @@ class ServerClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+def _watching(cancel: threading.Event | None, call: Callable[[], T]) -> T:
+    """`call()`, on a helper thread when there is a cancel event to watch meanwhile (it is abandoned on cancel)."""
+    if cancel is None:
+        return call()
+    if cancel.is_set():
+        raise RequestCancelledError("cancelled")
+    box: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            box["error"] = e
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="logitlab-request", daemon=True).start()
+    while not finished.wait(CANCEL_POLL_S):
+        if cancel.is_set():
+            raise RequestCancelledError("cancelled")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _next_line(
+    lines: queue.SimpleQueue, cancel: threading.Event | None, deadline: float, timeout: float, host: str, started: bool
+):
+    """The stream reader's next item, waiting until `deadline` (time.monotonic) and watching `cancel`."""
+    while True:
+        if cancel is not None and cancel.is_set():
+            raise RequestCancelledError("cancelled")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            what = f"sent no complete token for {timeout:g} s" if started else f"did not answer within {timeout:g} s"
+            raise ServerTimeoutError(f"{host} {what} (the timeout can be raised in the connection settings)")
+        try:
+            return lines.get(timeout=min(CANCEL_POLL_S, left))
+        except queue.Empty:
+            continue
+
+
+def _abort(response: httpx.Response | None) -> None:
+    """End a stream whose reader may be blocked: shut its socket down (the reader wakes, the server sees the
+    connection go and stops generating), then close the response off this thread."""
+    if response is None:
+        return
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    threading.Thread(target=response.close, name="logitlab-stream-close", daemon=True).start()
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -39,3 +39,7 @@ class UnsupportedByServerError(ServerError, ValueError):
 
 class StreamCutError(ServerError):
     """The connection ended in the middle of an answer."""
+
+
+class RequestCancelledError(ServerError):
+    """The user cancelled while a request was in flight (it was abandoned, not waited for)."""

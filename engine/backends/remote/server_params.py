@@ -35,8 +35,11 @@ NEUTRAL = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_
            "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
-def server_parameters(settings: SamplerSettings, kind: str, seed_supported: bool) -> dict:
-    """Request fields for `settings` on a server of `kind`; raises naming every setting it cannot take."""
+def server_parameters(settings: SamplerSettings, kind: str, seed_supported: bool, we_sample_ok: bool = True) -> dict:
+    """Request fields for `settings` on a server of `kind`; raises naming every setting it cannot take.
+
+    `we_sample_ok`: whether our sampler could run on this server instead; the refusal only suggests what works.
+    """
     names = PARAMETER_NAMES.get(kind, _OPENAI)
     out: dict = {}
     refused: list[str] = []
@@ -50,6 +53,8 @@ def server_parameters(settings: SamplerSettings, kind: str, seed_supported: bool
             refused.append(f"{field}={value}")
     if settings.xtc_probability > 0:
         refused.append(f"xtc_probability={settings.xtc_probability}")
+    refused += [f"{_UNMAPPED_STAGES[stage]}={getattr(settings, _UNMAPPED_STAGES[stage])!r}"
+                for stage in _UNMAPPED_STAGES if _stage_active(stage, settings)]
     penalties_on = settings.repetition_penalty != 1 or settings.presence_penalty != 0 or settings.frequency_penalty != 0
     if penalties_on and settings.penalty_last_n != 64:
         if "penalty_last_n" in names:
@@ -66,11 +71,15 @@ def server_parameters(settings: SamplerSettings, kind: str, seed_supported: bool
         else:
             refused.append(f"seed={settings.seed} (this server ignored seeds when probed)")
     if refused:
-        raise UnsupportedByServerError(
-            f"a {kind} server cannot take these sampler settings: {', '.join(refused)}; "
-            "reset them or use we-sample mode"
-        )
+        fix = ("reset them to their neutral values or use we-sample mode" if we_sample_ok else
+               "reset them to their neutral values (this server cannot do we-sample mode, so it must sample itself)")
+        raise UnsupportedByServerError(f"a {kind} server cannot take these sampler settings: {', '.join(refused)}; {fix}")
     return out
+
+
+# Stages no server parameter maps to yet, and the field that switches each on (its default is off).
+_UNMAPPED_STAGES = {"logit_bias": "logit_bias", "dry": "dry_multiplier", "top_n_sigma": "top_n_sigma",
+                    "smoothing": "smoothing_factor", "mirostat": "mirostat", "adaptive_p": "adaptive_target"}
 
 
 def _stage_active(stage: str, s: SamplerSettings) -> bool:
@@ -78,4 +87,9 @@ def _stage_active(stage: str, s: SamplerSettings) -> bool:
         return s.repetition_penalty != 1 or s.presence_penalty != 0 or s.frequency_penalty != 0
     if stage == "xtc":
         return s.xtc_probability > 0
-    return getattr(s, stage) != NEUTRAL[stage]
+    if stage in NEUTRAL:
+        return getattr(s, stage) != NEUTRAL[stage]
+    field = _UNMAPPED_STAGES.get(stage, stage)
+    if not hasattr(s, field):
+        return False
+    return getattr(s, field) != getattr(SamplerSettings(), field)

@@ -20,10 +20,10 @@ import threading
 import time
 from collections.abc import Iterator
 
-from engine.backends.remote.errors import ServerError, UnsupportedByServerError
+from engine.backends.remote.errors import RequestCancelledError, ServerError, UnsupportedByServerError
 from engine.backends.remote.server_params import server_parameters
-from engine.backends.remote.step import chosen_tokens, id_from_text, parse_alternatives, position_entries
-from engine.events import Done, Event, GenerationStats, StageSnapshot, TokenEvent, TokenProb
+from engine.backends.remote.step import chosen_tokens, id_from_text, parse_alternatives, position_entries, text_of
+from engine.events import Done, Event, GenerationStats, StageSnapshot, TokenEvent, TokenProb, rest_entry
 from engine.request import GenerationRequest
 
 SERVER_STAGE_NOTE = "sampled by the server: only its top-N log-probs are visible, not what each of its stages did"
@@ -32,13 +32,21 @@ CHAT_TOP_LOGPROBS_MAX = 20  # the OpenAI chat API's ceiling, which servers copy
 
 def check_server_sampling(backend, request: GenerationRequest) -> dict:
     """The request body's sampling fields; raises UnsupportedByServerError naming what cannot be done."""
+    we_sample_ok = backend.caps.we_sample_ok
     if request.forced_tokens:
-        raise UnsupportedByServerError("forced tokens (branching from an alternative) need we-sample mode")
+        raise UnsupportedByServerError(
+            "forced tokens (branching from an alternative) need we-sample mode" if we_sample_ok else
+            f"forced tokens (branching from an alternative) need we-sample mode, which {backend.client.options.host} "
+            "cannot do (no tokenize endpoint or no log-probs): continue the answer as it is, or use another server"
+        )
     if request.ignore_eos and backend.caps.kind not in ("vllm", "sglang"):
         raise UnsupportedByServerError(f"a {backend.caps.kind} server cannot be told to ignore end-of-sequence")
     if (request.prompt_ids is not None or request.assistant_prefix) and backend.tokenizer is None and not backend.caps.token_prompts:
-        raise UnsupportedByServerError("token-id prompts need a server with token prompts or a tokenize endpoint")
-    params = server_parameters(request.sampler, backend.caps.kind, backend.caps.seed)
+        raise UnsupportedByServerError(
+            f"{backend.client.options.host} has no tokenize endpoint and takes no token-id prompts, so it can only "
+            "answer from text: start from a message or a text prompt instead of token ids or a partial answer"
+        )
+    params = server_parameters(request.sampler, backend.caps.kind, backend.caps.seed, we_sample_ok)
     if request.ignore_eos:
         params["ignore_eos"] = True
     return params
@@ -75,9 +83,11 @@ def server_sampled_events(backend, request: GenerationRequest, cancel: threading
     finish = "length"
     error: str | None = None
     t_first = t_last = None
-    stream = backend.client.stream_events(path, body)
+    said = _WhatTheServerSaid()
+    stream = backend.client.stream_events(path, body, cancel=cancel)
     try:
         for chunk in stream:
+            said.chunk(chunk)
             choice = (chunk.get("choices") or [{}])[0]
             usage = chunk.get("usage") or {}
             prompt_len = usage.get("prompt_tokens", prompt_len) or prompt_len
@@ -101,14 +111,18 @@ def server_sampled_events(backend, request: GenerationRequest, cancel: threading
             if cancel.is_set():
                 finish = "cancelled"
                 break
+    except RequestCancelledError:
+        finish = "cancelled"  # the request in flight was abandoned at once (a server that never answered)
     except ServerError as e:
         if not ids:
             raise
         finish, error = "error", str(e)  # keep what arrived: the answer so far is worth showing
     finally:
         stream.close()  # closes the connection; the server stops generating
-    if error is None:
+    if error is None and finish != "cancelled":
         _learn_ids(tok, token_texts, ids)
+        if not "".join(texts):
+            error = said.empty_answer(backend.client.options.host, len(ids))  # an empty answer is explained
     now = time.perf_counter()
     decode_s = (t_last - t_first) if t_first is not None and t_last is not None else 0.0
     yield Done(GenerationStats(
@@ -125,7 +139,10 @@ def _completion_prompt(backend, request: GenerationRequest) -> tuple[str | list[
     if request.prompt is not None and not request.assistant_prefix:
         return request.prompt, 0
     if tok is None and request.messages is not None:
-        raise UnsupportedByServerError("continuing an assistant answer needs the server's tokenizer")
+        raise UnsupportedByServerError(
+            f"continuing an assistant answer needs the server's tokenizer, and {backend.client.options.host} has no "
+            "tokenize endpoint: send a new message instead"
+        )
     from engine.decode import prompt_ids_for
 
     ids = prompt_ids_for(tok, request) if tok is not None else list(request.prompt_ids or ())
@@ -150,7 +167,7 @@ def _tokens_of(logprobs, tok) -> list[tuple[int, str, float, list[tuple[int, str
     out = []
     for i, (given, text, lp) in enumerate(chosen):
         alts = parse_alternatives(entries[i], tok, cached_only=True) if i < len(entries) and entries[i] else []
-        out.append((_id(given, text, tok), text, lp, alts))
+        out.append((_id(given, text, tok), text_of(text, tok), lp, alts))
     return out
 
 
@@ -168,15 +185,58 @@ def _event(index, tid, text, token_text, lp, alts, record_stages) -> TokenEvent:
     rank = next((r for r, (i, t, _) in enumerate(alts) if (i == tid and tid >= 0) or t == token_text), len(alts))
     probs = [math.exp(l) for _, _, l in alts]
     mass = sum(probs)
-    # Entropy of the top-N, renormalised: a lower bound's worth of information, not the full distribution's.
-    entropy = -sum(p / mass * math.log(p / mass) for p in probs if p > 0) if mass > 0 else 0.0
+    rest = rest_entry(mass) if alts else None
+    # The server's log-probs as it gave them, and the unreported rest as one outcome: the entropy of that is a
+    # lower bound of the model's (spreading the rest over many tokens can only raise it).
+    entropy = -sum(p * math.log(p) for p in probs if p > 0) + (-rest.prob * rest.logprob if rest else 0.0)
     stages = None
     if record_stages:
-        stages = (StageSnapshot("server", len(alts), mass, entropy, top, note=SERVER_STAGE_NOTE),)
+        stages = (StageSnapshot("server", len(alts), mass, max(entropy, 0.0), top, note=SERVER_STAGE_NOTE),)
+    if rest is not None:
+        top += (rest,)
     if tid >= 0 and not token_text:
         token_text = text
     return TokenEvent(
         index=index, token_id=tid, text=text, token_text=token_text, logprob=lp,
         sampler_logprob=lp,  # the server does not say what its sampler gave the token; the model's is shown
-        rank=rank, entropy=entropy, top_model=top, top_sampler=(), stages=stages,
+        rank=rank, entropy=max(entropy, 0.0), top_model=top, top_sampler=(), stages=stages,
     )
+
+
+class _WhatTheServerSaid:
+    """Enough of a stream to explain an empty answer: the finish reason, usage, and fields we do not read."""
+
+    READ = frozenset({"text", "delta", "logprobs", "finish_reason", "index"})
+
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.finish_reason: str | None = None
+        self.usage: dict = {}
+        self.other_fields: dict[str, str] = {}
+
+    def chunk(self, chunk: dict) -> None:
+        self.chunks += 1
+        choice = (chunk.get("choices") or [{}])[0]
+        if not isinstance(choice, dict):
+            return
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        self.usage = chunk.get("usage") or self.usage
+        fields = {k: v for k, v in choice.items() if k not in self.READ}
+        delta = choice.get("delta")
+        if isinstance(delta, dict):  # e.g. a thinking model's "reasoning_content" beside an empty "content"
+            fields |= {f"delta.{k}": v for k, v in delta.items() if k not in ("content", "role")}
+        for k, v in fields.items():
+            if v not in (None, "", [], {}):
+                self.other_fields.setdefault(k, repr(v)[:60])
+
+    def empty_answer(self, host: str, tokens: int) -> str:
+        """What the server answered, in words, for an answer without text."""
+        parts = [f"{self.chunks} streamed event{'s' if self.chunks != 1 else ''}", f"{tokens} token{'s' if tokens != 1 else ''}"]
+        parts.append(f"finish_reason {self.finish_reason!r}" if self.finish_reason else "no finish_reason")
+        if self.usage:
+            parts.append("usage " + ", ".join(f"{k}={v}" for k, v in self.usage.items() if isinstance(v, int)))
+        if self.other_fields:
+            parts.append("other fields: " + ", ".join(f"{k}={v}" for k, v in self.other_fields.items()))
+        why = ("it ended the answer at once (the model's first token was an end of turn)"
+               if self.finish_reason in ("stop", "eos") and not tokens else "it sent no text")
+        return f"{host} answered with no text: {why}; it sent {'; '.join(parts)}"

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 
 from engine.backends.remote.client import ServerClient
-from engine.backends.remote.errors import ServerResponseError
+from engine.backends.remote.errors import ServerError, ServerResponseError
 from engine.backends.remote.tokenizer import RemoteTokenizer
 
 log = logging.getLogger(__name__)
@@ -31,12 +31,26 @@ def parse_alternatives(
             text = str(alt.get("token", ""))
             if tid is None:
                 tid = id_from_text(text, tokenizer, cached_only)
-            out.append((int(tid), text, float(alt["logprob"])))
+            out.append((int(tid), text_of(text, tokenizer), float(alt["logprob"])))
     elif isinstance(entry, dict):
         for text, lp in entry.items():
-            out.append((id_from_text(text, tokenizer, cached_only), text, float(lp)))
+            out.append((id_from_text(text, tokenizer, cached_only), text_of(text, tokenizer), float(lp)))
     out.sort(key=lambda t: -t[2])
     return out
+
+
+def text_of(text: str, tokenizer: RemoteTokenizer | None) -> str:
+    """A reported token's text: vLLM's "token_id:123" (asked for, so ids are exact) becomes the token's own text.
+
+    Only vLLM and SGLang spell tokens so, and both answer a detokenize request while a stream runs; each id is
+    asked once (the tokenizer remembers pieces)."""
+    if not text.startswith("token_id:") or tokenizer is None:
+        return text
+    try:
+        return tokenizer.token_text(int(text[len("token_id:") :]))
+    except (ValueError, ServerError) as e:
+        log.debug("no text for %s: %s", text, e)
+        return text
 
 
 def id_from_text(text: str, tokenizer: RemoteTokenizer | None, cached_only: bool = False) -> int:
