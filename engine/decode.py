@@ -7,6 +7,7 @@ before the next token. Only small Python values are yielded.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -14,12 +15,19 @@ from collections.abc import Iterator
 import numpy as np
 
 from engine.backends.base import Backend, prefill
+from engine.banned_strings import BannedStringGuard
 from engine.errors import ContextLengthError
-from engine.events import Done, Event, GenerationStats, StageSnapshot, TokenEvent, TokenProb
+from engine.events import Done, Event, GenerationStats, Rewind, StageSnapshot, TokenEvent, TokenProb
 from engine.request import GenerationRequest
 from engine.sampling import Pick, SamplerChain
 from engine.stopping import StopStringMatcher
 from engine.tokenizer import StreamDetokenizer, Tokenizer, partial_token_bytes
+
+log = logging.getLogger(__name__)
+
+# At most this many step-backs for banned strings per answer (each costs one forward); past it, a banned
+# phrase stays in the text with a warning in the log.
+MAX_REWINDS = 256
 
 
 def prompt_ids_for(tokenizer: Tokenizer, request: GenerationRequest) -> list[int]:
@@ -61,7 +69,7 @@ def generate_events(
     t0 = time.perf_counter()
     prompt = prompt_ids_for(tok, request)
     check_context(len(prompt), request.max_new_tokens, backend.info.context_length)
-    chain = SamplerChain(request.sampler)
+    chain = SamplerChain(request.sampler, vocab=tok)
 
     # Penalties look at prompt + generated tokens; a preallocated buffer avoids O(n^2) appends.
     history = np.empty(len(prompt) + request.max_new_tokens, dtype=np.int64)
@@ -107,14 +115,27 @@ def generate_events(
         yield done()
         return
 
-    for step in range(request.max_new_tokens):
+    # Banned strings: text that may still become a banned phrase is held back; when one completes, the loop
+    # steps back to the token it began with (engine/banned_strings.py). The stage state before each held
+    # token's pick is kept so a step back restarts mirostat / adaptive-p from where they were.
+    guard = BannedStringGuard(request.sampler.banned_strings)
+    bans: dict[int, set[int]] = {}  # position among generated tokens -> tokens banned there
+    states: dict[int, tuple] = {}
+    rewind: Rewind | None = None  # told with the next token event
+    rewinds_left = MAX_REWINDS
+
+    while len(generated) < request.max_new_tokens:
+        step = len(generated)
         forced = request.forced_tokens[step] if step < len(request.forced_tokens) else None
+        if guard.active:
+            states[step] = chain.state()
         pick = chain.pick(
             logits,
             history[:n_hist],
             top_n=request.top_n,
             record_stages=request.record_stages,
             force_token=forced,
+            banned=bans.get(step, ()),
         )
         t_last = time.perf_counter()
         if t_first is None:
@@ -126,16 +147,50 @@ def generate_events(
 
         if token in tok.eos_token_ids and not request.ignore_eos:
             finish = "eos"
-            released, _ = stopper.feed(detok.flush())
-            yield _event(tok, step, pick, released + stopper.flush(), special=True)
+            released, _ = stopper.feed(guard.finish(detok.flush()))
+            yield _event(tok, step, pick, released + stopper.flush(), special=True, rewind=rewind)
             break
-        released, stopped = stopper.feed(detok.add(token))
-        last = step == request.max_new_tokens - 1
+        released, ban = guard.feed(step, detok.add(token))
+        if ban is not None:
+            if ban.start < len(request.forced_tokens) or rewinds_left == 0:
+                # A forced token cannot be banned, and a model that keeps coming back to its phrases is let be.
+                log.warning("banned string %r left in the answer (%s)", ban.phrase,
+                            "it began with a forced token" if rewinds_left else f"{MAX_REWINDS} step-backs already")
+                released = guard.give_up()
+            else:
+                rewinds_left -= 1
+                i = ban.start
+                withdrawn = generated[i:]
+                bans = {k: v for k, v in bans.items() if k <= i}  # later bans belonged to the abandoned text
+                bans.setdefault(i, set()).add(withdrawn[0])
+                rewind = Rewind(ban.phrase, len(withdrawn), withdrawn[0], tok.token_text(withdrawn[0]))
+                del generated[i:]
+                n_hist = len(prompt) + i
+                chain.restore(states[i])
+                guard.rewind(i)
+                detok = StreamDetokenizer(tok, context_ids=prompt + generated)
+                if cancel.is_set():
+                    finish = "cancelled"
+                    break
+                try:  # trims the cache to prompt + kept tokens and recomputes the last one's logits
+                    logits, _ = prefill(backend, prompt + generated, cancelled=cancel.is_set)
+                except recoverable as e:
+                    finish, error = ("cancelled", None) if cancel.is_set() else ("error", str(e))
+                    break
+                if logits is None:
+                    finish = "cancelled"
+                    break
+                continue
+        for k in [k for k in states if k < guard.held_from]:
+            del states[k]
+        released, stopped = stopper.feed(released)
+        last = len(generated) == request.max_new_tokens
         if stopped:
             finish = "stop"
         elif last:
-            released += stopper.feed(detok.flush())[0] + stopper.flush()
-        yield _event(tok, step, pick, released)
+            released += stopper.feed(guard.finish(detok.flush()))[0] + stopper.flush()
+        yield _event(tok, step, pick, released, rewind=rewind)
+        rewind = None
         if stopped or last:
             break
         if cancel.is_set():
@@ -158,6 +213,7 @@ def _event(
     pick: Pick,
     text: str,
     special: bool = False,
+    rewind: Rewind | None = None,
 ) -> TokenEvent:
     def prob(token_id: int, lp: float) -> TokenProb:
         text = tok.token_text(token_id)
@@ -187,4 +243,5 @@ def _event(
         forced=pick.forced,
         special=special,
         token_bytes=partial_token_bytes(tok, pick.token_id, token_text),
+        rewind=rewind,
     )
