@@ -47,20 +47,41 @@ def load_settings(arg: str):
     from engine.sampling.settings import SamplerSettings
 
     text = arg
-    if not arg.lstrip().startswith("{"):
+    inline = arg.lstrip()[:1] in ("{", "[", '"') or arg.strip() in ("null", "true", "false") or _is_number(arg)
+    if not inline:
         path = Path(arg)
+        if path.is_dir():
+            raise EngineError(f"settings file {path} is a folder; give a JSON file or an inline JSON object")
         if not path.is_file():
-            raise EngineError(f"settings file not found: {path}")
+            raise EngineError(f"settings file not found: {path} (or give the settings inline, e.g. "
+                              '\'{"temperature": 0.7}\')')
         if path.stat().st_size > MAX_SETTINGS_FILE_BYTES:
             raise EngineError(f"settings file {path} is larger than 1 MiB; it should hold one JSON object")
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"settings file {path} is not UTF-8 text (byte {e.start} cannot be read); "
+                             "it should hold one JSON object") from None
+    where = f"settings file {arg}" if not inline else f"settings {arg!r}"
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"settings {arg!r} are not valid JSON: {e}") from None
+        raise ValueError(f"{where} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"settings {arg!r} must be a JSON object of sampler fields")
-    return SamplerSettings.from_dict(data)
+        raise ValueError(f"{where} must be a JSON object of sampler fields, e.g. {{\"temperature\": 0.7}}; "
+                         f"it holds {type(data).__name__ if data is not None else 'null'}")
+    try:
+        return SamplerSettings.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 @contextmanager

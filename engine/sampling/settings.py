@@ -97,7 +97,8 @@ class SamplerSettings:
 
     def __post_init__(self) -> None:
         # Lists from JSON / argparse become tuples so the value stays hashable.
-        object.__setattr__(self, "order", tuple(self.order))
+        if isinstance(self.order, list):  # a string stays one: `validate` says it must be a list of names
+            object.__setattr__(self, "order", tuple(self.order))
         for name in ("dry_sequence_breakers", "banned_strings"):
             value = getattr(self, name)
             if isinstance(value, (list, tuple)):
@@ -263,6 +264,9 @@ def validate(s: SamplerSettings) -> list[str]:
     _strings("banned_strings", s.banned_strings, e, "phrases the answer must not contain")
     if s.seed is not None and _integer("seed", s.seed, e) and not 0 <= s.seed < 2**63:
         e.append(f"seed must be in [0, 2**63), got {s.seed}")
+    if not isinstance(s.order, tuple) or not all(isinstance(n, str) for n in s.order):
+        e.append(f'order must be a list of stage names, e.g. ["top_k", "temperature"], got {s.order!r}')
+        return e
     unknown = [n for n in s.order if n not in STAGE_NAMES]
     if unknown:
         e.append(f"unknown sampler stages {unknown}; known: {', '.join(STAGE_NAMES)}")
