@@ -17,6 +17,7 @@ from typing import TextIO
 
 from engine.backends.select import BACKENDS
 from engine.cli.input import bad_utf8, check_args, runtime_settings_from
+from engine.cli.sampling_args import add_sampler_flags, sampler_fields
 from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.errors import EngineError
@@ -73,6 +74,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty)
     p.add_argument("--xtc-probability", type=float, default=d.xtc_probability)
     p.add_argument("--xtc-threshold", type=float, default=d.xtc_threshold)
+    add_sampler_flags(p)  # DRY, top-nσ, dynamic temperature, mirostat, adaptive-p, smoothing, logit bias, banned strings
     p.add_argument("--order", default=",".join(d.order), help=f"sampler stage order, comma-separated from: {','.join(STAGE_NAMES)}")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable); its text is not printed")
@@ -121,6 +123,7 @@ def sampler_from_args(args: argparse.Namespace) -> SamplerSettings:
         xtc_threshold=args.xtc_threshold,
         seed=args.seed,
         order=tuple(s.strip() for s in args.order.split(",") if s.strip()),
+        **sampler_fields(args),
     )
 
 

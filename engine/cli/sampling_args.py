@@ -1,0 +1,101 @@
+"""CLI flags for the sampler stages beyond the classic ones (DRY, top-nσ, dynamic temperature, mirostat,
+adaptive-p, smoothing, logit bias, banned strings), named after `SamplerSettings`' fields (llama.cpp
+server's names) and checked by `SamplerSettings` itself, so the messages are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from engine.sampling.settings import SamplerSettings
+
+# flag -> (field, type, help); defaults come from SamplerSettings.
+_SIMPLE: tuple[tuple[str, str, type, str], ...] = (
+    ("--penalty-last-n", "penalty_last_n", int, "how many recent tokens the penalties look at; -1 = all"),
+    ("--dynatemp-range", "dynatemp_range", float, "dynamic temperature: vary it by up to this much with the entropy (0 = off)"),
+    ("--dynatemp-exponent", "dynatemp_exponent", float, "dynamic temperature: how the entropy maps to it (1 = linear)"),
+    ("--top-n-sigma", "top_n_sigma", float, "keep tokens within N standard deviations of the top logit (<= 0 = off)"),
+    ("--dry-multiplier", "dry_multiplier", float, "DRY: penalty for extending a repeat (0 = off)"),
+    ("--dry-base", "dry_base", float, "DRY: the penalty grows as base ** (repeat length - allowed length)"),
+    ("--dry-allowed-length", "dry_allowed_length", int, "DRY: repeats up to this long are free"),
+    ("--dry-penalty-last-n", "dry_penalty_last_n", int, "DRY: how many recent tokens to scan; -1 = all, 0 = off"),
+    ("--mirostat", "mirostat", int, "mirostat version: 0 = off, 1 or 2"),
+    ("--mirostat-tau", "mirostat_tau", float, "mirostat: target surprise in bits"),
+    ("--mirostat-eta", "mirostat_eta", float, "mirostat: learning rate"),
+    ("--adaptive-target", "adaptive_target", float, "adaptive-p: favour tokens near this probability (< 0 = off)"),
+    ("--adaptive-decay", "adaptive_decay", float, "adaptive-p: moving-average decay, 0 to 0.99"),
+    ("--smoothing-factor", "smoothing_factor", float, "quadratic sampling: how hard to smooth (0 = off)"),
+    ("--smoothing-curve", "smoothing_curve", float, "quadratic sampling: 1 = plain quadratic, more = steeper tail"),
+)
+
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"'}
+
+
+def add_sampler_flags(p: argparse.ArgumentParser) -> None:
+    """The flags for every SamplerSettings field that has no older flag of its own."""
+    d = SamplerSettings()
+    for flag, dest, kind, help_ in _SIMPLE:
+        p.add_argument(flag, dest=dest, type=kind, default=getattr(d, dest), help=f"{help_} (default: {getattr(d, dest)})")
+    p.add_argument("--dry-sequence-breaker", dest="dry_sequence_breakers", action="append", default=None,
+                   metavar="TEXT", help='DRY: a text that ends a repeat (repeatable; replaces the default \\n : " *; '
+                                        '"none" for no breakers; \\n and \\t are understood)')
+    p.add_argument("--logit-bias", dest="logit_bias", action="append", default=[], metavar="ID=BIAS",
+                   help='add BIAS to a token\'s logit: ID=BIAS for a token id, "text"=BIAS for every token of the '
+                        "text (repeatable; BIAS -inf or false bans)")
+    p.add_argument("--banned-string", dest="banned_strings", action="append", default=[], metavar="TEXT",
+                   help="a phrase the answer must not contain: the generation steps back and avoids it (repeatable)")
+
+
+def sampler_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields the flags of `add_sampler_flags` set, as SamplerSettings keyword arguments.
+
+    Raises:
+        ValueError: a --logit-bias that is not ID=BIAS or "text"=BIAS.
+    """
+    out: dict[str, Any] = {dest: getattr(args, dest) for _, dest, _, _ in _SIMPLE}
+    breakers = args.dry_sequence_breakers
+    if breakers is not None:
+        out["dry_sequence_breakers"] = () if breakers == ["none"] else tuple(_unescape(b) for b in breakers)
+    out["logit_bias"] = tuple(parse_logit_bias(v) for v in args.logit_bias)
+    out["banned_strings"] = tuple(_unescape(b) for b in args.banned_strings)
+    return out
+
+
+def parse_logit_bias(value: str) -> tuple[int | str, float]:
+    """ID=BIAS or "text"=BIAS (the last '=' separates); BIAS may be -inf or false (ban).
+
+    Raises:
+        ValueError: in words the user can act on.
+    """
+    example = 'e.g. --logit-bias 15043=-5 or --logit-bias \'"hello"=2\''
+    key, sep, bias_text = value.rpartition("=")
+    if not sep or not key:
+        raise ValueError(f"--logit-bias needs ID=BIAS or \"text\"=BIAS ({example}), got {value!r}")
+    raw = bias_text.strip().lower()
+    if raw in ("false", "-inf", "-infinity"):
+        bias = -math.inf
+    else:
+        try:
+            bias = float(raw)
+        except ValueError:
+            raise ValueError(f"--logit-bias {value!r}: the bias must be a number, -inf or false, got {bias_text!r}") from None
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        return _unescape(key[1:-1]), bias
+    if key.strip().lstrip("+-").isdigit():
+        return int(key), bias
+    return _unescape(key), bias  # unquoted text: the shell ate the quotes
+
+
+def _unescape(text: str) -> str:
+    """\\n, \\t, \\\\ and \\" as the characters they name (a shell cannot easily pass a newline)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in _ESCAPES:
+            out.append(_ESCAPES[text[i + 1]])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
