@@ -135,17 +135,25 @@ class AdaptiveP:
     def __call__(self, scores: np.ndarray, ctx: StageContext) -> np.ndarray:
         ids, vals = finite_part(scores)
         m = vals.max()
-        probs = np.exp(vals - m)
+        probs = np.subtract(vals, m)
+        np.exp(probs, out=probs)
         # llama.cpp's softmax adds the float32 terms one after the other in array (token id) order; the
         # transform below magnifies its rounding, so do exactly the same (cumsum is sequential).
         probs /= np.cumsum(probs, dtype=np.float32)[-1]
         self._ids, self._probs = ids, probs
         target = min(max(self.target, 0.0), 1.0)
         adapted = np.float32(min(max(2.0 * target - float(self.weighted_sum) / float(self.total_weight), 0.0), 1.0))
-        d = np.abs((probs - adapted) * _INV_WIDTH)
-        new = _PEAK - _SHARPNESS * d * d / (np.float32(1.0) + d)
+        # new = 5 - 10 * d**2 / (1 + d), d = |p - target'| / 0.3, in place (the same float32 operations)
+        d = np.subtract(probs, adapted)
+        d *= _INV_WIDTH
+        np.abs(d, out=d)
+        den = d + np.float32(1.0)
+        new = np.multiply(d, _SHARPNESS)  # ((10 * d) * d) / (1 + d): llama.cpp's order of operations
+        new *= d
+        new /= den
+        np.subtract(_PEAK, new, out=new)
         if ids is None:
-            return new.astype(np.float32, copy=False)
+            return new
         out = np.full_like(scores, NEG_INF)
         out[ids] = new
         return out

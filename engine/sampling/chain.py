@@ -330,6 +330,11 @@ class SamplerChain:
             return obj
         raise ValueError(f"unknown sampler stage {name!r}")  # settings validation prevents this
 
+    @property
+    def stages(self) -> tuple[tuple[str, Stage], ...]:
+        """(name, stage function) of the stages that run, in order (for benches and tools)."""
+        return self._stages
+
     def _needs_vocab(self, what: str) -> Vocabulary:
         if self._vocab is None:
             raise ValueError(f"{what} needs the model's tokenizer, and this sampler was built without one")

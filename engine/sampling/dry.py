@@ -13,8 +13,9 @@ with the rest of the breaker as a token tail), the restart-limit scan, and
 the exponent clamp. Only the repeat search differs in method: instead of
 the Z-algorithm's Python-level loop, every earlier occurrence of the last
 token is extended backwards at once with numpy, one comparison per extra
-token of match length. The cost grows with the history length (the bench
-reports it).
+token of match length, and no further than the length where the penalty
+stops growing (llama.cpp clamps the exponent). The cost grows with the
+history length, most on a history stuck in a loop (the bench reports it).
 """
 
 from __future__ import annotations
@@ -120,7 +121,15 @@ def make_dry(
         rep_limit = _restart_limit(h, heads, breakers)
         if rep_limit < allowed_length:
             return scores
-        tokens, lengths = _repeats(h, rep_limit, allowed_length)
+        # Past allowed_length + max_exponent the penalty no longer grows (the exponent is clamped; with base 1
+        # it never grows): matching further cannot change it, and on a history stuck in a loop that bound is
+        # what keeps the search from growing with the square of the history.
+        limit = rep_limit
+        if max_exponent > 0:
+            limit = min(limit, allowed_length + max_exponent)
+        elif base == 1:
+            limit = min(limit, max(allowed_length, 1))
+        tokens, lengths = _repeats(h, limit, allowed_length)
         keep = lengths >= allowed_length
         tokens, lengths = tokens[keep], lengths[keep]
         if tokens.size == 0:

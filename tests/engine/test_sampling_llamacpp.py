@@ -185,6 +185,17 @@ def test_dry_breaker_tokens_match_llamacpps_scan(vocab, tokenizer):
             compare(stage(x, ctx(hist)), theirs)
 
 
+@pytest.mark.parametrize("base", [1.0, 3.0, 1.75])
+def test_dry_on_a_history_stuck_in_a_loop(vocab, tokenizer, base):
+    """Repeats far longer than where the penalty stops growing (our search stops there; llama.cpp's does not)."""
+    rng = np.random.default_rng(5)
+    hist = np.resize(rng.integers(0, vocab.n, 30), 700).astype(np.int64)
+    stage = make_dry(0.8, base, 2, 600, breaker_sequences(tokenizer, DEFAULT_DRY_BREAKERS, vocab.n))
+    for x in rows(vocab.n)[:2]:
+        theirs = apply(_llama_dry(vocab, 0.8, base, 2, 600, DEFAULT_DRY_BREAKERS).accept(hist), x)
+        compare(stage(x, ctx(hist)), theirs)
+
+
 def _llama_bias(vocab, pairs) -> Sampler:
     arr = (L.llama_logit_bias * len(pairs))(*[L.llama_logit_bias(token=t, bias=b) for t, b in pairs])
     return Sampler(L.llama_sampler_init_logit_bias(vocab.n, len(pairs), arr))
