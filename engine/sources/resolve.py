@@ -45,13 +45,22 @@ def resolve_spec(spec: str | Path | None) -> ModelSource:
             raise ModelNotFoundError(f"{path} is a folder but has no config.json: not a Hugging Face model folder")
         return ModelSource(text, "folder", path.resolve(), path.name)
     if path.is_file():
-        if path.suffix.lower() != ".gguf":
+        # Ollama keeps GGUF files as content-addressed blobs without the extension: the magic decides.
+        if path.suffix.lower() != ".gguf" and not _starts_with_gguf_magic(path):
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model (give a .gguf file or a model folder)")
         return ModelSource(text, "gguf", path.resolve(), path.stem)
     looks_like_path = text.startswith((".", "/", "~")) or "\\" in text or text.lower().endswith(".gguf")
     if HUB_ID.match(text) and not looks_like_path:
         return ModelSource(text, "hub", None, text.split("/")[-1])
     raise ModelNotFoundError(f"model not found: {text!r} is neither an existing folder, a .gguf file nor a hub id (org/name)")
+
+
+def _starts_with_gguf_magic(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == gguf_convert.GGUF_MAGIC
+    except OSError:
+        return False
 
 
 def materialize(source: ModelSource, progress: ProgressCallback | None = None) -> Path:

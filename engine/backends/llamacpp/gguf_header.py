@@ -30,6 +30,7 @@ DEFAULT_ALIGNMENT = 32
 # GGUF value types -> struct format of one scalar; 8 is string, 9 is array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 MAX_ARRAY_KEPT = 64  # arrays longer than this (vocabularies, merges) are skipped, only their length kept
 
 
@@ -48,6 +49,7 @@ class GGUFHeader:
     data_end: int  # end of the last tensor's data, when every tensor type is known; else 0
     file_bytes: int
     unknown_types: frozenset[int] = field(default_factory=frozenset)
+    parameter_count: int = 0  # elements over all tensors (the model library shows it; no weights are read)
 
     @property
     def architecture(self) -> str:
@@ -111,6 +113,18 @@ class _Cursor:
         if self.pos > len(self.buf):
             raise _Truncated
 
+    def skip_strings(self, count: int) -> None:
+        # A vocabulary is 50k-250k strings: locals and one bound unpack make this ~2.5x faster than
+        # skip_string per item, which is what the model library's scan of a folder of models costs.
+        buf, pos, end, unpack = self.buf, self.pos, len(self.buf), _U64.unpack_from
+        for _ in range(count):
+            if pos + 8 > end:
+                raise _Truncated
+            pos += 8 + unpack(buf, pos)[0]
+        if pos > end:
+            raise _Truncated
+        self.pos = pos
+
     def value(self, vtype: int) -> Any:
         if vtype in _SCALARS:
             return self.take(_SCALARS[vtype])
@@ -125,13 +139,39 @@ class _Cursor:
                 if self.pos > len(self.buf):
                     raise _Truncated
             elif item_type == _STRING:
-                for _ in range(count):
-                    self.skip_string()
+                self.skip_strings(count)
             else:
                 for _ in range(count):
                     self.value(item_type)
             return count
         raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def _product(dims: list[int]) -> int:
+    elements = 1
+    for d in dims:
+        elements *= d
+    return elements
+
+
+def kv_bytes_per_token(header: GGUFHeader, bytes_per_value: int = 2) -> int:
+    """Keys and values of one position over all layers, from the file's hyperparameters (0 if unknown).
+
+    `bytes_per_value` 2: llama.cpp's default float16 cache (type_k/type_v).
+    """
+    layers = int(header.arch_value("block_count", 0) or 0)
+    heads = header.arch_value("attention.head_count", 0)
+    kv_heads = header.arch_value("attention.head_count_kv", heads)
+    embd = int(header.arch_value("embedding_length", 0) or 0)
+    if isinstance(heads, list):  # per-layer head counts (some architectures)
+        heads = max(heads or [0])
+    if isinstance(kv_heads, list):
+        kv_heads = max(kv_heads or [0])
+    if not (layers and heads and kv_heads and embd):
+        return 0
+    key_dim = int(header.arch_value("attention.key_length", embd // int(heads)) or 0)
+    value_dim = int(header.arch_value("attention.value_length", key_dim) or 0)
+    return layers * int(kv_heads) * (key_dim + value_dim) * bytes_per_value
 
 
 def _tensor_nbytes(dims: list[int], ggml_type: int) -> int | None:
@@ -141,10 +181,7 @@ def _tensor_nbytes(dims: list[int], ggml_type: int) -> int | None:
         block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     except (ValueError, KeyError):
         return None  # a type newer than the installed gguf package: llama.cpp may still know it
-    elements = 1
-    for d in dims:
-        elements *= d
-    return elements // block * type_size
+    return _product(dims) // block * type_size
 
 
 def read_header(path: Path) -> GGUFHeader:
@@ -175,7 +212,7 @@ def _parse(buf: mmap.mmap, path: Path, size: int) -> GGUFHeader:
         for _ in range(n_kv):
             key = cur.string()
             metadata[key] = cur.value(cur.take("<I"))
-        data_end, unknown = 0, set()
+        data_end, unknown, elements = 0, set(), 0
         records = []
         for _ in range(n_tensors):
             name = cur.string()
@@ -183,6 +220,7 @@ def _parse(buf: mmap.mmap, path: Path, size: int) -> GGUFHeader:
             if n_dims > 8:
                 raise ModelLoadError(f"{path} has a corrupt tensor record ({name!r} claims {n_dims} dimensions)")
             dims = [cur.take("<Q") for _ in range(n_dims)]
+            elements += _product(dims)
             records.append((dims, cur.take("<I"), cur.take("<Q")))
     except _Truncated:
         raise ModelLoadError(f"{path} is truncated: the file ends inside its GGUF header ({size:,} bytes)") from None
@@ -212,4 +250,5 @@ def _parse(buf: mmap.mmap, path: Path, size: int) -> GGUFHeader:
         data_end=0 if unknown else data_end,
         file_bytes=size,
         unknown_types=frozenset(unknown),
+        parameter_count=elements,
     )

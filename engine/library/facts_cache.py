@@ -1,0 +1,81 @@
+"""Remembered GGUF facts, so a second scan of the same files only stats them.
+
+A header read costs milliseconds (a vocabulary is 50k-250k strings to step
+over); a folder of a hundred models would cost a second each time the
+library opens. Facts are kept per file, keyed by its real path, size and
+modification time: a replaced or re-downloaded file is read again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from engine.library.entry import ModelFacts
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+MAX_ROWS = 5000  # beyond this, rows for files the latest scan did not see are dropped
+
+
+class FactsCache:
+    """Load once, `get`/`put` during a scan, `save` at its end (written only when something changed)."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self._rows: dict[str, dict] = {}
+        self._dirty = False
+        if path is not None:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                if isinstance(data, dict) and data.get("version") == VERSION and isinstance(data.get("files"), dict):
+                    self._rows = data["files"]
+            except (OSError, ValueError):
+                pass  # missing or damaged: start empty, it is only a cache
+
+    @staticmethod
+    def default_path() -> Path:
+        from engine.sources.cache_dir import cache_root
+
+        return cache_root() / "library" / "gguf-facts.json"
+
+    @staticmethod
+    def _key(st: os.stat_result) -> list[int]:
+        return [st.st_size, st.st_mtime_ns]
+
+    def get(self, real_path: str, st: os.stat_result) -> tuple[ModelFacts, str] | None:
+        row = self._rows.get(real_path)
+        if not row or row.get("key") != self._key(st):
+            return None
+        try:
+            return ModelFacts(**row["facts"]), str(row.get("problem", ""))
+        except (TypeError, KeyError):
+            return None
+
+    def put(self, real_path: str, st: os.stat_result, facts: ModelFacts, problem: str) -> None:
+        self._rows[real_path] = {"key": self._key(st), "facts": asdict(facts), "problem": problem}
+        self._dirty = True
+
+    def save(self, keep: set[str] | None = None) -> None:
+        """Write the cache; past MAX_ROWS, rows for files not in `keep` (this scan's) are dropped."""
+        if self.path is None:
+            return
+        if keep is not None and len(self._rows) > MAX_ROWS:
+            self._rows = {k: v for k, v in self._rows.items() if k in keep}
+            self._dirty = True
+        if not self._dirty:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".gguf-facts-")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"version": VERSION, "files": self._rows}, f)
+            os.replace(tmp, self.path)
+            self._dirty = False
+        except OSError as e:  # a read-only cache folder: scans still work, just slower next time
+            log.warning("cannot save the model library's cache %s: %s", self.path, e)
