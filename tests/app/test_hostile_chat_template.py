@@ -54,9 +54,9 @@ def test_the_context_counter_never_renders_the_template_on_the_ui_thread(qtbot, 
     ticks = Ticks()
     t0 = time.monotonic()
     conv.add_message(None, "user", "hi")  # the status bar counts the new prompt
-    assert time.monotonic() - t0 < 0.5, "the window stopped while the chat template rendered"
+    assert time.monotonic() - t0 < 1.0, "the window stopped while the chat template rendered"
     qtbot.wait(int(LIMIT_S * 1000 / 2))
-    assert ticks.count >= 20, f"{ticks.count} event-loop ticks while the template rendered"
+    assert ticks.count >= 10, f"{ticks.count} event-loop ticks while the template rendered"
     # The count fails at the engine's limit, and the status bar says why.
     label = window.status.context_label
     qtbot.waitUntil(lambda: label.text().startswith("context ?"), timeout=int(LIMIT_S * 1000 * 4))
@@ -70,9 +70,9 @@ def test_sending_with_a_hostile_template_keeps_the_window_alive_and_says_why(qtb
     ticks = Ticks()
     t0 = time.monotonic()
     window.on_send("hi")
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 1.0
     qtbot.wait(int(LIMIT_S * 1000 / 2))
-    assert ticks.count >= 20, f"{ticks.count} event-loop ticks while the template rendered"
+    assert ticks.count >= 10, f"{ticks.count} event-loop ticks while the template rendered"
     qtbot.waitUntil(lambda: answered(window), timeout=int(LIMIT_S * 1000 * 6))
     answer = window.library.current.path()[-1]
     assert answer.finish_reason == "error"
