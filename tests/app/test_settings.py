@@ -70,8 +70,9 @@ def test_stage_order_presets_and_reset(qtbot, window):
     item = next(order.list.item(i) for i in range(order.list.count()) if order.list.item(i).text() == "temperature")
     item.setCheckState(Qt.CheckState.Unchecked)
     assert "temperature" not in settings.options.sampler.order
-    # Move top-p above top-k with the keyboard-accessible button.
+    # Move top-p above top-k with the keyboard-accessible button (llama.cpp's order has typical-p between them).
     order.list.setCurrentRow([order.list.item(i).text() for i in range(order.list.count())].index("top-p"))
+    qtbot.mouseClick(order.up, Qt.MouseButton.LeftButton)
     qtbot.mouseClick(order.up, Qt.MouseButton.LeftButton)
     got = settings.options.sampler.order
     assert got.index("top_p") < got.index("top_k")
