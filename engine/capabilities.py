@@ -17,6 +17,7 @@ an AttributeError.
 | `PositionRunners` | every position's logits of one sequence (scoring)       | torch, MLX, llama.cpp          |
 | `OwnEvents`       | the model's own event stream (server sampling, notes)    | remote                         |
 | `RoundTrip`       | the latest request's network round trip                  | remote                         |
+| `LayerLens`       | each layer's prediction at a position (logit lens), attention | torch, MLX, llama.cpp     |
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from engine.errors import EngineError
 
 if TYPE_CHECKING:
     from engine.events import Event
+    from engine.lens import LayerCapture
     from engine.request import GenerationRequest
 
 RowState = Any  # one sequence's KV state, backend-specific; `state_nbytes` measures it
@@ -117,6 +119,18 @@ class RoundTrip(Protocol):
 
     def round_trip_s(self) -> float | None:
         """Seconds the last complete request took (network and the server's work); None before the first."""
+        ...
+
+
+@runtime_checkable
+class LayerLens(Protocol):
+    """Can show what each of its layers predicts at a position (the logit lens) and where it attends."""
+
+    def layer_capture(
+        self, token_ids: Sequence[int], positions: Sequence[int], *, top_k: int = 10, attention: bool = False
+    ) -> list[LayerCapture]:
+        """One `engine.lens.LayerCapture` per position (sorted), a position being a predicted token's index
+        (1..len(token_ids)); computed on a context of its own, so the backend's KV cache is untouched."""
         ...
 
 

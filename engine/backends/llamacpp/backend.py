@@ -253,6 +253,12 @@ class LlamaCppBackend(CachedTokens):
 
     # --- capabilities (engine.capabilities) ----------------------------------------------
 
+    def layer_capture(self, token_ids, positions, *, top_k: int = 10, attention: bool = False) -> list:
+        """Each layer's prediction at `positions` and, when asked, attention (LayerLens: llamacpp/lens.py)."""
+        from engine.backends.llamacpp.lens import layer_capture
+
+        return layer_capture(self, token_ids, positions, top_k=top_k, attention=attention)
+
     def batch_runner(self) -> LlamaCppRunner:
         """Several sequences per llama_batch on a second context over the same weights (BatchRunners)."""
         return LlamaCppRunner(self)

@@ -113,6 +113,12 @@ class MlxBackend(CachedTokens):
 
     # --- capabilities (engine.capabilities) ----------------------------------------------
 
+    def layer_capture(self, token_ids, positions, *, top_k: int = 10, attention: bool = False) -> list:
+        """Each layer's prediction at `positions` and, when asked, attention (LayerLens: mlx/lens.py)."""
+        from engine.backends.mlx.lens import layer_capture
+
+        return layer_capture(self, token_ids, positions, top_k=top_k, attention=attention)
+
     def batch_runner(self) -> MlxRunner:
         """Many sequences in one forward on mlx-lm's BatchKVCache (BatchRunners)."""
         return MlxRunner(self.model, getattr(self.tokenizer.hf, "pad_token_id", None) or 0)

@@ -170,6 +170,12 @@ class TorchBackend(CachedTokens):
 
     # --- capabilities (engine.capabilities) ----------------------------------------------
 
+    def layer_capture(self, token_ids, positions, *, top_k: int = 10, attention: bool = False) -> list:
+        """Each layer's prediction at `positions` and, when asked, attention (LayerLens: torch/lens.py)."""
+        from engine.backends.torch.lens import layer_capture
+
+        return layer_capture(self, token_ids, positions, top_k=top_k, attention=attention)
+
     def batch_runner(self) -> TorchRunner:
         """Many sequences in one transformers forward (BatchRunners)."""
         return TorchRunner(self.model, getattr(self.tokenizer.hf, "pad_token_id", None) or 0)
