@@ -20,6 +20,7 @@ from engine.cli.input import bad_utf8, check_args, runtime_settings_from
 from engine.cli.sampling_args import add_sampler_flags, sampler_fields
 from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
+from engine.cli.lens import add_lens_parser, cmd_lens
 from engine.errors import EngineError
 from engine.events import Done, TokenEvent
 from engine.sampling.settings import STAGE_NAMES, SamplerSettings
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(i)
     add_batch_parser(sub, _add_model_args)
     add_experiment_parsers(sub, _add_model_args)
+    add_lens_parser(sub, _add_model_args)
     return parser
 
 
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
 
         quiet_third_party()
         commands = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "batch": cmd_batch,
-                    "score": lambda a: cmd_score(a, _load), "compare": lambda a: cmd_compare(a, _load)}
+                    "score": lambda a: cmd_score(a, _load), "lens": lambda a: cmd_lens(a, _load), "compare": lambda a: cmd_compare(a, _load)}
         return commands[args.command](args)
     except (EngineError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

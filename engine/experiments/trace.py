@@ -13,7 +13,8 @@ run per column). Each run is::
 
 Generation token lines also carry `sampler_logprob`, `top_sampler`, `forced`,
 `special` and `stages` (`[{"stage", "survivors", "mass_kept", "entropy", "top", "note"}]`
-when recorded). Score token lines carry `surprisal_bits`. Log-probs that are
+when recorded). Score token lines carry `surprisal_bits`. On request (`with_layer_views`), a token
+line also carries `layers`: the layer view (logit lens) of the position that predicted it. Log-probs that are
 -inf (a forced token the sampler had cut) are written as null.
 """
 
@@ -24,12 +25,15 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from engine.events import GenerationStats, StageSnapshot, TokenEvent, TokenProb
 from engine.experiments.score import ScoredToken, ScoreResult
 from engine.model_info import ModelInfo
 from engine.sampling.settings import SamplerSettings
+
+if TYPE_CHECKING:
+    from engine.lens import LayerCapture
 
 TRACE_FORMAT = "logitlab.trace/1"
 MODEL_FIELDS = ("name", "spec", "architecture", "parameters", "dtype", "context_length", "backend", "device")
@@ -189,6 +193,37 @@ def score_run(result: ScoreResult, *, model: ModelInfo | dict[str, Any] | None, 
     }
     return [header(kind="score", model=model, prompt_ids=result.token_ids, context=result.context, **extra),
             *(scored_line(t) for t in result.tokens), end]
+
+
+def layer_view_dict(capture: "LayerCapture") -> dict[str, Any]:
+    """A token line's optional `layers` value: the layer view (logit lens) of the position that predicted it.
+
+    `{"position", "target_id", "first_top1_layer", "layers": [{"top": [[id, logprob], ...],
+    "target_logprob", "target_rank"}, ...]}`, one entry per decoder layer in order.
+    """
+    return {
+        "position": capture.position,
+        "target_id": capture.target_id,
+        "first_top1_layer": capture.first_top1_layer,
+        "layers": [
+            {"top": [[i, _lp_out(lp)] for i, lp in layer.top], "target_logprob": _lp_out(layer.target_logprob),
+             "target_rank": layer.target_rank}
+            for layer in capture.layers
+        ],
+    }
+
+
+def with_layer_views(lines: Iterable[dict[str, Any]], captures: "dict[int, LayerCapture]") -> list[dict[str, Any]]:
+    """A run's lines with the layer view added (key `layers`) to the token lines whose `index` is in `captures`.
+
+    On request only: a layer view costs a forward with capture per token, so traces leave it out by default.
+    """
+    out = []
+    for line in lines:
+        if line.get("type") == "token" and line.get("index") in captures:
+            line = {**line, "layers": layer_view_dict(captures[line["index"]])}
+        out.append(line)
+    return out
 
 
 def dumps(line: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@
   arrive within `batch_window_s` run as one batch, identical ones once.
 - `sample` / `batch_sample`: ancestral sampling built on the cached logprobs.
 - `beam_search(...)`, `agenerate(...)`.
+- `layer_logprobs(ids, position, top_k)`: each layer's top-k at a position (the logit lens).
 
 All model work runs on one private thread (MLX streams are per thread and
 torch is not re-entrant), so async callers never block their event loop.
@@ -23,7 +24,7 @@ import numpy as np
 
 from engine.research.batch_generate import check_rows_fit, generate_batch
 from engine.research.beam import BeamResult, beam_search
-from engine.capabilities import BatchRunners, require
+from engine.capabilities import BatchRunners, LayerLens, require
 from engine.research.trie import TokenTrie
 from engine.sampling import SamplerChain, SamplerSettings
 
@@ -224,6 +225,24 @@ class LanguageModel:
                     still.append(i)
             live = still
         return list(zip(outs, totals))
+
+    # --- inside the model: the layer view (logit lens) -------------------------
+
+    def layer_logprobs(self, token_ids: Sequence[int], position: int | None = None,
+                       top_k: int = 10) -> list[list[tuple[int, float]]]:
+        """What each decoder layer predicts for token `position` (default: the next token after `token_ids`).
+
+        One entry per layer, in order (L entries for L layers), each the top-k (token_id, logprob)
+        pairs best first, layer i's output put through the model's final norm and unembedding (the
+        logit lens); the last entry is the model's own next-token distribution. A position is the
+        index of a predicted token: 1..len(token_ids). MissingCapabilityError on a model without
+        the layer view (a server).
+        """
+        ids = _check_ids(token_ids)
+        lens = require(self.backend, LayerLens, "the layer view")
+        where = len(ids) if position is None else int(position)
+        capture = lens.layer_capture(ids, [where], top_k=top_k)[0]
+        return [list(layer.top) for layer in capture.layers]
 
     # --- batch generation and beams ---------------------------------------------
 

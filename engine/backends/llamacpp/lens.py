@@ -186,6 +186,7 @@ def capture_logits(
     logits: list[np.ndarray] = []
     try:
         done = _reuse_backend_state(backend, ctx, ids[:first])
+        log.debug("layer view: reused %d cached tokens, running %d", done, end - done)
         for lo in range(done, end, backend.n_batch):  # the prefix silently, then the rows read
             hi = min(end, lo + backend.n_batch)
             batch.clear()
