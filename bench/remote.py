@@ -9,17 +9,21 @@ model), then, alternating so drift hits both sides alike:
   `ratio_vs_raw_client=X.XX` (goal >= 0.9).
 - **we sample**: our time per token (one `max_tokens=1` request with the top-N
   log-probs, then our sampler chain) vs the raw client making that same
-  one-token request: `added_ms_per_token=X.X` is what we add on top.
+  one-token request: `added_ms_per_token=X.X` is what we add on top. This
+  server takes text prompts only, so each step also costs tokenizer
+  requests (the round-trip check, new alternatives' ids): the requests per
+  token are printed by path, `requests_per_token=X.X` in all.
 
 Needs the `openai` package (`pip install openai`); without it the raw side is
 plain httpx, and the output says so.
 
-    python bench/remote.py [--tokens 64] [--rounds 3]
+    python bench/remote.py [--tokens 64] [--rounds 3] [--step-tokens 16]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -112,8 +116,12 @@ def main() -> int:
             n, s = raw_stream(url, model, args.tokens)
             raw_rates.append(n / s)
         step_ours, step_raw = [], []
+        sent: collections.Counter = collections.Counter()
+        backend.client._http.event_hooks["request"].append(lambda r: sent.update([r.url.path]))
+        step_tokens = 0
         for _ in range(args.rounds):
             n, s = ours(backend, args.step_tokens, False)
+            step_tokens += n
             step_ours.append(s / n)
             step_raw.append(statistics.median(raw_one_token(url, model, top_n) for _ in range(5)))
         backend.close()
@@ -122,6 +130,9 @@ def main() -> int:
     print(f"server samples, raw:  {', '.join(f'{r:.1f}' for r in raw_rates)} tok/s")
     print(f"we sample: {statistics.median(step_ours) * 1e3:.1f} ms/token (top {top_n} per step); "
           f"the raw one-token request: {statistics.median(step_raw) * 1e3:.1f} ms")
+    print("we sample, requests per token: " + ", ".join(f"{path} {k / step_tokens:.1f}" for path, k in sorted(sent.items())))
+    print(f"requests_per_token={sum(sent.values()) / step_tokens:.1f}")
+    print(f"we_sample_tokens_per_s={1 / statistics.median(step_ours):.1f}")
     print(f"added_ms_per_token={(statistics.median(step_ours) - statistics.median(step_raw)) * 1e3:.1f}")
     print(f"ratio_vs_raw_client={statistics.median(ours_rates) / statistics.median(raw_rates):.2f}")
     return 0

@@ -172,3 +172,35 @@ def test_server_samples_greedy_equals_our_local_llamacpp_on_the_same_file(remote
         shared = theirs.keys() & ours.keys()
         assert len(shared) >= 4  # a near-tie at the edge of the top 5 may differ
         assert {t: theirs[t] for t in shared} == pytest.approx({t: ours[t] for t in shared}, abs=1e-3)
+
+
+def test_we_sample_on_a_text_only_server_costs_few_requests_per_token(server_url):
+    """Issue 20 item 14: each step's new alternatives are tokenized in one request, decodes of known pieces cost
+    none (was ~25 tokenizer requests per token, 64 on some prompts)."""
+    import collections
+
+    backend = RemoteBackend.connect(server_url)  # a fresh one: nothing learnt yet
+    sent: collections.Counter = collections.Counter()
+    backend.client._http.event_hooks["request"].append(lambda r: sent.update([r.url.path]))
+    try:
+        events, done = run(backend, prompt="Once upon a time, in a small village,", max_new_tokens=16,
+                           sampler=SamplerSettings(temperature=0))
+    finally:
+        backend.close()
+    assert done.stats.generated_tokens == 16
+    assert sent["/v1/completions"] == 16
+    assert sent["/extras/tokenize"] <= 2 * 16 and sent["/extras/detokenize"] <= 16, sent
+
+
+def test_we_sample_chat_ends_at_the_end_of_turn_as_the_server_does(remote, server_url):
+    """llama-cpp-python names special tokens "" and reports no log-probs when its own pick is the end of turn:
+    we-sample mode must still see that token and stop there, with the server's own greedy answer."""
+    messages = ({"role": "user", "content": "Say hello in one word."},)
+    events, done = run(remote, messages=messages, sampler=SamplerSettings(temperature=0), max_new_tokens=48)
+    prompt = remote.tokenizer.chat_text(messages)
+    theirs = httpx.post(server_url + "/completions", json={
+        "prompt": prompt, "max_tokens": 48, "temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0, "repeat_penalty": 1,
+    }, timeout=60).json()["choices"][0]
+    assert theirs["finish_reason"] == "stop"  # the server's own greedy answer ends with the end of turn
+    assert done.stats.finish_reason == "eos" and events[-1].special
+    assert done.stats.text == theirs["text"]

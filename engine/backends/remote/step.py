@@ -33,6 +33,8 @@ def parse_alternatives(
                 tid = id_from_text(text, tokenizer, cached_only)
             out.append((int(tid), text_of(text, tokenizer), float(alt["logprob"])))
     elif isinstance(entry, dict):
+        if tokenizer is not None and not cached_only:
+            tokenizer.learn_ids([t for t in entry if not t.startswith("token_id:")])  # one request for the new ones
         for text, lp in entry.items():
             out.append((id_from_text(text, tokenizer, cached_only), text_of(text, tokenizer), float(lp)))
     out.sort(key=lambda t: -t[2])
@@ -92,8 +94,22 @@ def next_token_top(
     if kind in ("vllm", "sglang"):
         body["return_tokens_as_token_ids"] = True
     doc = client.post_json("/completions", body)  # a pure function of its input: safe to retry
+    if _stopped_without_logprobs(doc) and tokenizer is not None and tokenizer.eos_token_ids:
+        # llama-cpp-python reports no log-probs when its pick is the end of turn (the answer is then empty).
+        # Asked again with that token banned from its pick, it reports the same (raw) log-probs, end of turn
+        # included, for the token it picks instead.
+        body["logit_bias"] = {str(i): -100 for i in tokenizer.eos_token_ids}
+        doc = client.post_json("/completions", body)
     try:
         entries = position_entries(doc["choices"][0]["logprobs"])
         return [t for t in parse_alternatives(entries[0], tokenizer) if t[0] >= 0]
     except (KeyError, IndexError, TypeError, AttributeError):
         raise ServerResponseError(f"{client.options.host} answered a completion without log-probs") from None
+
+
+def _stopped_without_logprobs(doc) -> bool:
+    try:
+        choice = doc["choices"][0]
+        return not choice["text"] and not position_entries(choice.get("logprobs") or {})
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return False

@@ -9,8 +9,17 @@ Servers disagree on where these endpoints are and what they are called:
 
 `probe_tokenize` finds which one answers. Servers that report alternatives as
 text (the OpenAI completions format) are mapped back to ids by tokenizing the
-text: a string that is exactly one token gives its id; anything else (empty
-text of special tokens, half a UTF-8 character) has no id and is dropped.
+text: a string that is exactly one token gives its id; anything else (half a
+UTF-8 character) has no id and is dropped. The empty text is how
+llama-cpp-python spells a special token: it is read as the end-of-turn token,
+the only special one a completion's alternatives normally hold.
+
+Speed (a text-only server costs requests per step, not just one): the texts of
+one step's alternatives are tokenized in one request, joined by a special
+token the server splits on (`learn_ids`), when the server proved at connect
+that this gives what tokenizing each alone gives; and llama-cpp-python's
+detokenize is a plain concatenation of token pieces, so a decode of tokens
+whose pieces are known costs no request (`decode`).
 """
 
 from __future__ import annotations
@@ -78,9 +87,16 @@ class RemoteTokenizer(Tokenizer):
         self.dialect = dialect
         self._encode_cache: dict[str, tuple[int, ...]] = {}
         self._id_of_text: dict[str, int | None] = {}
+        self._exact_piece: dict[int, str] = {}  # pieces that tokenize back to their token alone (see `decode`)
+        self._decoded: dict[tuple[int, ...], str] = {}  # recent server decodes
         self._bos: tuple[int, ...] = tuple(self._tokenize(""))  # what the server puts before any text
-        self.eos_token_ids = frozenset(i for s in EOS_CANDIDATES if (i := self._single_special(s)) is not None)
+        specials = [(s, i) for s in EOS_CANDIDATES if (i := self._single_special(s)) is not None]
+        self.eos_token_ids = frozenset(i for _, i in specials)
+        if specials:  # "" in a text-keyed answer is a special token's (empty) text: the end of turn
+            self._id_of_text[""] = specials[0][1]
         self._chat_template = CHATML if self._single_special("<|im_start|>") is not None else FALLBACK_TEMPLATE
+        self._separator = self._batch_separator(specials)  # (text, id) that splits a batch, or None
+        self._pieces_compose = self.dialect.name == "llama-cpp-python" and self._check_pieces()
 
     # --- server calls -----------------------------------------------------------
 
@@ -102,6 +118,35 @@ class RemoteTokenizer(Tokenizer):
     def _single_special(self, text: str) -> int | None:
         ids = self._tokenize(text)[len(self._bos) :]
         return ids[0] if len(ids) == 1 else None
+
+    def _check_pieces(self) -> bool:
+        """Whether a text that is one token alone is that token's whole piece (byte-level BPE: yes; SentencePiece
+        adds a space before a text), checked on two samples: then known pieces compose a decode."""
+        try:
+            for text in ("Hello", " world"):
+                ids = self._tokenize(text)[len(self._bos) :]
+                if len(ids) != 1 or self._detokenize(ids) != text:
+                    return False
+        except ServerError:
+            return False
+        return True
+
+    def _batch_separator(self, specials: list[tuple[str, int]]) -> tuple[str, int] | None:
+        """A special token that splits a batch of texts as if each were tokenized alone, checked on two samples."""
+        if not specials:
+            return None
+        text, sep = specials[0]
+        samples = ("Hello", " world\n", "1")
+        try:
+            alone = [self._tokenize(t)[len(self._bos) :] for t in samples]
+            joined = self._tokenize(text.join(samples))
+        except ServerError:
+            return None
+        expected = list(self._bos) + alone[0] + [sep] + alone[1] + [sep] + alone[2]
+        if joined != expected:
+            log.info("the server does not split texts at %r as it tokenizes each alone: no batched tokenize", text)
+            return None
+        return text, sep
 
     # --- the Tokenizer interface ---------------------------------------------------
 
@@ -143,7 +188,21 @@ class RemoteTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`; a cut-off multi-byte character ends in U+FFFD (some servers refuse to decode it)."""
-        ids = list(ids)
+        key = tuple(int(i) for i in ids)
+        if self._pieces_compose and key and key[0] not in self._bos:
+            # Its detokenize concatenates token pieces (llama_token_to_piece), so known pieces need no request.
+            pieces = [self._exact_piece.get(i) for i in key]
+            if all(p is not None for p in pieces):
+                return "".join(pieces)
+        if key in self._decoded:
+            return self._decoded[key]
+        text = self._decode_on_server(list(key))
+        if len(self._decoded) >= 512:
+            del self._decoded[next(iter(self._decoded))]
+        self._decoded[key] = text
+        return text
+
+    def _decode_on_server(self, ids: list[int]) -> str:
         for cut in range(min(4, len(ids)) + 1):  # a UTF-8 character spans at most 4 tokens
             try:
                 text = self._detokenize(ids[: len(ids) - cut]) if cut < len(ids) else ""
@@ -162,14 +221,37 @@ class RemoteTokenizer(Tokenizer):
             return self._id_of_text[text]
         if cached_only:
             return None
-        tid = None
-        if text:
-            ids = self._tokenize(text)[len(self._bos) :]
-            if len(ids) == 1:
-                tid = ids[0]
-                self._piece_cache.setdefault(tid, text)
-        self._id_of_text[text] = tid
-        return tid
+        self.learn_ids([text])
+        return self._id_of_text[text]
+
+    def learn_ids(self, texts: Sequence[str]) -> None:
+        """Find the ids of the texts not seen before (see `id_of`): one request for all of them when the server
+        splits a batch at a special token as it tokenizes each text alone, else one request per text."""
+        new = [t for t in dict.fromkeys(texts) if t not in self._id_of_text]
+        if not new:
+            return
+        batchable = [t for t in new if self._separator is not None and self._separator[0] not in t]
+        results: dict[str, list[int]] = {}
+        if len(batchable) > 1:
+            text, sep = self._separator
+            ids = self._tokenize(text.join(batchable))[len(self._bos) :]
+            parts: list[list[int]] = [[]]
+            for i in ids:
+                if i == sep:
+                    parts.append([])
+                else:
+                    parts[-1].append(i)
+            if len(parts) == len(batchable):
+                results = dict(zip(batchable, parts))
+            else:
+                log.debug("a batch of %d texts came back in %d parts; asking one by one", len(batchable), len(parts))
+        for t in new:
+            ids = results[t] if t in results else self._tokenize(t)[len(self._bos) :]
+            tid = ids[0] if len(ids) == 1 else None
+            if tid is not None:
+                self._piece_cache.setdefault(tid, t)
+                self._exact_piece.setdefault(tid, t)
+            self._id_of_text[t] = tid
 
     def chat_text(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         # The server's real template is not exposed by llama-cpp-python; ChatML when the vocabulary has
