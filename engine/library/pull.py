@@ -1,0 +1,136 @@
+"""`pull`: what the user typed (a hub id, a file in a hub repo, a .gguf address) -> a model on disk to open.
+
+Forms understood:
+
+- `org/name`: a safetensors model (config.json + weights) is downloaded as
+  the engine loads it; a repository of GGUF files with one model is that
+  model, with several the error lists them by the forms below;
+- `org/name:Q4_K_M`: the GGUF file whose name has that quantization;
+- `org/name/file.gguf`: that file (every part of a split model);
+- `https://huggingface.co/org/name/resolve/<revision>/file.gguf`: the same, through the hub;
+- any other `http(s)://.../file.gguf`: downloaded into Logit Lab's models folder
+  (`engine.sources.default_model.models_dir`), which the library lists.
+
+Hub downloads go into the Hugging Face cache through huggingface_hub.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import unquote, urlsplit
+
+from engine.errors import UsageError
+from engine.library.disk import RESERVE_BYTES, FreeSpaceFn, free_bytes
+from engine.library.errors import DownloadError
+from engine.library.gguf_facts import split_part
+from engine.library.http_download import download_url
+from engine.library.hub_download import HubFile, HubRepo, endpoint, pull_files, pull_folder, repo_files
+from engine.library.progress import CancelToken, ProgressFn
+
+_REPO = r"[A-Za-z0-9][\w.-]*/[\w.-]+"
+HUB_FORM = re.compile(rf"^(?P<repo>{_REPO})(?::(?P<tag>[\w.-]+)|/(?P<file>.+\.gguf))?$", re.IGNORECASE)
+HUB_HOSTS = {"huggingface.co", "hf.co", "www.huggingface.co"}
+HUB_PATH = re.compile(rf"^/(?P<repo>{_REPO})/(?:resolve|blob)/(?P<rev>[^/]+)/(?P<file>.+)$")
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    kind: Literal["hub", "url"]
+    repo_id: str = ""
+    filename: str = ""  # a file in the repo; "" for the whole model
+    tag: str = ""  # a quantization to pick among the repo's GGUF files
+    revision: str | None = None
+    url: str = ""
+
+
+@dataclass(frozen=True)
+class PullResult:
+    spec: str  # what to open: a hub id or a file path
+    path: Path
+
+
+def parse_pull(text: str) -> PullRequest:
+    """Classify what the user typed; UsageError naming the accepted forms when it is none of them."""
+    text = text.strip()
+    if re.match(r"^https?://", text, re.IGNORECASE):
+        parts = urlsplit(text)
+        hub_hosts = HUB_HOSTS | {urlsplit(endpoint()).netloc}
+        m = HUB_PATH.match(unquote(parts.path))
+        if parts.netloc.lower() in hub_hosts and m:
+            return PullRequest("hub", m["repo"], m["file"], revision=m["rev"])
+        if not unquote(parts.path).lower().endswith(".gguf"):
+            raise UsageError(f"{text} does not name a .gguf file; an address can give a GGUF file, and a hub id "
+                             "(org/name) gives any model")
+        return PullRequest("url", url=text)
+    m = HUB_FORM.match(text)
+    if not m:
+        raise UsageError(f"{text!r} is not something to download: give a hub id (org/name, org/name:Q4_K_M, "
+                         "org/name/file.gguf) or an http(s) address of a .gguf file")
+    return PullRequest("hub", m["repo"], m["file"] or "", tag=m["tag"] or "")
+
+
+def _models(files: list[HubFile]) -> dict[str, list[HubFile]]:
+    """GGUF files grouped into models: a split model's parts are one."""
+    groups: dict[str, list[HubFile]] = {}
+    for f in sorted(files, key=lambda f: f.name):
+        stem, _part, _total = split_part(Path(f.name))
+        groups.setdefault(str(Path(f.name).parent / stem), []).append(f)
+    return groups
+
+
+def _choices(repo: HubRepo, groups: dict[str, list[HubFile]]) -> str:
+    return ", ".join(f"{repo.repo_id}/{files[0].name}" for files in list(groups.values())[:12])
+
+
+def _pick_gguf(repo: HubRepo, req: PullRequest) -> list[HubFile]:
+    groups = _models(repo.gguf_files())
+    if req.filename:
+        stem = str(Path(req.filename).parent / split_part(Path(req.filename))[0])
+        if stem not in groups:
+            raise DownloadError(f"{repo.repo_id} has no file {req.filename}; it has: {_choices(repo, groups) or 'no GGUF files'}")
+        return groups[stem]
+    if req.tag:
+        tag = req.tag.lower()
+        matching = {k: v for k, v in groups.items() if re.search(rf"(^|[^a-z0-9]){re.escape(tag)}($|[^a-z0-9])", Path(k).name.lower())}
+        if len(matching) == 1:
+            return next(iter(matching.values()))
+        listed = _choices(repo, matching or groups)
+        raise DownloadError(f"{repo.repo_id} has {'several' if matching else 'no'} GGUF files named {req.tag}; choose one: {listed}")
+    if len(groups) == 1:
+        return next(iter(groups.values()))
+    raise DownloadError(f"{repo.repo_id} holds {len(groups)} GGUF models; choose one: {_choices(repo, groups)}")
+
+
+def pull(
+    text: str,
+    *,
+    progress: ProgressFn | None = None,
+    cancel: CancelToken | None = None,
+    cache_dir: Path | None = None,
+    models_folder: Path | None = None,
+    expected_sha256: str | None = None,
+    free_space: FreeSpaceFn = free_bytes,
+    reserve_bytes: int = RESERVE_BYTES,
+) -> PullResult:
+    """Download what `text` names (see the module docstring); return what to open. Blocking: call it off the UI thread."""
+    req = parse_pull(text)
+    cancel = cancel or CancelToken()
+    common = dict(progress=progress, cancel=cancel, free_space=free_space, reserve_bytes=reserve_bytes)
+    if req.kind == "url":
+        from engine.sources.default_model import models_dir
+
+        name = Path(unquote(urlsplit(req.url).path)).name
+        target = (models_folder or models_dir()) / name
+        path = download_url(req.url, target, expected_sha256=expected_sha256, **common)
+        return PullResult(str(path), path)
+    repo = repo_files(req.repo_id, req.revision)
+    if not req.filename and not req.tag and repo.is_model_folder():
+        folder = pull_folder(repo, cache_dir=cache_dir, **common)
+        return PullResult(req.repo_id if req.revision is None else str(folder), folder)
+    if not repo.gguf_files():
+        raise DownloadError(f"{req.repo_id} holds neither a model folder (config.json and .safetensors) nor GGUF files")
+    paths = pull_files(repo, _pick_gguf(repo, req), cache_dir=cache_dir, **common)
+    return PullResult(str(paths[0]), paths[0])
