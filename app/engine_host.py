@@ -67,6 +67,7 @@ class EngineHost:
         self.state = LoadState(False)
         self.last_error: BaseException | None = None  # why the last load failed (the window offers fixes by type)
         self._pending: asyncio.Future | None = None  # resolves when the load under way ends
+        self._task: asyncio.Task | None = None  # the load under way
         self._closed = False
         self.state_changed = Signal()  # (LoadState)
         self.model_changed = Signal()  # (ModelInfo)
@@ -91,7 +92,15 @@ class EngineHost:
         loop = asyncio.get_running_loop()
         self._pending = loop.create_future()
         self._set_state(LoadState(True, spec, f"Loading {spec or 'the default model'}…", None))
-        return loop.create_task(self._load(spec, backend, loop, trust_remote_code))
+        self._task = loop.create_task(self._load(spec, backend, loop, trust_remote_code))
+        return self._task
+
+    def cancel_load(self) -> bool:
+        """Stop the load under way (a server that never answers); the current model stays. True if one was."""
+        if self._task is None or self._task.done():
+            return False
+        self._task.cancel()
+        return True
 
     async def _load(self, spec: str | None, backend: str, loop: asyncio.AbstractEventLoop,
                     trust_remote_code: bool = False) -> bool:
@@ -110,7 +119,13 @@ class EngineHost:
         try:
             # Passed only when allowed, so factories that know nothing of remote code keep working.
             new = self._factory(spec, backend, progress, **({"trust_remote_code": True} if trust_remote_code else {}))
-            await asyncio.wrap_future(new.ready)
+            ready = asyncio.wrap_future(new.ready)
+            try:
+                # Shielded: cancel_load stops this wait, never the worker's own future (it sets that one itself).
+                await asyncio.shield(ready)
+            except asyncio.CancelledError:
+                ready.add_done_callback(_ignore_outcome)  # how the abandoned load ends is of no interest now
+                raise
             info = new.info
             if self._closed:  # the window closed while we loaded
                 return False
@@ -186,6 +201,11 @@ class EngineHost:
                 engine.close()
             else:
                 _close_in_background(engine)
+
+
+def _ignore_outcome(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved, so asyncio does not log it as never retrieved
 
 
 def _close_in_background(engine: Engine) -> None:

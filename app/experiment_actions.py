@@ -1,64 +1,68 @@
-"""The window's entry points to the sampling experiments (Chat ▸ Compare / Replay / Score, File ▸ Export trace).
+"""The window's entry points to the sampling experiments and to exports (Chat ▸ Compare / Replay / Score,
+File ▸ Export as Markdown / JSON / trace).
 
-Kept apart from `main_window.py`: each takes the window and opens a view or
-writes a file; the menus call them.
+Each takes an `ActionContext` (the state, the engine, a parent for dialogs),
+never the window, and opens a view or writes a file. A file that cannot be
+written is one dialog with the reason; nothing is lost (the conversation stays).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from engine import experiments
-from PySide6.QtWidgets import QFileDialog
 
+from app.action_context import ActionContext
 from app.experiments import trace_lines
 from app.state.conversation import Message
+from app.state.export import to_json, to_markdown
 from app.widgets.compare_view import CompareView
+from app.widgets.file_dialogs import save_file
 from app.widgets.replay_view import ReplayView
 from app.widgets.score_view import ScoreView
 
-if TYPE_CHECKING:
-    from app.main_window import MainWindow
+EXPORTS_FOLDER = "exports"  # the file dialogs' memory of where exports were last written
 
 
-def chosen_answer(w: "MainWindow") -> Message | None:
+def chosen_answer(ctx: ActionContext) -> Message | None:
     """The selected token's answer, else the last answer on screen."""
-    conv = w.library.current
+    conv = ctx.library.current
     if conv is None:
         return None
-    selected = conv.messages.get(w.selection.message_id) if w.selection.message_id is not None else None
+    selection = ctx.selection
+    selected = conv.messages.get(selection.message_id) if selection.message_id is not None else None
     if selected is not None and selected.is_assistant:
         return selected
     return next((m for m in reversed(conv.path()) if m.is_assistant), None)
 
 
-def open_compare(w: "MainWindow") -> CompareView:
+def open_compare(ctx: ActionContext) -> CompareView:
     """Compare settings on the last question of the open conversation (or a new prompt)."""
-    conv = w.library.current
+    conv = ctx.library.current
     anchor = None
     if conv is not None:
         user = next((m for m in reversed(conv.path()) if m.role == "user"), None)
         if user is not None:
             anchor = (conv, user)
-    view = CompareView(w.library, w.settings, w.host, anchor, parent=w)
+    view = CompareView(ctx.library, ctx.settings, ctx.host, anchor, parent=ctx.parent)
     view.show()
     return view
 
 
-def open_replay(w: "MainWindow", with_change: bool) -> ReplayView | None:
+def open_replay(ctx: ActionContext, with_change: bool) -> ReplayView | None:
     """Replay the chosen answer (at once), or open "Replay with…" to change one setting first."""
-    conv, answer = w.library.current, chosen_answer(w)
+    conv, answer = ctx.library.current, chosen_answer(ctx)
     if conv is None or answer is None:
-        w.status.showMessage("There is no answer to replay yet.", 6000)
+        ctx.notify("There is no answer to replay yet.", 6000)
         return None
     if answer.generating:
-        w.status.showMessage("Wait for the answer to finish before replaying it.", 6000)
+        ctx.notify("Wait for the answer to finish before replaying it.", 6000)
         return None
     try:
-        view = ReplayView(conv, answer, w.host, with_change=with_change, parent=w)
+        view = ReplayView(conv, answer, ctx.host, with_change=with_change, parent=ctx.parent)
     except ValueError as e:
-        w.status.showMessage(str(e), 8000)
+        ctx.notify(str(e), 8000)
         return None
     view.show()
     if not with_change:
@@ -66,28 +70,59 @@ def open_replay(w: "MainWindow", with_change: bool) -> ReplayView | None:
     return view
 
 
-def open_score(w: "MainWindow") -> ScoreView:
-    view = ScoreView(w.host, w.library.current, parent=w)
+def open_score(ctx: ActionContext) -> ScoreView:
+    view = ScoreView(ctx.host, ctx.library.current, parent=ctx.parent)
     view.show()
     return view
 
 
-def export_trace(w: "MainWindow", path: str | Path | None = None) -> Path | None:
+def export_conversation(ctx: ActionContext, kind: str, path: str | Path | None = None) -> Path | None:
+    """The open conversation as Markdown (the visible path) or JSON (every branch, with token records)."""
+    conv = ctx.library.current
+    if conv is None:
+        return None
+    suffix = ".md" if kind == "markdown" else ".json"
+    if path is None:
+        name = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title).strip() or "conversation"
+        path = save_file(ctx.parent, ctx.store, EXPORTS_FOLDER, "Export conversation", name + suffix)
+        if path is None:
+            return None
+    text = to_markdown(conv) if kind == "markdown" else to_json(conv)
+    out = _write(ctx, Path(path), "Could not export the conversation", lambda p: p.write_text(text, encoding="utf-8"))
+    if out is not None:
+        ctx.notify(f"Exported to {out}", 6000)
+    return out
+
+
+def export_trace(ctx: ActionContext, path: str | Path | None = None) -> Path | None:
     """Write the chosen answer's JSONL trace (header, one line per token, end)."""
-    conv, answer = w.library.current, chosen_answer(w)
+    conv, answer = ctx.library.current, chosen_answer(ctx)
     if conv is None or answer is None:
-        w.status.showMessage("There is no answer to export yet.", 6000)
+        ctx.notify("There is no answer to export yet.", 6000)
         return None
     if path is None:
-        chosen, _ = QFileDialog.getSaveFileName(w, "Export trace", "trace.jsonl", "JSON lines (*.jsonl)")
-        if not chosen:
+        path = save_file(ctx.parent, ctx.store, EXPORTS_FOLDER, "Export trace", "trace.jsonl", "JSON lines (*.jsonl)")
+        if path is None:
             return None
-        path = chosen
-    out = Path(path)
-    try:
-        n = experiments.write_trace(out, trace_lines(conv, answer, w.host.engine))
-    except (OSError, ValueError) as e:
-        w.status.showMessage(f"Could not export the trace: {e}", 10000)
+    written: list[int] = []
+    out = _write(ctx, Path(path), "Could not export the trace",
+                 lambda p: written.append(experiments.write_trace(p, trace_lines(conv, answer, ctx.host.engine))))
+    if out is not None:
+        ctx.notify(f"Trace of {written[0] - 2} tokens written to {out}", 6000)
+    return out
+
+
+def _write(ctx: ActionContext, out: Path, title: str, write: Callable[[Path], object]) -> Path | None:
+    """Run `write(out)`; a failure is one dialog naming the file and the reason. The path, or None."""
+    if out.is_dir():
+        ctx.warn(title, f"{out} is a folder: choose a file name inside it.")
         return None
-    w.status.showMessage(f"Trace of {n - 2} tokens written to {out}", 6000)
+    try:
+        write(out)
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        if isinstance(e, FileNotFoundError):
+            reason += f": the folder {out.parent} does not exist"
+        ctx.warn(title, f"{out} could not be written ({reason}). Nothing was lost: choose another place.")
+        return None
     return out

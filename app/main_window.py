@@ -1,8 +1,10 @@
 """The main window: builds the state, the views and the menus, and turns user actions into async work.
 
-Async slots (`@asyncSlot`) run on the qasync loop; each disables what it
-must and re-enables it in `finally`. Closing while an answer streams stops
-it, waits for the last tokens, writes them, then really closes.
+The menus' actions are typed (`WindowActions`) and connected here; what they
+do lives apart and gets an `ActionContext` rather than the window: loading
+models (`ModelActions`), experiments and exports (`experiment_actions`).
+Chat actions run as tasks on the qasync loop. Closing while an answer streams
+stops it, waits for the last tokens, writes them, then really closes.
 """
 
 from __future__ import annotations
@@ -10,32 +12,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QVBoxLayout, QWidget
-from qasync import asyncSlot, asyncWrap
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QVBoxLayout, QWidget
 
-from engine import DefaultModelMissingError, EngineError, RemoteCodeRefusedError, download_default_model
+from engine import ModelInfo
 
+from app.action_context import ActionContext
 from app.controller import Busy, ChatController
 from app.engine_host import EngineHost
-from app.menus import build_menus
+from app.experiment_actions import export_conversation, export_trace, open_compare, open_replay, open_score
+from app.logs import show_log_file
+from app.menus import WindowActions, build_menu_bar, show_about, show_shortcuts
+from app.model_actions import ModelActions
 from app.state.conversation import Message
-from app.state.export import to_json, to_markdown
 from app.state.library import Library
 from app.state.recovery import DatabaseNotice
-from app.state.servers import ApiKeys, prepare_connection, remember_server
+from app.state.servers import ApiKeys
 from app.state.settings import Selection, SettingsState, ViewOptions
 from app.state.store import Store
 from app.theme import Theme, app_icon
 from app.widgets.banner import Banner
 from app.widgets.chat_pane import ChatPane
-from app.widgets.connect_dialog import ConnectChoice, ConnectDialog
 from app.widgets.inspector import Inspector
-from app.widgets.model_picker import ModelPicker, recent_models, remember_model, remote_code_confirmation
 from app.widgets.sampling_panel import SamplingPanel
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
@@ -65,9 +66,8 @@ class MainWindow(QMainWindow):
         self.view_options = ViewOptions(store)
         self.selection = Selection()
         self.controller = ChatController(self.library, self.settings, host)
-        self.error_box: QMessageBox | None = None
         self.database_box: QMessageBox | None = None  # the start-up notice about the database file
-        self._model_title = ""
+        self._model_title = host.info.name if host.info is not None else ""
         self._closing = False
         self._shutdown_done = False
         self._tasks: set[asyncio.Future] = set()
@@ -91,7 +91,18 @@ class MainWindow(QMainWindow):
         self.inspector_dock = self._dock("Inspector", self.inspector, Qt.DockWidgetArea.RightDockWidgetArea)
         self.status = StatusBar(host, self.controller)
         self.setStatusBar(self.status)
-        self.actions_ = build_menus(self)
+        # Menus and actions get this context, never the window: they are imported here, not the reverse.
+        self.context = ActionContext(
+            store=store, library=self.library, selection=self.selection, host=host, settings=self.settings,
+            parent=self, notify=self.status.showMessage, spawn=self._spawn,
+        )
+        self.actions = WindowActions.create(self)
+        self._menus = build_menu_bar(
+            self, self.actions, [d.toggleViewAction() for d in (self.chats_dock, self.sampling_dock, self.inspector_dock)],
+            appearance=theme is not None,
+        )
+        self.models = ModelActions(self.context, self.api_keys, (self.actions.open_model, self.actions.connect_server))
+        self._connect_actions()
 
         composer = self.chat.composer
         composer.send_requested.connect(self.on_send)
@@ -111,8 +122,7 @@ class MainWindow(QMainWindow):
         store.damaged.connect(self._on_damage_read)
         self.controller.started.connect(self._on_generation_started)
         # The host can outlive this window (tests open a second one on it): closing disconnects these.
-        host.load_failed.connect(self._on_load_failed)
-        host.state_changed.connect(self._on_load_state)
+        host.model_changed.connect(self._on_model_changed)
 
         self.library.open_last()
         self._restore_geometry()
@@ -128,140 +138,59 @@ class MainWindow(QMainWindow):
         self.addDockWidget(area, dock)
         return dock
 
+    def _connect_actions(self) -> None:
+        """What each menu action does: the window's own slots, the model actions, the experiment actions."""
+        a, ctx = self.actions, self.context
+        handlers = {
+            a.new_chat: self.new_chat,
+            a.export_markdown: lambda: self.export("markdown"),
+            a.export_json: lambda: self.export("json"),
+            a.export_trace: lambda: export_trace(ctx),
+            a.quit: self.close,
+            a.send: self.chat.composer.submit,
+            a.stop: self.stop,
+            a.regenerate: self.on_regenerate,
+            a.continue_answer: self.on_continue,
+            a.search: self._focus_search,
+            a.rename: self.sidebar.begin_rename,
+            a.compare: lambda: open_compare(ctx),
+            a.replay: lambda: open_replay(ctx, False),
+            a.replay_with: lambda: open_replay(ctx, True),
+            a.score: lambda: open_score(ctx),
+            a.open_model: self.models.open_model_dialog,
+            a.connect_server: self.models.open_connect_dialog,
+            a.heatmap: self.toggle_heatmap,
+            a.previous_token: lambda: self.inspector.step(-1),
+            a.next_token: lambda: self.inspector.step(+1),
+            a.log_file: lambda: show_log_file(self),
+            a.shortcuts: lambda: show_shortcuts(self),
+            a.about: lambda: show_about(self),
+        }
+        for action, handler in handlers.items():
+            action.triggered.connect(lambda _checked=False, run=handler: run())
+        a.heatmap.setChecked(self.view_options.heatmap)
+        self.view_options.changed.connect(lambda: a.heatmap.setChecked(self.view_options.heatmap))
+        self._menus.model.aboutToShow.connect(lambda: self.models.fill_recent(self._menus.recent))
+        self.models.fill_recent(self._menus.recent)
+        for scheme, action in self._menus.appearance.items():
+            action.setChecked(self.theme is not None and self.theme.scheme == scheme)
+            action.triggered.connect(lambda _checked=False, s=scheme: self.set_appearance(s))
+
+    def _focus_search(self) -> None:
+        self.chats_dock.show()
+        self.chats_dock.raise_()
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
+
     # -- model -----------------------------------------------------------------------------
 
-    def start(self, spec: str | None = None, backend: str | None = None) -> asyncio.Task:
+    def start(self, spec: str | None = None, backend: str | None = None) -> asyncio.Future:
         """Load the model given on the command line, else the last one used, else the default."""
-        if spec is None and backend is None:
-            recent = recent_models(self.store)
-            if recent:
-                spec = None if recent[0]["spec"] == "default" else recent[0]["spec"]
-                backend = recent[0].get("backend", "auto")
-        return self.load_model(spec, backend or "auto")
+        return self.models.start(spec, backend)
 
-    def load_model(self, spec: str | None, backend: str = "auto", trust_remote_code: bool = False) -> asyncio.Task:
-        """Start loading (the host counts as loading at once); the task gives True on success.
-
-        `trust_remote_code` only after the user confirmed the model's code files by name.
-        """
-        if backend == "remote" and spec:
-            prepare_connection(self.store, self.api_keys, spec)  # its key and timeout, never in the store
-        action = self.actions_["open_model"]
-        action.setEnabled(False)
-        self._requested_backend = backend
-        try:
-            loading = self.host.load(spec, backend, trust_remote_code=trust_remote_code)
-        except RuntimeError as e:  # one load at a time
-            action.setEnabled(not self.host.loading)
-            self.status.showMessage(str(e), 6000)
-            raise
-        return self._spawn(self._finish_load(loading, spec, backend))
-
-    async def _finish_load(self, loading: asyncio.Task, spec: str | None, backend: str) -> bool:
-        try:
-            ok = await loading
-            if ok:
-                remember_model(self.store, spec, backend)
-                self._model_title = self.host.info.name
-                self._update_title()
-            return ok
-        finally:
-            self.actions_["open_model"].setEnabled(not self.host.loading)
-
-    @asyncSlot()
-    async def open_model_dialog(self) -> None:
-        dialog = ModelPicker(self.store, self.host.spec, self.host.backend, self)
-        # asyncWrap runs the modal dialog's nested event loop outside this task (qasync's advice).
-        if await asyncWrap(dialog.exec) == ModelPicker.DialogCode.Accepted and not self.host.loading:
-            await self.load_model(dialog.spec, dialog.backend, trust_remote_code=dialog.trust_remote_code)
-
-    @asyncSlot()
-    async def open_connect_dialog(self) -> None:
-        dialog = ConnectDialog(self.store, self.api_keys, self.settings.options.server_sampling, self)
-        if await asyncWrap(dialog.exec) == ConnectDialog.DialogCode.Accepted and not self.host.loading:
-            await self.connect_server(dialog.choice())
-
-    def connect_server(self, choice: ConnectChoice) -> asyncio.Task:
-        """Keep the key (keyring or session) and the server (recent list, without the key); load its model."""
-        self.api_keys.set(choice.url, choice.api_key, remember=choice.remember_key)
-        remember_server(self.store, choice.url, choice.model, choice.timeout_s)
-        self.settings.set_server_sampling(choice.server_sampling)
-        return self.load_model(choice.spec, "remote")
-
-    def _on_load_state(self, state) -> None:
-        self.actions_["open_model"].setEnabled(not state.loading)
-        self.actions_["connect_server"].setEnabled(not state.loading)
-
-    def _on_load_failed(self, spec: str | None, message: str) -> None:
-        if spec is None and self.host.info is None and isinstance(self.host.last_error, DefaultModelMissingError):
-            self._offer_default_model(message)
-            return
-        if isinstance(self.host.last_error, RemoteCodeRefusedError):
-            self._confirm_remote_code(spec, self.host.last_error.files)
-            return
-        if self.host.info is not None:
-            keep = f"The previous model, {self.host.info.name}, is still loaded and in use."
-        else:
-            keep = "No model is loaded: open one from Model ▸ Open model…"
-        box = QMessageBox(QMessageBox.Icon.Warning, "Could not load the model", f"{message}\n\n{keep}", parent=self)
-        box.setObjectName("load_error")
-        box.setAccessibleName("Model load error")
-        box.open()  # not exec(): the window stays responsive and tests are not blocked
-        self.error_box = box
-
-    def _confirm_remote_code(self, spec: str | None, files: tuple[str, ...]) -> None:
-        """The model needs its own code (a hub id, or a folder opened without the picker): name the files, ask."""
-        backend = getattr(self, "_requested_backend", "auto")  # the failed load's, not the current model's
-        box = remote_code_confirmation(self, spec or "the model", files)
-        box.allow_button.clicked.connect(lambda: self.load_model(spec, backend, trust_remote_code=True))
-        box.open()
-        self.error_box = box
-
-    def _offer_default_model(self, message: str) -> None:
-        """The default model is nowhere (a packaged app's first start): download it, or choose another."""
-        box = QMessageBox(QMessageBox.Icon.Information, "Get the default model", message, parent=self)
-        box.setObjectName("load_error")
-        box.setAccessibleName("Default model missing")
-        download = box.addButton("Download (98 MB)", QMessageBox.ButtonRole.AcceptRole)
-        choose = box.addButton("Choose a model…", QMessageBox.ButtonRole.ActionRole)
-        box.addButton(QMessageBox.StandardButton.Cancel)
-        download.setObjectName("download_default")
-        choose.setObjectName("choose_model")
-        download.clicked.connect(lambda: self.download_default_model())
-        choose.clicked.connect(lambda: self.open_model_dialog())
-        box.open()
-        self.error_box = box
-
-    @asyncSlot()
-    async def download_default_model(self) -> bool:
-        """Download the default model into the user models folder, then load it; False if that failed."""
-        loop = asyncio.get_running_loop()
-
-        def progress(message: str, fraction: float | None) -> None:  # download thread
-            text = message if fraction is None else f"{message}: {fraction:.0%}"
-            loop.call_soon_threadsafe(self.status.showMessage, text)
-
-        self.actions_["open_model"].setEnabled(False)
-        self.status.showMessage("Downloading the default model…")
-        try:
-            # A plain thread, not the loop's default executor (qasync's QThreads outlive a closed window).
-            with ThreadPoolExecutor(1, thread_name_prefix="logitlab-download") as pool:
-                await asyncio.wrap_future(pool.submit(download_default_model, progress))
-        except EngineError as e:
-            self.status.clearMessage()
-            box = QMessageBox(
-                QMessageBox.Icon.Warning,
-                "Could not download the default model",
-                f"{e}\n\nYou can open a model file or folder instead: Model ▸ Open model…",
-                parent=self,
-            )
-            box.setObjectName("load_error")
-            box.open()
-            self.error_box = box
-            return False
-        finally:
-            self.actions_["open_model"].setEnabled(not self.host.loading)
-        return await self.load_model(None, "auto")
+    def _on_model_changed(self, info: ModelInfo) -> None:
+        self._model_title = info.name
+        self._update_title()
 
     # -- chat actions ----------------------------------------------------------------------
 
@@ -317,8 +246,9 @@ class MainWindow(QMainWindow):
         self.chat.composer.edit.setFocus()
 
     def delete_conversation(self, conversation_id: int) -> None:
+        """Delete a conversation; an answer streaming into it stops first, whichever conversation is open."""
         generating = self.controller.generating_message
-        if generating is not None and self.library.current and self.library.current.id == conversation_id:
+        if generating is not None and any(row.id == generating.id for row in self.store.messages(conversation_id)):
             self.controller.stop()
         self.library.delete(conversation_id)
 
@@ -326,21 +256,9 @@ class MainWindow(QMainWindow):
         self.view_options.set_heatmap(not self.view_options.heatmap)
 
     def export(self, kind: str, path: str | Path | None = None) -> Path | None:
-        conv = self.library.current
-        if conv is None:
-            return None
-        suffix = ".md" if kind == "markdown" else ".json"
-        if path is None:
-            name = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title).strip() or "conversation"
-            chosen, _ = QFileDialog.getSaveFileName(self, "Export conversation", name + suffix)
-            if not chosen:
-                return None
-            path = chosen
+        """File ▸ Export as Markdown / JSON: the open conversation; None when cancelled or not written."""
         self.controller.retry_saving()  # export is a moment to try again what could not be saved
-        out = Path(path)
-        out.write_text(to_markdown(conv) if kind == "markdown" else to_json(conv), encoding="utf-8")
-        self.status.showMessage(f"Exported to {out}", 6000)
-        return out
+        return export_conversation(self.context, kind, path)
 
     def set_appearance(self, scheme: str) -> None:
         if self.theme is not None:
@@ -354,18 +272,18 @@ class MainWindow(QMainWindow):
             self.inspector_dock.show()
 
     def _on_busy_changed(self, busy: bool) -> None:
-        a = self.actions_
-        a["stop"].setEnabled(busy)
-        for key in ("regenerate", "continue"):
-            a[key].setEnabled(not busy)
+        a = self.actions
+        a.stop.setEnabled(busy)
+        a.regenerate.setEnabled(not busy)
+        a.continue_answer.setEnabled(not busy)
 
     # -- closing ---------------------------------------------------------------------------
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if self._shutdown_done:
             self._save_geometry()
-            self.host.load_failed.disconnect(self._on_load_failed)
-            self.host.state_changed.disconnect(self._on_load_state)
+            self.host.model_changed.disconnect(self._on_model_changed)
+            self.models.detach()
             self.store.damaged.disconnect(self._on_damage_read)
             self.status.detach()
             event.accept()

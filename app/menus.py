@@ -1,19 +1,19 @@
-"""The main window's menus and keyboard shortcuts."""
+"""The main window's menus and keyboard shortcuts: the actions, typed, and where each one sits.
+
+This module only makes the actions and lays out the menu bar; it knows nothing of
+the window. The window connects each action to what it does (its own slots, the
+model actions, the experiment actions), so nothing here imports it back.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QMainWindow, QMenu, QMessageBox, QWidget
 
 from app import __version__
-from app.experiment_actions import export_trace, open_compare, open_replay, open_score
-from app.logs import show_log_file
-from app.widgets.model_picker import recent_models
-
-if TYPE_CHECKING:
-    from app.main_window import MainWindow
 
 SHORTCUTS_HELP = """<table>
 <tr><td><b>Enter</b></td><td>send</td></tr>
@@ -29,114 +29,153 @@ SHORTCUTS_HELP = """<table>
 <tr><td><b>Ctrl+E / Ctrl+Shift+E</b></td><td>export as Markdown / JSON</td></tr>
 </table>"""
 
+APPEARANCES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
 
-def build_menus(w: "MainWindow") -> dict[str, QAction]:
-    """Create the menu bar; returns the actions other code enables and disables, by key."""
-    actions: dict[str, QAction] = {}
-    bar = w.menuBar()
 
-    def act(key: str, text: str, slot, shortcut: str | QKeySequence | None = None, tip: str = "") -> QAction:
-        a = QAction(text, w)
-        if shortcut:
-            a.setShortcut(QKeySequence(shortcut))
-        if tip:
-            a.setStatusTip(tip)
-        a.triggered.connect(lambda _checked=False: slot())
-        w.addAction(a)  # shortcuts work even with the menu bar hidden
-        actions[key] = a
-        return a
+@dataclass(frozen=True)
+class WindowActions:
+    """Every action of the menu bar; the window connects them and enables what depends on its state."""
 
+    new_chat: QAction
+    export_markdown: QAction
+    export_json: QAction
+    export_trace: QAction
+    quit: QAction
+    send: QAction
+    stop: QAction
+    regenerate: QAction
+    continue_answer: QAction
+    search: QAction
+    rename: QAction
+    compare: QAction
+    replay: QAction
+    replay_with: QAction
+    score: QAction
+    open_model: QAction
+    connect_server: QAction
+    heatmap: QAction
+    previous_token: QAction
+    next_token: QAction
+    log_file: QAction
+    shortcuts: QAction
+    about: QAction
+
+    @classmethod
+    def create(cls, owner: QWidget) -> "WindowActions":
+        """The actions with their texts, shortcuts and tips; added to `owner` so shortcuts work with no menu bar."""
+
+        def act(text: str, shortcut: str | QKeySequence | None = None, tip: str = "") -> QAction:
+            action = QAction(text, owner)
+            if shortcut:
+                action.setShortcut(QKeySequence(shortcut))
+            if tip:
+                action.setStatusTip(tip)
+            owner.addAction(action)
+            return action
+
+        heatmap = act("&Token heatmap", "Ctrl+H")
+        heatmap.setCheckable(True)
+        return cls(
+            new_chat=act("&New chat", QKeySequence.StandardKey.New),
+            export_markdown=act("Export as &Markdown…", "Ctrl+E"),
+            export_json=act("Export as &JSON (with token records)…", "Ctrl+Shift+E"),
+            export_trace=act("Export &trace (JSONL)…", tip="The selected answer as JSON lines: header, then every "
+                             "token with its alternatives and stages"),
+            quit=act("&Quit", QKeySequence.StandardKey.Quit),
+            send=act("&Send", "Ctrl+Return"),
+            stop=act("S&top", "Esc", "Stop generating before the next token"),
+            regenerate=act("&Regenerate", "Ctrl+R"),
+            continue_answer=act("&Continue answer", "Ctrl+Shift+Return"),
+            search=act("Search c&onversations", QKeySequence.StandardKey.Find),
+            rename=act("Re&name conversation", "F2"),
+            compare=act("Co&mpare settings…", tip="One prompt under 2-4 sampler settings with the same seed, "
+                        "tokens side by side"),
+            replay=act("Re&play answer", tip="Generate the selected answer again with its seed and settings"),
+            replay_with=act("Replay answer &with…", tip="Change one setting, keep the seed, and see which tokens change"),
+            score=act("Score &text…", tip="How surprising any text is to the model, token by token"),
+            open_model=act("&Open model…", QKeySequence.StandardKey.Open),
+            connect_server=act("&Connect to server…", tip="A model on an OpenAI-compatible server: vLLM, SGLang, "
+                               "llama.cpp, Ollama, LM Studio"),
+            heatmap=heatmap,
+            previous_token=act("&Previous token", "Alt+Left"),
+            next_token=act("&Next token", "Alt+Right"),
+            log_file=act("Show &log file", tip="Open the folder with the log file"),
+            shortcuts=act("&Keyboard shortcuts"),
+            about=act("&About Logit Lab"),
+        )
+
+    def all(self) -> tuple[QAction, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True)
+class MenuBar:
+    """What the window fills or follows after the bar is built."""
+
+    model: QMenu  # refills Recent before it shows
+    recent: QMenu
+    appearance: dict[str, QAction]  # by scheme; empty without a theme
+
+
+def build_menu_bar(window: QMainWindow, a: WindowActions, panels: Sequence[QAction], appearance: bool) -> MenuBar:
+    """Lay the actions out in the menu bar; `panels` are the docks' show/hide actions (View menu)."""
+    bar = window.menuBar()
     file = bar.addMenu("&File")
-    file.addAction(act("new", "&New chat", w.new_chat, QKeySequence.StandardKey.New))
+    file.addActions([a.new_chat])
     file.addSeparator()
-    file.addAction(act("export_md", "Export as &Markdown…", lambda: w.export("markdown"), "Ctrl+E"))
-    file.addAction(act("export_json", "Export as &JSON (with token records)…", lambda: w.export("json"), "Ctrl+Shift+E"))
-    file.addAction(act("export_trace", "Export &trace (JSONL)…", lambda: export_trace(w),
-                       tip="The selected answer as JSON lines: header, then every token with its alternatives and stages"))
+    file.addActions([a.export_markdown, a.export_json, a.export_trace])
     file.addSeparator()
-    file.addAction(act("quit", "&Quit", w.close, QKeySequence.StandardKey.Quit))
+    file.addAction(a.quit)
 
     chat = bar.addMenu("&Chat")
-    chat.addAction(act("send", "&Send", lambda: w.chat.composer.submit(), "Ctrl+Return"))
-    chat.addAction(act("stop", "S&top", w.stop, "Esc", "Stop generating before the next token"))
-    chat.addAction(act("regenerate", "&Regenerate", w.on_regenerate, "Ctrl+R"))
-    chat.addAction(act("continue", "&Continue answer", w.on_continue, "Ctrl+Shift+Return"))
+    chat.addActions([a.send, a.stop, a.regenerate, a.continue_answer])
     chat.addSeparator()
-    chat.addAction(act("search", "Search c&onversations", _focus_search(w), QKeySequence.StandardKey.Find))
-    chat.addAction(act("rename", "Re&name conversation", w.sidebar.begin_rename, "F2"))
+    chat.addActions([a.search, a.rename])
     chat.addSeparator()
-    chat.addAction(act("compare", "Co&mpare settings…", lambda: open_compare(w),
-                       tip="One prompt under 2-4 sampler settings with the same seed, tokens side by side"))
-    chat.addAction(act("replay", "Re&play answer", lambda: open_replay(w, False),
-                       tip="Generate the selected answer again with its seed and settings"))
-    chat.addAction(act("replay_with", "Replay answer &with…", lambda: open_replay(w, True),
-                       tip="Change one setting, keep the seed, and see which tokens change"))
-    chat.addAction(act("score", "Score &text…", lambda: open_score(w),
-                       tip="How surprising any text is to the model, token by token"))
+    chat.addActions([a.compare, a.replay, a.replay_with, a.score])
 
     model = bar.addMenu("&Model")
-    model.addAction(act("open_model", "&Open model…", w.open_model_dialog, QKeySequence.StandardKey.Open))
-    model.addAction(act("connect_server", "&Connect to server…", w.open_connect_dialog,
-                        tip="A model on an OpenAI-compatible server: vLLM, SGLang, llama.cpp, Ollama, LM Studio"))
+    model.addActions([a.open_model, a.connect_server])
     recent = model.addMenu("&Recent")
 
-    def fill_recent() -> None:
-        recent.clear()
-        for row in recent_models(w.store):
-            spec, backend = row["spec"], row.get("backend", "auto")
-            a = recent.addAction(f"{spec}  ({backend})")
-            a.triggered.connect(
-                lambda _c=False, s=spec, b=backend: w.host.loading or w.load_model(None if s == "default" else s, b)
-            )
-        recent.setEnabled(not recent.isEmpty())
-
-    model.aboutToShow.connect(fill_recent)
-    fill_recent()
-
     view = bar.addMenu("&View")
-    heat = act("heatmap", "&Token heatmap", w.toggle_heatmap, "Ctrl+H")
-    heat.setCheckable(True)
-    heat.setChecked(w.view_options.heatmap)
-    w.view_options.changed.connect(lambda: heat.setChecked(w.view_options.heatmap))
-    view.addAction(heat)
-    view.addAction(act("prev_token", "&Previous token", lambda: w.inspector.step(-1), "Alt+Left"))
-    view.addAction(act("next_token", "&Next token", lambda: w.inspector.step(+1), "Alt+Right"))
+    view.addActions([a.heatmap, a.previous_token, a.next_token])
     view.addSeparator()
-    for dock in (w.chats_dock, w.sampling_dock, w.inspector_dock):
-        view.addAction(dock.toggleViewAction())
-    if w.theme is not None:
-        appearance = view.addMenu("&Appearance")
-        group = QActionGroup(w)
-        for scheme in ("system", "light", "dark"):
-            a = appearance.addAction(scheme.capitalize() if scheme != "system" else "Follow the system")
-            a.setCheckable(True)
-            a.setChecked(w.theme.scheme == scheme)
-            a.triggered.connect(lambda _c=False, s=scheme: w.set_appearance(s))
-            group.addAction(a)
+    view.addActions(list(panels))
+    schemes: dict[str, QAction] = {}
+    if appearance:
+        menu = view.addMenu("&Appearance")
+        group = QActionGroup(window)
+        for scheme, text in APPEARANCES:
+            action = menu.addAction(text)
+            action.setCheckable(True)
+            group.addAction(action)
+            schemes[scheme] = action
 
     help_ = bar.addMenu("&Help")
-    help_.addAction(act("log_file", "Show &log file", lambda: show_log_file(w), tip="Open the folder with the log file"))
-    help_.addAction(act("shortcuts", "&Keyboard shortcuts", lambda: QMessageBox.information(w, "Keyboard shortcuts", SHORTCUTS_HELP)))
-    help_.addAction(
-        act(
-            "about",
-            "&About Logit Lab",
-            lambda: QMessageBox.about(
-                w,
-                "About Logit Lab",
-                f"<b>Logit Lab {__version__}</b><p>Chat with a local language model and see how it samples: "
-                "every token's probability, its alternatives, and what each sampler stage did.</p>",
-            ),
-        )
+    help_.addActions([a.log_file, a.shortcuts, a.about])
+    return MenuBar(model, recent, schemes)
+
+
+def show_shortcuts(parent: QWidget) -> QMessageBox:
+    return _open_box(parent, "Keyboard shortcuts", SHORTCUTS_HELP)
+
+
+def show_about(parent: QWidget) -> QMessageBox:
+    box = _open_box(
+        parent,
+        "About Logit Lab",
+        f"<b>Logit Lab {__version__}</b><p>Chat with a local language model and see how it samples: "
+        "every token's probability, its alternatives, and what each sampler stage did.</p>",
     )
-    return actions
+    box.setIconPixmap(parent.windowIcon().pixmap(64, 64))
+    return box
 
 
-def _focus_search(w: "MainWindow"):
-    def focus() -> None:
-        w.chats_dock.show()
-        w.chats_dock.raise_()
-        w.sidebar.search.setFocus()
-        w.sidebar.search.selectAll()
-
-    return focus
+def _open_box(parent: QWidget, title: str, text: str) -> QMessageBox:
+    """Opened, not exec()'d (no nested event loop), and deleted once closed."""
+    box = QMessageBox(QMessageBox.Icon.Information, title, text, parent=parent)
+    box.setAccessibleName(title)
+    box.finished.connect(box.deleteLater)
+    box.open()
+    return box

@@ -187,7 +187,7 @@ async def _load_and_answer(window, args: argparse.Namespace, report: dict) -> in
     report["model_load_s"] = round(time.perf_counter() - t_load, 3)
     report["model_loaded_at"] = time.time()
     if not ok:
-        box = window.error_box
+        box = window.models.error_box
         report["error"] = "loading the model failed: " + (box.text() if box is not None else "no message")
         return 1
     info = window.host.info

@@ -9,7 +9,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QLabel,
@@ -22,6 +21,9 @@ from PySide6.QtWidgets import (
 from engine import BACKENDS as ENGINE_BACKENDS, custom_code_files
 
 from app.state.store import Store
+from app.widgets.file_dialogs import open_file, open_folder
+
+MODELS_FOLDER = "models"  # the file dialogs' memory of where models were last chosen from
 
 RECENT_KEY = "recent_models"
 MAX_RECENT = 10
@@ -69,31 +71,44 @@ def remote_code_confirmation(parent: QWidget | None, model: str, files: tuple[st
 
 
 class ModelPicker(QDialog):
-    """`exec()` then read `spec` and `backend`."""
+    """`open()` it, then read `spec`, `backend` and `trust_remote_code` once it is accepted.
+
+    The backend follows what is typed: the one a model was last opened with (the current one, a
+    recent one), else "auto", which picks by what the text names (a server URL, a .gguf file, a
+    folder or hub id). A backend the user chose in this dialog is kept whatever is typed after.
+    """
 
     def __init__(self, store: Store, current_spec: str | None, current_backend: str, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Open model")
         self.setMinimumWidth(560)
+        self._store = store
+        recent = recent_models(store)
+        self._known_backends = {r["spec"]: r.get("backend", "auto") for r in reversed(recent)}
+        self._known_backends[current_spec or DEFAULT_SPEC] = current_backend
+        self._backend_chosen = False  # by the user, in this dialog
+        self._following = False  # the backend box is being set to follow the text
         self.spec_box = QComboBox()
         self.spec_box.setEditable(True)
         self.spec_box.setAccessibleName("Model")
         self.spec_box.lineEdit().setPlaceholderText("a folder, a .gguf file, or a hub id like org/name")
-        specs = [r["spec"] for r in recent_models(store)]
+        specs = [r["spec"] for r in recent]
         for spec in [current_spec or DEFAULT_SPEC, DEFAULT_SPEC, *specs]:
             if self.spec_box.findText(spec) < 0:
                 self.spec_box.addItem(spec)
         self.spec_box.setCurrentText(current_spec or DEFAULT_SPEC)
-        folder = QPushButton("Folder…")
-        folder.setAccessibleName("Choose a model folder")
-        gguf = QPushButton(".gguf file…")
-        gguf.setAccessibleName("Choose a GGUF file")
-        folder.clicked.connect(self._choose_folder)
-        gguf.clicked.connect(self._choose_gguf)
+        self.folder_button = QPushButton("Folder…")
+        self.folder_button.setAccessibleName("Choose a model folder")
+        self.gguf_button = QPushButton(".gguf file…")
+        self.gguf_button.setAccessibleName("Choose a GGUF file")
+        self.folder_button.clicked.connect(self._choose_folder)
+        self.gguf_button.clicked.connect(self._choose_gguf)
         self.backend_box = QComboBox()
         self.backend_box.setAccessibleName("Backend")
         self.backend_box.addItems(BACKENDS)
-        self.backend_box.setCurrentText(current_backend if current_backend in BACKENDS else "auto")
+        self._follow_text(self.spec_box.currentText())
+        self.backend_box.currentTextChanged.connect(self._on_backend_changed)
+        self.spec_box.currentTextChanged.connect(self._follow_text)
         self.backend_box.setToolTip(
             "auto: a .gguf file on llama.cpp when installed, a server URL on remote; "
             "otherwise MLX on Apple Silicon, torch elsewhere (CUDA when present)"
@@ -101,8 +116,8 @@ class ModelPicker(QDialog):
 
         pick = QHBoxLayout()
         pick.addWidget(self.spec_box, 1)
-        pick.addWidget(folder)
-        pick.addWidget(gguf)
+        pick.addWidget(self.folder_button)
+        pick.addWidget(self.gguf_button)
         form = QFormLayout()
         form.addRow("Model", pick)
         form.addRow("Backend", self.backend_box)
@@ -150,12 +165,27 @@ class ModelPicker(QDialog):
         self.trust_box.setText(f"Allow this model's own code to run: {', '.join(files)}" if files else "")
         self.trust_box.setVisible(bool(files))
 
+    def _follow_text(self, text: str) -> None:
+        """Set the backend a model of this name was opened with, else auto, unless the user chose one here."""
+        if self._backend_chosen:
+            return
+        backend = self._known_backends.get(text.strip() or DEFAULT_SPEC, "auto")
+        self._following = True
+        try:
+            self.backend_box.setCurrentText(backend if backend in BACKENDS else "auto")
+        finally:
+            self._following = False
+
+    def _on_backend_changed(self, _text: str) -> None:
+        if not self._following:
+            self._backend_chosen = True
+
     def _choose_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Model folder (with config.json)")
-        if path:
-            self.spec_box.setCurrentText(path)
+        path = open_folder(self, self._store, MODELS_FOLDER, "Model folder (with config.json)")
+        if path is not None:
+            self.spec_box.setCurrentText(str(path))
 
     def _choose_gguf(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "GGUF model file", "", "GGUF models (*.gguf);;All files (*)")
-        if path:
-            self.spec_box.setCurrentText(path)
+        path = open_file(self, self._store, MODELS_FOLDER, "GGUF model file", "GGUF models (*.gguf);;All files (*)")
+        if path is not None:
+            self.spec_box.setCurrentText(str(path))

@@ -30,7 +30,7 @@ def test_compare_columns_align_mark_the_divergence_and_go_into_the_chat(qtbot, w
     user_answer = send(qtbot, window, "the cat")
     conv = window.library.current
     user = conv.messages[user_answer.parent_id]
-    view = open_compare(window)
+    view = open_compare(window.context)
     qtbot.addWidget(view)
     assert len(view.columns) == 2 and "Continues the open conversation" in view.prompt_note.text()
     view.seed.setValue(5)
@@ -92,14 +92,14 @@ def test_replay_is_identical_and_replay_with_a_change_shows_the_token_diff(qtbot
     conv = window.library.current
     original = [t.token_id for t in conv.tokens(answer)]
 
-    same = open_replay(window, with_change=False)
+    same = open_replay(window.context, with_change=False)
     qtbot.addWidget(same)
     qtbot.waitUntil(lambda: same.diff is not None, timeout=15000)
     assert same.replay.token_ids == original and same.diff.identical
     assert "Identical" in same.summary.text()
     same.close()
 
-    changed = open_replay(window, with_change=True)
+    changed = open_replay(window.context, with_change=True)
     qtbot.addWidget(changed)
     changed.field.setCurrentText("top_k")
     changed.value.setText("1")
@@ -120,7 +120,7 @@ def test_replay_is_identical_and_replay_with_a_change_shows_the_token_diff(qtbot
     changed.close()
 
     # File ▸ Export trace: the selected answer (the kept replay is now the last one) as JSONL.
-    out = export_trace(window, tmp_path / "trace.jsonl")
+    out = export_trace(window.context, tmp_path / "trace.jsonl")
     (run,) = read_trace(out)
     assert run.header["seed"] == 3 and run.header["settings"]["top_k"] == 1 and run.header["prompt_ids"]
     assert [e.token_id for e in run.events()] == [t.token_id for t in conv.tokens(kept)]
@@ -128,11 +128,11 @@ def test_replay_is_identical_and_replay_with_a_change_shows_the_token_diff(qtbot
 
 
 def test_menus_open_the_experiments(qtbot, window):
-    assert window.actions_["replay"].text() and window.actions_["export_trace"].text()
-    window.actions_["replay"].trigger()  # nothing answered yet: a message, no window
+    assert window.actions.replay.text() and window.actions.export_trace.text()
+    window.actions.replay.trigger()  # nothing answered yet: a message, no window
     assert "no answer" in window.status.currentMessage()
-    window.actions_["compare"].trigger()
-    window.actions_["score"].trigger()
+    window.actions.compare.trigger()
+    window.actions.score.trigger()
     titles = {w.windowTitle() for w in window.findChildren(QWidget) if w.isWindow() and w.isVisible()}
     assert {"Compare settings", "Score text"} <= titles
 
@@ -152,7 +152,7 @@ def test_replay_on_another_model_names_the_answers_model_and_offers_to_load_it(q
         original = [t.token_id for t in window.library.current.tokens(answer)]
         assert run_task(qtbot, host.load("other-mock", "mock")) and host.info.name == "other-mock"
 
-        view = open_replay(window, with_change=False)
+        view = open_replay(window.context, with_change=False)
         qtbot.addWidget(view)
         qtbot.waitUntil(view.run_button.isEnabled, timeout=5000)  # the replay ran at once, and was refused
         text = view.summary.text()
@@ -171,7 +171,7 @@ def test_replay_on_another_model_names_the_answers_model_and_offers_to_load_it(q
 
 
 def test_closing_a_comparison_mid_run_stops_its_run(qtbot, window):
-    view = open_compare(window)
+    view = open_compare(window.context)
     qtbot.addWidget(view)
     view.prompt.setPlainText("a new prompt")
     view.max_tokens.setValue(400)

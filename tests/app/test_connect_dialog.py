@@ -47,7 +47,7 @@ def _list(qtbot, dialog: ConnectDialog, url: str, timeout_ms: int = 15000) -> No
 def test_connect_chat_and_server_sampling_limits(qtbot, window, host, store, db_path, llama_server_url, caplog):
     caplog.set_level(logging.DEBUG)
     window.settings.set_max_new_tokens(3)
-    assert window.actions_["connect_server"].text() == "&Connect to server…"
+    assert window.actions.connect_server.text() == "&Connect to server…"
 
     dialog = ConnectDialog(window.store, window.api_keys, False, window)
     _list(qtbot, dialog, llama_server_url)
@@ -58,7 +58,7 @@ def test_connect_chat_and_server_sampling_limits(qtbot, window, host, store, db_
     assert choice.url == llama_server_url and not choice.server_sampling
     dialog.accept()
 
-    assert run_task(qtbot, window.connect_server(choice), timeout_ms=60000)
+    assert run_task(qtbot, window.models.connect_server(choice), timeout_ms=60000)
     info = host.info
     host_port = llama_server_url.split("//")[1].split("/")[0]
     assert info.backend == "remote" and info.device == host_port
@@ -136,7 +136,7 @@ def test_the_menu_opens_the_dialog_with_the_last_server(qtbot, window, store):
         dialog.reject()
 
     QTimer.singleShot(50, inspect_and_cancel)
-    window.actions_["connect_server"].trigger()
+    window.actions.connect_server.trigger()
     qtbot.waitUntil(lambda: "message" in seen, timeout=10000)
     assert seen["url"] == dead and seen["timeout"] == 7.0  # the last server, listed at once
     assert "connection refused" in str(seen["message"])

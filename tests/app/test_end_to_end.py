@@ -16,7 +16,7 @@ def test_default_model_answers_streams_and_branches(qtbot, qloop, store, default
     try:
         task = w.start(None, "torch")
         qtbot.waitUntil(task.done, timeout=180_000)
-        assert task.result() is True, w.error_box.text() if w.error_box else ""
+        assert task.result() is True, w.models.error_box.text() if w.models.error_box else ""
         assert host.info.name == "SmolLM2-135M-Instruct" and host.info.backend == "torch"
         assert "SmolLM2-135M-Instruct" in w.status.model_label.text()
 

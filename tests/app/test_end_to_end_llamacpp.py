@@ -23,7 +23,7 @@ def test_default_model_on_llamacpp_answers_shows_quantization_and_branches(qtbot
     try:
         task = w.start(None, "llamacpp")
         qtbot.waitUntil(task.done, timeout=120_000)
-        assert task.result() is True, w.error_box.text() if w.error_box else ""
+        assert task.result() is True, w.models.error_box.text() if w.models.error_box else ""
         assert host.info.backend == "llamacpp" and host.info.quantization == "Q4_1"
         label = w.status.model_label.text()
         assert "llamacpp" in label and "Q4_1" in label and "MiB" in label

@@ -56,8 +56,8 @@ def test_refused_model_code_is_confirmed_by_name_then_loaded_with_permission(qtb
     host = EngineHost(factory)
     w = make_window(qtbot, store, host)
     try:
-        assert run_task(qtbot, w.load_model(str(folder), "torch")) is False
-        box = w.error_box
+        assert run_task(qtbot, w.models.load(str(folder), "torch")) is False
+        box = w.models.error_box
         assert box.objectName() == "remote_code_confirmation" and box.isVisible()
         assert "configuration_my.py" in box.text() and "modeling_my.py" in box.text()
         assert asked == [(str(folder), False)] and host.info is None

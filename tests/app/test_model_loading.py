@@ -9,14 +9,14 @@ def test_model_load_failure_keeps_the_old_model_working(qtbot, window, host, tmp
     before = host.engine
     assert host.info.name == "mock"
     missing = tmp_path / "no-such-model"
-    ok = run_task(qtbot, window.load_model(str(missing), "torch"))
+    ok = run_task(qtbot, window.models.load(str(missing), "torch"))
     assert ok is False
-    box = window.error_box
+    box = window.models.error_box
     assert box is not None and box.isVisible()
     assert "model not found" in box.text() and str(missing) in box.text()
     assert "mock, is still loaded" in box.text()
     assert host.engine is before and host.info.name == "mock" and not host.loading
-    assert window.actions_["open_model"].isEnabled()
+    assert window.actions.open_model.isEnabled()
     assert "mock" in window.status.model_label.text()
     box.close()
 

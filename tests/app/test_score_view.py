@@ -23,7 +23,7 @@ def _background_at(body, position: int):
 
 def test_score_a_user_message_colours_tokens_by_surprisal(qtbot, window):
     send(qtbot, window, "the quick brown fox jumps over the lazy dog")
-    view = open_score(window)
+    view = open_score(window.context)
     qtbot.addWidget(view)
     assert view.messages.count() == 2  # the placeholder and the one user message
     view.messages.setCurrentIndex(1)
@@ -51,7 +51,7 @@ def test_score_a_user_message_colours_tokens_by_surprisal(qtbot, window):
 
 
 def test_score_opens_files_and_refuses_bad_input(qtbot, window, tmp_path):
-    view = open_score(window)
+    view = open_score(window.context)
     qtbot.addWidget(view)
     assert view.run() is None and "first" in view.summary.text()  # nothing to score
     good = tmp_path / "t.txt"
