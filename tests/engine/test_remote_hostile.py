@@ -268,3 +268,46 @@ def test_a_json_answer_to_a_stream_request_is_named(serve):
     with pytest.raises(Exception, match="one JSON document instead of a stream") as info:
         run(connect(serve(handler)), prompt=PROMPT, server_sampling=True)
     assert "middle of the answer" not in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["we-sample", "server-sampling", "trickle"])
+def test_ctrl_c_in_the_cli_exits_within_a_second(serve, mode):
+    """Issue 20 item 17: Ctrl-C while the server never answers (or trickles a byte at a time) took 10 s."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model = CharModel(PROBS)
+
+    def handler(method, path, body):
+        if path == "/v1/completions" and len(body.get("prompt", "")) >= len(PROMPT):
+            return Reply(events=[], trickle=0.5) if mode == "trickle" else Reply(hang=True)
+        return model(method, path, body)
+
+    server = serve(handler)
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "engine", "generate", "--model", server.url, "--prompt", PROMPT]
+    if mode != "we-sample":
+        cmd.append("--server-sampling")
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p == "/v1/completions" and len((b or {}).get("prompt", "")) >= len(PROMPT)
+                      for _, p, b in list(server.requests)):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the CLI never asked for the answer"
+            time.sleep(0.05)
+        time.sleep(0.3)  # inside the request now
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert took < 1.0, f"took {took:.2f} s to exit"
+    assert "Traceback" not in err
