@@ -149,8 +149,11 @@ class Sidebar(QWidget):
         item = self.list.currentItem()
         if item is None:
             return
+        # Read before asking: the list may be refilled while the question is open (a streaming answer
+        # renames its conversation), which deletes this item.
+        conversation_id, title = int(item.data(ID_ROLE)), item.text()
         answer = QMessageBox.question(
-            self, "Delete conversation", f"Delete “{item.text()}” and all its branches? This cannot be undone."
+            self, "Delete conversation", f"Delete “{title}” and all its branches? This cannot be undone."
         )
         if answer == QMessageBox.StandardButton.Yes:
-            self.delete_requested.emit(int(item.data(ID_ROLE)))
+            self.delete_requested.emit(conversation_id)

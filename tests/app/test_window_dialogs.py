@@ -210,6 +210,27 @@ def test_deleting_a_streaming_conversation_from_another_one_stops_it(qtbot, wind
     assert window.library.current is not streaming
 
 
+def test_the_list_refilled_while_delete_asks_still_deletes_the_conversation_asked_about(qtbot, window, monkeypatch):
+    """The question runs its own event loop: a reload there (a streaming answer renames its conversation)
+    deleted the list item the handler read afterwards (RuntimeError, and nothing was deleted)."""
+    window.chat.composer.edit.setPlainText("the cat")
+    window.chat.composer.submit()
+    qtbot.waitUntil(lambda: not window.controller.busy and len(window.library.current.path()) == 2, timeout=10000)
+    asked = window.library.current
+    sidebar = window.sidebar
+    qtbot.waitUntil(lambda: sidebar.list.currentItem() is not None and sidebar.list.currentItem().text() == "the cat")
+
+    def ask(*_args, **_kwargs):
+        sidebar._reload()  # what a list_changed during the question's event loop does
+        return QMessageBox.StandardButton.Yes
+
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(ask))
+    with qtbot.captureExceptions() as exceptions:
+        sidebar.delete_button.click()
+    assert not exceptions
+    assert asked.deleted and [row.title for row in window.store.conversations()] == ["New chat"]  # the one opened after
+
+
 # -- item 22: a silent server --------------------------------------------------------------------------
 
 
