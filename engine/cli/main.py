@@ -20,6 +20,7 @@ from engine.cli.input import bad_utf8, check_args, runtime_settings_from
 from engine.cli.sampling_args import add_sampler_flags, sampler_fields
 from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
+from engine.cli.models import LIBRARY_COMMANDS, add_library_parsers
 from engine.cli.lens import add_lens_parser, cmd_lens
 from engine.errors import EngineError
 from engine.events import Done, TokenEvent
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(i)
     add_batch_parser(sub, _add_model_args)
     add_experiment_parsers(sub, _add_model_args)
+    add_library_parsers(sub)
     add_lens_parser(sub, _add_model_args)
     return parser
 
@@ -307,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
+        if args.command in LIBRARY_COMMANDS:  # no model is loaded: the model options' checks do not apply
+            return LIBRARY_COMMANDS[args.command](args)
         # Before anything heavy is imported: a typo is answered in a fraction of the model's load time.
         check_args(args)
         if args.command in ("generate", "chat"):

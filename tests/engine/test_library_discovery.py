@@ -65,7 +65,8 @@ def test_every_store_in_a_linux_home_is_found_with_facts_from_the_header(tmp_pat
     hf_cache_folder_model(hub, "Org/tiny-llama", "b" * 40)
     put_gguf(tmp_path / "mine" / "sub" / "my-model.gguf", seed=9)
 
-    locations = default_locations(home=home, platform="linux", env=_home_env(home), extra_folders=[tmp_path / "mine"])
+    locations = default_locations(home=home, platform="linux", env=_home_env(home), extra_folders=[tmp_path / "mine"],
+                                  default_model=False)
     result = _scan(locations, tmp_path)
     names = _by_name(result)
     assert {(e.name, e.source) for e in result.entries} == {
