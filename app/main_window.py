@@ -96,12 +96,11 @@ class MainWindow(QMainWindow):
             store=store, library=self.library, selection=self.selection, host=host, settings=self.settings,
             parent=self, notify=self.status.showMessage, spawn=self._spawn,
         )
-        self.actions = WindowActions.create(self)
-        self._menus = build_menu_bar(
-            self, self.actions, [d.toggleViewAction() for d in (self.chats_dock, self.sampling_dock, self.inspector_dock)],
-            appearance=theme is not None,
-        )
-        self.models = ModelActions(self.context, self.api_keys, (self.actions.open_model, self.actions.connect_server))
+        # Typed, and named apart from QWidget.actions() (the list Qt keeps), which must stay a method.
+        self.menu_actions = actions = WindowActions.create(self)
+        panels = [dock.toggleViewAction() for dock in (self.chats_dock, self.sampling_dock, self.inspector_dock)]
+        self._menus = build_menu_bar(self, actions, panels, appearance=theme is not None)
+        self.models = ModelActions(self.context, self.api_keys, (actions.open_model, actions.connect_server))
         self._connect_actions()
 
         composer = self.chat.composer
@@ -140,7 +139,7 @@ class MainWindow(QMainWindow):
 
     def _connect_actions(self) -> None:
         """What each menu action does: the window's own slots, the model actions, the experiment actions."""
-        a, ctx = self.actions, self.context
+        a, ctx = self.menu_actions, self.context
         handlers = {
             a.new_chat: self.new_chat,
             a.export_markdown: lambda: self.export("markdown"),
@@ -272,7 +271,7 @@ class MainWindow(QMainWindow):
             self.inspector_dock.show()
 
     def _on_busy_changed(self, busy: bool) -> None:
-        a = self.actions
+        a = self.menu_actions
         a.stop.setEnabled(busy)
         a.regenerate.setEnabled(not busy)
         a.continue_answer.setEnabled(not busy)

@@ -91,7 +91,8 @@ class WindowActions:
             compare=act("Co&mpare settings…", tip="One prompt under 2-4 sampler settings with the same seed, "
                         "tokens side by side"),
             replay=act("Re&play answer", tip="Generate the selected answer again with its seed and settings"),
-            replay_with=act("Replay answer &with…", tip="Change one setting, keep the seed, and see which tokens change"),
+            replay_with=act("Replay answer &with…",
+                            tip="Change one setting, keep the seed, and see which tokens change"),
             score=act("Score &text…", tip="How surprising any text is to the model, token by token"),
             open_model=act("&Open model…", QKeySequence.StandardKey.Open),
             connect_server=act("&Connect to server…", tip="A model on an OpenAI-compatible server: vLLM, SGLang, "

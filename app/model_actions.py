@@ -104,7 +104,10 @@ class ModelActions:
         try:
             base = server_base(spec)
             if base is not None:
-                prepare_connection(self._ctx.store, self._keys, base)  # its key and timeout, never in the store
+                # Its key, URL credentials and timeout, never in the store: the spec loaded, shown and
+                # remembered is the URL without credentials (they are kept with the key).
+                spec = prepare_connection(self._ctx.store, self._keys, spec)
+                request = LoadRequest(spec, backend, trust_remote_code)
             loading = host.load(spec, backend, trust_remote_code=trust_remote_code)
         except Exception as e:  # noqa: BLE001 - a load that cannot start is reported like one that failed
             if host.loading:  # another load is under way: not this request's failure
@@ -251,7 +254,8 @@ class ModelActions:
         if isinstance(self.dialog, ConnectDialog):
             self._raise(self.dialog)
             return self.dialog
-        dialog = ConnectDialog(self._ctx.store, self._keys, self._ctx.settings.options.server_sampling, self._ctx.parent)
+        ctx = self._ctx
+        dialog = ConnectDialog(ctx.store, self._keys, ctx.settings.options.server_sampling, ctx.parent)
         dialog.accepted.connect(lambda: self._connect_unless_busy(dialog))
         self._show_dialog(dialog)
         return dialog
@@ -259,6 +263,8 @@ class ModelActions:
     def connect_server(self, choice: ConnectChoice) -> asyncio.Future:
         """Keep the key (keyring or session) and the server (recent list, without the key); load its model."""
         self._keys.set(choice.url, choice.api_key, remember=choice.remember_key)
+        if choice.credentials:
+            self._keys.set_credentials(choice.url, choice.credentials, remember=choice.remember_key)
         remember_server(self._ctx.store, choice.url, choice.model, choice.timeout_s)
         self._ctx.settings.set_server_sampling(choice.server_sampling)
         return self.load(choice.spec, "remote")

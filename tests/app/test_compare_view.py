@@ -128,11 +128,11 @@ def test_replay_is_identical_and_replay_with_a_change_shows_the_token_diff(qtbot
 
 
 def test_menus_open_the_experiments(qtbot, window):
-    assert window.actions.replay.text() and window.actions.export_trace.text()
-    window.actions.replay.trigger()  # nothing answered yet: a message, no window
+    assert window.menu_actions.replay.text() and window.menu_actions.export_trace.text()
+    window.menu_actions.replay.trigger()  # nothing answered yet: a message, no window
     assert "no answer" in window.status.currentMessage()
-    window.actions.compare.trigger()
-    window.actions.score.trigger()
+    window.menu_actions.compare.trigger()
+    window.menu_actions.score.trigger()
     titles = {w.windowTitle() for w in window.findChildren(QWidget) if w.isWindow() and w.isVisible()}
     assert {"Compare settings", "Score text"} <= titles
 

@@ -47,7 +47,7 @@ def _list(qtbot, dialog: ConnectDialog, url: str, timeout_ms: int = 15000) -> No
 def test_connect_chat_and_server_sampling_limits(qtbot, window, host, store, db_path, llama_server_url, caplog):
     caplog.set_level(logging.DEBUG)
     window.settings.set_max_new_tokens(3)
-    assert window.actions.connect_server.text() == "&Connect to server…"
+    assert window.menu_actions.connect_server.text() == "&Connect to server…"
 
     dialog = ConnectDialog(window.store, window.api_keys, False, window)
     _list(qtbot, dialog, llama_server_url)
@@ -136,7 +136,7 @@ def test_the_menu_opens_the_dialog_with_the_last_server(qtbot, window, store):
         dialog.reject()
 
     QTimer.singleShot(50, inspect_and_cancel)
-    window.actions.connect_server.trigger()
+    window.menu_actions.connect_server.trigger()
     qtbot.waitUntil(lambda: "message" in seen, timeout=10000)
     assert seen["url"] == dead and seen["timeout"] == 7.0  # the last server, listed at once
     assert "connection refused" in str(seen["message"])

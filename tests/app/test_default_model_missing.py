@@ -37,7 +37,7 @@ def test_missing_default_model_offers_download_which_fails_clearly_offline(qtbot
         qtbot.waitUntil(lambda: w.models.error_box not in (None, box), timeout=30_000)
         assert "cannot download the default model" in w.models.error_box.text()
         assert "Open model" in w.models.error_box.text()
-        assert w.actions.open_model.isEnabled()
+        assert w.menu_actions.open_model.isEnabled()
         assert host.engine is None
     finally:
         close_window(qtbot, w)

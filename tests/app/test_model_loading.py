@@ -16,7 +16,7 @@ def test_model_load_failure_keeps_the_old_model_working(qtbot, window, host, tmp
     assert "model not found" in box.text() and str(missing) in box.text()
     assert "mock, is still loaded" in box.text()
     assert host.engine is before and host.info.name == "mock" and not host.loading
-    assert window.actions.open_model.isEnabled()
+    assert window.menu_actions.open_model.isEnabled()
     assert "mock" in window.status.model_label.text()
     box.close()
 

@@ -76,20 +76,20 @@ def test_a_load_error_from_the_dialog_is_a_dialog(qtbot, window, host):
         _open(picker)
 
     _when_shown(ModelPicker, choose, seen)
-    window.actions.open_model.trigger()
+    window.menu_actions.open_model.trigger()
     qtbot.waitUntil(lambda: window.models.error_box is not None and window.models.error_box.isVisible(), timeout=10000)
     text = window.models.error_box.text()
     assert "server URL" in text and "mock, is still loaded" in text
     assert host.info.name == "mock" and not host.loading
-    assert window.actions.open_model.isEnabled()
+    assert window.menu_actions.open_model.isEnabled()
 
 
 def test_open_model_twice_shows_one_dialog_which_is_deleted_when_closed(qtbot, window):
     """Ctrl+O pressed twice (or "Choose a model…" while a picker is open): one picker, raised, not two stacked."""
     seen: list[int] = []
     _when_shown(ModelPicker, lambda picker: picker.reject(), seen)
-    window.actions.open_model.trigger()
-    window.actions.open_model.trigger()
+    window.menu_actions.open_model.trigger()
+    window.menu_actions.open_model.trigger()
     qtbot.waitUntil(lambda: bool(seen), timeout=5000)
     qtbot.waitUntil(lambda: not window.findChildren(ModelPicker), timeout=5000)  # closed and deleted
     assert seen == [1]
@@ -108,12 +108,12 @@ def test_choosing_auto_after_a_failed_remote_loads_and_no_dialog_is_left_over(qt
             _open(picker)
 
         _when_shown(ModelPicker, choose, seen)
-        window.actions.open_model.trigger()
+        window.menu_actions.open_model.trigger()
         qtbot.waitUntil(lambda: bool(seen) and not host.loading and not window.findChildren(ModelPicker), timeout=10000)
         if window.models.error_box is not None:
             window.models.error_box.done(0)
     assert host.info.name == "mock" and host.spec == "mock"
-    assert window.actions.open_model.isEnabled()
+    assert window.menu_actions.open_model.isEnabled()
 
 
 # -- item 5: files ----------------------------------------------------------------------------------
@@ -272,4 +272,4 @@ def test_connecting_to_a_silent_server_can_be_cancelled(qtbot, window, host, sil
     qtbot.waitUntil(lambda: not host.loading, timeout=1000)  # not the server's 60 s
     assert run_task(qtbot, loading) is False
     assert host.info.name == "mock" and window.models.error_box is None  # cancelled: no error to report
-    assert window.actions.open_model.isEnabled() and window.actions.connect_server.isEnabled()
+    assert window.menu_actions.open_model.isEnabled() and window.menu_actions.connect_server.isEnabled()
