@@ -105,10 +105,10 @@ class Node:
         return arr.astype(np.float32)
 
 
-_LAYER = re.compile(r"-(\d+)(?:\s|$)")
+_LAYER = re.compile(r"(?:-|_l)(\d+)(?:\s|$)")
 
 
 def layer_of(name: str) -> int | None:
-    """The layer number llama.cpp's graph builder put in a tensor's name ("l_out-12", "Qcur-3 (view)")."""
+    """The layer number llama.cpp put in a tensor's name ("l_out-12", "Qcur-3 (view)", "cache_k_l3 (view)")."""
     m = _LAYER.search(name)
     return int(m.group(1)) if m else None

@@ -56,13 +56,15 @@ class _Recorder:
         self.rows: list[int] = []  # batch rows whose layers are read in the current decode
         self.n_tokens = 0
         self.hidden: dict[int, list[np.ndarray]] = {i: [] for i in range(n_layers)}  # layer -> (rows, n_embd) per decode
-        self.weights: dict[int, list[np.ndarray]] = {i: [] for i in range(n_layers)}  # layer -> (H, rows, n_kv)
+        # layer -> one (H, position + 1) array per row read, over positions 0..position (the query's own last)
+        self.weights: dict[int, list[np.ndarray]] = {i: [] for i in range(n_layers)}
+        self.row_positions: list[int] = []  # the position of each row of `rows`
         self.error: BaseException | None = None
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_node)
 
-    def begin(self, n_tokens: int, rows: list[int]) -> None:
+    def begin(self, n_tokens: int, rows: list[int], positions: list[int]) -> None:
         self.armed = bool(rows)
-        self.n_tokens, self.rows = n_tokens, rows
+        self.n_tokens, self.rows, self.row_positions = n_tokens, rows, positions
 
     def check(self) -> None:
         if self.error is not None:
@@ -109,13 +111,34 @@ class _Recorder:
     def _take_softmax(self, node: Node) -> None:
         layer = layer_of(node.name)
         if layer is not None and layer < self.n_layers:
-            self.weights[layer].append(self._pick(node.values()[0], node.name))  # (H, rows, n_kv)
+            weights = self._pick(node.values()[0], node.name)  # (H, rows, n_kv)
+            self._keep(layer, weights, node.src(1))
+
+    def _keep(self, layer: int, weights: np.ndarray, mask_node: Node | None) -> None:
+        """Store (H, rows, n_kv) weights over KV cells as weights over positions, one array per row.
+
+        The cells a query sees (mask 0, not -inf) are, in cell order, the positions up to its own:
+        all of them under causal attention, the last `window` under a sliding window (a cache whose
+        older cells were dropped holds the later positions from cell 0 on). A cell beyond them is
+        masked and carries no weight.
+        """
+        visible = None
+        if mask_node is not None:
+            visible = np.isfinite(mask_node.values()[0, 0][self.rows][:, : weights.shape[-1]])  # (rows, n_kv)
+        for j, pos in enumerate(self.row_positions):
+            row = np.zeros((weights.shape[0], pos + 1), dtype=np.float32)
+            cells = np.flatnonzero(visible[j]) if visible is not None else np.arange(min(pos + 1, weights.shape[-1]))
+            cells = cells[-(pos + 1):]
+            row[:, pos + 1 - len(cells):] = weights[:, j, cells]
+            self.weights[layer].append(row)
 
     def _take_fused(self, node: Node) -> None:
         """softmax(scale * Q K^T, soft-capped, + mask) from a FLASH_ATTN_EXT node's inputs."""
         q_node, k_node, mask_node = node.src(0), node.src(1), node.src(3)
-        layer = layer_of(q_node.name) if q_node is not None else None
-        if layer is None or layer >= self.n_layers or k_node is None:
+        if q_node is None or k_node is None:
+            return
+        layer = layer_of(k_node.name)  # the cache's name ("cache_k_l3"): Q may be an unnamed node (Gemma scales it)
+        if layer is None or layer >= self.n_layers:
             return
         scale, max_bias, softcap = node.op_param_floats(3)
         if max_bias != 0:
@@ -131,7 +154,7 @@ class _Recorder:
             scores = scores + mask[self.rows][None, :, : scores.shape[-1]]
         scores -= scores.max(axis=-1, keepdims=True)
         weights = np.exp(scores)
-        self.weights[layer].append(weights / weights.sum(axis=-1, keepdims=True))
+        self._keep(layer, weights / weights.sum(axis=-1, keepdims=True), mask_node)
 
 
 def _capture_context(backend: Any, n_ctx: int, n_outputs: int, recorder: _Recorder) -> Any:
@@ -178,6 +201,7 @@ def capture_logits(
     ids, wanted = check_positions(token_ids, positions, backend.n_vocab)
     n_layers = int(llama_cpp.llama_model_n_layer(backend.model))
     reads = [p - 1 for p in wanted]  # the rows whose residual stream predicts each wanted token
+    read_set = set(reads)
     first, end = reads[0], reads[-1] + 1
     recorder = _Recorder(n_layers, attention)
     n_ctx = max(end, len(backend.cached_tokens())) + 1
@@ -187,16 +211,20 @@ def capture_logits(
     try:
         done = _reuse_backend_state(backend, ctx, ids[:first])
         log.debug("layer view: reused %d cached tokens, running %d", done, end - done)
-        for lo in range(done, end, backend.n_batch):  # the prefix silently, then the rows read
-            hi = min(end, lo + backend.n_batch)
+        # The prefix first, without outputs, then the rows read: the read row then meets the same kernels as a
+        # decode step (one token after a prefill), not a batch's, so its values are the ones the model produced.
+        spans = [(lo, min(stop, lo + backend.n_batch)) for start, stop in ((done, first), (first, end))
+                 for lo in range(start, stop, backend.n_batch)]
+        for lo, hi in spans:
             batch.clear()
-            rows = []
+            rows, row_positions = [], []
             for pos in range(lo, hi):
-                out = pos in reads
+                out = pos in read_set
                 index = batch.add(ids[pos], pos, 0, out)
                 if out:
                     rows.append(index)
-            recorder.begin(hi - lo, rows)
+                    row_positions.append(pos)
+            recorder.begin(hi - lo, rows, row_positions)
             native.decode(ctx, batch)
             recorder.check()
             logits.extend(native.logits_row(ctx, r, backend.n_vocab) for r in rows)
@@ -214,9 +242,7 @@ def capture_logits(
     if attention:
         if any(not recorder.weights[i] for i in range(n_layers)):
             raise RuntimeError("llama.cpp's graph for this model shows no attention weights to read")
-        per_layer = [np.concatenate(recorder.weights[i], axis=1) for i in range(n_layers)]  # (H, P, n_kv) each
-        # KV cell c holds position c (one sequence, filled in order): keep the keys 0..read of each query
-        weights = [np.stack([w[:, j, : r + 1] for w in per_layer]) for j, r in enumerate(reads)]
+        weights = [np.stack([recorder.weights[i][j] for i in range(n_layers)]) for j in range(len(reads))]
     return wanted, hidden, np.stack(logits), weights
 
 
