@@ -22,17 +22,29 @@ def split_server_spec(spec: str) -> tuple[str, str]:
     return parse_spec(spec)
 
 
+def split_server_credentials(spec: str) -> tuple[str, str | None]:
+    """(`spec` without the credentials its URL holds, those credentials "user:password" or None).
+
+    Credentials belong where the API key lives (the app's key store), never in what is shown or saved.
+    """
+    from engine.backends.remote.options import split_credentials
+
+    return split_credentials(spec)
+
+
 def remember_connection(
     url: str,
     *,
     api_key: str | None = None,
     timeout_s: float | None = None,
     connect_timeout_s: float | None = None,
+    credentials: str | None = None,
 ) -> None:
-    """Use this key and these timeouts for `url` (its base URL) from now on in this process."""
+    """Use this key, these URL credentials ("user:password") and these timeouts for `url` (its base URL) from
+    now on in this process."""
     from engine.backends.remote.options import remember_connection as remember
 
-    remember(url, api_key=api_key, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+    remember(url, api_key=api_key, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, credentials=credentials)
 
 
 def list_server_models(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -80,6 +81,21 @@ CREATE TABLE IF NOT EXISTS presets (name TEXT PRIMARY KEY, sampler_json TEXT NOT
 _JSON_COLUMNS = {"request": "request_json", "model": "model_json", "stats": "stats_json"}
 _PLAIN_COLUMNS = {"content", "active_child_id", "finish_reason", "branch_index"}
 
+
+
+_URL_CREDENTIALS = re.compile(r"(?i)\b(https?://)[^/@\s]+@")
+
+
+def without_url_credentials(value: Any) -> Any:
+    """`value` (JSON-like) with every http(s) URL's "user:password@" removed: credentials typed into a server
+    URL live with the API key (app/state/servers.py), never in the database or its WAL."""
+    if isinstance(value, str):
+        return _URL_CREDENTIALS.sub(r"\1", value) if "@" in value else value
+    if isinstance(value, dict):
+        return {k: without_url_credentials(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_url_credentials(v) for v in value]
+    return value
 
 @dataclass(frozen=True)
 class ConversationRow:
@@ -256,7 +272,7 @@ class Store:
     def put_setting(self, key: str, value: Any) -> None:
         self._conn.execute(
             "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (key, json.dumps(value)),
+            (key, json.dumps(without_url_credentials(value))),
         )
 
     def presets(self) -> dict[str, dict[str, Any]]:
@@ -359,8 +375,8 @@ class Store:
                 content,
                 now,
                 branch_index,
-                None if request is None else json.dumps(request),
-                None if model is None else json.dumps(model),
+                None if request is None else json.dumps(without_url_credentials(request)),
+                None if model is None else json.dumps(without_url_credentials(model)),
             ),
         )
         self.touch_conversation(conversation_id)
@@ -374,7 +390,7 @@ class Store:
         for key, value in fields.items():
             if key in _JSON_COLUMNS:
                 cols.append(_JSON_COLUMNS[key])
-                vals.append(None if value is None else json.dumps(value))
+                vals.append(None if value is None else json.dumps(without_url_credentials(value)))
             elif key in _PLAIN_COLUMNS:
                 cols.append(key)
                 vals.append(value)

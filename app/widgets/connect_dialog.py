@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine_host import describe_error
-from app.state.servers import DEFAULT_TIMEOUT_S, ApiKeys, recent_servers
+from app.state.servers import DEFAULT_TIMEOUT_S, ApiKeys, recent_servers, split_server_credentials
 from app.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class ConnectChoice:
     timeout_s: float
     remember_key: bool
     server_sampling: bool
+    credentials: str | None = None  # "user:password" typed into the URL: kept with the key, never in `url`
 
     @property
     def spec(self) -> str:
@@ -144,7 +145,7 @@ class ConnectDialog(QDialog):
         return ConnectChoice(
             url=base, model=self.model_box.currentText(), api_key=self.key_edit.text().strip() or None,
             timeout_s=float(self.timeout.value()), remember_key=self.remember_key.isChecked(),
-            server_sampling=self.server_samples.isChecked(),
+            server_sampling=self.server_samples.isChecked(), credentials=split_server_credentials(self.url_text())[1],
         )
 
     # -- listing the models ---------------------------------------------------------------------
@@ -163,8 +164,8 @@ class ConnectDialog(QDialog):
         self.model_box.clear()
         self._update_connect_button()
         self._show(f"Asking {base} for its models…")
-        call = partial(
-            list_server_models, base, api_key=self.key_edit.text().strip() or None,
+        call = partial(  # with the URL as typed: credentials in it are sent (as Basic auth), never shown
+            list_server_models, text, api_key=self.key_edit.text().strip() or None,
             timeout_s=float(self.timeout.value()), connect_timeout_s=min(CONNECT_TIMEOUT_S, float(self.timeout.value())),
         )
         self.listing = asyncio.ensure_future(self._list(asyncio.wrap_future(self._pool.submit(call)), asked, wanted))

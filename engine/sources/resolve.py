@@ -38,7 +38,8 @@ def resolve_spec(spec: str | Path | None) -> ModelSource:
     text = str(spec).strip()
     if URL.match(text):  # an OpenAI-compatible server: http://host:port/v1[#model-name]
         base, _, model = text.partition("#")
-        return ModelSource(text, "url", None, model or base.rstrip("/").split("//", 1)[-1])
+        host = base.rstrip("/").split("//", 1)[-1].rpartition("@")[2]  # never the credentials a URL may hold
+        return ModelSource(text, "url", None, model or host)
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

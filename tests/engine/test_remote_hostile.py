@@ -311,3 +311,27 @@ def test_ctrl_c_in_the_cli_exits_within_a_second(serve, mode):
     assert proc.returncode == 130, err
     assert took < 1.0, f"took {took:.2f} s to exit"
     assert "Traceback" not in err
+
+
+# --- item 19: credentials in a server URL ------------------------------------------------------------------------------
+
+
+def test_credentials_in_the_url_are_sent_but_never_shown(serve, capsys):
+    import base64
+
+    model = CharModel(PROBS)
+    server = serve(lambda *a: model(*a))
+    secret = "sk-hunter2-xyz"
+    url = server.url.replace("http://", f"http://bob:{secret}@")
+    assert cli_main(["info", "--model", url]) == 0
+    out, err = capsys.readouterr()
+    assert secret not in out + err and "bob" not in out + err
+    assert "127.0.0.1:" in out
+    assert server.auth[-1] == "Basic " + base64.b64encode(f"bob:{secret}".encode()).decode()
+    backend = RemoteBackend.connect(url)
+    try:
+        info = backend.info
+        assert secret not in f"{info.spec} {info.path} {info.device} {info.name}"
+        assert info.spec == server.url
+    finally:
+        backend.close()

@@ -77,7 +77,7 @@ def test_we_sample_seeded_is_reproducible_and_picks_survivors(remote):
     for ev in a:
         survivors = {p.token_id for p in ev.stages[-1].top}
         assert ev.token_id in survivors
-        assert all(s.note.startswith(f"renormalised over the server's top {remote.top_n} tokens") for s in ev.stages)
+        assert all(s.note.startswith(f"top {remote.top_n} from server, renormalised") for s in ev.stages)
 
 
 def test_we_sample_model_view_is_the_servers_own_logprobs(remote, server_url):

@@ -23,7 +23,7 @@ import numpy as np
 from engine.backends.base import CachedTokens
 from engine.backends.remote.client import ServerClient
 from engine.backends.remote.errors import UnsupportedByServerError
-from engine.backends.remote.options import ConnectionOptions, options_for
+from engine.backends.remote.options import ConnectionOptions, clean_spec, options_for
 from engine.backends.remote.probe import ServerCapabilities, probe
 from engine.backends.remote.step import next_token_top
 from engine.backends.remote.tokenizer import RemoteTokenizer
@@ -77,7 +77,7 @@ class RemoteBackend(CachedTokens):
             client.close()
             raise
         log.info("connected to %s: %s (%s)", options.host, caps.model, ", ".join(caps.labels()))
-        return cls(client, caps, tokenizer, spec)
+        return cls(client, caps, tokenizer, clean_spec(spec))  # credentials in the URL are never shown or stored
 
     # --- the Backend protocol ------------------------------------------------------
 

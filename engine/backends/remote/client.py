@@ -74,7 +74,10 @@ class ServerClient:
         if options.api_key:
             headers["Authorization"] = f"Bearer {options.api_key}"
         timeout = httpx.Timeout(options.timeout_s, connect=options.connect_timeout_s)
-        self._http = httpx.Client(headers=headers, timeout=timeout, transport=transport, follow_redirects=True)
+        # Credentials from the URL go as Basic auth, as the URL asked; an API key (Bearer) wins over them.
+        auth = httpx.BasicAuth(*options.basic_auth) if options.basic_auth and not options.api_key else None
+        self._http = httpx.Client(headers=headers, timeout=timeout, transport=transport, follow_redirects=True,
+                                  auth=auth)
         self.last_latency_s: float | None = None  # round trip of the last complete request
 
     def url(self, path: str, root: bool = False) -> str:

@@ -79,7 +79,7 @@ def model_view(event: TokenEvent, reported: np.ndarray, top_n: int) -> TokenEven
     probs = np.exp(lps)
     entropy = float(-(probs * lps).sum()) + (-math.exp(rest.logprob) * rest.logprob if rest else 0.0)
     top = tuple(dataclasses.replace(p, logprob=p.logprob + shift) for p in event.top_model)
-    note = (f"renormalised over the server's top {top_n} tokens, which hold {min(mass, 1.0):.1%} "
+    note = (f"top {top_n} from server, renormalised over them: they hold {min(mass, 1.0):.1%} "
             "of the model's probability (the rest was not reported)")
     stages = None
     if event.stages is not None:
