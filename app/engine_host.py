@@ -48,8 +48,9 @@ class LoadState:
 
 
 def describe_error(error: BaseException) -> str:
-    """A message for a person: the engine's own for `EngineError`s, the type and text otherwise."""
-    if isinstance(error, EngineError):
+    """A message for a person: the engine's own for `EngineError`s and `ValueError`s (bad input, said in
+    words: "the remote backend needs a server URL…"), the type and text otherwise."""
+    if isinstance(error, (EngineError, ValueError)) and str(error).strip():
         return str(error)
     text = str(error).strip()
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

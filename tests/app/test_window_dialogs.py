@@ -80,6 +80,7 @@ def test_a_load_error_from_the_dialog_is_a_dialog(qtbot, window, host):
     qtbot.waitUntil(lambda: window.models.error_box is not None and window.models.error_box.isVisible(), timeout=10000)
     text = window.models.error_box.text()
     assert "server URL" in text and "mock, is still loaded" in text
+    assert "Error" not in text  # words for a person, not an exception's name
     assert host.info.name == "mock" and not host.loading
     assert window.menu_actions.open_model.isEnabled()
 
