@@ -26,6 +26,7 @@ from app.engine_host import EngineHost
 from app.experiment_actions import export_conversation, export_trace, open_compare, open_replay, open_score
 from app.logs import show_log_file
 from app.menus import WindowActions, build_menu_bar, show_about, show_shortcuts
+from app.library_actions import open_library
 from app.model_actions import ModelActions
 from app.state.conversation import Message
 from app.state.library import Library
@@ -157,6 +158,7 @@ class MainWindow(QMainWindow):
             a.replay_with: lambda: open_replay(ctx, True),
             a.score: lambda: open_score(ctx),
             a.open_model: self.models.open_model_dialog,
+            a.library: lambda: open_library(ctx, self.models),
             a.connect_server: self.models.open_connect_dialog,
             a.heatmap: self.toggle_heatmap,
             a.previous_token: lambda: self.inspector.step(-1),

@@ -25,6 +25,7 @@ SHORTCUTS_HELP = """<table>
 <tr><td><b>Ctrl+H</b></td><td>token heatmap on/off</td></tr>
 <tr><td><b>Alt+Left / Alt+Right</b></td><td>previous / next token in the inspector</td></tr>
 <tr><td><b>Ctrl+O</b></td><td>open a model</td></tr>
+<tr><td><b>Ctrl+L</b></td><td>model library</td></tr>
 <tr><td><b>Ctrl+F</b></td><td>search conversations</td></tr>
 <tr><td><b>Ctrl+E / Ctrl+Shift+E</b></td><td>export as Markdown / JSON</td></tr>
 </table>"""
@@ -52,6 +53,7 @@ class WindowActions:
     replay_with: QAction
     score: QAction
     open_model: QAction
+    library: QAction
     connect_server: QAction
     heatmap: QAction
     previous_token: QAction
@@ -95,6 +97,8 @@ class WindowActions:
                             tip="Change one setting, keep the seed, and see which tokens change"),
             score=act("Score &text…", tip="How surprising any text is to the model, token by token"),
             open_model=act("&Open model…", QKeySequence.StandardKey.Open),
+            library=act("Model &library…", "Ctrl+L", "The models on this machine (LM Studio, Ollama, Hugging Face "
+                        "cache, GPT4All, Jan, your folders) and downloads"),
             connect_server=act("&Connect to server…", tip="A model on an OpenAI-compatible server: vLLM, SGLang, "
                                "llama.cpp, Ollama, LM Studio"),
             heatmap=heatmap,
@@ -136,7 +140,7 @@ def build_menu_bar(window: QMainWindow, a: WindowActions, panels: Sequence[QActi
     chat.addActions([a.compare, a.replay, a.replay_with, a.score])
 
     model = bar.addMenu("&Model")
-    model.addActions([a.open_model, a.connect_server])
+    model.addActions([a.open_model, a.library, a.connect_server])
     recent = model.addMenu("&Recent")
 
     view = bar.addMenu("&View")

@@ -2,11 +2,40 @@
 Jan, llama.cpp's cache, the user's folders), read from their headers without loading weights; and
 downloads of hub ids and .gguf URLs with progress, cancel, resume and checksums.
 
-Nothing here imports Qt, torch or llama_cpp: the window and the CLI call it from a worker thread.
+Nothing here imports Qt, torch or llama_cpp: the window and the CLI call `scan` and `pull` from a
+worker thread (both block).
 """
 
 from engine.library.discovery import ScanResult, scan
 from engine.library.entry import LibraryEntry, ModelFacts
+from engine.library.errors import (
+    ChecksumMismatchError,
+    DiskFullError,
+    DownloadCancelled,
+    DownloadError,
+    DownloadInterrupted,
+)
 from engine.library.locations import Location, default_locations
+from engine.library.memory import MachineMemory
+from engine.library.progress import CancelToken, DownloadProgress, format_bytes
+from engine.library.pull import PullResult, pull
 
-__all__ = ["LibraryEntry", "Location", "ModelFacts", "ScanResult", "default_locations", "scan"]
+__all__ = [
+    "CancelToken",
+    "ChecksumMismatchError",
+    "DiskFullError",
+    "DownloadCancelled",
+    "DownloadError",
+    "DownloadInterrupted",
+    "DownloadProgress",
+    "LibraryEntry",
+    "Location",
+    "MachineMemory",
+    "ModelFacts",
+    "PullResult",
+    "ScanResult",
+    "default_locations",
+    "format_bytes",
+    "pull",
+    "scan",
+]
