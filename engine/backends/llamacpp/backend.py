@@ -16,7 +16,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from engine.backends.base import PREFILL_CHUNK, CachedTokens, process_peak_rss_bytes
+from engine.backends.base import CachedTokens, process_peak_rss_bytes
 from engine.backends.chunks import positions_per_chunk
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.abort import ABORTED, AbortSwitch
@@ -32,6 +32,7 @@ from engine.offload.auto import free_cpu_bytes
 log = logging.getLogger(__name__)
 
 KV_BYTES_PER_VALUE = 2  # the cache is float16 (llama.cpp's default type_k/type_v)
+N_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch); a cancel stops inside one
 
 
 def kv_bytes_per_token(header: GGUFHeader) -> int:
@@ -79,7 +80,7 @@ class LlamaCppBackend(CachedTokens):
                 physical cores (engine/backends/llamacpp/threads.py says why).
             n_threads_batch: CPU threads for prompts; None: as n_threads.
             n_gpu_layers: layers on the GPU (-1: all), instead of what `offload` would choose.
-            n_batch: tokens per llama_decode call (prefill chunk); None: PREFILL_CHUNK.
+            n_batch: tokens per llama_decode call (prefill chunk); None: N_BATCH.
             flash_attn: llama.cpp's fused attention; None lets llama.cpp decide (on where supported).
         """
         path = Path(path)
@@ -92,7 +93,7 @@ class LlamaCppBackend(CachedTokens):
             raise ValueError("give either n_gpu_layers or offload, not both: both say which layers run on the GPU")
         self.n_threads = n_threads or default_threads()
         self.n_threads_batch = n_threads_batch or self.n_threads  # as llama.cpp: the prompt's follow the decode's
-        n_batch = n_batch or PREFILL_CHUNK
+        n_batch = n_batch or N_BATCH
         n_layers = int(header.arch_value("block_count", 0) or 0)
         per_token = kv_bytes_per_token(header)
         self.n_ctx, ctx_reason = choose_n_ctx(

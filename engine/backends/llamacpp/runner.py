@@ -62,7 +62,7 @@ class LlamaCppRunner:
         params.n_outputs_max = self.n_outputs  # by default one row of logits per sequence per decode, never more
         params.kv_unified = True  # one pool of cells shared by every sequence: seq_cp shares, not copies
         params.swa_full = True
-        params.n_threads = params.n_threads_batch = backend.n_threads
+        params.n_threads, params.n_threads_batch = backend.n_threads, backend.n_threads_batch
         params.offload_kqv = backend.gpu_plan.offload_kqv
         params.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(backend.model, params)
