@@ -23,6 +23,7 @@ from app.widgets.fmt import bits, completed_character, pct, visible
 from app.widgets.prob_table import ProbTable
 from app.widgets.stage_view import StageView
 from app.widgets.token_chart import TokenChart
+from app.widgets.layer_view import LayerView
 
 BRANCH_TIP = (
     "Cut the answer before this token, use the selected alternative instead, and let the model go on "
@@ -93,6 +94,9 @@ class Inspector(QWidget):
         self.tabs = QTabWidget()
         self.tabs.addTab(alternatives, "Alternatives")
         self.tabs.addTab(self.stages, "Sampler stages")
+        self.layer_view = LayerView(controller.host)  # computes only while its tab is open
+        self.layer_view.index_clicked.connect(self._on_chart_clicked)
+        self.tabs.addTab(self.layer_view, "Layers")
         self.tabs.setAccessibleName("Inspector views")
 
         self.chart = TokenChart()
@@ -144,6 +148,7 @@ class Inspector(QWidget):
         ev = self.selected_event()
         self.table.show_token(ev)
         self.stages.show_token(ev)
+        self.layer_view.show_token(self._conv, self._selected_message(), self._selection.index if ev is not None else None)
         self._update_stage_tab()
         has = ev is not None
         self.prev_button.setEnabled(has)
@@ -168,9 +173,14 @@ class Inspector(QWidget):
             f"&nbsp;&nbsp;token {self._selection.index + 1} of {n} · id {ev.token_id}{badges}"
         )
         sampler = pct(ev.sampler_prob) if math.isfinite(ev.sampler_logprob) else "cut (forced)"
+        rest = next((p for p in ev.top_model if p.is_rest), None)
+        # A server's top N only: the entropy counts the unreported rest as one outcome, a lower bound.
+        entropy = f"≥ {ev.entropy:.2f}" if rest is not None else f"{ev.entropy:.2f}"
         self.metrics_label.setText(
             f"p(model) <b>{pct(ev.prob)}</b> · p(sampler) <b>{sampler}</b> · rank <b>{ev.rank + 1}</b><br>"
-            f"entropy <b>{ev.entropy:.2f}</b> nats · surprisal <b>{bits(ev.logprob)}</b>"
+            f"entropy <b>{entropy}</b> nats · surprisal <b>{bits(ev.logprob)}</b>"
+            + (f"<br>the server reported its top tokens only; the rest hold <b>{pct(rest.prob)}</b>"
+               if rest is not None else "")
         )
 
     def _update_branch_button(self) -> None:
@@ -278,5 +288,7 @@ class Inspector(QWidget):
 
     def _request_branch(self, token_id: int) -> None:
         m, i = self._selected_message(), self._selection.index
+        if token_id < 0:  # the "rest" of a server's distribution is no one token
+            return
         if m is not None and i is not None and not self._controller.busy and not self._server_samples():
             self.branch_requested.emit(m, i, token_id)

@@ -48,14 +48,20 @@ class ProbTable(QTreeWidget):
             return
         model = {p.token_id: p for p in ev.top_model}
         sampler = {p.token_id: p for p in ev.top_sampler}
-        rows = list(ev.top_model) + [p for p in ev.top_sampler if p.token_id not in model]
+        # A server reports its top N only: the rest of the model's probability is one row, last.
+        rest = [p for p in ev.top_model if p.is_rest]
+        rows = [p for p in ev.top_model if not p.is_rest] + [p for p in ev.top_sampler if p.token_id not in model]
         if ev.token_id not in model and ev.token_id not in sampler:  # a forced token outside both lists
             rows.append(TokenProb(ev.token_id, ev.token_text, ev.logprob, ev.token_bytes))
+        rows += rest
         # Missing from the sampler's list means "cut" only if the list holds every survivor.
         survivors = ev.stages[-1].survivors if ev.stages else None
         complete = survivors is not None and survivors <= len(ev.top_sampler)
         chosen_item = None
         for p in rows:
+            if p.is_rest:
+                self.addTopLevelItem(self._rest_item(p))
+                continue
             chosen = p.token_id == ev.token_id
             item = QTreeWidgetItem([("▶ " if chosen else "") + visible(p.text, p.token_bytes), "", ""])
             item.setData(0, TOKEN_ID_ROLE, p.token_id)
@@ -74,6 +80,25 @@ class ProbTable(QTreeWidget):
                 chosen_item = item
         if chosen_item is not None:
             self.setCurrentItem(chosen_item)
+
+    def _rest_item(self, rest: TokenProb) -> QTreeWidgetItem:
+        """The probability of every token the server did not report: shown, never chosen or branched on."""
+        item = QTreeWidgetItem([rest.text, "", ""])
+        item.setData(0, TOKEN_ID_ROLE, rest.token_id)
+        item.setData(1, PROB_ROLE, rest.prob)
+        item.setData(1, MISSING_ROLE, "·")
+        item.setData(2, PROB_ROLE, None)
+        item.setData(2, MISSING_ROLE, "—")
+        item.setFlags(Qt.ItemFlag.ItemIsEnabled)  # not selectable: there is no one token to branch with
+        tip = (f"Every token the server did not report, together: {rest.prob:.1%} of the model's probability. "
+               "The model column shows the server's own log-probs; the sampler drew from the reported tokens "
+               "only, renormalised over them.")
+        for col in range(3):
+            item.setToolTip(col, tip)
+        font = QFont(self._mono)
+        font.setItalic(True)
+        item.setFont(0, font)
+        return item
 
     def selected_token(self) -> int | None:
         item = self.currentItem()
@@ -94,4 +119,6 @@ class ProbTable(QTreeWidget):
         super().keyPressEvent(event)
 
     def _on_activated(self, item: QTreeWidgetItem, _column: int = 0) -> None:
-        self.branch_requested.emit(int(item.data(0, TOKEN_ID_ROLE)))
+        token_id = int(item.data(0, TOKEN_ID_ROLE))
+        if token_id >= 0:  # the "rest" row stands for many tokens
+            self.branch_requested.emit(token_id)
