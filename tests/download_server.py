@@ -22,6 +22,7 @@ class Served:
     publish_sha256: str | None = "right"  # "right", a hex string (wrong on purpose), or None
     chunked: bool = False  # no Content-Length: the client cannot know the size up front
     honour_range: bool = True
+    delay_s: float = 0.0  # pause between 64 KiB pieces: a slow server, so a test can watch progress and cancel
     extra_headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -103,6 +104,13 @@ class DownloadServer:
                         piece = chunk[i : i + 65536]
                         self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
                     self.wfile.write(b"0\r\n\r\n")
+                elif served.delay_s:
+                    import time
+
+                    for i in range(0, len(chunk), 65536):
+                        self.wfile.write(chunk[i : i + 65536])
+                        self.wfile.flush()
+                        time.sleep(served.delay_s)
                 else:
                     self.wfile.write(chunk)
 
