@@ -23,6 +23,7 @@ from engine.errors import (
 from engine.events import Done, GenerationStats, StageSnapshot, TokenEvent, TokenProb
 from engine import experiments  # score, compare, token diff, JSONL traces (engine.experiments)
 from engine import library  # models on this machine, and downloads (engine.library)
+from engine import lens  # the layer view (logit lens) and attention of a position (engine.lens)
 from engine.open_model import load_model
 from engine.sources.remote_code import custom_code_files
 from engine.sources.default_model import DefaultModelMissingError, download_default_model, models_dir
@@ -56,6 +57,7 @@ __all__ = [
     "download_default_model",
     "experiments",
     "library",
+    "lens",
     "custom_code_files",
     "list_server_models",
     "load_model",

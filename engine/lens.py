@@ -19,8 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from engine.capabilities import LayerLens, require
 
 DEFAULT_TOP_K = 10
 
@@ -130,3 +133,11 @@ def check_positions(token_ids: Sequence[int], positions: Sequence[int], vocab_si
 def target_of(ids: Sequence[int], position: int) -> int | None:
     """The token at `position` when the ids reach it, else None (the model's own top-1 is used)."""
     return int(ids[position]) if position < len(ids) else None
+
+
+def capture(backend: Any, token_ids: Sequence[int], positions: Sequence[int], *, top_k: int = DEFAULT_TOP_K,
+            attention: bool = False) -> list[LayerCapture]:
+    """The layer view of `positions` on `backend` (on its worker thread); MissingCapabilityError in words when
+    the model has none (a server)."""
+    return require(backend, LayerLens, "The layer view").layer_capture(
+        token_ids, positions, top_k=top_k, attention=attention)

@@ -1,0 +1,98 @@
+"""The layer view's work, on the model's worker thread, for one token of an answer (Qt-free).
+
+Runs only when the user opens the view (the inspector's Layers tab): the
+engine's worker runs it between generations, never inside one, so the
+decode loop is not slowed while the view is closed. A position of the
+layer view is the index of a predicted token in prompt + answer, so the
+answer's token i is position `len(prompt) + i`.
+
+What comes back to the window is small: per-layer top-k and the chosen
+token's probability and rank (engine.lens.LayerCapture), the text of each
+token the attention is over, and for the heatmap a (layers, positions)
+array of the chosen tokens' probabilities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine import lens
+
+from app.engine_host import EngineHost
+from app.state.conversation import Conversation, Message
+
+TOP_K = 8
+HEATMAP_WIDTH = 24  # answer positions around the selected one: each costs a layer-view row per layer
+
+
+@dataclass(frozen=True)
+class LensView:
+    """The layer view of one answer token, with what the window needs to draw it."""
+
+    index: int  # the token's index in the answer
+    capture: lens.LayerCapture
+    token_texts: tuple[str, ...]  # text of every token the attention is over (prompt, then answer)
+    answer_start: int  # position of the answer's first token
+    top_texts: dict[int, str]  # token id -> text, for every id in the per-layer top-k
+    model_name: str  # the model the view was computed with
+
+
+@dataclass(frozen=True)
+class LensHeatmap:
+    """The chosen token's probability at every layer, for a run of answer tokens."""
+
+    indices: tuple[int, ...]  # answer token indices, left to right
+    probs: np.ndarray  # (layers, len(indices))
+
+
+def answer_parts(conv: Conversation, message: Message) -> tuple[list[dict[str, str]], list[int]]:
+    """(the chat history before `message`, the answer's token ids), read on the UI thread that owns `conv`."""
+    if not message.is_assistant or message.parent_id is None:
+        raise ValueError("the layer view is for a token of an answer")
+    return conv.history(conv.messages[message.parent_id]), [t.token_id for t in conv.tokens(message)]
+
+
+async def layer_view(host: EngineHost, conv: Conversation, message: Message, index: int) -> LensView:
+    """The layer view and attention of the answer's token `index`, computed on the model's worker."""
+    engine = await host.wait_engine()
+    history, answer = answer_parts(conv, message)
+    if not 0 <= index < len(answer):
+        raise ValueError(f"the answer has no token {index + 1}")
+
+    def work(backend: Any) -> LensView:  # the model's worker thread
+        prompt = list(engine.tokenizer.chat_ids(history, add_generation_prompt=True))
+        ids = prompt + answer
+        position = len(prompt) + index
+        capture = lens.capture(backend, ids, [position], top_k=TOP_K, attention=True)[0]
+        decode = engine.tokenizer.decode
+        top_ids = {t for layer in capture.layers for t, _ in layer.top} | {capture.target_id}
+        return LensView(
+            index=index,
+            capture=capture,
+            token_texts=tuple(decode([t]) for t in ids[:position]),
+            answer_start=len(prompt),
+            top_texts={t: decode([t]) for t in top_ids},
+            model_name=backend.info.name,
+        )
+
+    return await asyncio.wrap_future(engine.call(work))
+
+
+async def heatmap(host: EngineHost, conv: Conversation, message: Message, center: int,
+                  width: int = HEATMAP_WIDTH) -> LensHeatmap:
+    """The chosen tokens' per-layer probabilities for up to `width` answer tokens around `center`."""
+    engine = await host.wait_engine()
+    history, answer = answer_parts(conv, message)
+    lo = max(0, min(center - width // 2, len(answer) - width))
+    indices = tuple(range(lo, min(len(answer), lo + width)))
+
+    def work(backend: Any) -> LensHeatmap:  # the model's worker thread
+        prompt = list(engine.tokenizer.chat_ids(history, add_generation_prompt=True))
+        captures = lens.capture(backend, prompt + answer, [len(prompt) + i for i in indices], top_k=1)
+        return LensHeatmap(indices=indices, probs=np.stack([c.target_probs for c in captures], axis=1))
+
+    return await asyncio.wrap_future(engine.call(work))

@@ -1,0 +1,166 @@
+"""The inspector's Layers tab: how the model got to the selected token, layer by layer, and where it looked.
+
+Nothing is computed until the tab is open: then the selected token's layer
+view (engine.capabilities.LayerLens: each layer's top tokens through the
+model's own final norm and head, the chosen token's probability and rank,
+attention) runs on the model's worker (app/lens_jobs.py), and after it the
+heatmap of the answer's nearby tokens. A newer selection makes an older
+result stale: it is dropped when it arrives. A model without the capability
+(a server) is said so in words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import logging
+import math
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import QHeaderView, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from app import lens_jobs
+from app.engine_host import EngineHost, describe_error
+from app.state.conversation import Conversation, Message
+from app.widgets.attention_view import AttentionView
+from app.widgets.fmt import pct, visible
+from app.widgets.layer_heatmap import LayerHeatmap
+
+log = logging.getLogger(__name__)
+
+SETTLE_MS = 150  # stepping through tokens with Alt+arrows asks for the last one only
+COLUMNS = ("Layer", "p(token)", "Rank", "Top tokens")
+
+
+class LayerView(QWidget):
+    index_clicked = Signal(int)  # an answer token index picked in the heatmap
+
+    def __init__(self, host: EngineHost, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._host = host
+        self._conv: Conversation | None = None
+        self._message: Message | None = None
+        self._index: int | None = None
+        self._shown: tuple[int, int] | None = None  # (message id, index) on screen or on its way
+        self._generation = 0  # bumped per request: an older result arriving later is dropped
+        self._task: asyncio.Task | None = None
+        self.view: lens_jobs.LensView | None = None  # the result on screen (tests read it)
+        self._settle = QTimer(self)
+        self._settle.setSingleShot(True)
+        self._settle.setInterval(SETTLE_MS)
+        self._settle.timeout.connect(self._start)
+
+        self.status = QLabel("Select a token of an answer to see what each layer predicted there.")
+        self.status.setWordWrap(True)
+        self.status.setTextFormat(Qt.TextFormat.RichText)
+        self.status.setAccessibleName("Layer view status")
+        self.heatmap = LayerHeatmap()
+        self.heatmap.index_clicked.connect(self.index_clicked)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setAccessibleName("Top tokens per layer")
+        header = self.table.horizontalHeader()
+        for col in range(len(COLUMNS) - 1):
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
+        self.attention = AttentionView()
+        top = QWidget()
+        top_lay = QVBoxLayout(top)
+        top_lay.setContentsMargins(0, 0, 0, 0)
+        top_lay.addWidget(self.heatmap)
+        top_lay.addWidget(self.table, 1)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(top)
+        split.addWidget(self.attention)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 4, 0, 0)
+        lay.addWidget(self.status)
+        lay.addWidget(split, 1)
+
+    # -- what to show -------------------------------------------------------------------
+
+    def show_token(self, conv: Conversation | None, message: Message | None, index: int | None) -> None:
+        """The token to look at (an answer's token `index`); computed when the view is open."""
+        self._conv, self._message, self._index = conv, message, index
+        if self.heatmap.indices and message is not None and self._shown and self._shown[0] == message.id:
+            self.heatmap.set_selected(index)
+        if self.isVisible():
+            self._settle.start()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self._settle.start()
+
+    def _wanted(self) -> tuple[int, int] | None:
+        m, i = self._message, self._index
+        if m is None or i is None or self._conv is None or not m.is_assistant or m.generating:
+            return None
+        return m.id, i
+
+    def _start(self) -> None:
+        wanted = self._wanted()
+        if wanted is None:
+            if self._message is not None and self._message.generating:
+                self.status.setText("The layer view opens when the answer is finished.")
+            return
+        if wanted == self._shown:
+            return
+        self._shown = wanted
+        self._generation += 1
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # its worker call still finishes; its result is dropped
+        self._task = asyncio.ensure_future(self._compute(self._generation, self._conv, self._message, wanted[1]))
+
+    async def _compute(self, generation: int, conv: Conversation, message: Message, index: int) -> None:
+        self.status.setText(f"Reading the layers at token {index + 1}…")
+        try:
+            view = await lens_jobs.layer_view(self._host, conv, message, index)
+            if generation != self._generation:
+                return
+            self._show(view, message)
+            heat = await lens_jobs.heatmap(self._host, conv, message, index)
+            if generation != self._generation:
+                return
+            tokens = conv.tokens(message)
+            self.heatmap.set_data(heat.probs, heat.indices, tuple(visible(tokens[i].token_text) for i in heat.indices))
+            self.heatmap.set_selected(self._index if self._message is message else None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - shown to the user in words, the window goes on
+            if generation == self._generation:
+                log.info("layer view failed: %s", e, exc_info=not isinstance(e, (ValueError, RuntimeError)))
+                self._shown = None
+                self.view = None
+                self.table.setRowCount(0)
+                self.heatmap.clear()
+                self.attention.set_attention(None, (), 0)
+                self.status.setText(html.escape(describe_error(e)))
+
+    # -- drawing ------------------------------------------------------------------------
+
+    def _show(self, view: lens_jobs.LensView, message: Message) -> None:
+        self.view = view
+        cap = view.capture
+        target = visible(view.top_texts.get(cap.target_id, str(cap.target_id)))
+        first = cap.first_top1_layer
+        where = f"first top-1 at layer <b>{first}</b> of {cap.n_layers}" if first is not None else \
+            f"top-1 at none of the {cap.n_layers} layers"
+        other = ""
+        if message.model and message.model.get("name") not in (None, view.model_name):
+            other = f"<br><i>Computed with {html.escape(view.model_name)}; this answer was written by " \
+                    f"{html.escape(str(message.model.get('name')))}.</i>"
+        self.status.setText(f"Token {view.index + 1} <code>{html.escape(target)}</code>: {where}{other}")
+        self.table.setRowCount(cap.n_layers)
+        for row, layer in enumerate(reversed(cap.layers)):  # the last layer first: the answer the model gave
+            number = cap.n_layers - 1 - row
+            tops = "  ".join(f"{visible(view.top_texts.get(t, '?'))} {pct(math.exp(lp))}"
+                             for t, lp in layer.top)
+            cells = (str(number), pct(layer.target_prob), str(layer.target_rank + 1), tops)
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if col < 3:
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                self.table.setItem(row, col, item)
+        self.attention.set_attention(cap.attention, view.token_texts, view.answer_start)

@@ -1,0 +1,93 @@
+"""The inspector's Layers tab on a real answer of the default model (llama.cpp): layer view, heatmap, attention.
+
+The oracle for what it shows is the answer itself: the last layer of the view
+is the model's own distribution, so the chosen token's probability there (and
+across the heatmap's top row) equals the probability the decode loop recorded
+when it wrote that token.
+"""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.engine_host import EngineHost
+from app.widgets.fmt import pct
+from qt_helpers import close_window, make_window, send
+
+pytest.importorskip("llama_cpp")
+
+
+def _open_layers_tab(w) -> None:
+    w.inspector_dock.show()
+    w.inspector.tabs.setCurrentWidget(w.inspector.layer_view)
+
+
+@pytest.mark.model
+def test_layers_tab_on_a_real_answer(qtbot, qloop, store):
+    host = EngineHost()  # the production factory: the default model on llama.cpp, on its own worker
+    w = make_window(qtbot, store, host, max_new_tokens=10)
+    try:
+        task = w.start(None, "llamacpp")
+        qtbot.waitUntil(task.done, timeout=120_000)
+        assert task.result() is True
+        w.settings.apply_preset("Greedy")
+        answer = send(qtbot, w, "What is the capital of France?", timeout_ms=120_000)
+        conv = w.library.current
+        tokens = conv.tokens(answer)
+        assert len(tokens) >= 4
+        view = w.inspector.layer_view
+
+        w.selection.set(answer.id, 2)
+        qtbot.wait(300)
+        assert view.view is None and view._task is None  # nothing runs while the tab is closed
+
+        _open_layers_tab(w)
+        qtbot.waitUntil(lambda: view.view is not None and bool(view.heatmap.indices), timeout=120_000)
+        cap, ev = view.view.capture, tokens[2]
+        assert view.view.index == 2 and cap.target_id == ev.token_id
+        assert cap.n_layers == 30 and view.table.rowCount() == 30
+        # the last layer is the model's own distribution: what the decode loop recorded for this token
+        assert cap.layers[-1].target_logprob == pytest.approx(ev.logprob, abs=1e-3)
+        assert cap.layers[-1].target_rank == ev.rank == 0  # greedy
+        assert view.table.item(0, 0).text() == "29" and view.table.item(0, 1).text() == pct(ev.prob)
+        assert view.table.item(0, 2).text() == "1"
+        first = cap.first_top1_layer
+        assert first is not None and f"first top-1 at layer <b>{first}</b> of 30" in view.status.text()
+        assert view.table.item(29 - first, 2).text() == "1"
+        assert all(view.table.item(29 - i, 2).text() != "1" for i in range(first))
+
+        # the heatmap's top row: each token's probability at the last layer, as the answer recorded it
+        assert 2 in view.heatmap.indices
+        for i in view.heatmap.indices:
+            assert view.heatmap.value(29, i) == pytest.approx(tokens[i].prob, abs=0.02)
+
+        # attention over the prompt and the answer before the token: a distribution, drawn over the text
+        weights = view.attention.weights()
+        assert len(weights) == view.view.answer_start + 2 and weights.sum() == pytest.approx(1.0, abs=1e-3)
+        assert "capital" in view.attention.text.toPlainText() and "Most attended" in view.attention.summary.text()
+        view.attention.layer_box.setCurrentIndex(view.attention.layer_box.findData(5))
+        view.attention.head_box.setCurrentIndex(view.attention.head_box.findData(3))
+        assert view.attention.weights().tolist() == pytest.approx(cap.attention[5, 3].tolist())
+
+        # a click on the heatmap selects that token, and the view follows it
+        rect = view.heatmap.column_rect(0)
+        qtbot.mouseClick(view.heatmap, Qt.MouseButton.LeftButton, pos=rect.center().toPoint())
+        assert (w.selection.message_id, w.selection.index) == (answer.id, 0)
+        qtbot.waitUntil(lambda: view.view is not None and view.view.index == 0, timeout=120_000)
+        assert view.view.capture.target_id == tokens[0].token_id
+    finally:
+        if not w._shutdown_done:
+            close_window(qtbot, w)
+        host.close()
+
+
+def test_layers_tab_says_when_the_model_cannot(qtbot, window):
+    """The mock model (as a server would) has no layer view: the tab says so in words."""
+    answer = send(qtbot, window, "hello")
+    window.selection.set(answer.id, 1)
+    _open_layers_tab(window)
+    view = window.inspector.layer_view
+    qtbot.waitUntil(lambda: "cannot" in view.status.text(), timeout=15_000)
+    assert "layer view needs a model that can show what each of its layers predicts" in view.status.text()
+    assert view.view is None and view.table.rowCount() == 0
