@@ -9,6 +9,7 @@ and never answers can be cancelled.
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QApplication, QDialogButtonBox, QFileDialog, QMessageBox, QProgressDialog, QPushButton
+from PySide6.QtWidgets import QApplication, QDialog, QDialogButtonBox, QFileDialog, QMessageBox, QProgressDialog, QPushButton
+
+from shiboken6 import Shiboken
 
 from app.widgets.connect_dialog import ConnectChoice
 from app.widgets.model_picker import ModelPicker
@@ -99,7 +102,15 @@ def test_open_model_twice_shows_one_dialog_which_is_deleted_when_closed(qtbot, w
 
 
 def test_choosing_auto_after_a_failed_remote_loads_and_no_dialog_is_left_over(qtbot, window, host):
-    """The reported sequence: remote + hub id, then the dialog again with auto (here: the mock model)."""
+    """The reported sequence: remote + hub id, then the dialog again with auto (here: the mock model).
+
+    The segfault's cause: each closed picker lived on, owned by Python, in a reference cycle (its own
+    signal connections, the failed load's traceback). The cyclic garbage collector runs on whichever
+    thread happens to allocate when it triggers; on the model-loading thread it freed the picker and so
+    deleted a QWidget off the GUI thread (seen: "Garbage-collecting" in the loader thread, then
+    SIGSEGV). Closed dialogs are now deleted on the GUI thread, and none is left for the collector.
+    """
+    gc.collect()  # what earlier tests left, freed here on the GUI thread
     for spec, backend in ((HUB_ID, "remote"), ("mock", "auto")):
         seen: list[int] = []
 
@@ -115,6 +126,19 @@ def test_choosing_auto_after_a_failed_remote_loads_and_no_dialog_is_left_over(qt
             window.models.error_box.done(0)
     assert host.info.name == "mock" and host.spec == "mock"
     assert window.menu_actions.open_model.isEnabled()
+    qtbot.wait(50)  # deferred deletions
+    assert not _dialogs_left_to_the_garbage_collector()
+
+
+def _dialogs_left_to_the_garbage_collector() -> list[str]:
+    """Dialogs whose Qt object is alive but reachable only through reference cycles."""
+    gc.set_debug(gc.DEBUG_SAVEALL)  # keep what the collection finds, to look at it
+    try:
+        gc.collect()
+        return [type(o).__name__ for o in gc.garbage if isinstance(o, QDialog) and Shiboken.isValid(o)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()  # freed now, on this (the GUI) thread
 
 
 # -- item 5: files ----------------------------------------------------------------------------------
