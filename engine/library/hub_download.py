@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import HubUnreachableError, ModelNotFoundError
-from engine.library.disk import RESERVE_BYTES, FreeSpaceFn, check_space, free_bytes
-from engine.library.errors import ChecksumMismatchError, DownloadCancelled, DownloadError
+from engine.library.disk import RESERVE_BYTES, FreeSpaceFn, check_space, disk_full_error, free_bytes, is_disk_full
+from engine.library.errors import ChecksumMismatchError, DownloadError
 from engine.library.hub_progress import ProgressTracker
 from engine.library.locations import hf_hub_cache
 from engine.library.progress import CancelToken, ProgressFn
@@ -81,6 +81,11 @@ def _errors(what: str) -> Iterator[None]:
         status = e.response.status_code if e.response is not None else "no status"
         # huggingface_hub's own message spans lines and links; one line is what the user needs.
         raise HubUnreachableError(f"cannot download {what}: the hub answered HTTP {status}; try again later") from e
+    except OSError as e:
+        if is_disk_full(e):
+            raise disk_full_error(hf_hub_cache(), f"the download of {what}") from e
+        with hub_errors(what, ALTERNATIVE):
+            raise e
     except Exception as e:
         with hub_errors(what, ALTERNATIVE):
             raise e
@@ -174,12 +179,11 @@ def pull_files(
 
 def pull_folder(repo: HubRepo, **kw) -> Path:
     """Download a safetensors model (the files the engine loads: hub.ALLOW_PATTERNS); return its snapshot folder."""
-    wanted = [f for f in repo.files if any(fnmatch.fnmatch(f.name, p) for p in ALLOW_PATTERNS)]
-    paths = pull_files(repo, sorted(wanted, key=lambda f: f.size), **kw)  # small files first: a quick start
-    top = paths[0]
-    for _ in Path(wanted[0].name).parts:
-        top = top.parent
-    return top
+    wanted = sorted((f for f in repo.files if any(fnmatch.fnmatch(f.name, p) for p in ALLOW_PATTERNS)),
+                    key=lambda f: f.size)  # small files first: config and tokenizer arrive at once
+    paths = pull_files(repo, wanted, **kw)
+    snapshot = paths[0]
+    for _ in Path(wanted[0].name).parts:  # snapshots/<commit>/<name>: up as many levels as the name has
+        snapshot = snapshot.parent
+    return snapshot
 
-
-__all__ = ["DownloadCancelled", "HubFile", "HubRepo", "endpoint", "pull_files", "pull_folder", "repo_files"]
