@@ -17,7 +17,7 @@ pytest.importorskip("llama_cpp")
 import llama_cpp  # noqa: E402
 
 from engine.backends.base import prefill  # noqa: E402
-from engine.backends.llamacpp import native  # noqa: E402
+from engine.backends.llamacpp import abort, native  # noqa: E402
 from engine.decode import generate_events  # noqa: E402
 from engine.events import Done, TokenEvent  # noqa: E402
 from engine.request import GenerationRequest  # noqa: E402
@@ -39,10 +39,21 @@ def greedy_run(backend, ids: list[int], cancel: threading.Event | None = None) -
     return events[-1]
 
 
-@pytest.mark.model
-def test_a_cancel_stops_inside_a_prompt_chunk_and_the_cache_stays_consistent(fresh_default_llamacpp):
+@pytest.fixture(params=["C strlen", "Python callback"])
+def abortable_default(request, fresh_default_llamacpp, monkeypatch):
+    """The default model with its abort callback as loaded (libc's strlen) or as the fallback where none is found."""
     backend = fresh_default_llamacpp
-    ids = long_prompt(backend, 3 * backend.n_batch)
+    if request.param == "Python callback":
+        monkeypatch.setattr(abort, "_c_strlen", lambda: None)
+        backend._abort = abort.AbortSwitch(backend.ctx)
+    yield backend
+    backend._abort = abort.AbortSwitch(backend.ctx)
+
+
+@pytest.mark.model
+def test_a_cancel_stops_inside_a_prompt_chunk_and_the_cache_stays_consistent(abortable_default):
+    backend = abortable_default
+    ids = long_prompt(backend, 2 * backend.n_batch + 16)
     start = backend.tokens_evaluated
     asked_at: list[float] = []
 

@@ -182,9 +182,10 @@ class LlamaCppBackend(CachedTokens):
         )
 
     def _threads_text(self) -> str:
+        threads = f"{self.n_threads} thread{'s' * (self.n_threads != 1)}"
         if self.n_threads == self.n_threads_batch:
-            return f"{self.n_threads} threads"
-        return f"{self.n_threads} decode thread{'s' * (self.n_threads > 1)}, {self.n_threads_batch} for prompts"
+            return threads
+        return f"{self.n_threads} decode {threads.split()[1]}, {self.n_threads_batch} for prompts"
 
     # --- the Backend protocol -------------------------------------------------
 
