@@ -16,6 +16,7 @@ from engine.library import default_locations, scan
 from engine.library.facts_cache import FactsCache
 from engine.library.locations import Location
 from engine.library.memory import MachineMemory
+from engine.library.walk import find_models
 from engine.sources import resolve_spec
 from library_layouts import (
     TINY_CONFIG,
@@ -149,6 +150,8 @@ def test_symlink_loops_end_and_a_model_reachable_twice_is_listed_once(tmp_path, 
     (root / "self").symlink_to(root / "self")  # a link to itself
     result = _scan([Location("folder", root), Location("folder", root / "a")], tmp_path)
     assert [e.path for e in result.entries] == [root / "a" / "m.gguf"]
+    # The walk itself enters each folder once: every file is met once, whatever the links.
+    assert [f.path for f in find_models(root)] == [root / "a" / "m.gguf", root / "b" / "same.gguf"]
 
 
 def test_a_truncated_or_foreign_gguf_is_listed_with_a_reason_not_an_error(tmp_path, tiny):
