@@ -215,3 +215,23 @@ def test_mlx_layer_view_agrees_with_torch(default_model_folder, default_torch, p
             assert x.top[0][0] == y.top[0][0]
             assert x.target_logprob == pytest.approx(y.target_logprob, abs=1e-3)
         np.testing.assert_allclose(a.attention, b.attention, atol=1e-4)
+
+
+def test_traces_carry_the_layer_view_on_request(fresh_default_llamacpp, prompt_ids, tmp_path):
+    from engine.experiments import score
+    from engine.experiments.trace import read_trace, score_run, with_layer_views, write_trace
+
+    result = score(fresh_default_llamacpp, prompt_ids, top_n=2)
+    lines = score_run(result, model=fresh_default_llamacpp.info)
+    token_lines = [line for line in lines if line["type"] == "token"]
+    picked = token_lines[-1]["index"]  # a scored token's index is its position in the ids: what the lens takes
+    capture = fresh_default_llamacpp.layer_capture(result.token_ids, [picked], top_k=3)[0]
+    # the last layer is the model's own distribution: the scored log-prob (scoring runs batch kernels: 1e-2)
+    assert capture.layers[-1].target_logprob == pytest.approx(result.tokens[-1].logprob, abs=1e-2)
+    write_trace(tmp_path / "t.jsonl", with_layer_views(lines, {picked: capture}))
+    (run,) = read_trace(tmp_path / "t.jsonl")
+    assert [("layers" in t) for t in run.tokens] == [t["index"] == picked for t in token_lines]
+    view = run.tokens[-1]["layers"]
+    assert view["target_id"] == run.tokens[-1]["token_id"] == capture.target_id
+    assert [layer["target_rank"] for layer in view["layers"]] == [p.target_rank for p in capture.layers]
+    assert view["layers"][-1]["top"][0][0] == capture.layers[-1].top[0][0]
