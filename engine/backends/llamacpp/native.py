@@ -17,8 +17,6 @@ import collections
 import ctypes
 import functools
 import logging
-import os
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,34 +109,7 @@ def take_recent_errors() -> str:
     return text
 
 
-# --- threads and devices ------------------------------------------------------
-
-
-def physical_cores() -> int:
-    """Physical cores this process may run on: llama.cpp's matmuls gain nothing from SMT siblings."""
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        allowed = []
-    if allowed:
-        cores = set()
-        for cpu in allowed:
-            try:
-                with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/core_cpus_list") as f:
-                    cores.add(f.read().strip())
-            except OSError:
-                cores.add(str(cpu))
-        return max(1, len(cores))
-    if sys.platform == "darwin":
-        import subprocess
-
-        try:
-            out = subprocess.run(["sysctl", "-n", "hw.perflevel0.physicalcpu"], capture_output=True, text=True)
-            if out.returncode == 0 and out.stdout.strip().isdigit():
-                return int(out.stdout)  # performance cores: efficiency cores slow a matmul down
-        except OSError:
-            pass
-    return max(1, (os.cpu_count() or 2) // 2)
+# --- devices ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

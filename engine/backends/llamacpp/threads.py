@@ -28,8 +28,36 @@ when only that is given, as in llama.cpp).
 from __future__ import annotations
 
 import os
+import sys
 
-from engine.backends.llamacpp import native
+# No llama_cpp import here: the window can show the default without loading llama.cpp.
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on: llama.cpp's matmuls gain nothing from SMT siblings."""
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        allowed = []
+    if allowed:
+        cores = set()
+        for cpu in allowed:
+            try:
+                with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/core_cpus_list") as f:
+                    cores.add(f.read().strip())
+            except OSError:
+                cores.add(str(cpu))
+        return max(1, len(cores))
+    if sys.platform == "darwin":
+        import subprocess
+
+        try:
+            out = subprocess.run(["sysctl", "-n", "hw.perflevel0.physicalcpu"], capture_output=True, text=True)
+            if out.returncode == 0 and out.stdout.strip().isdigit():
+                return int(out.stdout)  # performance cores: efficiency cores slow a matmul down
+        except OSError:
+            pass
+    return max(1, (os.cpu_count() or 2) // 2)
 
 
 def usable_cpus() -> int:
@@ -47,4 +75,4 @@ def choose_threads(physical: int, logical: int) -> int:
 
 def default_threads() -> int:
     """llama.cpp's threads on this machine (decode and prompt)."""
-    return choose_threads(native.physical_cores(), usable_cpus())
+    return choose_threads(physical_cores(), usable_cpus())
