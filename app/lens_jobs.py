@@ -27,6 +27,9 @@ from app.state.conversation import Conversation, Message
 
 TOP_K = 8
 HEATMAP_WIDTH = 24  # answer positions around the selected one: each costs a layer-view row per layer
+# Columns per worker call: ~1 s on the default model here, ~4 s at Gemma 3's 262k vocabulary (bench/lens.py),
+# so the heatmap fills in step by step and a newer selection waits for at most one step.
+HEATMAP_CHUNK = 8
 
 
 @dataclass(frozen=True)
@@ -82,13 +85,22 @@ async def layer_view(host: EngineHost, conv: Conversation, message: Message, ind
     return await asyncio.wrap_future(engine.call(work))
 
 
-async def heatmap(host: EngineHost, conv: Conversation, message: Message, center: int,
-                  width: int = HEATMAP_WIDTH) -> LensHeatmap:
-    """The chosen tokens' per-layer probabilities for up to `width` answer tokens around `center`."""
+def heatmap_columns(n_answer: int, center: int, width: int = HEATMAP_WIDTH) -> tuple[int, ...]:
+    """Up to `width` answer token indices around `center`, left to right."""
+    lo = max(0, min(center - width // 2, n_answer - width))
+    return tuple(range(lo, min(n_answer, lo + width)))
+
+
+def nearest_first(indices: tuple[int, ...], center: int, size: int = HEATMAP_CHUNK) -> list[tuple[int, ...]]:
+    """`indices` in runs of `size`, the ones nearest `center` first (the heatmap fills in from the selection out)."""
+    order = sorted(indices, key=lambda i: (abs(i - center), i))
+    return [tuple(sorted(order[k : k + size])) for k in range(0, len(order), size)]
+
+
+async def heatmap(host: EngineHost, conv: Conversation, message: Message, indices: tuple[int, ...]) -> LensHeatmap:
+    """The chosen tokens' per-layer probabilities at the answer tokens `indices`, on the model's worker."""
     engine = await host.wait_engine()
     history, answer = answer_parts(conv, message)
-    lo = max(0, min(center - width // 2, len(answer) - width))
-    indices = tuple(range(lo, min(len(answer), lo + width)))
 
     def work(backend: Any) -> LensHeatmap:  # the model's worker thread
         prompt = list(engine.tokenizer.chat_ids(history, add_generation_prompt=True))

@@ -51,8 +51,12 @@ class LayerHeatmap(QWidget):
     def indices(self) -> tuple[int, ...]:
         return self._indices
 
+    def complete(self) -> bool:
+        """Every column is read (none still NaN)."""
+        return bool(self._indices) and bool(np.isfinite(self._probs).all())
+
     def value(self, layer: int, index: int) -> float:
-        """The probability drawn for answer token `index` at `layer`."""
+        """The probability drawn for answer token `index` at `layer` (NaN while its column is being read)."""
         return float(self._probs[layer, self._indices.index(index)])
 
     # -- geometry -----------------------------------------------------------------------
@@ -89,7 +93,9 @@ class LayerHeatmap(QWidget):
         for layer in range(layers):
             y = (layers - 1 - layer) * h + 1  # the last layer on top
             for col in range(cols):
-                p.fillRect(QRectF(col * w, y, w + 0.5, h + 0.5), heat_color(float(self._probs[layer, col]), dark))
+                value = float(self._probs[layer, col])
+                if np.isfinite(value):  # NaN: a column still being read
+                    p.fillRect(QRectF(col * w, y, w + 0.5, h + 0.5), heat_color(value, dark))
         if self._selected in self._indices:
             p.setPen(QPen(self.palette().text().color(), 2))
             p.setBrush(QColor(0, 0, 0, 0))
@@ -110,5 +116,7 @@ class LayerHeatmap(QWidget):
             layers = self._probs.shape[0]
             layer = layers - 1 - int(event.position().y() // max(1e-6, (self.height() - 2) / layers))
             layer = max(0, min(layers - 1, layer))
-            self.setToolTip(f"token {index + 1} {text}: {100 * self._probs[layer, col]:.1f}% at layer {layer}")
+            value = self._probs[layer, col]
+            shown = f"{100 * value:.1f}%" if np.isfinite(value) else "not read yet"
+            self.setToolTip(f"token {index + 1} {text}: {shown} at layer {layer}")
         super().mouseMoveEvent(event)

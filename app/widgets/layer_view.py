@@ -16,6 +16,7 @@ import html
 import logging
 import math
 
+import numpy as np
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QHeaderView, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
@@ -120,12 +121,18 @@ class LayerView(QWidget):
             if generation != self._generation:
                 return
             self._show(view, message)
-            heat = await lens_jobs.heatmap(self._host, conv, message, index)
-            if generation != self._generation:
-                return
             tokens = conv.tokens(message)
-            self.heatmap.set_data(heat.probs, heat.indices, tuple(visible(tokens[i].token_text) for i in heat.indices))
-            self.heatmap.set_selected(self._index if self._message is message else None)
+            columns = lens_jobs.heatmap_columns(len(tokens), index)
+            probs = np.full((view.capture.n_layers, len(columns)), np.nan, dtype=np.float32)  # NaN: not yet read
+            texts = tuple(visible(tokens[i].token_text) for i in columns)
+            for chunk in lens_jobs.nearest_first(columns, index):
+                heat = await lens_jobs.heatmap(self._host, conv, message, chunk)
+                if generation != self._generation:
+                    return
+                for j, i in enumerate(heat.indices):
+                    probs[:, columns.index(i)] = heat.probs[:, j]
+                self.heatmap.set_data(probs, columns, texts)
+                self.heatmap.set_selected(self._index if self._message is message else None)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - shown to the user in words, the window goes on

@@ -43,7 +43,7 @@ def test_layers_tab_on_a_real_answer(qtbot, qloop, store):
         assert view.view is None and view._task is None  # nothing runs while the tab is closed
 
         _open_layers_tab(w)
-        qtbot.waitUntil(lambda: view.view is not None and bool(view.heatmap.indices), timeout=120_000)
+        qtbot.waitUntil(lambda: view.view is not None and view.heatmap.complete(), timeout=120_000)
         cap, ev = view.view.capture, tokens[2]
         assert view.view.index == 2 and cap.target_id == ev.token_id
         assert cap.n_layers == 30 and view.table.rowCount() == 30
@@ -58,7 +58,7 @@ def test_layers_tab_on_a_real_answer(qtbot, qloop, store):
         assert all(view.table.item(29 - i, 2).text() != "1" for i in range(first))
 
         # the heatmap's top row: each token's probability at the last layer, as the answer recorded it
-        assert 2 in view.heatmap.indices
+        assert 2 in view.heatmap.indices and len(view.heatmap.indices) == len(tokens)  # a short answer: every token
         for i in view.heatmap.indices:
             assert view.heatmap.value(29, i) == pytest.approx(tokens[i].prob, abs=0.02)
 
@@ -91,3 +91,13 @@ def test_layers_tab_says_when_the_model_cannot(qtbot, window):
     qtbot.waitUntil(lambda: "cannot" in view.status.text(), timeout=15_000)
     assert "layer view needs a model that can show what each of its layers predicts" in view.status.text()
     assert view.view is None and view.table.rowCount() == 0
+
+
+def test_heatmap_columns_around_the_selection_nearest_first():
+    from app.lens_jobs import heatmap_columns, nearest_first
+
+    assert heatmap_columns(5, 2) == (0, 1, 2, 3, 4)
+    assert heatmap_columns(100, 50, 24) == tuple(range(38, 62))
+    assert heatmap_columns(100, 1, 24) == tuple(range(0, 24))
+    assert heatmap_columns(100, 99, 24) == tuple(range(76, 100))
+    assert nearest_first(tuple(range(10)), 5, size=4) == [(3, 4, 5, 6), (1, 2, 7, 8), (0, 9)]
