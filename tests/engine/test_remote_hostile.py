@@ -155,6 +155,7 @@ FAILURES = {
     "500": Reply({"error": {"message": "the GPU fell off the bus"}}, 500),
     "not json": Reply(raw=b"<html>Bad gateway</html>", status=502, content_type="text/html"),
     "hang": Reply(hang=True),
+    "trickle": Reply(events=[], trickle=0.1),  # a byte at a time, never a whole answer
 }
 
 

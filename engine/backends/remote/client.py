@@ -10,12 +10,13 @@ completions, which are pure functions of their input) are retried on
 `Retry-After`. A streamed completion is never retried: it may have produced
 tokens already.
 
-Cancelling: inside `cancellable(event)` (one run on the worker thread), a
-request waits on a helper thread while this one watches the event, so a
-cancel (Ctrl-C, Stop) returns within `CANCEL_POLL_S` even when the server
-never answers; a stream is also read on a helper thread, so one that
-trickles bytes without ever completing an event ends after the timeout
-(httpx's read timeout restarts on every byte and would never fire).
+Cancelling and stalls: a request waits on a helper thread while this one
+watches the clock and, inside `cancellable(event)` (one run on the worker
+thread), the event, so a cancel (Ctrl-C, Stop) returns within
+`CANCEL_POLL_S` even when the server never answers, and an answer that
+trickles in byte by byte ends after the timeout (httpx's read timeout
+restarts on every byte and would never fire). A stream is read on a helper
+thread too: the timeout then runs from one complete event to the next.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ class ServerClient:
         for attempt in range(attempts):
             t0 = time.perf_counter()
             try:
-                response = _watching(cancel, lambda: self._http.request(method, url, json=body))
+                response = _watching(cancel, self.options.timeout_s, self.options.host,
+                                     lambda: self._http.request(method, url, json=body))
             except httpx.HTTPError as e:
                 raise self._transport_error(e) from None
             if response.status_code in RETRY_STATUSES and attempt + 1 < attempts:
@@ -261,12 +263,12 @@ class ServerClient:
         self._http.close()
 
 
-def _watching(cancel: threading.Event | None, call: Callable[[], T]) -> T:
-    """`call()`, on a helper thread when there is a cancel event to watch meanwhile (it is abandoned on cancel)."""
-    if cancel is None:
-        return call()
-    if cancel.is_set():
+def _watching(cancel: threading.Event | None, timeout: float, host: str, call: Callable[[], T]) -> T:
+    """`call()` on a helper thread, abandoned when `cancel` is set or after `timeout` seconds in all (httpx's own
+    timeout restarts with every byte, so an answer that trickles in would otherwise never time out)."""
+    if cancel is not None and cancel.is_set():
         raise RequestCancelledError("cancelled")
+    deadline = time.monotonic() + timeout
     box: dict[str, Any] = {}
     finished = threading.Event()
 
@@ -280,8 +282,13 @@ def _watching(cancel: threading.Event | None, call: Callable[[], T]) -> T:
 
     threading.Thread(target=run, name="logitlab-request", daemon=True).start()
     while not finished.wait(CANCEL_POLL_S):
-        if cancel.is_set():
+        if cancel is not None and cancel.is_set():
             raise RequestCancelledError("cancelled")
+        if time.monotonic() > deadline:
+            raise ServerTimeoutError(
+                f"{host} did not finish answering within {timeout:g} s (the timeout can be raised in the "
+                "connection settings)"
+            )
     if "error" in box:
         raise box["error"]
     return box["value"]

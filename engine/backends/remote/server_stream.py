@@ -175,6 +175,7 @@ def _learn_ids(tok, texts: list[str], ids: list[int]) -> None:
     """After the stream: ask the server for the ids it did not give, so Done and the next run have them."""
     if tok is None:
         return
+    tok.learn_ids([text for tid, text in zip(ids, texts) if tid < 0 and text])  # one request for them all
     for i, (tid, text) in enumerate(zip(ids, texts)):
         if tid < 0 and text:
             ids[i] = id_from_text(text, tok)
