@@ -5,7 +5,8 @@ to the last layer inside its graph, so the logit lens of the other layers is
 computed here in numpy on de-quantized weights (`gguf.quants.dequantize`).
 The matrix is float32: (V, n_embd), 113 MB for the default model, 671 MB for
 Gemma 3's 262k vocabulary; it is read once per loaded model (`for_backend`)
-and dropped with it.
+and dropped with it. Only the header and these tensors are read (a memory
+map), not the whole file.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Unembedding:
     norm_weight: np.ndarray  # (n_embd,)
     norm_bias: np.ndarray | None  # (n_embd,) for LayerNorm models
     eps: float
-    matrix_t: np.ndarray  # (n_embd, V) float32, C-contiguous for the (R, n_embd) @ (n_embd, V) product
+    matrix: np.ndarray  # (V, n_embd) float32; `@ matrix.T` hands BLAS the transpose flag, no (n_embd, V) copy
     softcap: float  # 0: none; else logits = softcap * tanh(logits / softcap) (Gemma 2)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
@@ -45,38 +46,73 @@ class Unembedding:
             mu = h.mean(axis=-1, keepdims=True)
             h = (h - mu) / np.sqrt(((h - mu) ** 2).mean(axis=-1, keepdims=True) + self.eps)
             h = h * self.norm_weight + self.norm_bias
-        out = h @ self.matrix_t
+        out = h @ self.matrix.T
         if self.softcap:
             out = self.softcap * np.tanh(out / self.softcap)
         return out
 
 
-def read_unembedding(path: Path, header: Any) -> Unembedding:
-    """The final norm and unembedding of the GGUF at `path` (`header`: its engine GGUFHeader)."""
+def _tensor_records(path: Path) -> dict[str, tuple[list[int], int, int]]:
+    """name -> (dims, ggml type, absolute file offset) of every tensor, from the GGUF header alone.
+
+    `gguf.GGUFReader` builds numpy views of every metadata field, the vocabulary's 262k strings
+    included (~10 s for Gemma 3); this skips them as the backend's header check does.
+    """
+    import mmap
+
+    from engine.backends.llamacpp.gguf_header import DEFAULT_ALIGNMENT, _Cursor
+
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        cur = _Cursor(buf)
+        cur.pos = 8  # magic, version
+        n_tensors, n_kv = cur.take("<Q"), cur.take("<Q")
+        alignment = DEFAULT_ALIGNMENT
+        for _ in range(n_kv):
+            key = cur.string()
+            value = cur.value(cur.take("<I"))
+            if key == "general.alignment" and isinstance(value, int) and value > 0:
+                alignment = value
+        records = {}
+        for _ in range(n_tensors):
+            name = cur.string()
+            dims = [cur.take("<Q") for _ in range(cur.take("<I"))]
+            records[name] = (dims, cur.take("<I"), cur.take("<Q"))
+        data_offset = -(-cur.pos // alignment) * alignment
+    return {name: (dims, qtype, data_offset + offset) for name, (dims, qtype, offset) in records.items()}
+
+
+def _dequantized(path: Path, record: tuple[list[int], int, int]) -> np.ndarray:
+    """One tensor as float32, (rows, dims[0]) or (dims[0],), read through a memory map and de-quantized by `gguf`."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
-    tensors = {t.name: t for t in reader.tensors}
+    dims, qtype, offset = record
+    kind = gguf.GGMLQuantizationType(qtype)
+    block, type_size = gguf.GGML_QUANT_SIZES[kind]
+    rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+    row_bytes = dims[0] // block * type_size
+    raw = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(rows, row_bytes))
+    values = np.asarray(gguf.quants.dequantize(raw, kind), dtype=np.float32)
+    return values.reshape(rows, dims[0]) if len(dims) > 1 else values.reshape(-1)
 
-    def dequantized(name: str) -> np.ndarray:
-        t = tensors[name]
-        data = gguf.quants.dequantize(t.data, t.tensor_type)
-        return np.asarray(data, dtype=np.float32).reshape([int(n) for n in reversed(t.shape)])
 
+def read_unembedding(path: Path, header: Any) -> Unembedding:
+    """The final norm and unembedding of the GGUF at `path` (`header`: its engine GGUFHeader)."""
+    path = Path(path)
+    tensors = _tensor_records(path)
     if "output_norm.weight" not in tensors:
         raise ValueError(f"{path.name} has no output_norm.weight: the layer view needs the model's final norm")
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"  # tied embeddings
-    matrix = dequantized(head)  # (V, n_embd)
-    bias = dequantized("output_norm.bias").reshape(-1) if "output_norm.bias" in tensors else None
+    matrix = _dequantized(path, tensors[head])  # (V, n_embd)
+    bias = _dequantized(path, tensors["output_norm.bias"]) if "output_norm.bias" in tensors else None
     eps_key = "attention.layer_norm_epsilon" if bias is not None else "attention.layer_norm_rms_epsilon"
     eps = float(header.arch_value(eps_key, 1e-5) or 1e-5)
     softcap = float(header.arch_value("final_logit_softcapping", 0.0) or 0.0)
     log.debug("layer view head of %s: %s %s, eps %g, softcap %g", path.name, head, matrix.shape, eps, softcap)
     return Unembedding(
-        norm_weight=dequantized("output_norm.weight").reshape(-1),
+        norm_weight=_dequantized(path, tensors["output_norm.weight"]),
         norm_bias=bias,
         eps=eps,
-        matrix_t=np.ascontiguousarray(matrix.T),
+        matrix=matrix,
         softcap=softcap,
     )
 
