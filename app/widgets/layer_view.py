@@ -30,6 +30,7 @@ from app.widgets.layer_heatmap import LayerHeatmap
 log = logging.getLogger(__name__)
 
 SETTLE_MS = 150  # stepping through tokens with Alt+arrows asks for the last one only
+WAIT_FOR_ANSWER_MS = 500  # the selected answer is still being written: look again this much later
 COLUMNS = ("Layer", "p(token)", "Rank", "Top tokens")
 
 
@@ -50,6 +51,7 @@ class LayerView(QWidget):
         self._settle.setSingleShot(True)
         self._settle.setInterval(SETTLE_MS)
         self._settle.timeout.connect(self._start)
+        host.model_changed.connect(self._on_model_changed)
 
         self.status = QLabel("Select a token of an answer to see what each layer predicted there.")
         self.status.setWordWrap(True)
@@ -88,11 +90,16 @@ class LayerView(QWidget):
         if self.heatmap.indices and message is not None and self._shown and self._shown[0] == message.id:
             self.heatmap.set_selected(index)
         if self.isVisible():
-            self._settle.start()
+            self._settle.start(SETTLE_MS)
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
-        self._settle.start()
+        self._settle.start(SETTLE_MS)
+
+    def _on_model_changed(self, _info) -> None:
+        self._shown = None  # what is on screen was another model's view
+        if self.isVisible():
+            self._settle.start(SETTLE_MS)
 
     def _wanted(self) -> tuple[int, int] | None:
         m, i = self._message, self._index
@@ -103,8 +110,9 @@ class LayerView(QWidget):
     def _start(self) -> None:
         wanted = self._wanted()
         if wanted is None:
-            if self._message is not None and self._message.generating:
+            if self._message is not None and self._message.generating and self.isVisible():
                 self.status.setText("The layer view opens when the answer is finished.")
+                self._settle.start(WAIT_FOR_ANSWER_MS)  # look again: nothing tells this view the answer ended
             return
         if wanted == self._shown:
             return

@@ -101,3 +101,34 @@ def test_heatmap_columns_around_the_selection_nearest_first():
     assert heatmap_columns(100, 1, 24) == tuple(range(0, 24))
     assert heatmap_columns(100, 99, 24) == tuple(range(76, 100))
     assert nearest_first(tuple(range(10)), 5, size=4) == [(3, 4, 5, 6), (1, 2, 7, 8), (0, 9)]
+
+
+def test_layers_tab_waits_for_the_answer_to_finish(qtbot, qloop, store):
+    """Opened on a token of an answer still being written, the tab waits, then shows what the model can do."""
+    from conftest import mock_factory
+    from qt_helpers import answered, run_task
+
+    host = EngineHost(mock_factory(delay_s=0.1))  # 24 tokens in ~2.4 s: time to open the tab mid-answer
+    assert run_task(qtbot, host.load("mock", "mock"))
+    w = make_window(qtbot, store, host)
+    try:
+        edit = w.chat.composer.edit
+        edit.setPlainText("hello")
+        qtbot.keyClick(edit, Qt.Key.Key_Return)
+        def answer_under_way():
+            conv = w.library.current
+            path = conv.path() if conv is not None else []
+            return bool(path) and path[-1].is_assistant and len(conv.tokens(path[-1])) >= 2
+
+        qtbot.waitUntil(answer_under_way, timeout=15_000)
+        answer = w.library.current.path()[-1]
+        w.selection.set(answer.id, 1)
+        _open_layers_tab(w)
+        view = w.inspector.layer_view
+        qtbot.waitUntil(lambda: "opens when the answer is finished" in view.status.text(), timeout=5_000)
+        assert answer.generating
+        qtbot.waitUntil(lambda: answered(w) and "cannot" in view.status.text(), timeout=15_000)
+    finally:
+        if not w._shutdown_done:
+            close_window(qtbot, w)
+        host.close()
