@@ -4,18 +4,26 @@
 `llama_server_url`, so the engine and the app tests share one server process;
 `bench/remote.py` starts its server with it too, so it raises plain errors
 rather than depending on pytest.
+
+Hostile servers: `FakeServer` answers from a handler (`Reply`: a document, a
+stream, a cut, a hang, a trickle), `CharModel` is a scripted model with exact
+probabilities for it; `running_vllm_server` starts vLLM when one is installed.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -111,10 +119,6 @@ class FakeServer:
     """
 
     def __init__(self, handler):
-        import json
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         self.requests: list[tuple[str, str, object]] = []
         self.auth: list[str | None] = []
         self.closing = threading.Event()
@@ -216,8 +220,6 @@ class CharModel:
         self.fail = fail or Reply({"error": {"message": "the GPU fell off the bus"}}, 500)
 
     def top(self, n: int) -> list[tuple[str, float]]:
-        import math
-
         return [(t, math.log(p)) for t, p in list(self.probs.items())[:n]]
 
     def __call__(self, method: str, path: str, body) -> Reply:
@@ -261,8 +263,6 @@ class CharModel:
         return f"token_id:{ord(text)}" if self.kind == "vllm" else text
 
     def entry(self, text: str, n: int) -> dict:
-        import math
-
         return {"id": ord(text), "token": text, "logprob": math.log(self.probs[text]),
                 "top_logprobs": [{"id": ord(a), "token": a, "logprob": lp} for a, lp in self.top(n)]}
 
@@ -308,14 +308,16 @@ def running_vllm_server(model_folder: str, python: str | None = None) -> Iterato
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--max-logprobs", "64",
            "--enforce-eager", "--seed", "0"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    log = open(os.devnull, "wb") if not os.environ.get("LOGITLAB_VLLM_LOG") else open(os.environ["LOGITLAB_VLLM_LOG"], "wb")
+    log = open(os.environ.get("LOGITLAB_VLLM_LOG") or os.devnull, "wb")  # LOGITLAB_VLLM_LOG=FILE keeps its output
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + VLLM_STARTUP_LIMIT_S
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"the vLLM server exited with {proc.returncode} (set LOGITLAB_VLLM_LOG=FILE to see why)")
+                raise RuntimeError(
+                    f"the vLLM server exited with {proc.returncode} (set LOGITLAB_VLLM_LOG=FILE to see why)"
+                )
             try:
                 if httpx.get(url + "/models", timeout=1).status_code == 200:
                     break

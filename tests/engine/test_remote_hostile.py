@@ -209,7 +209,7 @@ def test_server_sampling_failure_mid_answer_is_said(serve, capsys, monkeypatch, 
         assert ("no complete token for 1 s" if how == "trickle" else "ended in the middle of the answer") in err
 
 
-# --- item 17: hangs and trickles ----------------------------------------------------------------------------------------
+# --- item 17: hangs and trickles --------------------------------------------------------------------------------
 
 
 def test_a_trickling_stream_ends_after_the_timeout_with_a_clear_error(serve):
@@ -314,7 +314,7 @@ def test_ctrl_c_in_the_cli_exits_within_a_second(serve, mode):
     assert "Traceback" not in err
 
 
-# --- item 19: credentials in a server URL ------------------------------------------------------------------------------
+# --- item 19: credentials in a server URL -----------------------------------------------------------------------
 
 
 def test_credentials_in_the_url_are_sent_but_never_shown(serve, capsys):

@@ -73,7 +73,9 @@ def server_parameters(settings: SamplerSettings, kind: str, seed_supported: bool
     if refused:
         fix = ("reset them to their neutral values or use we-sample mode" if we_sample_ok else
                "reset them to their neutral values (this server cannot do we-sample mode, so it must sample itself)")
-        raise UnsupportedByServerError(f"a {kind} server cannot take these sampler settings: {', '.join(refused)}; {fix}")
+        raise UnsupportedByServerError(
+            f"a {kind} server cannot take these sampler settings: {', '.join(refused)}; {fix}"
+        )
     return out
 
 

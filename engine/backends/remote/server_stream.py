@@ -232,7 +232,8 @@ class _WhatTheServerSaid:
 
     def empty_answer(self, host: str, tokens: int) -> str:
         """What the server answered, in words, for an answer without text."""
-        parts = [f"{self.chunks} streamed event{'s' if self.chunks != 1 else ''}", f"{tokens} token{'s' if tokens != 1 else ''}"]
+        parts = [f"{self.chunks} streamed event{'s' if self.chunks != 1 else ''}",
+                 f"{tokens} token{'s' if tokens != 1 else ''}"]
         parts.append(f"finish_reason {self.finish_reason!r}" if self.finish_reason else "no finish_reason")
         if self.usage:
             parts.append("usage " + ", ".join(f"{k}={v}" for k, v in self.usage.items() if isinstance(v, int)))
