@@ -75,6 +75,8 @@ class ChatController:
         self._unsaved: dict[int, tuple[Conversation, Message]] = {}  # answers whose rows may lag behind memory
         self._retry: asyncio.TimerHandle | None = None
         self._interrupted_by: str | None = None  # a signal asked the app to quit
+        # What an answer runs on, given the loaded engine: the loom's step mode wraps it (app/loom_controller.py).
+        self.engine_for_run: Callable[[Any], Any] = lambda engine: engine
 
     def last_answer_seed(self) -> int | None:
         """The seed of the open conversation's latest answer (saved with it, so it survives a restart);
@@ -319,7 +321,7 @@ class ChatController:
             if self._stop_requested:  # Stop pressed while waiting for the model
                 self._save(conv, message, lambda: conv.update_message(message, finish_reason="cancelled"))
                 return
-            self._stream = stream = TokenStream(engine, request)
+            self._stream = stream = TokenStream(self.engine_for_run(engine), request)
             offset = len(prefix)
             last_flush = loop.time()
             async for batch in stream.batches():

@@ -38,6 +38,8 @@ from app.theme import Theme, app_icon
 from app.widgets.banner import Banner
 from app.widgets.chat_pane import ChatPane
 from app.widgets.inspector import Inspector
+from app.loom_controller import LoomController
+from app.widgets.loom_view import LoomView
 from app.widgets.sampling_panel import SamplingPanel
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
@@ -90,6 +92,11 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.chats_dock, self.sampling_dock)
         self.chats_dock.raise_()
         self.inspector_dock = self._dock("Inspector", self.inspector, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.loom = LoomController(self.controller)  # the loom (issue 25): a tab beside the Inspector
+        self.loom_view = LoomView(self.loom, self.selection)
+        self.loom_dock = self._dock("Loom", self.loom_view, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.tabifyDockWidget(self.inspector_dock, self.loom_dock)
+        self.inspector_dock.raise_()
         self.status = StatusBar(host, self.controller)
         self.setStatusBar(self.status)
         # Menus and actions get this context, never the window: they are imported here, not the reverse.
@@ -99,7 +106,8 @@ class MainWindow(QMainWindow):
         )
         # Typed, and named apart from QWidget.actions() (the list Qt keeps), which must stay a method.
         self.menu_actions = actions = WindowActions.create(self)
-        panels = [dock.toggleViewAction() for dock in (self.chats_dock, self.sampling_dock, self.inspector_dock)]
+        docks = (self.chats_dock, self.sampling_dock, self.inspector_dock, self.loom_dock)
+        panels = [dock.toggleViewAction() for dock in docks]
         self._menus = build_menu_bar(self, actions, panels, appearance=theme is not None)
         self.models = ModelActions(self.context, self.api_keys, (actions.open_model, actions.connect_server))
         self._connect_actions()
@@ -112,6 +120,7 @@ class MainWindow(QMainWindow):
         view.continue_requested.connect(self.on_continue)
         view.edit_submitted.connect(self.on_edit_submitted)
         self.inspector.branch_requested.connect(self.on_branch)
+        self.inspector.continuations_requested.connect(self.loom_view.continuations_at)
         self.sidebar.new_requested.connect(self.new_chat)
         self.sidebar.delete_requested.connect(self.delete_conversation)
         self.selection.changed.connect(self._on_selection_changed)
@@ -298,6 +307,7 @@ class MainWindow(QMainWindow):
             asyncio.ensure_future(self._shutdown())
 
     async def _shutdown(self) -> None:
+        self.loom.stop()
         try:
             await self.controller.shutdown()
         except Exception:  # noqa: BLE001 - closing must finish

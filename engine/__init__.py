@@ -22,6 +22,7 @@ from engine.errors import (
 )
 from engine.events import Done, GenerationStats, StageSnapshot, TokenEvent, TokenProb
 from engine import experiments  # score, compare, token diff, JSONL traces (engine.experiments)
+from engine import loom  # N continuations from one prefix, step mode (engine.loom)
 from engine import library  # models on this machine, and downloads (engine.library)
 from engine import lens  # the layer view (logit lens) and attention of a position (engine.lens)
 from engine.open_model import load_model
@@ -56,6 +57,7 @@ __all__ = [
     "TokenProb",
     "download_default_model",
     "experiments",
+    "loom",
     "library",
     "lens",
     "custom_code_files",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -21,7 +21,11 @@ from engine.events import Done, Event, GenerationStats, Rewind, StageSnapshot, T
 from engine.request import GenerationRequest
 from engine.sampling import Pick, SamplerChain
 from engine.stopping import StopStringMatcher
+from engine.top_n import reported_view
 from engine.tokenizer import StreamDetokenizer, Tokenizer, partial_token_bytes
+
+# Step mode: shown a sampled token's event, returns the token to take instead (None: the sampler's pick).
+Chooser = Callable[[TokenEvent], "int | None"]
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +60,13 @@ def generate_events(
     cancel: threading.Event | None = None,
     *,
     recoverable: tuple[type[Exception], ...] = (),
+    choose: Chooser | None = None,
 ) -> Iterator[Event]:
     """Run one generation on `backend`; yields TokenEvents then exactly one Done.
+
+    `choose` (step mode): called with each sampled token's event before it is taken (its text not yet
+    released); it returns the token to take instead, or None for the sampler's pick. It may block while a
+    user decides; when `cancel` is set by the time it returns, the run ends as cancelled without that token.
 
     `recoverable`: failures of `backend.forward` that end the answer instead of losing it (a server that
     dies mid-answer). After the first token such a failure ends the run with finish reason "error", its
@@ -104,6 +113,11 @@ def generate_events(
             )
         )
 
+    reported_n = backend.info.reports_top_n  # a server's top N: the model view is what it reported (engine/top_n.py)
+
+    def shown(event: TokenEvent) -> TokenEvent:
+        return reported_view(event, logits, reported_n) if reported_n else event  # `logits`: this step's row
+
     try:
         logits, reused = prefill(backend, prompt, cancelled=cancel.is_set)
     except recoverable:
@@ -129,6 +143,7 @@ def generate_events(
         forced = request.forced_tokens[step] if step < len(request.forced_tokens) else None
         if guard.active:
             states[step] = chain.state()
+        before = chain.state() if choose is not None else ()
         pick = chain.pick(
             logits,
             history[:n_hist],
@@ -137,6 +152,15 @@ def generate_events(
             force_token=forced,
             banned=bans.get(step, ()),
         )
+        if choose is not None and forced is None:
+            chosen = choose(_event(tok, step, pick, ""))
+            if cancel.is_set():
+                finish = "cancelled"
+                break
+            if chosen is not None and chosen != pick.token_id:
+                chain.restore(before)  # the stages' state as before this pick; then the user's token, fully reported
+                pick = chain.pick(logits, history[:n_hist], top_n=request.top_n, record_stages=request.record_stages,
+                                  force_token=int(chosen), banned=bans.get(step, ()))
         t_last = time.perf_counter()
         if t_first is None:
             t_first = t_last
@@ -148,7 +172,7 @@ def generate_events(
         if token in tok.eos_token_ids and not request.ignore_eos:
             finish = "eos"
             released, _ = stopper.feed(guard.finish(detok.flush()))
-            yield _event(tok, step, pick, released + stopper.flush(), special=True, rewind=rewind)
+            yield shown(_event(tok, step, pick, released + stopper.flush(), special=True, rewind=rewind))
             break
         released, ban = guard.feed(step, detok.add(token))
         if ban is not None:
@@ -189,7 +213,7 @@ def generate_events(
             finish = "stop"
         elif last:
             released += stopper.feed(guard.finish(detok.flush()))[0] + stopper.flush()
-        yield _event(tok, step, pick, released, rewind=rewind)
+        yield shown(_event(tok, step, pick, released, rewind=rewind))
         rewind = None
         if stopped or last:
             break

@@ -162,6 +162,16 @@ class Conversation:
             self.path_changed.emit()
         return target
 
+    def show(self, message: Message) -> None:
+        """Make `message` and its ancestors the active ones, so the visible path runs through it (the loom)."""
+        chain = self.ancestry(message)
+        if self.path()[: len(chain)] == chain:
+            return
+        with self._store.transaction():
+            for m in chain:
+                self._activate(m)
+        self.path_changed.emit()
+
     def _activate(self, message: Message) -> None:
         if message.parent_id is None:
             self.active_root_id = message.id

@@ -44,6 +44,7 @@ MIN_WIDTH = 320  # px
 
 class Inspector(QWidget):
     branch_requested = Signal(object, int, int)  # Message, token index, alternative token id
+    continuations_requested = Signal(object, int)  # Message, token index: the loom's N children from there
 
     def __init__(self, library: Library, selection: Selection, controller: ChatController, parent: QWidget | None = None):
         super().__init__(parent)
@@ -85,11 +86,19 @@ class Inspector(QWidget):
         self.branch_button.clicked.connect(self._on_branch_clicked)
         self.table.branch_requested.connect(self._request_branch)
         self.table.currentItemChanged.connect(lambda *_: self._update_branch_button())
+        self.continue_button = QPushButton("N continuations here")
+        self.continue_button.setAccessibleName("N continuations from this token")
+        self.continue_button.setToolTip("The loom: N new answers that keep the text before this token and each "
+                                        "draw it and what follows anew (N and the length are set in the Loom panel)")
+        self.continue_button.clicked.connect(self._request_continuations)
         alternatives = QWidget()
         alt_lay = QVBoxLayout(alternatives)
         alt_lay.setContentsMargins(0, 4, 0, 0)
         alt_lay.addWidget(self.table, 1)
-        alt_lay.addWidget(self.branch_button)
+        branch_row = QHBoxLayout()
+        branch_row.addWidget(self.branch_button, 1)
+        branch_row.addWidget(self.continue_button)
+        alt_lay.addLayout(branch_row)
         self.stages = StageView()
         self.tabs = QTabWidget()
         self.tabs.addTab(alternatives, "Alternatives")
@@ -189,6 +198,7 @@ class Inspector(QWidget):
         ok = ev is not None and token_id is not None and not self._controller.busy
         server = self._server_samples()
         self.branch_button.setEnabled(ok and not server)
+        self.continue_button.setEnabled(self.selected_event() is not None and not self._controller.busy)
         self.branch_button.setToolTip(SERVER_BRANCH_TIP if server else BRANCH_TIP)
         if ev is not None and token_id is not None:
             alt = next(
@@ -285,6 +295,11 @@ class Inspector(QWidget):
         token_id = self.table.selected_token()
         if token_id is not None:
             self._request_branch(token_id)
+
+    def _request_continuations(self) -> None:
+        m, i = self._selected_message(), self._selection.index
+        if m is not None and i is not None and not self._controller.busy:
+            self.continuations_requested.emit(m, i)
 
     def _request_branch(self, token_id: int) -> None:
         m, i = self._selected_message(), self._selection.index

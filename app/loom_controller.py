@@ -1,0 +1,289 @@
+"""The loom's runs: N continuations from a token, auto-expanding likely forks, and step mode (Qt-free).
+
+Like `ChatController` for the chat and `ExperimentController` for the
+experiments, it changes the state (`Conversation`) and the views follow. The
+children of a run are new sibling answers of the question (the store keeps
+them as it keeps any branch, so the tree of `app/state/loom_tree.py` shows
+them and they survive a restart): each inherits the kept tokens, then gets
+its own tokens, request (with a "loom" entry saying how it was made) and
+stats (with its seed).
+
+The engine side (`engine.loom`) runs the N children as one batch where the
+model can; this controller runs it on the model's worker thread and carries
+its events to the event loop. One loom run at a time, and never during a
+chat answer (they share the model).
+
+Step mode wraps the chat's next answer (`ChatController.engine_for_run`) so
+the decode loop waits for the user's pick after every distribution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any
+
+from engine import Done, GenerationRequest, TokenEvent, loom
+
+from app.controller import TOP_N, Busy, ChatController
+from app.engine_host import describe_error
+from app.state.conversation import Conversation, Message
+from app.state.model_record import model_record
+from app.state.observable import Signal
+from app.state.servers import server_samples
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExpandSettings:
+    """What auto-expand opens: forks whose entropy (nats) reaches `entropy`, or, with `min_p` set, forks where
+    at least two alternatives reach `min_p` of the likeliest; `depth` levels of children below the start,
+    `budget` new tokens in all, `children` per fork, `tokens` per child."""
+
+    entropy: float = 1.5
+    min_p: float | None = None
+    depth: int = 2
+    budget: int = 512
+    children: int = 3
+    tokens: int = 24
+
+    def __post_init__(self) -> None:
+        loom.check_children(self.children)
+        problems = []
+        if not self.entropy >= 0:
+            problems.append(f"the entropy threshold must be 0 or more nats, got {self.entropy}")
+        if self.min_p is not None and not 0 < self.min_p <= 1:
+            problems.append(f"min-p must be in (0, 1], got {self.min_p}")
+        for name, low in (("depth", 1), ("budget", 1), ("tokens", 1)):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
+                problems.append(f"{name} must be a whole number of at least {low}, got {getattr(self, name)!r}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def opens(self, ev: TokenEvent) -> bool:
+        """Whether the distribution `ev` was drawn from is a fork worth opening."""
+        if self.min_p is None:
+            return ev.entropy >= self.entropy
+        probs = [p.prob for p in ev.top_model if not p.is_rest]
+        return len(probs) >= 2 and sum(p >= self.min_p * probs[0] for p in probs) >= 2
+
+
+class LoomController:
+    def __init__(self, chat: ChatController):
+        self.chat = chat
+        self.library, self.settings, self.host = chat.library, chat.settings, chat.host
+        self.busy_changed = Signal()  # (bool)
+        self.progress = Signal()  # (done tokens, budget tokens) during a run
+        self.children_added = Signal()  # (list[Message]) a run's children exist (they fill as tokens arrive)
+        self.error = Signal()  # (str)
+        self.step_waiting = Signal()  # (TokenEvent) step mode: the distribution waiting for the user's pick
+        self.stepping_changed = Signal()  # (bool)
+        self.gate = loom.StepGate(self._on_step_waiting)
+        self._cancel: threading.Event | None = None  # the run under way's; None when idle
+        self._loop: asyncio.AbstractEventLoop | None = None
+        chat.engine_for_run = self._engine_for_chat
+
+    @property
+    def busy(self) -> bool:
+        return self._cancel is not None
+
+    def stop(self) -> None:
+        """Stop the loom run before its next step; what was made is kept."""
+        if self._cancel is not None:
+            self._cancel.set()
+
+    # -- N continuations ------------------------------------------------------------------------
+
+    async def continuations(self, message: Message, index: int, n: int, mode: str = "sample",
+                            max_new_tokens: int | None = None) -> list[Message]:
+        """N new answers that keep `message`'s tokens before `index` and each go on from there."""
+        self._begin()
+        try:
+            return await self._continue(message, index, n, mode, max_new_tokens, self._cancel)  # type: ignore[arg-type]
+        except Exception as e:
+            self._fail(e)
+            return []
+        finally:
+            self._end()
+
+    async def auto_expand(self, message: Message, index: int, how: ExpandSettings) -> list[Message]:
+        """Open every fork at or after `index` on `message` (and below, on the new children) that `how` finds
+        likely enough, breadth first, until `how.depth` levels or `how.budget` tokens; Stop ends it."""
+        self._begin()
+        made: list[Message] = []
+        cancel = self._cancel
+        assert cancel is not None
+        try:
+            conv = self._conv()
+            spent = 0
+            self.progress.emit(0, how.budget)
+            queue: deque[tuple[Message, int, int]] = deque([(message, index, 0)])
+            opened: set[tuple[int, ...]] = set()  # the prefixes already forked in this run
+            while queue and not cancel.is_set() and spent + how.children * how.tokens <= how.budget:
+                answer, start, level = queue.popleft()
+                tokens = conv.tokens(answer)
+                at = next((i for i in range(start, len(tokens)) if how.opens(tokens[i])
+                           and tuple(t.token_id for t in tokens[:i]) not in opened), None)
+                if at is None:
+                    continue
+                opened.add(tuple(t.token_id for t in tokens[:at]))
+                children = await self._continue(answer, at, how.children, "sample", how.tokens, cancel)
+                made += children
+                spent += sum(len(conv.tokens(c)) - at for c in children)
+                self.progress.emit(min(spent, how.budget), how.budget)
+                queue.append((answer, at + 1, level))  # further forks on the same answer, same level
+                if level + 1 < how.depth:
+                    queue.extend((c, at + 1, level + 1) for c in children)
+            return made
+        except Exception as e:
+            self._fail(e)
+            return made
+        finally:
+            self._end()
+
+    async def _continue(self, message: Message, index: int, n: int, mode: str, max_new: int | None,
+                        cancel: threading.Event) -> list[Message]:
+        loom.check_children(n)
+        conv = self._conv()
+        tokens = conv.tokens(message)
+        if not message.is_assistant or not 0 <= index <= len(tokens):
+            raise ValueError(f"no token {index} in this answer to continue from")
+        if index and tokens[index - 1].special:
+            raise ValueError("the answer ends there (end of text): continue from an earlier token")
+        engine = await self.host.wait_engine()
+        options = self.settings.options
+        by_server = server_samples(options.server_sampling, engine.info)
+        if by_server and mode == "top":
+            raise ValueError("the N most likely need forced first tokens, which the server's own sampler cannot do: "
+                             "untick “The server samples” in the Sampling panel")
+        question = conv.messages[message.parent_id]  # type: ignore[index]
+        kept = list(tokens[:index])
+        wanted = max_new or options.max_new_tokens
+        history = conv.history(question)
+        max_new_tokens = await self.host.off_ui_thread(self.chat._fit_to_context, engine, history, len(kept), wanted)
+        request = GenerationRequest(
+            messages=tuple(history), sampler=options.sampler, max_new_tokens=max_new_tokens, stop=options.stop,
+            top_n=TOP_N, record_stages=True, assistant_prefix=tuple(t.token_id for t in kept), server_sampling=by_server,
+        )
+        base = {**options.to_dict(), "max_new_tokens": max_new_tokens, "top_n": TOP_N, "server_sampling": by_server}
+        model = model_record(engine.info)
+        children = []
+        for row in range(n):
+            child = conv.add_message(question, "assistant", branch_index=index, model=model,
+                                     request={**base, "loom": {"mode": mode, "n": n, "row": row}})
+            conv.set_tokens(child, kept, "".join(t.text for t in kept))
+            conv.set_generating(child, True)
+            children.append(child)
+        conv.show(message)  # keep the answer the user looks at on screen
+        conv.flush()
+        self.children_added.emit(children)
+        try:
+            await self._stream(engine, conv, children, request, n, mode, cancel, index)
+        finally:
+            for child in children:
+                if child.finish_reason is None:
+                    conv.update_message(child, finish_reason="cancelled")
+                conv.set_generating(child, False)
+            conv.flush()
+        return children
+
+    async def _stream(self, engine, conv: Conversation, children: list[Message], request: GenerationRequest,
+                      n: int, mode: str, cancel: threading.Event, offset: int) -> None:
+        """Run the children on the model's thread; their events reach the loop in order, a frame's worth at a time."""
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[list[loom.RowEvent] | BaseException | None] = asyncio.Queue()
+        pending: list[loom.RowEvent] = []
+        lock = threading.Lock()
+
+        def deliver() -> None:
+            with lock:
+                batch = pending[:]
+                pending.clear()
+            inbox.put_nowait(batch)
+
+        def job(backend) -> None:  # the model's worker thread
+            try:
+                for ev in loom.continuation_events(backend, request, n, mode=mode, cancel=cancel):  # type: ignore[arg-type]
+                    with lock:
+                        first = not pending
+                        pending.append(ev)
+                    if first:
+                        loop.call_soon_threadsafe(deliver)
+                loop.call_soon_threadsafe(deliver)
+                loop.call_soon_threadsafe(inbox.put_nowait, None)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the loop
+                loop.call_soon_threadsafe(inbox.put_nowait, e)
+
+        engine.call(job)
+        while (item := await inbox.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            by_row: dict[int, list[TokenEvent]] = {}
+            for ev in item:
+                child = children[ev.row]
+                if isinstance(ev.event, Done):
+                    if by_row.get(ev.row):
+                        conv.append_tokens(child, by_row.pop(ev.row))
+                    stats = {k: v for k, v in ev.event.stats.to_dict().items() if k not in ("text", "token_ids")}
+                    conv.update_message(child, finish_reason=ev.event.stats.finish_reason, stats=stats)
+                else:
+                    by_row.setdefault(ev.row, []).append(replace(ev.event, index=offset + ev.event.index))
+            for row, events in by_row.items():
+                conv.append_tokens(children[row], events)
+            conv.flush()
+
+    # -- step mode ------------------------------------------------------------------------------
+
+    @property
+    def stepping(self) -> bool:
+        return self.gate.stepping
+
+    def set_stepping(self, on: bool) -> None:
+        """Step mode on: the chat's next answers pause after every distribution. Off: a waiting answer goes on."""
+        if on != self.gate.stepping:
+            self.gate.set_stepping(on)
+            self.stepping_changed.emit(on)
+
+    def pick(self, token_id: int | None) -> None:
+        """Answer the waiting distribution: a token id, or None for the sampler's own pick."""
+        self.gate.pick(token_id)
+
+    def _engine_for_chat(self, engine: Any) -> Any:
+        """What the chat's next answer runs on: through the step gate while step mode is on (local models)."""
+        if self.gate.stepping and engine.info.runs_locally:
+            self._loop = asyncio.get_running_loop()
+            return loom.SteppedEngine(engine, self.gate)
+        return engine
+
+    def _on_step_waiting(self, preview: TokenEvent) -> None:  # the model's worker thread
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.step_waiting.emit, preview)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _conv(self) -> Conversation:
+        conv = self.library.current
+        if conv is None:
+            raise ValueError("open a conversation with an answer first")
+        return conv
+
+    def _begin(self) -> None:
+        if self.busy:
+            raise Busy("a loom run is under way; stop it first")
+        if self.chat.busy:
+            raise Busy("an answer is being written; stop it first")
+        self._cancel = threading.Event()
+        self.busy_changed.emit(True)
+
+    def _end(self) -> None:
+        self._cancel = None
+        self.busy_changed.emit(False)
+
+    def _fail(self, e: Exception) -> None:
+        log.warning("loom run failed: %s", e, exc_info=not isinstance(e, ValueError))
+        self.error.emit(describe_error(e))

@@ -1,0 +1,342 @@
+"""The loom: the open answer's branches as a tree, with N continuations, auto-expand, step mode, export/import.
+
+The tree is `app/state/loom_tree.py`'s, rebuilt (at most a few times a
+second) when the conversation changes. Each row shows a node's tokens in
+short, the path's log-probability and, at a fork, the probability no branch
+has explored; its colour is the node's least likely token. Enter or a click
+opens the node in the chat (its answer shown, its first token selected);
+arrows move through the tree. Runs are the `LoomController`'s: the view asks
+and draws.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (
+    QComboBox, QDoubleSpinBox, QFileDialog, QGridLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton,
+    QSpinBox, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
+)
+
+from app.loom_controller import ExpandSettings, LoomController
+from app.state.conversation import Conversation, Message
+from app.state.loom_tree import LoomNode, answer_group, build_tree, export_tree, import_tree, representative
+from app.state.settings import Selection
+from app.widgets.fmt import pct
+from app.widgets.heat import heat_color
+from app.widgets.step_panel import StepPanel
+
+log = logging.getLogger(__name__)
+REBUILD_MS = 150  # tokens stream in: the tree is rebuilt at most this often
+NODE = Qt.ItemDataRole.UserRole
+
+
+class LoomView(QWidget):
+    def __init__(self, loom: LoomController, selection: Selection, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._loom = loom
+        self._library = loom.library
+        self._selection = selection
+        self._conv: Conversation | None = None
+        self._root: LoomNode | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.setAccessibleName("Loom")
+        self._rebuild_timer = QTimer(self, singleShot=True, interval=REBUILD_MS)
+        self._rebuild_timer.timeout.connect(self.rebuild)
+
+        self.tree = QTreeWidget()
+        self.tree.setHeaderLabels(["Tokens", "log p", "unexplored"])
+        self.tree.setAccessibleName("Branch tree")
+        self.tree.setUniformRowHeights(True)
+        self.tree.setToolTip("Enter or click opens a branch in the chat; arrows move through the tree")
+        self.tree.itemActivated.connect(lambda item, _col: self.open_node(item.data(0, NODE)))
+        self.tree.itemClicked.connect(lambda item, _col: self.open_node(item.data(0, NODE)))
+
+        self.n_spin = QSpinBox(minimum=2, maximum=16, value=4)
+        self.n_spin.setAccessibleName("Number of continuations")
+        self.mode = QComboBox()
+        self.mode.addItem("own seeds", "sample")
+        self.mode.addItem("most likely", "top")
+        self.mode.setToolTip("Own seeds: each child draws with its own seed (the seed + its row). Most likely: "
+                             "child n starts with the model's nth most likely token, then draws on")
+        self.tokens_spin = QSpinBox(minimum=1, maximum=4096, value=32)
+        self.tokens_spin.setAccessibleName("Tokens per continuation")
+        self.continue_button = QPushButton("Continue ×N")
+        self.continue_button.setToolTip("N children of the selected branch's end (or of the token the inspector "
+                                        "shows), from one shared prefix, as one batch where the model can")
+        self.continue_button.clicked.connect(self._on_continue_clicked)
+
+        self.entropy_spin = QDoubleSpinBox(minimum=0.0, maximum=12.0, value=1.5, singleStep=0.1)
+        self.entropy_spin.setToolTip("Open forks whose entropy (nats) is at least this")
+        self.min_p_spin = QDoubleSpinBox(minimum=0.0, maximum=1.0, value=0.0, singleStep=0.05, specialValueText="off")
+        self.depth_spin = QSpinBox(minimum=1, maximum=8, value=2)
+        self.budget_spin = QSpinBox(minimum=8, maximum=100_000, value=512)
+        self.budget_spin.setToolTip("New tokens auto-expand may make in all")
+        self.expand_button = QPushButton("Auto-expand")
+        self.expand_button.setToolTip("From the selected branch, open every fork whose entropy reaches the "
+                                      "threshold (or, with min-p on, where two alternatives pass it)")
+        self.expand_button.clicked.connect(self._on_expand_clicked)
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("Loom progress")
+        self.progress.setVisible(False)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(loom.stop)
+        self.stop_button.setEnabled(False)
+        self.export_button = QPushButton("Export…")
+        self.export_button.clicked.connect(self._on_export_clicked)
+        self.import_button = QPushButton("Import…")
+        self.import_button.clicked.connect(self._on_import_clicked)
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        self.step_panel = StepPanel(loom)
+
+        grid = QGridLayout()
+        for row, pairs in enumerate(((("N", self.n_spin), ("tokens", self.tokens_spin)),
+                                     (("entropy ≥", self.entropy_spin), ("or min-p", self.min_p_spin)),
+                                     (("depth", self.depth_spin), ("budget", self.budget_spin)))):
+            for col, (label, widget) in enumerate(pairs):
+                grid.addWidget(QLabel(label), 2 * row, 2 * col)
+                grid.addWidget(widget, 2 * row, 2 * col + 1)
+            if row == 0:
+                grid.addWidget(self.mode, 1, 0, 1, 2)
+                grid.addWidget(self.continue_button, 1, 2, 1, 2)
+        grid.addWidget(self.expand_button, 5, 0, 1, 4)
+        run_row = QHBoxLayout()
+        run_row.addWidget(self.progress, 1)
+        run_row.addWidget(self.stop_button)
+        file_row = QHBoxLayout()
+        file_row.addWidget(self.export_button)
+        file_row.addWidget(self.import_button)
+        file_row.addStretch(1)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 8, 8, 8)
+        lay.addWidget(self.tree, 1)
+        lay.addLayout(grid)
+        lay.addLayout(run_row)
+        lay.addWidget(self.status)
+        lay.addLayout(file_row)
+        lay.addWidget(self.step_panel)
+
+        self._library.current_changed.connect(self._on_conversation_changed)
+        selection.changed.connect(lambda *_: self._schedule())
+        loom.busy_changed.connect(self._on_busy_changed)
+        loom.progress.connect(self._on_progress)
+        loom.error.connect(lambda text: self.status.setText(f"Loom: {text}"))
+        loom.chat.busy_changed.connect(lambda _b: self._on_busy_changed(loom.busy))
+        self._on_conversation_changed(self._library.current)
+
+    # -- the tree -------------------------------------------------------------------------------
+
+    def _on_conversation_changed(self, conv: Conversation | None) -> None:
+        if self._conv is not None:
+            for sig in (self._conv.path_changed, self._conv.message_changed, self._conv.tokens_appended):
+                sig.disconnect(self._schedule)
+        self._conv = conv
+        if conv is not None:
+            for sig in (conv.path_changed, conv.message_changed, conv.tokens_appended):
+                sig.connect(self._schedule)
+        self.rebuild()
+
+    def _schedule(self, *_args) -> None:
+        if not self._rebuild_timer.isActive():
+            self._rebuild_timer.start()
+
+    def _focus_message(self) -> Message | None:
+        """The answer whose group the tree shows: the selected token's, else the last answer on screen."""
+        conv = self._conv
+        if conv is None:
+            return None
+        if self._selection.message_id is not None and self._selection.message_id in conv.messages:
+            m = conv.messages[self._selection.message_id]
+            if m.is_assistant:
+                return m
+        return next((m for m in reversed(conv.path()) if m.is_assistant), None)
+
+    def rebuild(self) -> None:
+        """Draw the tree of the focused answer's group again, keeping the current node where it still exists."""
+        conv, focus = self._conv, self._focus_message()
+        current = self.current_node()
+        keep = (current.message_ids[0], current.start) if current is not None and current.message_ids else None
+        self.tree.clear()
+        self._root = None
+        if conv is None or focus is None:
+            self._update_buttons()
+            return
+        _question, answers = answer_group(conv, focus)
+        self._root = build_tree(conv, answers)
+        top = self._item(self._root, None)
+        top.setText(0, f"{len(answers)} answer{'s' * (len(answers) != 1)}")
+        self.tree.addTopLevelItem(top)
+        self.tree.expandAll()
+        for col in (1, 2):
+            self.tree.resizeColumnToContents(col)
+        if keep is not None:
+            node = self._root.find(*keep) if keep[1] >= 0 else None
+            if node is not None and node.start == keep[1]:
+                self._select(node)
+        self._update_buttons()
+
+    def _item(self, node: LoomNode, parent: QTreeWidgetItem | None) -> QTreeWidgetItem:
+        item = QTreeWidgetItem(parent) if parent is not None else QTreeWidgetItem()
+        item.setData(0, NODE, node)
+        item.setText(0, node.short())
+        item.setText(1, f"{node.path_logprob:.2f}")
+        if node.unexplored_mass is not None:
+            item.setText(2, pct(node.unexplored_mass))
+        item.setToolTip(0, (f"{node.text()!r}\nfirst token {pct(node.branch_prob)}, least likely {pct(node.min_prob)}; "
+                            f"{len(node.message_ids)} answer(s) pass here"))
+        if node.tokens:
+            item.setBackground(0, heat_color(node.min_prob, self.palette().window().color().lightness() < 128))
+        for child in node.children:
+            self._item(child, item)
+        return item
+
+    def current_node(self) -> LoomNode | None:
+        item = self.tree.currentItem()
+        return None if item is None else item.data(0, NODE)
+
+    def _select(self, node: LoomNode) -> None:
+        it = self._find_item(node)
+        if it is not None:
+            self.tree.setCurrentItem(it)
+
+    def _find_item(self, node: LoomNode) -> QTreeWidgetItem | None:
+        stack = [self.tree.topLevelItem(i) for i in range(self.tree.topLevelItemCount())]
+        while stack:
+            it = stack.pop()
+            if it.data(0, NODE) is node:
+                return it
+            stack.extend(it.child(i) for i in range(it.childCount()))
+        return None
+
+    def items(self) -> list[QTreeWidgetItem]:
+        """Every row, depth first (for tests and keyboard checks)."""
+        out, stack = [], [self.tree.topLevelItem(i) for i in range(self.tree.topLevelItemCount())][::-1]
+        while stack:
+            it = stack.pop()
+            out.append(it)
+            stack.extend(it.child(i) for i in range(it.childCount() - 1, -1, -1))
+        return out
+
+    def open_node(self, node: LoomNode | None) -> None:
+        """Show `node`'s answer in the chat with the node's first token selected."""
+        if node is None or self._conv is None or not node.message_ids:
+            return
+        message = representative(self._conv, node)
+        self._conv.show(message)
+        tokens = self._conv.tokens(message)
+        if tokens:
+            self._selection.set(message.id, min(node.start, len(tokens) - 1))
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    def _anchor(self) -> tuple[Message, int] | None:
+        """Where a run starts: the selected node's end, else the token the inspector shows."""
+        node, conv = self.current_node(), self._conv
+        if conv is None:
+            return None
+        if node is not None and node.message_ids and node.tokens:
+            return representative(conv, node), node.end
+        if self._selection.message_id in conv.messages and self._selection.index is not None:
+            return conv.messages[self._selection.message_id], self._selection.index
+        return None
+
+    def continuations_at(self, message: Message, index: int) -> asyncio.Task:
+        """Ask the controller for N children at token `index` of `message` (the inspector's action too)."""
+        return self._start(self._loom.continuations(
+            message, index, self.n_spin.value(), self.mode.currentData(), self.tokens_spin.value()))
+
+    def _start(self, coro) -> asyncio.Task:
+        """Run a controller coroutine; a refusal (another run under way) is said in the status line."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                self.status.setText(f"Loom: {t.exception()}")
+
+        task.add_done_callback(done)
+        return task
+
+    def _on_continue_clicked(self) -> None:
+        anchor = self._anchor()
+        if anchor is None:
+            self.status.setText("Select a branch in the tree, or a token in the chat, to continue from")
+            return
+        self.continuations_at(*anchor)
+
+    def expand_settings(self) -> ExpandSettings:
+        min_p = self.min_p_spin.value()
+        return ExpandSettings(entropy=self.entropy_spin.value(), min_p=min_p or None, depth=self.depth_spin.value(),
+                              budget=self.budget_spin.value(), children=self.n_spin.value(),
+                              tokens=self.tokens_spin.value())
+
+    def _on_expand_clicked(self) -> asyncio.Task | None:
+        anchor = self._anchor()
+        if anchor is None:
+            self.status.setText("Select a branch in the tree to expand from")
+            return None
+        try:
+            how = self.expand_settings()
+        except ValueError as e:
+            self.status.setText(f"Loom: {e}")
+            return None
+        message, index = anchor
+        node = self.current_node()
+        start = node.start if node is not None and node.tokens else index
+        return self._start(self._loom.auto_expand(message, start, how))
+
+    def _on_busy_changed(self, busy: bool) -> None:
+        self.progress.setVisible(busy)
+        if busy:
+            self.progress.setRange(0, 0)
+            self.status.setText("")
+        self._update_buttons()
+
+    def _on_progress(self, done: int, total: int) -> None:
+        self.progress.setRange(0, max(1, total))
+        self.progress.setValue(done)
+
+    def _update_buttons(self) -> None:
+        idle = not self._loom.busy and not self._loom.chat.busy
+        for b in (self.continue_button, self.expand_button, self.import_button):
+            b.setEnabled(idle)
+        self.export_button.setEnabled(self._root is not None and idle)
+        self.stop_button.setEnabled(self._loom.busy)
+
+    # -- export and import ---------------------------------------------------------------------
+
+    def export_to(self, path: str | Path) -> None:
+        focus = self._focus_message()
+        if self._conv is None or focus is None:
+            raise ValueError("no answer to export: open a conversation with an answer")
+        Path(path).write_text(json.dumps(export_tree(self._conv, focus), ensure_ascii=False, indent=1), encoding="utf-8")
+
+    def import_from(self, path: str | Path) -> None:
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{Path(path).name} cannot be read as JSON ({e})") from None
+        import_tree(self._library, doc)
+
+    def _on_export_clicked(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export the loom tree", "loom.json", "JSON (*.json)")
+        if path:
+            self._report(lambda: self.export_to(path), f"Exported to {path}")
+
+    def _on_import_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import a loom tree", "", "JSON (*.json)")
+        if path:
+            self._report(lambda: self.import_from(path), "Imported as a new chat")
+
+    def _report(self, action, done_text: str) -> None:
+        try:
+            action()
+            self.status.setText(done_text)
+        except (OSError, ValueError) as e:
+            self.status.setText(f"Loom: {e}")

@@ -1,0 +1,257 @@
+"""N continuations from one prefix: siblings that share the prefix's KV cache and decode as one batch.
+
+The loom's "N continuations here": from a prompt (and the kept part of an
+answer, `request.assistant_prefix`), N children, each drawn by its own
+`SamplerChain` seeded `seed + row` (so a child does not depend on which other
+children share its batch), or, in "top" mode, child r starts with the model's
+r-th most likely next token and goes on with its own chain.
+
+Where the model can run a batch (`engine.capabilities.BatchRunners`), the
+prefix is computed once for one row, the row is copied N times with the
+runner's `reorder` (llama.cpp shares the cache cells, torch and MLX copy the
+tensors: either way the prefix is not recomputed), and then every step is one
+forward for all rows still running; a row that ends is dropped from the batch
+by another `reorder`. A model with its own event stream (a server) or without
+a batch runner runs the children one after another through the ordinary
+decode loop (a server's own prefix cache makes the repeated prompt cheap).
+Banned strings need the decode loop's step-backs, so they also take that way.
+
+Events are `RowEvent(row, event)`: per row, `TokenEvent`s as the decode loop
+makes them (the same `_event` builder, so the window inspects every token the
+same way), then one `Done`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from engine.backends.base import Backend
+from engine.capabilities import BatchRunners, OwnEvents
+from engine.decode import _event as token_event
+from engine.decode import check_context, generate_events, prompt_ids_for
+from engine.events import Done, Event, GenerationStats, TokenEvent
+from engine.request import GenerationRequest
+from engine.sampling import SamplerChain
+from engine.stopping import StopStringMatcher
+from engine.tokenizer import StreamDetokenizer
+
+log = logging.getLogger(__name__)
+
+MIN_CHILDREN, MAX_CHILDREN = 2, 16
+Mode = Literal["sample", "top"]  # sample: each row draws with its own seed; top: row r starts with the r-th likeliest
+
+
+@dataclass(frozen=True, slots=True)
+class RowEvent:
+    """One event of one child: `row` in 0..N-1; `event` a TokenEvent (index among the child's new tokens) or Done."""
+
+    row: int
+    event: Event
+
+
+def check_children(n: int) -> None:
+    """ValueError in words when `n` is not a number of children the loom makes."""
+    if isinstance(n, bool) or not isinstance(n, int) or not MIN_CHILDREN <= n <= MAX_CHILDREN:
+        raise ValueError(f"N continuations: N must be a whole number from {MIN_CHILDREN} to {MAX_CHILDREN}, got {n!r}")
+
+
+def row_seeds(request: GenerationRequest, n: int) -> list[int]:
+    """Each row's seed: the request's seed (or a fresh one) plus the row number, kept below 2**63."""
+    base = request.sampler.seed if request.sampler.seed is not None else secrets.randbits(62)
+    return [(base + r) % 2**63 for r in range(n)]
+
+
+def continuation_events(
+    backend: Backend,
+    request: GenerationRequest,
+    n: int,
+    *,
+    mode: Mode = "sample",
+    cancel: threading.Event | None = None,
+) -> Iterator[RowEvent]:
+    """N children of `request`'s prompt (plus assistant prefix); yields RowEvents, every row ending with one Done.
+
+    `request.forced_tokens` is not allowed (each child chooses its own first token). Runs on the backend's
+    worker thread.
+
+    Raises:
+        ValueError: `n` outside 2..16, an unknown mode, or forced tokens given.
+        ContextLengthError: the prompt and `max_new_tokens` do not fit the model's context.
+    """
+    check_children(n)
+    if mode not in ("sample", "top"):
+        raise ValueError(f"mode must be 'sample' or 'top', got {mode!r}")
+    if request.forced_tokens:
+        raise ValueError("N continuations choose their own first tokens: give no forced tokens")
+    cancel = cancel or threading.Event()
+    seeds = row_seeds(request, n)
+    if isinstance(backend, OwnEvents) or not isinstance(backend, BatchRunners) or request.sampler.banned_strings:
+        yield from _one_after_another(backend, request, seeds, mode, cancel)
+    else:
+        yield from _batched(backend, request, seeds, mode, cancel)
+
+
+def _row_request(request: GenerationRequest, seed: int, first: int | None) -> GenerationRequest:
+    return replace(request, sampler=request.sampler.with_(seed=seed), forced_tokens=() if first is None else (first,))
+
+
+def _events(backend: Backend, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]:
+    if isinstance(backend, OwnEvents):
+        return backend.events(request, cancel)
+    return generate_events(backend, request, cancel)
+
+
+def _one_after_another(
+    backend: Backend, request: GenerationRequest, seeds: list[int], mode: Mode, cancel: threading.Event
+) -> Iterator[RowEvent]:
+    """Each child through the ordinary decode loop; the backend's prefix reuse keeps the shared prompt cached."""
+    firsts: list[int | None] = [None] * len(seeds)
+    if mode == "top":
+        # One greedy token tells the likeliest first tokens (a cached prompt makes it one forward).
+        probe = replace(request, max_new_tokens=1, top_n=max(request.top_n, len(seeds)),
+                        sampler=request.sampler.with_(temperature=0.0))
+        top = next((e.top_model for e in _events(backend, probe, cancel) if isinstance(e, TokenEvent)), ())
+        firsts = [t.token_id for t in top if not t.is_rest][: len(seeds)]
+        firsts += [None] * (len(seeds) - len(firsts))  # fewer reported than asked: the rest sample
+    for row, seed in enumerate(seeds):
+        if cancel.is_set():
+            yield RowEvent(row, Done(_empty_stats(seed, "cancelled")))
+            continue
+        for event in _events(backend, _row_request(request, seed, firsts[row]), cancel):
+            yield RowEvent(row, event)
+
+
+def _empty_stats(seed: int, finish: str, prompt_tokens: int = 0) -> GenerationStats:
+    return GenerationStats(finish, prompt_tokens, 0, 0, 0.0, 0.0, 0.0, 0, seed, "", ())
+
+
+class _Row:
+    """One child's per-run state: its chain, history, detokenizer, stop matcher and tokens so far."""
+
+    def __init__(self, request: GenerationRequest, tok, prompt: list[int], seed: int) -> None:
+        self.chain = SamplerChain(request.sampler.with_(seed=seed), vocab=tok)
+        self.history = np.empty(len(prompt) + request.max_new_tokens, dtype=np.int64)
+        self.history[: len(prompt)] = prompt
+        self.n_hist = len(prompt)
+        self.detok = StreamDetokenizer(tok, context_ids=prompt)
+        self.stopper = StopStringMatcher(request.stop)
+        self.generated: list[int] = []
+        self.finish = "length"
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+
+
+def _batched(
+    backend: Backend, request: GenerationRequest, seeds: list[int], mode: Mode, cancel: threading.Event
+) -> Iterator[RowEvent]:
+    """All children as rows of one batch runner: the prefix once, then one forward per step for every live row."""
+    tok = backend.tokenizer
+    t0 = time.perf_counter()
+    prompt = prompt_ids_for(tok, request)
+    check_context(len(prompt), request.max_new_tokens, backend.info.context_length)
+    rows = [_Row(request, tok, prompt, s) for s in seeds]
+    n = len(rows)
+
+    def done(r: int) -> RowEvent:
+        row = rows[r]
+        span = (row.t_last - row.t_first) if row.t_first is not None and row.t_last is not None else 0.0
+        return RowEvent(r, Done(GenerationStats(
+            finish_reason=row.finish,
+            prompt_tokens=len(prompt),
+            reused_tokens=len(prompt) if r else 0,  # the first row computed the prefix; the others share it
+            generated_tokens=len(row.generated),
+            time_to_first_token_s=(row.t_first - t0) if row.t_first is not None else 0.0,
+            decode_tokens_per_s=(len(row.generated) - 1) / span if span > 0 else 0.0,
+            total_s=time.perf_counter() - t0,
+            peak_memory_bytes=backend.peak_memory_bytes(),
+            seed=row.chain.seed,
+            text=row.stopper.text,
+            token_ids=tuple(row.generated),
+        )))
+
+    if cancel.is_set():
+        for r in range(n):
+            rows[r].finish = "cancelled"
+            yield done(r)
+        return
+    runner = backend.batch_runner()
+    try:
+        logits = runner.start([prompt])  # (1, V): the shared prefix, computed once
+        firsts: list[int | None] = [None] * n
+        if mode == "top":
+            order = np.argsort(-logits[0], kind="stable")[:n]  # the model's likeliest first tokens, best first
+            firsts = [int(t) for t in order]
+        runner.reorder([0] * n)  # N rows over the one prefix
+        logits = np.repeat(logits, n, axis=0)  # (N, V)
+        live = list(range(n))  # batch row i is child live[i]
+        while live:
+            tokens: list[int] = []
+            still: list[int] = []  # batch rows that go on
+            for i, r in enumerate(live):
+                row = rows[r]
+                step = len(row.generated)
+                pick = row.chain.pick(
+                    logits[i], row.history[: row.n_hist], top_n=request.top_n, record_stages=request.record_stages,
+                    force_token=firsts[r] if step == 0 else None,
+                )
+                row.t_last = time.perf_counter()
+                if row.t_first is None:
+                    row.t_first = row.t_last
+                token = pick.token_id
+                row.generated.append(token)
+                row.history[row.n_hist] = token
+                row.n_hist += 1
+                if token in tok.eos_token_ids and not request.ignore_eos:
+                    row.finish = "eos"
+                    released, _ = row.stopper.feed(row.detok.flush())
+                    yield RowEvent(r, token_event(tok, step, pick, released + row.stopper.flush(), special=True))
+                    yield done(r)
+                    continue
+                released, stopped = row.stopper.feed(row.detok.add(token))
+                last = len(row.generated) == request.max_new_tokens
+                if stopped:
+                    row.finish = "stop"
+                elif last:
+                    released += row.stopper.feed(row.detok.flush())[0] + row.stopper.flush()
+                yield RowEvent(r, token_event(tok, step, pick, released))
+                if stopped or last:
+                    yield done(r)
+                    continue
+                tokens.append(token)
+                still.append(i)
+            if not still:
+                break
+            if cancel.is_set():
+                for i in still:
+                    rows[live[i]].finish = "cancelled"
+                    yield done(live[i])
+                break
+            if len(still) < len(live):
+                runner.reorder(still)  # drop the rows that ended: later steps compute only the live ones
+                live = [live[i] for i in still]
+            logits = runner.step(tokens)  # (len(live), V): one forward for every live row
+    finally:
+        close = getattr(runner, "close", None)
+        if close is not None:
+            close()
+    log.debug("%d continuations: %d forward calls", n, runner.forward_calls)
+
+
+def collect(events: Sequence[RowEvent] | Iterator[RowEvent], n: int) -> tuple[list[list[TokenEvent]], list[GenerationStats | None]]:
+    """Each row's TokenEvents and final stats from a stream of RowEvents (for scripts and tests)."""
+    tokens: list[list[TokenEvent]] = [[] for _ in range(n)]
+    stats: list[GenerationStats | None] = [None] * n
+    for e in events:
+        if isinstance(e.event, Done):
+            stats[e.row] = e.event.stats
+        else:
+            tokens[e.row].append(e.event)
+    return tokens, stats

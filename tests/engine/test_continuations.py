@@ -1,0 +1,167 @@
+"""The loom's engine side on the default model (llama.cpp): N continuations in one batch, and step mode."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from engine.backends.base import prefill
+from engine.decode import generate_events, prompt_ids_for
+from engine.events import Done, TokenEvent
+from engine.loom import StepGate, continuation_events
+from engine.loom.continuations import collect, row_seeds
+from engine.request import GenerationRequest
+from engine.sampling import SamplerChain, SamplerSettings
+
+MESSAGES = ({"role": "user", "content": "Write one sentence about the sea."},)
+SAMPLER = SamplerSettings(temperature=0.9, top_k=40, seed=1234)
+
+
+def request(**kw) -> GenerationRequest:
+    base = dict(messages=MESSAGES, sampler=SAMPLER, max_new_tokens=8, top_n=5, ignore_eos=True)
+    return GenerationRequest(**{**base, **kw})
+
+
+@pytest.fixture
+def runners(fresh_default_llamacpp, monkeypatch):
+    """The batch runners the continuations make, kept so the test can read their counters."""
+    made = []
+    original = fresh_default_llamacpp.batch_runner
+
+    def spy():
+        runner = original()
+        made.append(runner)
+        return runner
+
+    monkeypatch.setattr(fresh_default_llamacpp, "batch_runner", spy)
+    return made
+
+
+class OnlyBackend:
+    """The default model behind the five Backend methods only: no batch runner, so children go one by one."""
+
+    def __init__(self, backend):
+        self._b = backend
+        self.tokenizer, self.info = backend.tokenizer, backend.info
+
+    def cached_tokens(self):
+        return self._b.cached_tokens()
+
+    def trim_cache(self, n):
+        return self._b.trim_cache(n)
+
+    def forward(self, ids):
+        return self._b.forward(ids)
+
+    def peak_memory_bytes(self):
+        return self._b.peak_memory_bytes()
+
+    def close(self):
+        pass
+
+
+def test_children_run_as_one_batch_one_forward_per_step(fresh_default_llamacpp, runners):
+    n, new = 6, 8
+    tokens, stats = collect(continuation_events(fresh_default_llamacpp, request(max_new_tokens=new), n), n)
+    (runner,) = runners
+    assert runner.forward_calls == new  # the prefix once, then one forward per step for all six rows
+    prompt_len = stats[0].prompt_tokens
+    assert runner.tokens_evaluated == prompt_len + (new - 1) * n  # the prefix was computed once, not six times
+    assert all(len(t) == new for t in tokens)
+    assert [s.seed for s in stats] == row_seeds(request(), n)
+    assert [s.finish_reason for s in stats] == ["length"] * n
+    assert len({tuple(s.token_ids) for s in stats}) > 1  # six seeds, not six copies
+
+
+def test_same_seed_same_children(fresh_default_llamacpp):
+    first = collect(continuation_events(fresh_default_llamacpp, request(), 4), 4)[1]
+    again = collect(continuation_events(fresh_default_llamacpp, request(), 4), 4)[1]
+    assert [s.token_ids for s in first] == [s.token_ids for s in again]
+    other = collect(continuation_events(fresh_default_llamacpp, request(sampler=SAMPLER.with_(seed=99)), 4), 4)[1]
+    assert [s.token_ids for s in other] != [s.token_ids for s in first]
+
+
+def test_each_childs_first_token_is_its_seeded_chains_pick(fresh_default_llamacpp):
+    req = request(max_new_tokens=2)
+    tokens, stats = collect(continuation_events(fresh_default_llamacpp, req, 8), 8)
+    prompt = prompt_ids_for(fresh_default_llamacpp.tokenizer, req)
+    fresh_default_llamacpp.trim_cache(0)
+    logits, _ = prefill(fresh_default_llamacpp, prompt)
+    for row in range(8):
+        chain = SamplerChain(SAMPLER.with_(seed=stats[row].seed))
+        assert tokens[row][0].token_id == chain.pick(logits, np.asarray(prompt), top_n=0).token_id
+        assert tokens[row][0].index == 0 and tokens[row][1].index == 1
+        assert tokens[row][0].top_model  # inspectable like the decode loop's events
+
+
+def test_top_mode_starts_with_the_likeliest_tokens(fresh_default_llamacpp):
+    tokens, _ = collect(continuation_events(fresh_default_llamacpp, request(max_new_tokens=3), 5, mode="top"), 5)
+    firsts = [t[0] for t in tokens]
+    assert [e.rank for e in firsts] == [0, 1, 2, 3, 4]
+    assert [e.token_id for e in firsts] == [p.token_id for p in firsts[0].top_model[:5]]
+
+
+def test_without_a_batch_runner_children_go_one_by_one_with_the_same_draws(fresh_default_llamacpp, runners):
+    plain = OnlyBackend(fresh_default_llamacpp)
+    events = list(continuation_events(plain, request(), 3))
+    assert not runners
+    assert [e.row for e in events if isinstance(e.event, Done)] == [0, 1, 2]
+    tokens, stats = collect(events, 3)
+    for row in range(3):  # each row is exactly the decode loop's answer for its seed
+        alone = [e for e in generate_events(plain, request(sampler=SAMPLER.with_(seed=stats[row].seed)))
+                 if isinstance(e, TokenEvent)]
+        assert [e.token_id for e in alone] == [e.token_id for e in tokens[row]]
+
+
+def test_stopped_rows_leave_the_batch_and_cancel_ends_every_row(fresh_default_llamacpp, runners):
+    cancel = threading.Event()
+    seen = []
+    for e in continuation_events(fresh_default_llamacpp, request(max_new_tokens=50), 4, cancel=cancel):
+        seen.append(e)
+        if isinstance(e.event, TokenEvent) and e.event.index == 2:
+            cancel.set()
+    done = [e for e in seen if isinstance(e.event, Done)]
+    assert sorted(d.row for d in done) == [0, 1, 2, 3]
+    assert {d.event.stats.finish_reason for d in done} == {"cancelled"}
+    assert runners[0].forward_calls == 3  # the prefix and two steps; none after the cancel
+
+
+def test_children_counts_outside_2_to_16_are_refused(fresh_default_llamacpp):
+    for n in (1, 17):
+        with pytest.raises(ValueError, match="from 2 to 16"):
+            list(continuation_events(fresh_default_llamacpp, request(), n))
+    with pytest.raises(ValueError, match="forced"):
+        list(continuation_events(fresh_default_llamacpp, request(forced_tokens=(5,)), 2))
+
+
+def test_step_mode_takes_the_users_pick_and_stop_ends_the_wait(fresh_default_llamacpp):
+    waiting: list[TokenEvent] = []
+
+    def show(preview):  # the window: shown the distribution, the user takes the second alternative
+        waiting.append(preview)
+        gate.pick(preview.top_model[1].token_id)
+
+    gate = StepGate(show, poll_s=0.01)
+    gate.set_stepping(True)
+    cancel = threading.Event()
+    req = request(max_new_tokens=3)
+    events = [e for e in generate_events(fresh_default_llamacpp, req, cancel, choose=lambda p: gate.choose(p, cancel))
+              if isinstance(e, TokenEvent)]
+    assert [e.token_id for e in events] == [p.top_model[1].token_id for p in waiting]
+    assert all(e.forced and e.rank == 1 for e in events)
+
+    # Stop while a token waits: the run ends as cancelled without it.
+    gate.on_waiting = lambda preview: threading.Timer(0.05, cancel.set).start()  # Stop pressed while it waits
+    cancel.clear()
+    out = list(generate_events(fresh_default_llamacpp, req, cancel, choose=lambda p: gate.choose(p, cancel)))
+    assert len(out) == 1 and out[0].stats.finish_reason == "cancelled"
+
+    # Leaving step mode lets the model go on: the sampler's own picks, as without the hook.
+    gate.set_stepping(False)
+    cancel.clear()
+    free = [e.token_id for e in generate_events(fresh_default_llamacpp, req, cancel,
+                                                choose=lambda p: gate.choose(p, cancel)) if isinstance(e, TokenEvent)]
+    plain = [e.token_id for e in generate_events(fresh_default_llamacpp, req) if isinstance(e, TokenEvent)]
+    assert free == plain
