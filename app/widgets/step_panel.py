@@ -41,6 +41,8 @@ class StepPanel(QWidget):
         lay.addWidget(self.choices, 1)
         loom.step_waiting.connect(self._on_waiting)
         loom.stepping_changed.connect(self._on_stepping_changed)
+        # An answer stopped (or ended) while a distribution waited: that list answers nothing any more.
+        loom.chat.busy_changed.connect(lambda busy: None if busy else self._show_idle())
         self._show_idle()
 
     @property

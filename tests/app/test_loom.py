@@ -226,6 +226,15 @@ def test_loom_panel_continues_from_a_token_opens_nodes_and_steps_by_keyboard(qtb
     newest = conv.path()[-1]
     assert conv.tokens(newest)[0].token_id == preview.top_model[1].token_id
 
+    # Stop while a distribution waits: the answer ends as stopped, and the panel's list goes away.
+    view.step_panel.toggle.setChecked(True)
+    window.on_regenerate(newest)
+    qtbot.waitUntil(lambda: view.step_panel.waiting is not None, timeout=15000)
+    window.controller.stop()
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=15000)
+    assert conv.path()[-1].finish_reason == "cancelled" and not conv.tokens(conv.path()[-1])
+    assert view.step_panel.waiting is None and view.step_panel.choices.count() == 0
+
 
 def test_loom_export_import_in_the_window(qtbot, window, tmp_path):
     send(qtbot, window, "hello there")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -165,3 +166,17 @@ def test_step_mode_takes_the_users_pick_and_stop_ends_the_wait(fresh_default_lla
                                                 choose=lambda p: gate.choose(p, cancel)) if isinstance(e, TokenEvent)]
     plain = [e.token_id for e in generate_events(fresh_default_llamacpp, req) if isinstance(e, TokenEvent)]
     assert free == plain
+
+
+def test_torch_rows_share_the_prefix_too(tiny_torch, monkeypatch):
+    """The torch runner's `reorder` copies one prefilled row into N (a tiny random Llama: the shapes, not the words)."""
+    made = []
+    original = tiny_torch.batch_runner
+    monkeypatch.setattr(tiny_torch, "batch_runner", lambda: made.append(original()) or made[-1])
+    req = GenerationRequest(prompt_ids=(1, 5, 9, 14), sampler=SAMPLER, max_new_tokens=5, top_n=3, ignore_eos=True)
+    tokens, stats = collect(continuation_events(tiny_torch, req, 3), 3)
+    assert made[0].forward_calls == 5 and all(len(t) == 5 for t in tokens)
+    for row in range(3):  # each row equals the decode loop's answer for its seed (same weights, same draws)
+        alone = [e.token_id for e in generate_events(tiny_torch, replace(req, sampler=SAMPLER.with_(seed=stats[row].seed)))
+                 if isinstance(e, TokenEvent)]
+        assert alone == [e.token_id for e in tokens[row]]
