@@ -76,6 +76,20 @@ def test_we_sample_shows_the_servers_logprobs_and_the_rest(serve):
     assert done.stats.finish_reason == "length" and done.stats.seed == 5
 
 
+def test_compare_on_a_server_shows_the_servers_logprobs(serve):
+    """Compare runs the decode loop itself: the model view there is the server's too (ModelInfo.reports_top_n)."""
+    from engine.experiments.compare import compare
+
+    model = CharModel(PROBS)
+    backend = connect(serve(lambda *a: model(*a)))
+    result = compare(backend, GenerationRequest(prompt=PROMPT, max_new_tokens=2, top_n=10),
+                     [SamplerSettings(temperature=0), SamplerSettings(top_k=2)], seed=3)
+    for column in result.columns:
+        for ev in column.events:
+            assert ev.top_model[-1].is_rest and ev.top_model[-1].prob == pytest.approx(0.1, abs=1e-6)
+            assert ev.prob == pytest.approx(PROBS[ev.token_text], abs=1e-6)
+
+
 def test_server_sampling_shows_the_rest_too(serve):
     model = CharModel(PROBS)
     backend = connect(serve(lambda *a: model(*a)))
