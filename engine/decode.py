@@ -21,6 +21,7 @@ from engine.events import Done, Event, GenerationStats, Rewind, StageSnapshot, T
 from engine.request import GenerationRequest
 from engine.sampling import Pick, SamplerChain
 from engine.stopping import StopStringMatcher
+from engine.top_n import reported_view
 from engine.tokenizer import StreamDetokenizer, Tokenizer, partial_token_bytes
 
 # Step mode: shown a sampled token's event, returns the token to take instead (None: the sampler's pick).
@@ -112,6 +113,11 @@ def generate_events(
             )
         )
 
+    reported_n = backend.info.reports_top_n  # a server's top N: the model view is what it reported (engine/top_n.py)
+
+    def shown(event: TokenEvent) -> TokenEvent:
+        return reported_view(event, logits, reported_n) if reported_n else event  # `logits`: this step's row
+
     try:
         logits, reused = prefill(backend, prompt, cancelled=cancel.is_set)
     except recoverable:
@@ -166,7 +172,7 @@ def generate_events(
         if token in tok.eos_token_ids and not request.ignore_eos:
             finish = "eos"
             released, _ = stopper.feed(guard.finish(detok.flush()))
-            yield _event(tok, step, pick, released + stopper.flush(), special=True, rewind=rewind)
+            yield shown(_event(tok, step, pick, released + stopper.flush(), special=True, rewind=rewind))
             break
         released, ban = guard.feed(step, detok.add(token))
         if ban is not None:
@@ -207,7 +213,7 @@ def generate_events(
             finish = "stop"
         elif last:
             released += stopper.feed(guard.finish(detok.flush()))[0] + stopper.flush()
-        yield _event(tok, step, pick, released, rewind=rewind)
+        yield shown(_event(tok, step, pick, released, rewind=rewind))
         rewind = None
         if stopped or last:
             break
