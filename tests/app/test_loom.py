@@ -8,11 +8,12 @@ import json
 import math
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
+
+from engine import TokenEvent, TokenProb
 
 from app.controller import ChatController
 from app.engine_host import EngineHost
@@ -21,7 +22,7 @@ from app.state.library import Library
 from app.state.loom_tree import LoomImportError, answer_group, build_tree, export_tree, import_tree
 from app.state.settings import SettingsState
 from app.state.store import Store
-from qt_helpers import run_task, send
+from qt_helpers import send
 
 QUESTION = "Write one sentence about the sea."
 
@@ -138,6 +139,18 @@ def test_auto_expand_opens_forks_within_its_budget_and_stops(default_host, store
         return await task
 
     assert len(asyncio.run(stopped())) <= 2
+
+
+def _event(entropy: float, probs: list[float]) -> TokenEvent:
+    top = tuple(TokenProb(i, f"t{i}", math.log(p)) for i, p in enumerate(probs))
+    return TokenEvent(0, 0, "t0", "t0", top[0].logprob, top[0].logprob, 0, entropy, top, top)
+
+
+def test_auto_expand_opens_forks_by_entropy_or_by_min_p():
+    by_entropy = ExpandSettings(entropy=1.0)
+    assert by_entropy.opens(_event(1.2, [0.9, 0.05])) and not by_entropy.opens(_event(0.8, [0.5, 0.4]))
+    by_min_p = ExpandSettings(min_p=0.5)  # the entropy no longer matters: two alternatives at half the best's
+    assert by_min_p.opens(_event(0.1, [0.5, 0.3, 0.2])) and not by_min_p.opens(_event(3.0, [0.6, 0.25, 0.15]))
 
 
 def test_expand_settings_refuse_what_cannot_run():
