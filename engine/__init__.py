@@ -27,10 +27,16 @@ from engine import library  # models on this machine, and downloads (engine.libr
 from engine import lens  # the layer view (logit lens) and attention of a position (engine.lens)
 from engine.open_model import load_model
 from engine.sources.remote_code import custom_code_files
-from engine.sources.default_model import DefaultModelMissingError, download_default_model, models_dir
+from engine.sources.default_model import DefaultModelMissingError, default_model_path, download_default_model, models_dir
 from engine.model_info import ModelInfo, ServerInfo
 from engine.request import GenerationRequest
-from engine.servers import list_server_models, remember_connection, server_sampler_fields, split_server_spec
+from engine.servers import (
+    list_server_models,
+    remember_connection,
+    server_sampler_fields,
+    split_server_credentials,
+    split_server_spec,
+)
 from engine.sampling.settings import DEFAULT_ORDER, STAGE_NAMES, SamplerSettings
 
 __all__ = [
@@ -55,6 +61,7 @@ __all__ = [
     "StageSnapshot",
     "TokenEvent",
     "TokenProb",
+    "default_model_path",
     "download_default_model",
     "experiments",
     "loom",
@@ -66,5 +73,6 @@ __all__ = [
     "models_dir",
     "remember_connection",
     "server_sampler_fields",
+    "split_server_credentials",
     "split_server_spec",
 ]

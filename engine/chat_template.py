@@ -64,11 +64,21 @@ class _Overtime(BaseException):
     """
 
 
+class _RanOutOfTime(ChatTemplateError):
+    """The `ChatTemplateError` of a template stopped at its time limit (remembered: see `_overtime`)."""
+
+
 class _TooLarge(Exception):
     """A value the template was about to build is over the size limit."""
 
 
 _state = threading.local()  # the limits of the render under way on this thread
+# One render at a time: two runaway renders (the status bar's count and a send) would take turns
+# with the GIL and leave the UI thread almost none of it.
+_render_lock = threading.Lock()
+# Templates that ran past their time limit, with the error they gave: run again they would cost the
+# limit again on every keystroke, and a template that loops once is not one to trust.
+_overtime: dict[tuple[str, float], str] = {}
 
 
 def _max_chars() -> int:
@@ -356,6 +366,18 @@ def render_chat_template(
         raise ChatTemplateError(f"the model's chat template is not valid Jinja (line {e.lineno}: {e.message}); {_ADVICE}") from None
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"the model's chat template cannot be compiled ({e}); {_ADVICE}") from None
+    with _render_lock:
+        if (known := _overtime.get((template, time_limit_s))) is not None:
+            raise ChatTemplateError(known)
+        try:
+            return _render(compiled, variables, time_limit_s, max_chars)
+        except _RanOutOfTime as e:
+            _overtime[(template, time_limit_s)] = str(e)
+            raise
+
+
+def _render(compiled: jinja2.Template, variables: Mapping[str, Any], time_limit_s: float, max_chars: int) -> str:
+    """Render under the time and size limits; every failure becomes one `ChatTemplateError`."""
     previous_trace = sys.gettrace()
     previous_limit = getattr(_state, "max_chars", None)
     _state.max_chars = max_chars
@@ -369,7 +391,7 @@ def render_chat_template(
                 raise _TooLarge()
             out.append(piece)
     except _Overtime:
-        raise ChatTemplateError(
+        raise _RanOutOfTime(
             f"the model's chat template did not finish within {time_limit_s:g} s and was stopped "
             f"(it may loop without end); {_ADVICE}"
         ) from None

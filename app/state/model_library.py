@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine.library import LibraryEntry, Location, ScanResult, default_locations
-from engine.library.progress import format_bytes
+from engine import library
 
 from app.state.observable import Signal
 from app.state.store import Store
@@ -59,12 +58,12 @@ def _parameters(n: int) -> str:
     return str(n) if n else ""
 
 
-def row_for(entry: LibraryEntry, recent_backend: str | None = None) -> LibraryRow:
+def row_for(entry: library.LibraryEntry, recent_backend: str | None = None) -> LibraryRow:
     f = entry.facts
-    memory = f"{format_bytes(entry.memory_bytes)} · {entry.fit}" if entry.memory_bytes else ""
+    memory = f"{library.format_bytes(entry.memory_bytes)} · {entry.fit}" if entry.memory_bytes else ""
     return LibraryRow(
         name=entry.name, source=entry.source_name, architecture=f.architecture, parameters=_parameters(f.parameters),
-        quantization=f.quantization, size=format_bytes(entry.file_bytes) if entry.file_bytes else "",
+        quantization=f.quantization, size=library.format_bytes(entry.file_bytes) if entry.file_bytes else "",
         context=f"{f.context_length:,}" if f.context_length else "", memory=memory,
         backend=recent_backend if recent_backend not in (None, "auto") else entry.backend,
         spec=entry.spec, path=str(entry.path), problem=entry.problem, recent=recent_backend is not None, fit=entry.fit,
@@ -73,8 +72,7 @@ def row_for(entry: LibraryEntry, recent_backend: str | None = None) -> LibraryRo
 
 def _default_path() -> str:
     """The default model's file ("" when it is not installed): the recent list names it "default"."""
-    from engine import EngineError
-    from engine.sources.default_model import default_model_path
+    from engine import EngineError, default_model_path
 
     try:
         return str(default_model_path())
@@ -94,7 +92,7 @@ class ModelLibraryState:
 
     def __init__(self, store: Store):
         self.store = store
-        self.scan: ScanResult | None = None
+        self.scan: library.ScanResult | None = None
         self.changed = Signal()  # () a scan arrived or the folders changed
 
     # -- folders ---------------------------------------------------------------------------------
@@ -117,13 +115,13 @@ class ModelLibraryState:
         self.store.put_setting(FOLDERS_KEY, [str(p) for p in self.folders() if p != Path(folder)])
         self.changed.emit()
 
-    def locations(self) -> list[Location]:
+    def locations(self) -> list[library.Location]:
         """Where the next scan looks: every known store, then the user's folders."""
-        return default_locations(extra_folders=self.folders())
+        return library.default_locations(extra_folders=self.folders())
 
     # -- rows ------------------------------------------------------------------------------------
 
-    def set_scan(self, result: ScanResult) -> None:
+    def set_scan(self, result: library.ScanResult) -> None:
         self.scan = result
         self.changed.emit()
 
@@ -148,7 +146,7 @@ class ModelLibraryState:
         return [r for r in out if r.matches(query)] if query.strip() else out
 
     @staticmethod
-    def _by_path(by_path: dict[Path, LibraryEntry], spec: str) -> LibraryEntry | None:
+    def _by_path(by_path: dict[Path, library.LibraryEntry], spec: str) -> library.LibraryEntry | None:
         if not spec or spec.lower().startswith(("http://", "https://")):
             return None
         try:
@@ -163,5 +161,5 @@ class ModelLibraryState:
         s = self.scan
         count = len(s.entries)
         return (f"{count} model{'s' * (count != 1)} in {len(s.searched)} place{'s' * (len(s.searched) != 1)} · "
-                f"scanned in {s.seconds * 1000:.0f} ms · this machine: {format_bytes(s.machine.total_bytes)} memory, "
-                f"{format_bytes(s.machine.available_bytes)} available")
+                f"scanned in {s.seconds * 1000:.0f} ms · this machine: {library.format_bytes(s.machine.total_bytes)} memory, "
+                f"{library.format_bytes(s.machine.available_bytes)} available")

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from engine import ModelInfo, split_server_spec
-from engine.servers import split_server_credentials
+from engine import split_server_credentials
 
 from app.state.store import Store
 

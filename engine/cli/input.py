@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO
 
+from engine.backends.select import checks_torch_device, device_refusal, offload_refusal
 from engine.devices import check_device_name
 from engine.errors import UsageError
 from engine.runtime_settings import RuntimeSettings
@@ -127,10 +128,8 @@ def check_offload(args: argparse.Namespace, backend: str | None) -> None:
     text = getattr(args, "offload", None)
     if text is None:
         return
-    if backend == "mlx":
-        raise UsageError("--offload is not for the mlx backend: MLX shares one memory between CPU and GPU")
-    if backend == "remote":
-        raise UsageError("--offload is not for a server: the server decides where its weights live")
+    if (why := offload_refusal(backend)) is not None:
+        raise UsageError(f"--{why}")
     if text.strip().lower() != "auto":
         from engine.offload.policy import parse_offload
 
@@ -166,11 +165,9 @@ def check_device(args: argparse.Namespace, backend: str | None) -> None:
     if getattr(args, "device", None) is None:
         return
     args.device = check_device_name(args.device)
-    if backend not in (None, "torch"):
-        how = ('its GPU share is set with --offload, e.g. "weights=100,0"; or pass --backend torch'
-               if backend == "llamacpp" else "pass --backend torch to choose a device")
-        raise UsageError(f"--device chooses the torch backend's device; this model runs on {backend} ({how})")
-    if args.device != "cpu" and backend == "torch":
+    if (why := device_refusal(backend)) is not None:
+        raise UsageError(why)
+    if args.device != "cpu" and checks_torch_device(backend):
         import torch  # the torch backend imports it next anyway
 
         from engine.devices import require_available

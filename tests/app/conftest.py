@@ -8,20 +8,14 @@ async slots work exactly as under `asyncio.run(..., loop_factory=QEventLoop)`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import qasync
 
-from engine import Engine
-from engine.backends.mock import MockBackend
-
 from app.engine_host import EngineHost
 from app.state.store import Store
-from qt_helpers import close_window, make_window, run_task
-
-MOCK_DELAY_S = 0.01  # per token: slow enough to stop mid-answer, fast enough for a quick suite
-
+from qt_helpers import close_window, make_window, mock_factory, run_task
 
 @pytest.fixture(scope="session")
 def _session_loop(qapp) -> asyncio.AbstractEventLoop:
@@ -70,18 +64,6 @@ def store(db_path) -> Iterator[Store]:
     s = Store(db_path)
     yield s
     s.close()
-
-
-def mock_factory(delay_s: float = MOCK_DELAY_S) -> Callable:
-    """Engines for tests: "mock" (or None) is the deterministic mock model; anything else loads for real."""
-
-    def factory(spec, backend, progress):
-        if spec in (None, "mock"):
-            progress("loading the mock model", 1.0)
-            return Engine.from_backend(MockBackend(delay_s=delay_s))
-        return Engine.start(spec, backend=backend, progress=progress)
-
-    return factory
 
 
 @pytest.fixture

@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from PySide6.QtCore import Qt
 
+from engine import Engine
+from engine.backends.mock import MockBackend
+
 from app.engine_host import EngineHost
 from app.state.store import Store
+
+MOCK_DELAY_S = 0.01  # per token: slow enough to stop mid-answer, fast enough for a quick suite
+
+
+def mock_factory(delay_s: float = MOCK_DELAY_S) -> Callable:
+    """Engines for tests: "mock" (or None) is the deterministic mock model; anything else loads for real."""
+
+    def factory(spec, backend, progress):
+        if spec in (None, "mock"):
+            progress("loading the mock model", 1.0)
+            return Engine.from_backend(MockBackend(delay_s=delay_s))
+        return Engine.start(spec, backend=backend, progress=progress)
+
+    return factory
 
 
 def run_task(qtbot, awaitable, timeout_ms: int = 15000):

@@ -105,8 +105,7 @@ def test_heatmap_columns_around_the_selection_nearest_first():
 
 def test_layers_tab_waits_for_the_answer_to_finish(qtbot, qloop, store):
     """Opened on a token of an answer still being written, the tab waits, then shows what the model can do."""
-    from conftest import mock_factory
-    from qt_helpers import answered, run_task
+    from qt_helpers import answered, mock_factory, run_task
 
     host = EngineHost(mock_factory(delay_s=0.1))  # 24 tokens in ~2.4 s: time to open the tab mid-answer
     assert run_task(qtbot, host.load("mock", "mock"))
