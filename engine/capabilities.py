@@ -32,7 +32,7 @@ from engine.errors import EngineError
 
 if TYPE_CHECKING:
     from engine.events import Event
-    from engine.lens import LayerCapture
+    from engine.layer_capture import LayerCapture
     from engine.request import GenerationRequest
 
 RowState = Any  # one sequence's KV state, backend-specific; `state_nbytes` measures it

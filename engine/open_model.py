@@ -6,7 +6,7 @@ import logging
 from dataclasses import replace
 
 from engine.backends.base import Backend
-from engine.backends.select import choose_backend
+from engine.backends.select import choose_backend, open_direct, open_folder, opens_spec_directly, runtime_refusal
 from engine.runtime_settings import RuntimeSettings
 from engine.sources import ProgressCallback, materialize, resolve_spec
 from engine.sources.hub import revision_of
@@ -61,30 +61,16 @@ def load_model(
     )  # checked before anything loads
     source = resolve_spec(spec)
     name = choose_backend(backend, source.kind)
-    if name != "llamacpp" and runtime.load_kwargs():
-        raise ValueError(
-            f"{', '.join(runtime.load_kwargs())}: threads, context length, GPU layers and batch size are "
-            f"settings of llama.cpp models (.gguf files); this model runs on {name}, so leave them out"
-        )
-    if name == "remote":
-        from engine.backends.remote import RemoteBackend
-
-        return RemoteBackend.connect(source.spec, progress=progress)
-    if name == "llamacpp":
-        from engine.backends.llamacpp import LlamaCppBackend
-
-        if progress:
-            progress(f"loading {source.name} (llamacpp)", None)
-        assert source.path is not None
-        return LlamaCppBackend(
-            source.path, spec=source.spec, display_name=source.name, offload=offload, **runtime.load_kwargs()
-        )
+    if (why := runtime_refusal(name, list(runtime.load_kwargs()))) is not None:
+        raise ValueError(why)
+    if opens_spec_directly(name):
+        return open_direct(name, source, progress, offload, runtime.load_kwargs())
     folder = materialize(source, progress)
     refuse_unless_trusted(folder, trust_remote_code)  # in our words, before transformers asks in its own
     if progress:
         progress(f"loading {source.name} ({name})", None)
     try:
-        loaded = _load_folder(name, folder, source, device, dtype, trust_remote_code, offload)
+        loaded = open_folder(name, folder, source, device, dtype, trust_remote_code, offload)
     except ValueError as e:
         if is_remote_code_error(e) and not trust_remote_code:
             raise refusal(folder) from e
@@ -93,24 +79,3 @@ def load_model(
         loaded.info = replace(loaded.info, revision=revision)  # which weights, exactly: saved with each answer
     return loaded
 
-
-def _load_folder(name: str, folder, source, device, dtype, trust_remote_code: bool, offload) -> Backend:
-    """A torch or MLX backend for a local Hugging Face folder."""
-    if name == "mlx":
-        from engine.backends.mlx.backend import MlxBackend
-
-        if offload is not None:
-            raise ValueError("offload is a torch feature; MLX shares one memory between CPU and GPU")
-
-        return MlxBackend(folder, spec=source.spec, display_name=source.name, trust_remote_code=trust_remote_code)
-    from engine.backends.torch.backend import TorchBackend
-
-    return TorchBackend(
-        folder,
-        spec=source.spec,
-        display_name=source.name,
-        device=device,
-        dtype=dtype,
-        trust_remote_code=trust_remote_code,
-        offload=offload,
-    )

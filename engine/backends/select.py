@@ -13,6 +13,10 @@ import importlib.util
 import logging
 import platform
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.backends.base import Backend
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,61 @@ def device_refusal(backend: str | None) -> str | None:
 def checks_torch_device(backend: str | None) -> bool:
     """Whether a device name given for `backend` is one torch must find usable here before loading."""
     return backend == "torch"
+
+
+def runtime_refusal(backend: str, settings: list[str]) -> str | None:
+    """Why `backend` cannot take these `RuntimeSettings` fields, in words; None when it takes them all."""
+    if backend == "llamacpp" or not settings:
+        return None
+    return (
+        f"{', '.join(settings)}: threads, context length, GPU layers and batch size are settings of "
+        f"llama.cpp models (.gguf files); this model runs on {backend}, so leave them out"
+    )
+
+
+def weighs_parameters_in_float32(backend: str) -> bool:
+    """Whether `backend` holds a model's weights as float32 on the CPU (torch converts GGUF files so)."""
+    return backend == "torch"
+
+
+def opens_spec_directly(backend: str) -> bool:
+    """Whether `backend` opens the spec as given (a server URL, a .gguf file) rather than a Hugging Face folder."""
+    return backend in ("remote", "llamacpp")
+
+
+def open_direct(backend: str, source, progress, offload, runtime_kwargs: dict) -> Backend:
+    """Open a server URL (remote) or a .gguf file (llamacpp): backends that need no Hugging Face folder."""
+    if backend == "remote":
+        from engine.backends.remote import RemoteBackend
+
+        return RemoteBackend.connect(source.spec, progress=progress)
+    from engine.backends.llamacpp import LlamaCppBackend
+
+    if progress:
+        progress(f"loading {source.name} (llamacpp)", None)
+    assert source.path is not None
+    return LlamaCppBackend(source.path, spec=source.spec, display_name=source.name, offload=offload, **runtime_kwargs)
+
+
+def open_folder(backend: str, folder, source, device, dtype, trust_remote_code: bool, offload) -> Backend:
+    """A torch or MLX backend for a local Hugging Face folder."""
+    if backend == "mlx":
+        from engine.backends.mlx.backend import MlxBackend
+
+        if offload is not None:
+            raise ValueError("offload is a torch feature; MLX shares one memory between CPU and GPU")
+        return MlxBackend(folder, spec=source.spec, display_name=source.name, trust_remote_code=trust_remote_code)
+    from engine.backends.torch.backend import TorchBackend
+
+    return TorchBackend(
+        folder,
+        spec=source.spec,
+        display_name=source.name,
+        device=device,
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+        offload=offload,
+    )
 
 
 def choose_backend(requested: str | None = None, source_kind: str | None = None) -> str:

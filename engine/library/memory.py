@@ -14,6 +14,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from engine.backends.select import weighs_parameters_in_float32
 from engine.library.entry import Fit, ModelFacts
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def machine_memory() -> MachineMemory:
 
 def estimate_bytes(facts: ModelFacts, backend: str) -> int:
     """Bytes needed to run a model with these facts on `backend`; 0 when the facts are too thin to say."""
-    if backend == "torch" and facts.parameters:
+    if weighs_parameters_in_float32(backend) and facts.parameters:
         weights, kv_value_bytes = facts.parameters * TORCH_CPU_BYTES_PER_PARAMETER, 4
     else:
         weights, kv_value_bytes = facts.weight_bytes, 2

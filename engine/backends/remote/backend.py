@@ -120,7 +120,7 @@ class RemoteBackend(CachedTokens):
 
     def batch_runner(self):
         """BatchRunners: one request per row and step, the server's top N as each row's logits."""
-        from engine.research.remote_runner import RemoteRunner
+        from engine.backends.remote.runner import RemoteRunner
 
         return RemoteRunner(self)
 
