@@ -348,6 +348,8 @@ class ChatController:
                 # The app is quitting on a signal: not the user's Stop. None reads "interrupted", as after a crash.
                 finish, saved_stats = None, {**saved_stats, "interrupted_by": self._interrupted_by}
             self._save(conv, message, lambda: conv.update_message(message, finish_reason=finish, stats=saved_stats))
+            if finish == "error":  # a server that failed mid-answer: the text so far is kept, and the user told why
+                self.error.emit(f"the answer stopped after {stats.generated_tokens} tokens: {stats.error or 'unknown error'}")
         except Exception as e:  # noqa: BLE001 - shown to the user; the partial answer is kept
             log.warning("generation failed: %s", e, exc_info=not isinstance(e, ValueError))
             self._save(conv, message, lambda: conv.update_message(
