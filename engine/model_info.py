@@ -8,7 +8,9 @@ of each step are known, not the whole distribution).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+
+from engine.runtime_settings import RuntimeFacts
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class ModelInfo:
     revision: str = ""  # hub commit hash the weights were loaded at
     server: ServerInfo | None = None  # the model runs on this server (and can sample there); None: runs here
     reports_top_n: int = 0  # only the top N log-probs of a step are known; 0: the whole distribution
+    # threads, context, GPU layers, batch size it runs with, what its KV cache costs, what can be set
+    runtime: RuntimeFacts = field(default_factory=RuntimeFacts)
 
     @property
     def runs_locally(self) -> bool:
@@ -94,6 +98,8 @@ class ModelInfo:
                 (f"revision:       {self.revision}", self.revision),
                 (f"server:         {', '.join(self.server.labels())}" if self.server else "", self.server),
                 (f"reports:        top {self.reports_top_n} log-probs per step", self.reports_top_n),
+                (f"memory:         {self.runtime.summary()}", self.runtime.summary()),
+                (f"context note:   {self.runtime.context_note}", self.runtime.context_note),
             )
             if present
         ]

@@ -14,7 +14,7 @@ pytest.importorskip("llama_cpp")
 from engine import ContextLengthError, EngineError, ModelLoadError  # noqa: E402
 from engine.backends.base import prefill  # noqa: E402
 from engine.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from engine.backends.llamacpp.placement import MIN_AUTO_CTX, choose_n_ctx, plan_gpu_layers  # noqa: E402
+from engine.backends.llamacpp.placement import plan_gpu_layers  # noqa: E402
 from engine.chat import ChatSession  # noqa: E402
 from engine.decode import generate_events  # noqa: E402
 from engine.events import Done, TokenEvent  # noqa: E402
@@ -156,7 +156,7 @@ def test_prompt_over_n_ctx_is_the_engines_context_error(tiny_gguf):
 
 
 def test_n_ctx_above_the_models_is_refused(tiny_gguf):
-    with pytest.raises(ValueError, match="larger than the model's context length 256"):
+    with pytest.raises(ValueError, match=r"10,000 tokens is longer than the model's own \(256\); choose at most 256"):
         load_model(str(tiny_gguf), backend="llamacpp", n_ctx=10_000)
 
 
@@ -235,14 +235,6 @@ def test_gpu_layers_follow_the_offload_policy():
     assert plan_gpu_layers("auto", gpu_build=True, free_gpu_bytes=10_000, **plan).n_gpu_layers == 32
     # 2,500 free -> 2,250 usable at 5,000/32 bytes per layer (weights + cache) -> 14 layers
     assert plan_gpu_layers("auto", gpu_build=True, free_gpu_bytes=2_500, **plan).n_gpu_layers == 14
-
-
-def test_context_is_the_files_unless_asked_or_too_big_for_memory():
-    assert choose_n_ctx(8192, None, kv_bytes_per_token=23_040, free_bytes=8 << 30)[0] == 8192
-    assert choose_n_ctx(8192, 1024, kv_bytes_per_token=23_040, free_bytes=8 << 30) == (1024, "as asked")
-    n, why = choose_n_ctx(131_072, None, kv_bytes_per_token=131_072, free_bytes=8 << 30)  # 16 GiB at full length
-    assert n == 16_384 and "lowered" in why
-    assert choose_n_ctx(131_072, None, kv_bytes_per_token=1 << 20, free_bytes=1 << 30)[0] == MIN_AUTO_CTX
 
 
 def test_cli_runs_llamacpp_and_reports_a_prompt_over_n_ctx_in_one_line(capsys, tiny_gguf):

@@ -20,36 +20,20 @@ from engine.backends.base import CachedTokens, process_peak_rss_bytes
 from engine.backends.chunks import positions_per_chunk
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.abort import ABORTED, AbortSwitch
-from engine.backends.llamacpp.gguf_header import GGUFHeader, read_header
-from engine.backends.llamacpp.placement import choose_n_ctx, layers_as_asked, plan_gpu_layers
+from engine.backends.llamacpp.gguf_header import kv_bytes_per_token, read_header
+from engine.backends.llamacpp.placement import layers_as_asked, plan_gpu_layers
 from engine.backends.llamacpp.runner import LlamaCppRunner
 from engine.backends.llamacpp.threads import default_threads
 from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
 from engine.errors import ContextLengthError, ModelLoadError
 from engine.model_info import ModelInfo
 from engine.offload.auto import free_cpu_bytes
+from engine.runtime_settings import RuntimeFacts, RuntimeSettings, choose_context
 
 log = logging.getLogger(__name__)
 
-KV_BYTES_PER_VALUE = 2  # the cache is float16 (llama.cpp's default type_k/type_v)
 N_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch); a cancel stops inside one
-
-
-def kv_bytes_per_token(header: GGUFHeader) -> int:
-    """Keys and values of one position over all layers, from the file's hyperparameters (0 if unknown)."""
-    layers = int(header.arch_value("block_count", 0) or 0)
-    heads = header.arch_value("attention.head_count", 0)
-    kv_heads = header.arch_value("attention.head_count_kv", heads)
-    embd = int(header.arch_value("embedding_length", 0) or 0)
-    if isinstance(heads, list):  # per-layer head counts (some architectures)
-        heads = max(heads or [0])
-    if isinstance(kv_heads, list):
-        kv_heads = max(kv_heads or [0])
-    if not (layers and heads and kv_heads and embd):
-        return 0
-    key_dim = int(header.arch_value("attention.key_length", embd // int(heads)) or 0)
-    value_dim = int(header.arch_value("attention.value_length", key_dim) or 0)
-    return layers * int(kv_heads) * (key_dim + value_dim) * KV_BYTES_PER_VALUE
+NO_GPU = "this llama.cpp build runs on the CPU only (no Metal, CUDA or Vulkan), so no layers can go to a GPU"
 
 
 class LlamaCppBackend(CachedTokens):
@@ -74,8 +58,8 @@ class LlamaCppBackend(CachedTokens):
         Args:
             offload: None (all layers on the GPU of a GPU build), an `OffloadPolicy` or its CLI form
                 (the weights' GPU share becomes a share of the layers), or "auto" (what fits in free GPU memory).
-            n_ctx: the context to allocate; None takes the file's context length, lowered only when its KV
-                cache would not fit comfortably in free memory.
+            n_ctx: the context to allocate; None takes the file's context length, capped so its KV cache
+                fits a memory budget (engine.runtime_settings.choose_context).
             n_threads: CPU threads while decoding; None: one fewer than the usable CPUs, at most the
                 physical cores (engine/backends/llamacpp/threads.py says why).
             n_threads_batch: CPU threads for prompts; None: as n_threads.
@@ -96,9 +80,11 @@ class LlamaCppBackend(CachedTokens):
         n_batch = n_batch or N_BATCH
         n_layers = int(header.arch_value("block_count", 0) or 0)
         per_token = kv_bytes_per_token(header)
-        self.n_ctx, ctx_reason = choose_n_ctx(
-            header.context_length, n_ctx, kv_bytes_per_token=per_token, free_bytes=free_cpu_bytes()
+        self.context = choose_context(
+            header.context_length, n_ctx, kv_bytes_per_token=per_token, available_bytes=free_cpu_bytes()
         )
+        self.n_ctx = self.context.n_ctx
+        ctx_reason = self.context.capped or ("as asked" if n_ctx is not None else "the model's context length")
         gpus = native.gpu_devices()
         self.gpu_plan = plan_gpu_layers(
             offload,
@@ -179,6 +165,24 @@ class LlamaCppBackend(CachedTokens):
             device=f"{device}; llama.cpp",
             quantization=self.header.quantization,
             file_bytes=self.header.file_bytes,
+            runtime=self._runtime_facts(),
+        )
+
+    def _runtime_facts(self) -> RuntimeFacts:
+        """What it runs with, for the window's runtime settings dialog and status bar."""
+        gpu_build = bool(llama_cpp.llama_supports_gpu_offload())
+        takes = tuple(n for n in RuntimeSettings.names() if gpu_build or n != "n_gpu_layers")
+        in_use = RuntimeSettings(
+            n_threads=self.n_threads, n_threads_batch=self.n_threads_batch, n_ctx=self.n_ctx,
+            n_gpu_layers=self.gpu_plan.n_gpu_layers, n_batch=self.n_batch,
+        )
+        return RuntimeFacts(
+            in_use=in_use,
+            trained_context=self.context.trained,
+            kv_cache_bytes=self.context.kv_bytes_per_token * self.n_ctx,
+            context_note=self.context.capped,
+            takes=takes,
+            reasons=() if gpu_build else (("n_gpu_layers", NO_GPU),),
         )
 
     def _threads_text(self) -> str:

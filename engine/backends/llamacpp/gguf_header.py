@@ -154,10 +154,14 @@ def _product(dims: list[int]) -> int:
     return elements
 
 
-def kv_bytes_per_token(header: GGUFHeader, bytes_per_value: int = 2) -> int:
+KV_BYTES_PER_VALUE = 2  # the cache is float16 (llama.cpp's default type_k/type_v)
+
+
+def kv_bytes_per_token(header: GGUFHeader, bytes_per_value: int = KV_BYTES_PER_VALUE) -> int:
     """Keys and values of one position over all layers, from the file's hyperparameters (0 if unknown).
 
-    `bytes_per_value` 2: llama.cpp's default float16 cache (type_k/type_v).
+    The one place this is computed: the backend sizes its context with it, the model library its
+    memory estimate. `bytes_per_value` 2: llama.cpp's default float16 cache (type_k/type_v).
     """
     layers = int(header.arch_value("block_count", 0) or 0)
     heads = header.arch_value("attention.head_count", 0)

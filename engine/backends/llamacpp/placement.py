@@ -1,4 +1,6 @@
-"""Where llama.cpp runs: GPU layers from the engine's offload policy, and the context size. Pure functions.
+"""Where llama.cpp runs: GPU layers from the engine's offload policy. Pure functions.
+
+(The context size is chosen by engine.runtime_settings.choose_context, for every backend.)
 
 llama.cpp splits a model by whole layers: `n_gpu_layers` of them live in
 GPU memory, the rest compute on the CPU from the memory-mapped file. The
@@ -19,8 +21,6 @@ from engine.offload.auto import HEADROOM
 from engine.offload.policy import OffloadPolicy, parse_offload
 
 log = logging.getLogger(__name__)
-
-MIN_AUTO_CTX = 2048  # a lowered context is never smaller than this unless the file's own is
 
 
 @dataclass(frozen=True)
@@ -80,34 +80,3 @@ def layers_as_asked(n_gpu_layers: int, n_layers: int, *, gpu_build: bool) -> Gpu
 
 def _policy(offload: OffloadPolicy | str) -> OffloadPolicy:
     return parse_offload(offload) if isinstance(offload, str) else offload
-
-
-def choose_n_ctx(
-    file_ctx: int, requested: int | None, *, kv_bytes_per_token: int, free_bytes: int, budget_share: float = 0.25
-) -> tuple[int, str]:
-    """The context to allocate and why: the file's, or lower when asked or when its KV cache would not fit.
-
-    llama.cpp allocates (and zeroes) the whole KV cache up front, so a 128k-token
-    context on a laptop would take gigabytes before the first token. Unless the
-    user asks for a size, the file's context is lowered to the largest power of
-    two whose cache takes at most `budget_share` of the free memory (never below
-    MIN_AUTO_CTX).
-    """
-    if file_ctx <= 0:
-        file_ctx = 4096  # a file that does not say: llama.cpp's common default
-    if requested is not None:
-        if requested < 1:
-            raise ValueError(f"n_ctx must be at least 1, got {requested}")
-        if requested > file_ctx:
-            raise ValueError(f"n_ctx {requested} is larger than the model's context length {file_ctx}")
-        return requested, "as asked"
-    if kv_bytes_per_token <= 0 or file_ctx * kv_bytes_per_token <= free_bytes * budget_share:
-        return file_ctx, "the model's context length"
-    n = file_ctx
-    while n > MIN_AUTO_CTX and n * kv_bytes_per_token > free_bytes * budget_share:
-        n //= 2
-    n = max(n, min(MIN_AUTO_CTX, file_ctx))
-    return n, (
-        f"lowered from {file_ctx:,}: its KV cache would take {file_ctx * kv_bytes_per_token / 2**30:.1f} GiB "
-        f"of {free_bytes / 2**30:.1f} GiB free (set n_ctx to choose)"
-    )
