@@ -37,6 +37,8 @@ class Tokenizer:
         self._bytes_cache: dict[int, bytes] = {}
         self._byte_level: bool | None = None  # GPT-2 style byte-level BPE? (decided on first use)
         self._added_ids: frozenset[int] | None = None
+        self.template_override: str | None = None  # a chosen template (engine.chat_templates), else the model's
+        self.template_override_name = ""
 
     @classmethod
     def from_folder(cls, folder: Path, trust_remote_code: bool = False) -> "Tokenizer":
@@ -76,6 +78,16 @@ class Tokenizer:
             self._bytes_cache[token_id] = raw
         return raw
 
+    def token_count(self) -> int:
+        """How many token ids the vocabulary has, added tokens included (`ByteVocabulary`)."""
+        return len(self.hf)
+
+    def special_token_ids(self) -> frozenset[int]:
+        """Added tokens flagged special (<|im_start|>, <|endoftext|>, ...) and the named special tokens."""
+        added = getattr(self.hf, "added_tokens_decoder", {}) or {}
+        flagged = {int(i) for i, t in added.items() if getattr(t, "special", False)}
+        return frozenset(flagged | set(getattr(self.hf, "all_special_ids", ()) or ()) | self.eos_token_ids)
+
     def _piece_bytes(self, token_id: int) -> bytes:
         if self._added_ids is None:
             self._added_ids = frozenset(getattr(self.hf, "added_tokens_decoder", {}) or ()) | frozenset(
@@ -103,8 +115,8 @@ class Tokenizer:
         but within `engine.chat_template`'s time and size limits (the template is the model's code)."""
         from engine.chat_template import ChatTemplateError, render_chat_template
 
-        template = FALLBACK_TEMPLATE
-        if self.has_chat_template:
+        template = self.template_override or FALLBACK_TEMPLATE
+        if self.has_chat_template and not self.template_override:
             try:
                 template = self.hf.get_chat_template()
             except ValueError as e:  # several named templates and none is the default

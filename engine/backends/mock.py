@@ -39,6 +39,8 @@ class MockTokenizer:
         self.eos_token_ids = frozenset({EOS_ID})
         self._index = {p: i for i, p in enumerate(PIECES)}
         self.has_chat_template = False
+        self.template_override: str | None = None  # engine.chat_templates: rendered as the real tokenizers do
+        self.template_override_name = ""
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids, i = [], 0
@@ -65,7 +67,7 @@ class MockTokenizer:
     def chat_text(self, messages, add_generation_prompt: bool = True) -> str:
         from jinja2 import Template
 
-        return Template(FALLBACK_TEMPLATE).render(messages=list(messages), add_generation_prompt=add_generation_prompt)
+        return Template(self.template_override or FALLBACK_TEMPLATE).render(messages=list(messages), add_generation_prompt=add_generation_prompt)
 
     def chat_ids(self, messages, add_generation_prompt: bool = True) -> list[int]:
         return self.encode(self.chat_text(messages, add_generation_prompt))

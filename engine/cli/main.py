@@ -17,7 +17,7 @@ from typing import TextIO
 
 from engine.backends.select import BACKENDS
 from engine.cli.input import bad_utf8, check_args, runtime_settings_from
-from engine.cli.sampling_args import add_sampler_flags, sampler_fields
+from engine.cli.sampling_args import add_sampler_flags, sampler_fields, with_settings_json
 from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.cli.models import LIBRARY_COMMANDS, add_library_parsers
@@ -56,6 +56,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="llamacpp: CPU threads while reading the prompt (default: as --threads)")
     p.add_argument("--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=int, default=None, metavar="N",
                    help="llamacpp: layers on the GPU, -1 for all (default: all on a GPU build; see also --offload)")
+    p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                   help="render chats with this template instead of the model's own: a built-in (chatml, llama3, "
+                        "gemma, mistral, phi3, transcript) or a Jinja template file, as llama.cpp's --chat-template")
     batch_help = "llamacpp: prompt tokens per model call (default: 512)"
     try:
         p.add_argument("--batch-size", "--n-batch", dest="n_batch", type=int, default=None, metavar="TOKENS", help=batch_help)
@@ -114,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def sampler_from_args(args: argparse.Namespace) -> SamplerSettings:
-    return SamplerSettings(
+    return SamplerSettings(**with_settings_json(args, dict(
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
@@ -128,7 +131,7 @@ def sampler_from_args(args: argparse.Namespace) -> SamplerSettings:
         seed=args.seed,
         order=tuple(s.strip() for s in args.order.split(",") if s.strip()),
         **sampler_fields(args),
-    )
+    )))
 
 
 def _load(args: argparse.Namespace):
@@ -138,7 +141,7 @@ def _load(args: argparse.Namespace):
         suffix = f" {fraction:.0%}" if fraction is not None else ""
         print(f"[{message}{suffix}]", file=sys.stderr, flush=True)
 
-    return Engine.load(
+    engine = Engine.load(
         args.model,
         backend=args.backend,
         device=args.device,
@@ -148,6 +151,15 @@ def _load(args: argparse.Namespace):
         offload=args.offload,
         **runtime_settings_from(args).load_kwargs(),
     )
+    if getattr(args, "chat_template", None):
+        from engine.chat_templates import use_chat_template
+
+        try:
+            use_chat_template(engine.tokenizer, args.chat_template)
+        except BaseException:
+            engine.close()
+            raise
+    return engine
 
 
 def format_token_line(event: TokenEvent) -> str:

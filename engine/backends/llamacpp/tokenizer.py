@@ -31,6 +31,8 @@ class LlamaCppTokenizer:
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.chat_template = chat_template or ""
+        self.template_override: str | None = None  # a chosen template (engine.chat_templates), else the file's
+        self.template_override_name = ""
         self.bos_token_id = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.pad_token_id = int(llama_cpp.llama_vocab_pad(self._vocab))  # -1 when the file names none
@@ -98,6 +100,26 @@ class LlamaCppTokenizer:
             self._bytes_cache[token_id] = raw
         return raw
 
+    def token_count(self) -> int:
+        """How many token ids the vocabulary has (`ByteVocabulary`)."""
+        return self.vocab_size
+
+    def special_token_ids(self) -> frozenset[int]:
+        """Control tokens (llama.cpp's attribute: <|im_start|>, end of turn), user-defined ones spelt <...>
+        (as llguidance's own llama.cpp reader counts them), and the end-of-generation set."""
+        v = self._v()
+        control, user = int(llama_cpp.LLAMA_TOKEN_ATTR_CONTROL), int(llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED)
+        out = set(self.eos_token_ids)
+        for i in range(self.vocab_size):
+            attr = int(llama_cpp.llama_token_get_attr(v, i))
+            if attr & control:
+                out.add(i)
+            elif attr & user:
+                raw = self.token_bytes(i)
+                if raw.startswith(b"<") and raw.endswith(b">"):
+                    out.add(i)
+        return frozenset(out)
+
     def token_text(self, token_id: int) -> str:
         """The surface text of one token (memoised: the UI asks for the same ids again and again)."""
         text = self._piece_cache.get(token_id)
@@ -118,7 +140,7 @@ class LlamaCppTokenizer:
 
     def chat_text(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         v = self._v()
-        return render_chat_template(self.chat_template or FALLBACK_TEMPLATE, {
+        return render_chat_template(self.template_override or self.chat_template or FALLBACK_TEMPLATE, {
             "messages": [dict(m) for m in messages],
             "tools": None,
             "documents": None,
