@@ -24,6 +24,7 @@ from engine.events import Done, GenerationStats, StageSnapshot, TokenEvent, Toke
 from engine import experiments  # score, compare, token diff, JSONL traces (engine.experiments)
 from engine import loom  # N continuations from one prefix, step mode (engine.loom)
 from engine import library  # models on this machine, and downloads (engine.library)
+from engine import chat_templates  # built-in and chosen chat templates, which one a model uses
 from engine import lens  # the layer view (logit lens) and attention of a position (engine.lens)
 from engine.open_model import load_model
 from engine.sources.remote_code import custom_code_files
@@ -66,6 +67,7 @@ __all__ = [
     "TokenProb",
     "default_model_path",
     "download_default_model",
+    "chat_templates",
     "experiments",
     "loom",
     "library",
