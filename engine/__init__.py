@@ -25,6 +25,7 @@ from engine import experiments  # score, compare, token diff, JSONL traces (engi
 from engine import loom  # N continuations from one prefix, step mode (engine.loom)
 from engine import library  # models on this machine, and downloads (engine.library)
 from engine import chat_templates  # built-in and chosen chat templates, which one a model uses
+from engine import reasoning  # <think>…</think> in answers and in the next turn's prompt (engine.reasoning)
 from engine import lens  # the layer view (logit lens) and attention of a position (engine.lens)
 from engine.open_model import load_model
 from engine.sources.remote_code import custom_code_files
@@ -72,6 +73,7 @@ __all__ = [
     "loom",
     "library",
     "lens",
+    "reasoning",
     "custom_code_files",
     "list_server_models",
     "load_model",

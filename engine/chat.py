@@ -2,12 +2,15 @@
 
 Each turn re-renders the chat template over the full history; the backend
 finds the longest cached token prefix, so earlier turns are not recomputed.
+Earlier answers' reasoning (`<think>…</think>`) stays out of that history the
+way the model's template wants (`engine.reasoning`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.reasoning import DEFAULT_FORMAT, ReasoningFormat, prompt_history
 from engine.request import GenerationRequest, Message
 
 
@@ -15,10 +18,13 @@ from engine.request import GenerationRequest, Message
 class ChatSession:
     system_prompt: str | None = None
     messages: list[Message] = field(default_factory=list)
+    # How the model writes reasoning: `engine.reasoning.prompt_format(engine.tokenizer)` knows the model's.
+    reasoning: ReasoningFormat = DEFAULT_FORMAT
 
     def history(self) -> list[Message]:
+        """The messages of the next prompt (answers as the model wrote them, less their reasoning)."""
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return head + self.messages
+        return prompt_history(head + self.messages, self.reasoning)
 
     def request(self, user_text: str, **kwargs) -> GenerationRequest:
         """The request for the next answer to `user_text` (not yet added to the history)."""

@@ -35,14 +35,17 @@ def byte_symbols() -> list[str]:
 
 
 def write_tiny_llama_gguf(
-    path: Path, *, seed: int = 0, n_ctx: int = 256, layers: int = 2, chat_template: str = CHAT_TEMPLATE
+    path: Path, *, seed: int = 0, n_ctx: int = 256, layers: int = 2, chat_template: str = CHAT_TEMPLATE,
+    extra_specials: tuple[str, ...] = (),
 ) -> Path:
+    """`extra_specials`: more control tokens after the three (e.g. reasoning markers), ids 260 on."""
     from gguf import GGUFWriter, LlamaFileType, TokenType
 
     rng = np.random.default_rng(seed)
     symbols = byte_symbols()
     merged = symbols[ord(" ")] + "t"
-    tokens = symbols + [merged] + list(SPECIALS)
+    specials = list(SPECIALS) + list(extra_specials)
+    tokens = symbols + [merged] + specials
     vocab, embd, ff, heads, kv_heads = len(tokens), 64, 128, 4, 2
     head_dim = embd // heads
     w = GGUFWriter(str(path), "llama")
@@ -61,7 +64,7 @@ def write_tiny_llama_gguf(
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
-    w.add_token_types([TokenType.NORMAL] * 257 + [TokenType.CONTROL] * len(SPECIALS))
+    w.add_token_types([TokenType.NORMAL] * 257 + [TokenType.CONTROL] * len(specials))
     w.add_token_merges([f"{symbols[ord(' ')]} t"])
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
