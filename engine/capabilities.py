@@ -18,6 +18,7 @@ an AttributeError.
 | `OwnEvents`       | the model's own event stream (server sampling, notes)    | remote                         |
 | `RoundTrip`       | the latest request's network round trip                  | remote                         |
 | `LayerLens`       | each layer's prediction at a position (logit lens), attention | torch, MLX, llama.cpp     |
+| `ByteVocabulary`  | (a tokenizer's) every token as bytes, special ones named (grammar masks) | HF tokenizer (torch, MLX), llama.cpp |
 """
 
 from __future__ import annotations
@@ -132,6 +133,31 @@ class LayerLens(Protocol):
         """One `engine.lens.LayerCapture` per position (sorted), a position being a predicted token's index
         (1..len(token_ids)); computed on a context of its own, so the backend's KV cache is untouched."""
         ...
+
+
+@runtime_checkable
+class ByteVocabulary(Protocol):
+    """Can list every token of its vocabulary as bytes (a grammar mask is computed over them).
+
+    Asked of a backend's *tokenizer*. A server's tokenizer has no such list (each
+    token would cost a request): a constraint then checks only the server's top N.
+    """
+
+    eos_token_ids: frozenset[int]
+
+    def token_count(self) -> int:
+        """How many token ids the vocabulary has (ids 0..count-1)."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes the token adds to the text (a special token: its text)."""
+        ...
+
+    def special_token_ids(self) -> frozenset[int]:
+        """Tokens that are markup, not text (<|im_start|>, end of turn): a grammar never spells text with them."""
+        ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
 
 C = TypeVar("C")

@@ -20,6 +20,7 @@ from engine.errors import ContextLengthError
 from engine.events import Done, Event, GenerationStats, Rewind, StageSnapshot, TokenEvent, TokenProb
 from engine.request import GenerationRequest
 from engine.sampling import Pick, SamplerChain
+from engine.sampling.grammar import constraint_step, grammar_stage
 from engine.stopping import StopStringMatcher
 from engine.top_n import reported_view
 from engine.tokenizer import StreamDetokenizer, Tokenizer, partial_token_bytes
@@ -78,7 +79,8 @@ def generate_events(
     t0 = time.perf_counter()
     prompt = prompt_ids_for(tok, request)
     check_context(len(prompt), request.max_new_tokens, backend.info.context_length)
-    chain = SamplerChain(request.sampler, vocab=tok)
+    grammar = grammar_stage(request.constraint, tok, backend.info)  # this run's matcher; before any forward
+    chain = SamplerChain(request.sampler, vocab=tok, constraint=grammar)
 
     # Penalties look at prompt + generated tokens; a preallocated buffer avoids O(n^2) appends.
     history = np.empty(len(prompt) + request.max_new_tokens, dtype=np.int64)
@@ -110,12 +112,16 @@ def generate_events(
                 text=stopper.text,
                 token_ids=tuple(generated),
                 error=error,
+                constraint_logprob=grammar.run.log_mass_kept if grammar is not None else None,
+                constraint_status=grammar.run.finish_note(finish) if grammar is not None else "",
             )
         )
 
     reported_n = backend.info.reports_top_n  # a server's top N: the model view is what it reported (engine/top_n.py)
 
     def shown(event: TokenEvent) -> TokenEvent:
+        if grammar is not None:
+            event = constraint_step(event, grammar, tok)
         return reported_view(event, logits, reported_n) if reported_n else event  # `logits`: this step's row
 
     try:
@@ -161,6 +167,9 @@ def generate_events(
                 chain.restore(before)  # the stages' state as before this pick; then the user's token, fully reported
                 pick = chain.pick(logits, history[:n_hist], top_n=request.top_n, record_stages=request.record_stages,
                                   force_token=int(chosen), banned=bans.get(step, ()))
+        if grammar is not None and grammar.run.failure:  # a dead end, or a token the constraint refuses
+            finish, error = "error", grammar.run.failure
+            break
         t_last = time.perf_counter()
         if t_first is None:
             t_first = t_last

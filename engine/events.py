@@ -60,6 +60,24 @@ class StageSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class ConstraintStep:
+    """What the answer's constraint (JSON schema, regex, grammar) did at one step.
+
+    `mass_kept` is the allowed tokens' share of the model's probability (of the
+    distribution entering the `grammar` stage); `disallowed` are the most likely
+    tokens it removed, with their log-probs under that distribution. `forced`: the
+    constraint left a single token (a fast-forward or the only one allowed), so
+    nothing was chosen. `note` says how the mask was made when it matters.
+    """
+
+    allowed: int
+    mass_kept: float
+    disallowed: tuple[TokenProb, ...]
+    forced: bool
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Rewind:
     """The decode loop stepped back because the answer would have contained a banned string.
 
@@ -110,6 +128,7 @@ class TokenEvent:
     special: bool = False  # an end-of-sequence token: shown in token views, not in text
     token_bytes: bytes | None = None  # as in TokenProb: set only for a piece of a multi-byte character
     rewind: Rewind | None = None  # set on the first token after a banned string made the loop step back
+    constraint: ConstraintStep | None = None  # what the request's constraint did here (None: no constraint)
 
     @property
     def prob(self) -> float:
@@ -139,6 +158,10 @@ class GenerationStats:
     text: str
     token_ids: tuple[int, ...]
     error: str | None = None
+    # With a constraint: sum over the steps of log(mass it kept) (0 = it removed nothing the model wanted),
+    # and how it ended ("complete", "stopped at the length limit inside the grammar: ...", a dead end).
+    constraint_logprob: float | None = None
+    constraint_status: str = ""
 
     @property
     def prefilled_tokens(self) -> int:

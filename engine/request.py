@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from engine.constraints.spec import Constraint, ConstraintError
 from engine.sampling.settings import SamplerSettings
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
@@ -34,6 +35,9 @@ class GenerationRequest:
     # Remote models only: True = the server samples (streaming, its top-N per token); False = we sample
     # from the server's top-N one step at a time. Other backends refuse True.
     server_sampling: bool = False
+    # The answer must match this (JSON schema, regex, grammar, choice): the sampler's `grammar` stage masks
+    # what it does not allow (engine.constraints). Checked when the constraint is made, before any model runs.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.prompt_ids)]
@@ -45,6 +49,8 @@ class GenerationRequest:
                 object.__setattr__(self, name, tuple(value))
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise ConstraintError(f"constraint must be an engine.constraints.Constraint, got {type(self.constraint).__name__}")
         if not isinstance(self.server_sampling, bool):
             raise ValueError(f"server_sampling must be True or False, got {self.server_sampling!r}")
         if not isinstance(self.top_n, int) or not 0 <= self.top_n <= 1000:

@@ -49,6 +49,7 @@ import numpy as np
 
 from engine.sampling.adaptive import AdaptiveP, Mirostat, Mirostat2
 from engine.sampling.dry import Vocabulary, breaker_sequences, make_dry
+from engine.sampling.grammar import GrammarStage
 from engine.sampling.settings import SamplerSettings
 from engine.sampling.shaping import make_logit_bias, make_smoothing, make_temperature_ext, make_top_n_sigma
 from engine.sampling.stages import (
@@ -251,12 +252,16 @@ class SamplerChain:
         stage_names: the stages that run, in order (neutral ones left out).
     """
 
-    def __init__(self, settings: SamplerSettings, vocab: Vocabulary | None = None) -> None:
+    def __init__(
+        self, settings: SamplerSettings, vocab: Vocabulary | None = None, constraint: GrammarStage | None = None
+    ) -> None:
         """
         Args:
             settings: the sampler settings.
             vocab: the model's tokenizer; needed for DRY's sequence breakers
                 and for logit biases given as text.
+            constraint: this run's `grammar` stage (engine.sampling.grammar); it runs
+                where the order puts "grammar", first when the order leaves it out.
 
         Raises:
             ValueError: a setting needs the tokenizer and none was given.
@@ -268,7 +273,9 @@ class SamplerChain:
         self._vocab = vocab
         self._stateful: list[Any] = []  # Mirostat / AdaptiveP objects, in stage order
         stages: list[tuple[str, Stage]] = []
-        for name in settings.order:
+        self._constraint = constraint
+        order = settings.order if constraint is None or "grammar" in settings.order else ("grammar", *settings.order)
+        for name in order:
             stage = self._make(name, settings)
             if stage is not None:
                 stages.append((name, stage))
@@ -284,6 +291,10 @@ class SamplerChain:
 
     def _make(self, name: str, s: SamplerSettings) -> Stage | None:
         """The stage function for `name`, or None when the setting makes it a no-op."""
+        if name == "grammar":  # a constraint's mask: per-run state, like mirostat's
+            if self._constraint is not None:
+                self._stateful.append(self._constraint)
+            return self._constraint
         if name == "penalties":
             off = s.penalty_last_n == 0 or (
                 s.repetition_penalty == 1 and s.presence_penalty == 0 and s.frequency_penalty == 0

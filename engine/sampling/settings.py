@@ -23,6 +23,7 @@ from typing import Any
 # what a filter cut is what the model said, not an artefact of the
 # temperature. The order is a parameter.
 STAGE_NAMES: tuple[str, ...] = (
+    "grammar",  # a constraint's mask (JSON schema, regex, grammar); runs only when a request has a constraint
     "logit_bias",
     "penalties",
     "dry",
@@ -38,7 +39,8 @@ STAGE_NAMES: tuple[str, ...] = (
     "adaptive_p",
 )
 DEFAULT_ORDER: tuple[str, ...] = STAGE_NAMES
-# The default order before DRY & co. existed; a saved order equal to it is read as today's default.
+# The default order before DRY & co. existed, and before the grammar stage; a saved order equal to
+# either is read as today's default.
 _LEGACY_DEFAULT_ORDER = ("penalties", "top_k", "top_p", "min_p", "typical_p", "xtc", "temperature")
 
 DEFAULT_DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")  # llama.cpp's
@@ -134,7 +136,7 @@ class SamplerSettings:
         if unknown:
             raise ValueError(f"unknown sampler settings: {', '.join(sorted(unknown))}")
         d = dict(d)
-        if tuple(d.get("order", ())) == _LEGACY_DEFAULT_ORDER:
+        if tuple(d.get("order", ())) in (_LEGACY_DEFAULT_ORDER, STAGE_NAMES[1:]):
             d["order"] = DEFAULT_ORDER  # saved before the new stages existed: today's default, with them
         return cls(**d)
 
