@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from engine import Engine, EngineError, ModelInfo
+from engine import Engine, EngineError, ModelInfo, RuntimeSettings
 
 from app.state.observable import Signal
 
@@ -27,12 +27,15 @@ T = TypeVar("T")
 EngineFactory = Callable[[str | None, str, ProgressFn], Engine]
 
 
-def start_engine(spec: str | None, backend: str, progress: ProgressFn, trust_remote_code: bool = False) -> Engine:
+def start_engine(
+    spec: str | None, backend: str, progress: ProgressFn, trust_remote_code: bool = False, **runtime: int
+) -> Engine:
     """The production factory: load `spec` with `backend` on a new worker thread.
 
-    `trust_remote_code` only after the user confirmed the model's own code files (model picker).
+    `trust_remote_code` only after the user confirmed the model's own code files (model picker);
+    `runtime`: `RuntimeSettings.load_kwargs()` (context, threads, GPU layers, batch size).
     """
-    return Engine.start(spec, backend=backend, progress=progress, trust_remote_code=trust_remote_code)
+    return Engine.start(spec, backend=backend, progress=progress, trust_remote_code=trust_remote_code, **runtime)
 
 
 class NoModelError(EngineError):
@@ -82,8 +85,13 @@ class EngineHost:
     def loading(self) -> bool:
         return self.state.loading
 
-    def load(self, spec: str | None, backend: str = "auto", trust_remote_code: bool = False) -> "asyncio.Task[bool]":
+    def load(
+        self, spec: str | None, backend: str = "auto", trust_remote_code: bool = False,
+        runtime: RuntimeSettings | None = None,
+    ) -> "asyncio.Task[bool]":
         """Start loading `spec`; the task gives True when it is current, False when it failed.
+
+        `runtime`: the context, threads, GPU layers and batch size to load with (None: the engine's choices).
 
         The host counts as loading from this call on (not from the task's first step),
         so a question sent right after start-up waits for this model.
@@ -93,7 +101,7 @@ class EngineHost:
         loop = asyncio.get_running_loop()
         self._pending = loop.create_future()
         self._set_state(LoadState(True, spec, f"Loading {spec or 'the default model'}…", None))
-        self._task = loop.create_task(self._load(spec, backend, loop, trust_remote_code))
+        self._task = loop.create_task(self._load(spec, backend, loop, trust_remote_code, runtime))
         return self._task
 
     def cancel_load(self) -> bool:
@@ -104,7 +112,7 @@ class EngineHost:
         return True
 
     async def _load(self, spec: str | None, backend: str, loop: asyncio.AbstractEventLoop,
-                    trust_remote_code: bool = False) -> bool:
+                    trust_remote_code: bool = False, runtime: RuntimeSettings | None = None) -> bool:
         """Load `spec` and make it current; on failure keep the current model and return False."""
         assert self._pending is not None
         label = spec or "default model"
@@ -118,8 +126,10 @@ class EngineHost:
         new: Engine | None = None
         ok = False
         try:
-            # Passed only when allowed, so factories that know nothing of remote code keep working.
-            new = self._factory(spec, backend, progress, **({"trust_remote_code": True} if trust_remote_code else {}))
+            # Passed only when set, so factories that know nothing of remote code or runtime settings keep working.
+            extra = {"trust_remote_code": True} if trust_remote_code else {}
+            extra.update(runtime.load_kwargs() if runtime is not None else {})
+            new = self._factory(spec, backend, progress, **extra)
             ready = asyncio.wrap_future(new.ready)
             try:
                 # Shielded: cancel_load stops this wait, never the worker's own future (it sets that one itself).

@@ -109,7 +109,9 @@ class MainWindow(QMainWindow):
         docks = (self.chats_dock, self.sampling_dock, self.inspector_dock, self.loom_dock)
         panels = [dock.toggleViewAction() for dock in docks]
         self._menus = build_menu_bar(self, actions, panels, appearance=theme is not None)
-        self.models = ModelActions(self.context, self.api_keys, (actions.open_model, actions.connect_server))
+        self.models = ModelActions(
+            self.context, self.api_keys, (actions.open_model, actions.connect_server, actions.runtime_settings)
+        )
         self._connect_actions()
 
         composer = self.chat.composer
@@ -169,6 +171,7 @@ class MainWindow(QMainWindow):
             a.open_model: self.models.open_model_dialog,
             a.library: lambda: open_library(ctx, self.models),
             a.connect_server: self.models.open_connect_dialog,
+            a.runtime_settings: self.models.open_runtime_dialog,
             a.heatmap: self.toggle_heatmap,
             a.previous_token: lambda: self.inspector.step(-1),
             a.next_token: lambda: self.inspector.step(+1),

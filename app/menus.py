@@ -55,6 +55,7 @@ class WindowActions:
     open_model: QAction
     library: QAction
     connect_server: QAction
+    runtime_settings: QAction
     heatmap: QAction
     previous_token: QAction
     next_token: QAction
@@ -101,6 +102,8 @@ class WindowActions:
                         "cache, GPT4All, Jan, your folders) and downloads"),
             connect_server=act("&Connect to server…", tip="A model on an OpenAI-compatible server: vLLM, SGLang, "
                                "llama.cpp, Ollama, LM Studio"),
+            runtime_settings=act("R&untime settings…", tip="Context length, threads, GPU layers and batch size of "
+                                 "the loaded model; remembered for it"),
             heatmap=heatmap,
             previous_token=act("&Previous token", "Alt+Left"),
             next_token=act("&Next token", "Alt+Right"),
@@ -142,6 +145,8 @@ def build_menu_bar(window: QMainWindow, a: WindowActions, panels: Sequence[QActi
     model = bar.addMenu("&Model")
     model.addActions([a.open_model, a.library, a.connect_server])
     recent = model.addMenu("&Recent")
+    model.addSeparator()
+    model.addAction(a.runtime_settings)
 
     view = bar.addMenu("&View")
     view.addActions([a.heatmap, a.previous_token, a.next_token])

@@ -1,4 +1,5 @@
-"""Model ▸ Open model…, Connect to server…, Recent, and the first start's default model: loads and their dialogs.
+"""Model ▸ Open model…, Connect to server…, Recent, Runtime settings…, and the first start's default model: loads
+and their dialogs.
 
 Each load is a `LoadRequest` that travels with its task: what failed is
 answered from the request itself (the files to allow and the backend to retry
@@ -17,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
@@ -27,14 +28,17 @@ from engine import (
     DefaultModelMissingError,
     EngineError,
     RemoteCodeRefusedError,
+    RuntimeSettings,
     download_default_model,
     split_server_spec,
 )
 
 from app.action_context import ActionContext
 from app.engine_host import LoadState, describe_error
+from app.state.runtime_choices import remember_runtime, saved_runtime
 from app.state.servers import ApiKeys, prepare_connection, remember_server
 from app.widgets.connect_dialog import ConnectChoice, ConnectDialog
+from app.widgets.runtime_dialog import RuntimeDialog
 from app.widgets.model_picker import DEFAULT_SPEC, ModelPicker, recent_models, remember_model, remote_code_confirmation
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,7 @@ class LoadRequest:
     spec: str | None  # None: the default model
     backend: str = "auto"
     trust_remote_code: bool = False  # only after the user confirmed the model's code files by name
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)  # as remembered for this model
 
     @property
     def label(self) -> str:
@@ -108,7 +113,9 @@ class ModelActions:
                 # remembered is the URL without credentials (they are kept with the key).
                 spec = prepare_connection(self._ctx.store, self._keys, spec)
                 request = LoadRequest(spec, backend, trust_remote_code)
-            loading = host.load(spec, backend, trust_remote_code=trust_remote_code)
+            else:  # the context, threads, GPU layers and batch size chosen for this model, if any
+                request = replace(request, runtime=saved_runtime(self._ctx.store, spec, backend))
+            loading = host.load(spec, backend, trust_remote_code=trust_remote_code, runtime=request.runtime)
         except Exception as e:  # noqa: BLE001 - a load that cannot start is reported like one that failed
             if host.loading:  # another load is under way: not this request's failure
                 self._ctx.notify(str(e), 6000)
@@ -167,6 +174,12 @@ class ModelActions:
         box = QMessageBox(QMessageBox.Icon.Warning, "Could not load the model", f"{describe_error(error)}\n\n{keep}",
                           parent=self._ctx.parent)
         box.setAccessibleName("Model load error")
+        if request.runtime.load_kwargs():  # the user's own settings may be why: offer the engine's
+            box.setInformativeText(f"It was loaded with your runtime settings: {request.runtime.describe()}.")
+            retry = box.addButton("Load with the default settings", QMessageBox.ButtonRole.ActionRole)
+            retry.setObjectName("load_with_defaults")
+            retry.clicked.connect(lambda: self.reload_with(RuntimeSettings(), request.spec, request.backend))
+            box.addButton(QMessageBox.StandardButton.Close)
         self._show_box(box)
 
     def _confirm_remote_code(self, request: LoadRequest, files: tuple[str, ...]) -> None:
@@ -268,6 +281,26 @@ class ModelActions:
         remember_server(self._ctx.store, choice.url, choice.model, choice.timeout_s)
         self._ctx.settings.set_server_sampling(choice.server_sampling)
         return self.load(choice.spec, "remote")
+
+    def open_runtime_dialog(self) -> RuntimeDialog | None:
+        """Model ▸ Runtime settings…: the loaded model's context, threads, GPU layers and batch size; OK reloads it."""
+        host = self._ctx.host
+        if host.info is None:
+            self._ctx.notify("Load a model first: runtime settings belong to a model.", 6000)
+            return None
+        if isinstance(self.dialog, RuntimeDialog):
+            self._raise(self.dialog)
+            return self.dialog
+        spec, backend = host.spec, host.backend
+        dialog = RuntimeDialog(host.info, saved_runtime(self._ctx.store, spec, backend), self._ctx.parent)
+        dialog.accepted.connect(lambda: self.reload_with(dialog.settings(), spec, backend))
+        self._show_dialog(dialog)
+        return dialog
+
+    def reload_with(self, settings: RuntimeSettings, spec: str | None, backend: str) -> None:
+        """Remember `settings` for the model and load it again with them (the chat goes on with the reloaded model)."""
+        remember_runtime(self._ctx.store, spec, backend, settings)
+        self._load_unless_busy(spec, backend)
 
     def fill_recent(self, menu: QMenu) -> None:
         """Model ▸ Recent: the models opened last, each with the backend it was opened with."""

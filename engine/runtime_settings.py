@@ -93,6 +93,15 @@ class RuntimeSettings:
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
 
+    @staticmethod
+    def label(name: str) -> str:
+        """A field as people name it: "context length" for n_ctx."""
+        return LABELS[name]
+
+    def describe(self) -> str:
+        """The settings that were set, as people name them: "context length 4096, threads 2"; "" when none."""
+        return ", ".join(f"{LABELS[k]} {v}" for k, v in self.load_kwargs().items())
+
     @classmethod
     def from_dict(cls, values: dict) -> "RuntimeSettings":
         """From `load_kwargs()`'s form (a saved setting); unknown keys are left out, bad values raise ValueError."""

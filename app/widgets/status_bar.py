@@ -159,12 +159,20 @@ class StatusBar(QStatusBar):
         total = f"{info.context_length:,}" if info and info.context_length else "?"
         failed = used is None and self._context.error is not None
         shown = "?" if failed else "—" if used is None else f"{used:,}"
-        self.context_label.setText(f"context {shown} / {total}")
+        runtime = info.runtime if info is not None else None
+        capped = " (capped)" if runtime is not None and runtime.context_note else ""
+        kv = f" · KV {human_bytes(runtime.kv_cache_bytes)}" if runtime is not None and runtime.kv_cache_bytes else ""
+        self.context_label.setText(f"context {shown} / {total}{capped}{kv}")
         tip = "Tokens of the model's context the selected conversation fills: system prompt, messages and answer"
         if failed:
             tip = f"The context cannot be counted: {self._context.error}"
         elif used is None and self._context.counting:
             tip += " (counting…)"
+        if runtime is not None and runtime.summary():  # what the context costs, and why it is shorter than the model's
+            tip += f"\n{runtime.summary()}"
+            if runtime.context_note:
+                tip += f"\nThe context was {runtime.context_note}."
+            tip += "\nModel ▸ Runtime settings… changes it."
         self.context_label.setToolTip(tip)
 
     def _update_memory(self) -> None:
