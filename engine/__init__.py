@@ -41,6 +41,7 @@ from engine.servers import (
     split_server_spec,
 )
 from engine.sampling.settings import DEFAULT_ORDER, STAGE_NAMES, SamplerSettings
+from engine.sampling.llamacpp_json import ImportedSettings, llamacpp_json, parse_llamacpp_json
 
 __all__ = [
     "BACKENDS",
@@ -54,6 +55,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationStats",
     "HubUnreachableError",
+    "ImportedSettings",
     "ModelInfo",
     "ModelLoadError",
     "ModelNotFoundError",
@@ -76,8 +78,10 @@ __all__ = [
     "reasoning",
     "custom_code_files",
     "list_server_models",
+    "llamacpp_json",
     "load_model",
     "models_dir",
+    "parse_llamacpp_json",
     "remember_connection",
     "server_sampler_fields",
     "split_server_credentials",

@@ -17,7 +17,7 @@ from typing import TextIO
 
 from engine.backends.select import BACKENDS
 from engine.cli.input import bad_utf8, check_args, runtime_settings_from
-from engine.cli.sampling_args import add_sampler_flags, sampler_fields
+from engine.cli.sampling_args import add_sampler_flags, sampler_fields, with_settings_json
 from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.cli.models import LIBRARY_COMMANDS, add_library_parsers
@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def sampler_from_args(args: argparse.Namespace) -> SamplerSettings:
-    return SamplerSettings(
+    return SamplerSettings(**with_settings_json(args, dict(
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
@@ -131,7 +131,7 @@ def sampler_from_args(args: argparse.Namespace) -> SamplerSettings:
         seed=args.seed,
         order=tuple(s.strip() for s in args.order.split(",") if s.strip()),
         **sampler_fields(args),
-    )
+    )))
 
 
 def _load(args: argparse.Namespace):

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 from typing import Any
 
+from engine.sampling.llamacpp_json import parse_llamacpp_json
 from engine.sampling.settings import SamplerSettings
 
 # flag -> (field, type, help); defaults come from SamplerSettings.
@@ -46,6 +49,9 @@ def add_sampler_flags(p: argparse.ArgumentParser) -> None:
                         "text (repeatable; BIAS -inf or false bans)")
     p.add_argument("--banned-string", dest="banned_strings", action="append", default=[], metavar="TEXT",
                    help="a phrase the answer must not contain: the generation steps back and avoids it (repeatable)")
+    p.add_argument("--settings-json", default=None, metavar="FILE",
+                   help="sampler settings as llama.cpp server JSON (or a SillyTavern preset); a sampling flag "
+                        "given with a value other than its default overrides the file")
 
 
 def sampler_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -60,6 +66,41 @@ def sampler_fields(args: argparse.Namespace) -> dict[str, Any]:
         out["dry_sequence_breakers"] = () if breakers == ["none"] else tuple(_unescape(b) for b in breakers)
     out["logit_bias"] = tuple(parse_logit_bias(v) for v in args.logit_bias)
     out["banned_strings"] = tuple(_unescape(b) for b in args.banned_strings)
+    return out
+
+
+def with_settings_json(args: argparse.Namespace, flags: dict[str, Any]) -> dict[str, Any]:
+    """`flags` (SamplerSettings keyword arguments from the command line) over the --settings-json file's settings.
+
+    A flag whose value is the settings' default gives way to the file. Fields of the file that are not
+    read are named on stderr.
+
+    Raises:
+        ValueError: the file cannot be read, or what it holds is refused (its words).
+    """
+    path = getattr(args, "settings_json", None)
+    if not path:
+        return flags
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--settings-json {path}: cannot read it ({e})") from None
+    try:
+        imported = parse_llamacpp_json(text)
+    except ValueError as e:
+        raise ValueError(f"--settings-json {path}: {e}") from None
+    if not getattr(args, "settings_json_noted", False):  # the CLI builds the settings twice (check, then run)
+        args.settings_json_noted = True
+        for line in imported.notes:
+            print(f"note: {line}", file=sys.stderr)
+        if imported.ignored:
+            print(f"note: --settings-json {path}: not used here: {', '.join(imported.ignored)}", file=sys.stderr)
+    defaults, base = SamplerSettings(), imported.sampler
+    out: dict[str, Any] = {}
+    for name, value in flags.items():
+        default = getattr(defaults, name)
+        given = tuple(value) if isinstance(value, list) else value
+        out[name] = getattr(base, name) if given == default else value
     return out
 
 
