@@ -24,6 +24,7 @@ from typing import Any
 from engine import GenerationRequest, GenerationStats, TokenEvent
 
 from app.engine_host import EngineHost, describe_error
+from app.notebook import Prompt, prompt_for, prompt_ids
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
 from app.state.model_record import model_record
@@ -161,6 +162,11 @@ class ChatController:
         await self._run(conv, sibling, parent, kept, (token_id,))
         return sibling
 
+    async def answer_after(self, parent: Message) -> Message:
+        """A new answer after `parent`, whatever its role: a notebook continues its text after any part."""
+        self._check_idle()
+        return await self._answer(self._conv(), parent)
+
     def stop(self) -> None:
         """Cancel the running generation before its next token (the tokens so far are kept).
 
@@ -297,10 +303,11 @@ class ChatController:
             options = self.settings.options
             history = conv.history(user)
             # Counting the prompt renders the model's chat template: its code, never on the UI thread.
-            max_new = await self.host.off_ui_thread(self._fit_to_context, engine, history, len(prefix), options.max_new_tokens)
+            prompt = prompt_for(conv, user, history)  # a notebook's text (no template), or the chat's messages
+            max_new = await self.host.off_ui_thread(self._fit_to_context, engine, prompt, len(prefix), options.max_new_tokens)
             by_server = server_samples(options.server_sampling, engine.info)  # remote models only
             request = GenerationRequest(
-                messages=tuple(history),
+                **prompt.request_fields(),
                 sampler=options.sampler,
                 max_new_tokens=max_new,
                 stop=options.stop,
@@ -367,13 +374,13 @@ class ChatController:
                 self.finished.emit(message, stats)
 
     @staticmethod
-    def _fit_to_context(engine, history: list[dict[str, str]], prefix_len: int, wanted: int) -> int:
+    def _fit_to_context(engine, history: "Prompt | list[dict[str, str]]", prefix_len: int, wanted: int) -> int:
         """Clamp the answer length to what the context has left (the engine refuses overflowing requests)."""
         context = engine.info.context_length
         if not context or not engine.info.runs_locally:
             # A remote tokenizer is HTTP: not on this (the UI) thread. The server refuses an overflow itself.
             return wanted
-        prompt = len(engine.tokenizer.chat_ids(history, add_generation_prompt=True)) + prefix_len
+        prompt = len(prompt_ids(engine.tokenizer, history)) + prefix_len
         room = context - prompt
         if room < 1:
             raise ValueError(

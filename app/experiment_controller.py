@@ -26,6 +26,7 @@ from app.engine_host import EngineHost, describe_error
 from app.experiments import (
     TOP_N, AnswerRecipe, add_answer, answer_parent, model_dict, other_model, recipe_for,
 )
+from app.notebook import Prompt
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
 from app.state.observable import Signal
@@ -152,7 +153,9 @@ class CompareRun(ExperimentRun):
                 break
             col.model = model
             self.column_started.emit(i)
-            request = GenerationRequest(messages=self.messages, sampler=col.settings, max_new_tokens=col.max_new_tokens,
+            # A notebook's compare continues its raw text (a `Prompt`); a chat's, its messages.
+            fields = self.messages.request_fields() if isinstance(self.messages, Prompt) else {"messages": self.messages}
+            request = GenerationRequest(**fields, sampler=col.settings, max_new_tokens=col.max_new_tokens,
                                         stop=col.stop, top_n=self.top_n, record_stages=True)
             async for batch in self._generate(engine, request, col):
                 self.tokens.emit(i, batch)

@@ -14,6 +14,7 @@ from typing import Any
 from engine import Engine, GenerationRequest, GenerationStats, ModelInfo, SamplerSettings, TokenEvent
 from engine import experiments
 
+from app.notebook import Prompt, is_notebook, prompt_for
 from app.state.conversation import Conversation, Message
 from app.state.model_record import model_record
 
@@ -29,17 +30,18 @@ SAME_MODEL_FIELDS = ("spec", "name", "revision", "backend", "dtype")
 class AnswerRecipe:
     """Everything needed to generate an answer again: prompt, kept prefix, forced token, settings."""
 
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, str], ...]  # a chat's (empty for a notebook)
     prefix: tuple[TokenEvent, ...]  # tokens a branch kept from its original
     forced: tuple[int, ...]  # the alternative a branch forced after them
     sampler: SamplerSettings  # with the run's seed filled in
     max_new_tokens: int
     stop: tuple[str, ...]
     model: dict[str, Any] | None = None  # the model that made the answer (MODEL_FIELDS), None if unrecorded
+    text: str | None = None  # a notebook's text before the answer: a raw prompt, no template (app/notebook.py)
 
     def request(self, sampler: SamplerSettings | None = None) -> GenerationRequest:
         return GenerationRequest(
-            messages=self.messages,
+            **Prompt(self.messages, self.text).request_fields(),
             sampler=sampler or self.sampler,
             max_new_tokens=self.max_new_tokens,
             stop=self.stop,
@@ -69,7 +71,7 @@ def recipe_for(conv: Conversation, message: Message) -> AnswerRecipe:
     if message.branch_index is not None and message.branch_index < len(tokens):
         prefix = tuple(tokens[: message.branch_index])
         forced = (tokens[message.branch_index].token_id,)
-    return AnswerRecipe(
+    recipe = AnswerRecipe(
         messages=tuple(conv.history(user)),
         prefix=prefix,
         forced=forced,
@@ -78,6 +80,9 @@ def recipe_for(conv: Conversation, message: Message) -> AnswerRecipe:
         stop=tuple(req.get("stop", ())),
         model=message.model,
     )
+    if is_notebook(conv):  # its prompt is the text before the answer, as generated
+        recipe = replace(recipe, messages=(), text=prompt_for(conv, answer_parent(conv, message)).text)
+    return recipe
 
 
 def describe_model(model: dict[str, Any] | ModelInfo | None) -> str:
@@ -144,7 +149,8 @@ def trace_lines(conv: Conversation, message: Message, engine: Engine | None) -> 
     """The JSONL trace of one stored answer (prompt ids when a model is loaded to tokenize the prompt)."""
     user = answer_parent(conv, message)
     history = conv.history(user)
-    prompt_ids = engine.tokenizer.chat_ids(history, add_generation_prompt=True) if engine is not None else None
+    prompt = prompt_for(conv, answer_parent(conv, message), history)  # a notebook's raw text, else the chat
+    prompt_ids = prompt.token_ids(engine.tokenizer) if engine is not None else None
     req, stats = message.request or {}, message.stats or {}
     return experiments.generation_run(
         model=message.model,

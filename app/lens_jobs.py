@@ -23,6 +23,7 @@ import numpy as np
 from engine import lens
 
 from app.engine_host import EngineHost
+from app.notebook import Prompt, prompt_for
 from app.state.conversation import Conversation, Message
 
 TOP_K = 8
@@ -52,11 +53,12 @@ class LensHeatmap:
     probs: np.ndarray  # (layers, len(indices))
 
 
-def answer_parts(conv: Conversation, message: Message) -> tuple[list[dict[str, str]], list[int]]:
-    """(the chat history before `message`, the answer's token ids), read on the UI thread that owns `conv`."""
+def answer_parts(conv: Conversation, message: Message) -> tuple[Prompt, list[int]]:
+    """(the prompt before `message`: chat history or a notebook's text, the answer's token ids), read on the UI
+    thread that owns `conv`."""
     if not message.is_assistant or message.parent_id is None:
         raise ValueError("the layer view is for a token of an answer")
-    return conv.history(conv.messages[message.parent_id]), [t.token_id for t in conv.tokens(message)]
+    return prompt_for(conv, conv.messages[message.parent_id]), [t.token_id for t in conv.tokens(message)]
 
 
 async def layer_view(host: EngineHost, conv: Conversation, message: Message, index: int) -> LensView:
@@ -67,7 +69,7 @@ async def layer_view(host: EngineHost, conv: Conversation, message: Message, ind
         raise ValueError(f"the answer has no token {index + 1}")
 
     def work(backend: Any) -> LensView:  # the model's worker thread
-        prompt = list(engine.tokenizer.chat_ids(history, add_generation_prompt=True))
+        prompt = history.token_ids(engine.tokenizer)
         ids = prompt + answer
         position = len(prompt) + index
         capture = lens.capture(backend, ids, [position], top_k=TOP_K, attention=True)[0]
@@ -103,7 +105,7 @@ async def heatmap(host: EngineHost, conv: Conversation, message: Message, indice
     history, answer = answer_parts(conv, message)
 
     def work(backend: Any) -> LensHeatmap:  # the model's worker thread
-        prompt = list(engine.tokenizer.chat_ids(history, add_generation_prompt=True))
+        prompt = history.token_ids(engine.tokenizer)
         captures = lens.capture(backend, prompt + answer, [len(prompt) + i for i in indices], top_k=1)
         return LensHeatmap(indices=indices, probs=np.stack([c.target_probs for c in captures], axis=1))
 

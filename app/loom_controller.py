@@ -30,6 +30,7 @@ from engine import Done, GenerationRequest, TokenEvent, loom
 
 from app.controller import TOP_N, Busy, ChatController
 from app.engine_host import describe_error
+from app.notebook import prompt_for
 from app.state.conversation import Conversation, Message
 from app.state.model_record import model_record
 from app.state.observable import Signal
@@ -163,10 +164,10 @@ class LoomController:
         question = conv.messages[message.parent_id]  # type: ignore[index]
         kept = list(tokens[:index])
         wanted = max_new or options.max_new_tokens
-        history = conv.history(question)
-        max_new_tokens = await self.host.off_ui_thread(self.chat._fit_to_context, engine, history, len(kept), wanted)
+        prompt = prompt_for(conv, question)  # a notebook's text (no template), or the chat's messages
+        max_new_tokens = await self.host.off_ui_thread(self.chat._fit_to_context, engine, prompt, len(kept), wanted)
         request = GenerationRequest(
-            messages=tuple(history), sampler=options.sampler, max_new_tokens=max_new_tokens, stop=options.stop,
+            **prompt.request_fields(), sampler=options.sampler, max_new_tokens=max_new_tokens, stop=options.stop,
             top_n=TOP_N, record_stages=True, assistant_prefix=tuple(t.token_id for t in kept), server_sampling=by_server,
         )
         base = {**options.to_dict(), "max_new_tokens": max_new_tokens, "top_n": TOP_N, "server_sampling": by_server}

@@ -78,7 +78,9 @@ class ContextCounter:
         """Length of the chat prompt that asks `question`; None without a tokenizer or while it is counted."""
         if tokenizer is None:
             return None
-        key = (conv.id, question.id, conv.system_prompt, id(tokenizer))
+        # The chosen chat template (engine.chat_templates) and a notebook's text, which grows in place, count too.
+        key = (conv.id, question.id, conv.system_prompt, id(tokenizer), getattr(tokenizer, "template_override", None),
+               conv.mode, len(question.content))
         n = self._prompts.get(key)
         if n is not None:
             self._prompts.move_to_end(key)
@@ -87,8 +89,11 @@ class ContextCounter:
             self.error = self._failed[key]
             return None
         history = conv.history(question)
+        notebook_text = "".join(m.content for m in conv.ancestry(question)) if conv.mode == "notebook" else None
 
         def count() -> int:
+            if notebook_text is not None:  # a notebook: its raw text, no template (app/notebook.py)
+                return len(tokenizer.encode(notebook_text))
             return len(tokenizer.chat_ids(history, add_generation_prompt=True))
 
         if self._count_later is None:  # no worker to hand it to (scripts): count here

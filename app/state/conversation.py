@@ -80,6 +80,7 @@ class Conversation:
         self.system_prompt = row.system_prompt
         self.created = row.created
         self.active_root_id = row.active_root_id
+        self.mode = row.mode  # "chat" | "notebook" (app/notebook.py: one text the model continues)
         self.messages: dict[int, Message] = {r.id: Message.from_row(r) for r in (rows or [])}
         self._pending: dict[int, list[TokenEvent]] = {}  # streamed, not yet written
         self._dirty_content: set[int] = set()
@@ -189,6 +190,27 @@ class Conversation:
     def _set_title(self, title: str) -> None:
         self.title = title
         self._store.update_conversation(self.id, title=title)
+
+    def set_mode(self, mode: str) -> None:
+        """Make an empty conversation a chat or a notebook (one with messages keeps its mode: its text would
+        read differently)."""
+        if mode == self.mode:
+            return
+        if self.messages:
+            raise ValueError("only an empty conversation can change between chat and notebook: start a new one")
+        self._store.update_conversation(self.id, mode=mode)
+        self.mode = mode
+        self.changed.emit()
+
+    def set_text(self, message: Message, content: str) -> None:
+        """Replace the text of a message the person wrote (a notebook's typed part, before anything follows it)."""
+        if message.is_assistant:
+            raise ValueError("a generated part keeps its text: its tokens say what the model wrote")
+        with self._store.transaction():
+            self._store.update_message(message.id, content=content)
+            self._store.touch_conversation(self.id)
+        message.content = content
+        self.message_changed.emit(message)
 
     def set_system_prompt(self, text: str) -> None:
         if text != self.system_prompt:

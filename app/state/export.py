@@ -14,7 +14,11 @@ JSON_FORMAT = "logitlab.conversation/1"
 
 
 def to_markdown(conv: Conversation) -> str:
-    """The conversation as a person reads it in the window (the active branch only)."""
+    """The conversation as a person reads it in the window (the active branch only).
+
+    A notebook is its text as it reads, then which parts the model wrote."""
+    if conv.mode == "notebook":
+        return _notebook_markdown(conv)
     lines = [f"# {conv.title}", ""]
     if conv.system_prompt.strip():
         lines += ["> **System:** " + conv.system_prompt.strip().replace("\n", "\n> "), ""]
@@ -25,6 +29,23 @@ def to_markdown(conv: Conversation) -> str:
             meta = f" <sub>({message.model.get('name', '?')})</sub>"
         lines += [f"## {who}{meta}", "", message.content.strip() or "*(empty)*", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _notebook_markdown(conv: Conversation) -> str:
+    path = conv.path()
+    text = "".join(m.content for m in path)
+    lines = [f"# {conv.title}", "", "*Notebook: one text the model continues (no chat template).*", "", text.rstrip("\n"), ""]
+    written = [m for m in path if m.is_assistant and m.content]
+    if written:
+        models = sorted({(m.model or {}).get("name", "?") for m in written})
+        lines += ["---", "", f"{len(written)} part(s) of this text were written by {', '.join(models)}:", ""]
+        lines += [f"- “{_excerpt(m.content)}”" for m in written]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _excerpt(text: str, limit: int = 60) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _message_json(conv: Conversation, message: Message) -> dict[str, Any]:
@@ -57,6 +78,7 @@ def to_json_dict(conv: Conversation) -> dict[str, Any]:
         "exported_at": time.time(),
         "id": conv.id,
         "title": conv.title,
+        "mode": conv.mode,  # "chat" | "notebook": a notebook's text is its active path's contents, in order
         "system_prompt": conv.system_prompt,
         "created": conv.created,
         "active_root_id": conv.active_root_id,

@@ -28,11 +28,15 @@ class Library:
     def summaries(self, query: str = "") -> list[ConversationRow]:
         return self.store.conversations(query)
 
-    def new(self, system_prompt: str = "") -> Conversation:
-        """Create an empty conversation and open it (an unused empty one is reused)."""
+    def new(self, system_prompt: str = "", mode: str = "chat") -> Conversation:
+        """Create an empty conversation (a chat, or a notebook: app/notebook.py) and open it (an unused empty
+        one is reused)."""
         if self.current is not None and not self.current.messages and self.current.system_prompt == system_prompt:
+            if self.current.mode != mode:
+                self.current.set_mode(mode)
+                self.current_changed.emit(self.current)  # the views show the other mode
             return self.current
-        row = self.store.create_conversation(DEFAULT_TITLE, system_prompt)
+        row = self.store.create_conversation(DEFAULT_TITLE, system_prompt, mode)
         conv = Conversation(self.store, row, [])
         self._open[conv.id] = conv
         self._set_current(conv)

@@ -233,7 +233,9 @@ def _padded_copy(source: Path, folder: Path) -> Path | None:
 
 
 def _copy(conn: sqlite3.Connection, store: Store, result: Salvage) -> None:
-    conversations = read_past_damage(conn, "conversations", ", ".join(_CONVERSATION_COLUMNS), conversation_from_row)
+    # A notebook stays a notebook: `mode` is read where the file has it (databases before version 2 do not).
+    columns = _CONVERSATION_COLUMNS + (("mode",) if _has_mode(conn) else ())
+    conversations = read_past_damage(conn, "conversations", ", ".join(columns), conversation_from_row)
     messages = read_past_damage(conn, "messages", ", ".join(_MESSAGE_COLUMNS), message_from_row)
     settings = read_past_damage(conn, "settings", "key, value", lambda r: (str(r[0]), str(r[1])))
     presets = read_past_damage(conn, "presets", "name, sampler_json", lambda r: (str(r[0]), str(r[1])))
@@ -242,14 +244,14 @@ def _copy(conn: sqlite3.Connection, store: Store, result: Salvage) -> None:
     result.messages_total = count_rows(conn, "SELECT count(*) FROM messages")
     result.tokens_total = count_rows(conn, "SELECT count(*) FROM tokens")
 
-    rows = {c.id: (c.id, c.title, c.system_prompt, c.created, c.updated, c.active_root_id) for c in conversations.rows}
+    rows = {c.id: (c.id, c.title, c.system_prompt, c.created, c.updated, c.active_root_id, c.mode) for c in conversations.rows}
     result.conversations = len(rows)
     for m in messages.rows:  # messages whose conversation row was lost: keep them under a placeholder
         if m.conversation_id not in rows:
             rows[m.conversation_id] = (m.conversation_id, f"Recovered conversation {m.conversation_id}", "", m.created,
-                                       m.created, None)
+                                       m.created, None, "chat")
             result.placeholders += 1
-    store.insert_rows("conversations", _CONVERSATION_COLUMNS, rows.values())
+    store.insert_rows("conversations", _CONVERSATION_COLUMNS + ("mode",), rows.values())
 
     kept: set[int] = set()
     message_rows = []
@@ -274,6 +276,13 @@ def _copy(conn: sqlite3.Connection, store: Store, result: Salvage) -> None:
     store.insert_rows("settings", ("key", "value"), settings.rows)
     store.insert_rows("presets", ("name", "sampler_json"), presets.rows)
     result.settings = len(settings.rows) + len(presets.rows)
+
+
+def _has_mode(conn: sqlite3.Connection) -> bool:
+    try:
+        return any(row[1] == "mode" for row in conn.execute("PRAGMA table_info(conversations)"))
+    except sqlite3.DatabaseError:
+        return False
 
 
 def _token_rows(conn: sqlite3.Connection, message_id: int) -> list[tuple]:

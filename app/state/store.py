@@ -31,7 +31,8 @@ from app.state.row_reader import ROW_ERRORS, count_rows, read_past_damage
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: conversations.mode ("chat" | "notebook")
+MODES = ("chat", "notebook")
 MEMORY = ":memory:"
 REPAIR_MARKER_SUFFIX = ".needs-repair"  # next to the database: damage was met; recover at the next start
 SCHEMA = """
@@ -41,7 +42,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     system_prompt TEXT NOT NULL DEFAULT '',
     created REAL NOT NULL,
     updated REAL NOT NULL,
-    active_root_id INTEGER
+    active_root_id INTEGER,
+    mode TEXT NOT NULL DEFAULT 'chat'
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
@@ -105,6 +107,7 @@ class ConversationRow:
     created: float
     updated: float
     active_root_id: int | None
+    mode: str = "chat"  # "chat" | "notebook" (app/notebook.py); databases before version 2 hold chats only
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ _MESSAGE_COLUMNS = (
     "id, conversation_id, parent_id, role, content, created, active_child_id, finish_reason, "
     "branch_index, request_json, model_json, stats_json"
 )
-_CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, active_root_id"
+_CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, active_root_id, mode"
 _TOKEN_COLUMNS = "idx, token_id, text, token_text, logprob, sampler_logprob, rank, entropy, forced, special, top_json"
 
 
@@ -144,6 +147,8 @@ def message_from_row(r: tuple[Any, ...]) -> MessageRow:
 def conversation_from_row(r: tuple[Any, ...]) -> ConversationRow:
     if not isinstance(r[1], str):
         raise TypeError("conversation without a title")
+    if len(r) > 6 and r[6] not in MODES:
+        raise ValueError(f"unknown conversation mode {r[6]!r}")
     return ConversationRow(*r)
 
 
@@ -181,6 +186,7 @@ class Store:
                 # Statement by statement: executescript() would commit behind the transaction's back.
                 for statement in filter(str.strip, SCHEMA.split(";")):
                     self._conn.execute(statement)
+                _migrate(self._conn)
                 self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except BaseException:
             self._conn.close()
@@ -293,16 +299,20 @@ class Store:
 
     # -- conversations ---------------------------------------------------------------------
 
-    def create_conversation(self, title: str, system_prompt: str = "") -> ConversationRow:
+    def create_conversation(self, title: str, system_prompt: str = "", mode: str = "chat") -> ConversationRow:
+        if mode not in MODES:
+            raise ValueError(f"a conversation is a chat or a notebook, not {mode!r}")
         now = time.time()
         cur = self._conn.execute(
-            "INSERT INTO conversations(title, system_prompt, created, updated) VALUES (?, ?, ?, ?)",
-            (title, system_prompt, now, now),
+            "INSERT INTO conversations(title, system_prompt, created, updated, mode) VALUES (?, ?, ?, ?, ?)",
+            (title, system_prompt, now, now, mode),
         )
-        return ConversationRow(int(cur.lastrowid), title, system_prompt, now, now, None)
+        return ConversationRow(int(cur.lastrowid), title, system_prompt, now, now, None, mode)
 
     def update_conversation(self, conversation_id: int, **fields: Any) -> None:
-        allowed = {"title", "system_prompt", "active_root_id"}
+        allowed = {"title", "system_prompt", "active_root_id", "mode"}
+        if "mode" in fields and fields["mode"] not in MODES:
+            raise ValueError(f"a conversation is a chat or a notebook, not {fields['mode']!r}")
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"cannot update conversation fields {sorted(bad)}")
@@ -328,7 +338,7 @@ class Store:
 
     def conversations(self, query: str = "") -> list[ConversationRow]:
         """Newest first; `query` matches titles and message text (case-insensitive substring)."""
-        sql = "SELECT id, title, system_prompt, created, updated, active_root_id FROM conversations"
+        sql = f"SELECT {_CONVERSATION_COLUMNS} FROM conversations"
         args: tuple[Any, ...] = ()
         if query.strip():
             pattern = "%" + query.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
@@ -449,6 +459,16 @@ class Store:
 
     def token_count(self, message_id: int) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM tokens WHERE message_id = ?", (message_id,)).fetchone()[0])
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a database of an older version up to `SCHEMA_VERSION` (inside the opening transaction).
+
+    Version 1 had no `conversations.mode`: every conversation in it is a chat, the column's default.
+    """
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(conversations)")}
+    if "mode" not in columns:
+        conn.execute("ALTER TABLE conversations ADD COLUMN mode TEXT NOT NULL DEFAULT 'chat'")
 
 
 def read_tokens(conn: sqlite3.Connection, message_id: int) -> tuple[list[TokenEvent], str | None]:

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from app.engine_host import EngineHost
 from app.experiment_controller import CompareRun, ExperimentController
+from app.notebook import Prompt, prompt_for
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
 from app.state.settings import SettingsState
@@ -173,10 +174,11 @@ class CompareView(QWidget):
         else:
             self.prompt_note.setText("A new single-turn chat with this message.")
 
-    def messages(self) -> tuple[dict[str, str], ...]:
+    def messages(self) -> "tuple[dict[str, str], ...] | Prompt":
         if self._anchored():
             conv, user = self._anchor
-            return tuple(conv.history(user))
+            prompt = prompt_for(conv, user)  # a notebook's text before the answer (raw), else the chat
+            return prompt if prompt.text is not None else tuple(conv.history(user))
         text = self.prompt.toPlainText().strip()
         if not text:
             raise ValueError("write a prompt first")
