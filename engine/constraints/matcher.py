@@ -64,7 +64,8 @@ class ConstraintRun:
             return
         why = self._mask.consume(int(token))
         if why:
-            self.failure = why
+            self.failure = (f"dead end: {why} (it was given as a branch or in step mode, or the stages after "
+                            "the grammar removed every token it allows)")
             return
         self._log_kept.append(self._pending)
         self._pending = 0.0
