@@ -17,7 +17,7 @@ from typing import TextIO
 
 from engine.backends.select import BACKENDS
 from engine.cli.input import bad_utf8, check_args, runtime_settings_from
-from engine.cli.sampling_args import add_sampler_flags, sampler_fields, with_settings_json
+from engine.cli.sampling_args import add_sampler_flags, constraint_from_args, sampler_fields, with_settings_json
 from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.cli.models import LIBRARY_COMMANDS, add_library_parsers
@@ -189,6 +189,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with _load(args) as engine:
         common = dict(sampler=sampler, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), top_n=args.top_n)
         common["server_sampling"] = args.server_sampling  # remote models only (docs/remote.md)
+        common["constraint"] = constraint_from_args(args)  # --json-schema / --regex / --grammar
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
             request = GenerationRequest(messages=tuple(messages), **common)
@@ -215,6 +216,9 @@ def _print_stats(done: Done) -> None:
         print(f"error: the answer stopped after {s.generated_tokens} tokens (kept above): {s.error}", file=sys.stderr)
     elif s.error:
         print(f"note: {s.error}", file=sys.stderr)  # e.g. what a server said with an empty answer
+    if s.constraint_status and s.constraint_status != s.error:
+        cost = f"; it cost {s.constraint_logprob:.2f} nats of log-probability" if s.constraint_logprob is not None else ""
+        print(f"constraint: {s.constraint_status}{cost}", file=sys.stderr)
 
 
 CHAT_HELP = """commands:
@@ -327,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         check_args(args)
         if args.command in ("generate", "chat"):
             sampler_from_args(args)
+            if constraint_from_args(args) is not None and args.command == "chat":
+                raise ValueError("--json-schema, --regex and --grammar apply to `generate` (add --chat for a chat turn)")
         from engine.quiet import quiet_third_party
 
         quiet_third_party()

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from engine.constraints.spec import Constraint, ConstraintError
 from engine.sampling.llamacpp_json import parse_llamacpp_json
 from engine.sampling.settings import SamplerSettings
 
@@ -49,6 +50,12 @@ def add_sampler_flags(p: argparse.ArgumentParser) -> None:
                         "text (repeatable; BIAS -inf or false bans)")
     p.add_argument("--banned-string", dest="banned_strings", action="append", default=[], metavar="TEXT",
                    help="a phrase the answer must not contain: the generation steps back and avoids it (repeatable)")
+    c = p.add_mutually_exclusive_group()
+    c.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="the answer must be JSON valid against this JSON Schema file (constrained generation)")
+    c.add_argument("--regex", default=None, metavar="PATTERN", help="the whole answer must match this regular expression")
+    c.add_argument("--grammar", default=None, metavar="FILE",
+                   help="the answer must follow this grammar file: llama.cpp GBNF (root ::= ...) or Lark (start: ...)")
     p.add_argument("--settings-json", default=None, metavar="FILE",
                    help="sampler settings as llama.cpp server JSON (or a SillyTavern preset); a sampling flag "
                         "given with a value other than its default overrides the file")
@@ -67,6 +74,28 @@ def sampler_fields(args: argparse.Namespace) -> dict[str, Any]:
     out["logit_bias"] = tuple(parse_logit_bias(v) for v in args.logit_bias)
     out["banned_strings"] = tuple(_unescape(b) for b in args.banned_strings)
     return out
+
+
+def constraint_from_args(args: argparse.Namespace) -> Constraint | None:
+    """The constraint --json-schema / --regex / --grammar ask for (checked now, before a model loads), or None.
+
+    Raises:
+        ValueError: a file that cannot be read, or a schema, regex or grammar that cannot work (its words).
+    """
+    if getattr(args, "regex", None) is not None:
+        return Constraint.regex(args.regex)
+    for flag, kind in (("json_schema", "json_schema"), ("grammar", "gbnf")):
+        path = getattr(args, flag, None)
+        if path:
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"--{flag.replace('_', '-')} {path}: cannot read it ({e})") from None
+            try:
+                return Constraint(kind, text)
+            except ConstraintError as e:
+                raise ValueError(f"--{flag.replace('_', '-')} {path}: {e}") from None
+    return None
 
 
 def with_settings_json(args: argparse.Namespace, flags: dict[str, Any]) -> dict[str, Any]:

@@ -168,5 +168,10 @@ def _tidy(kind: str, message: str) -> str:
     if kind == "regex":
         # "at 1(8): invalid regex ... regex parse error:\n <pattern>\n ^^^\nerror: ...\n   1 | start: /.../ ..."
         message = message.split("\n   1 | start:")[0]
-        message = message.split("regex parse error:", 1)[-1].strip("\n")
-    return message
+        body = message.split("regex parse error:", 1)[-1].strip("\n").splitlines()
+        what = next((line.removeprefix("error: ") for line in body if line.startswith("error: ")), "")
+        carets = next((line for line in body if line.strip() and set(line.strip()) <= {"^"}), "")
+        if what and carets and body:
+            column = len(carets) - len(carets.lstrip()) - (len(body[0]) - len(body[0].lstrip())) + 1
+            return f"{what} at column {column}"
+    return message.replace("\n", " ")

@@ -224,3 +224,27 @@ def test_choice_with_sampling(fresh_default_llamacpp):
     for seed in range(3):
         _, stats = run(fresh_default_llamacpp, Constraint.choice(["red", "green", "blue"]), temperature=1.0, seed=seed)
         assert stats.text in ("red", "green", "blue")
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+
+
+def test_cli_refuses_a_bad_schema_before_loading(tmp_path, capsys):
+    from engine.cli.main import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"type": "objec"}')
+    assert main(["generate", "--prompt", "x", "--json-schema", str(bad)]) != 0  # refused before the model loads
+    err = capsys.readouterr().err
+    assert "Invalid type: objec" in err and "bad.json" in err and "tok/s" not in err
+    assert main(["generate", "--prompt", "x", "--regex", "ab("]) != 0
+    assert "unclosed group at column 3" in capsys.readouterr().err
+
+
+def test_cli_regex_answer(default_llamacpp, capsys):
+    from engine.cli.main import main
+
+    assert main(["generate", "--chat", "--prompt", "Is water wet?", "--regex", "(Yes|No)\\.", "--temperature", "0"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() in ("Yes.", "No.")
+    assert "constraint: complete" in out.err
