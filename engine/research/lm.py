@@ -25,7 +25,9 @@ import numpy as np
 from engine.research.batch_generate import check_rows_fit, generate_batch
 from engine.research.beam import BeamResult, beam_search
 from engine.capabilities import BatchRunners, LayerLens, require
+from engine.research.constrained import ConstrainedSample, allowed_mask, constrained_sample, run_for
 from engine.research.trie import TokenTrie
+from engine.constraints import Constraint
 from engine.sampling import SamplerChain, SamplerSettings
 
 
@@ -225,6 +227,21 @@ class LanguageModel:
                     still.append(i)
             live = still
         return list(zip(outs, totals))
+
+    # --- constrained sampling (engine/research/constrained.py) ------------------
+
+    def allowed_tokens(self, constraint: Constraint, prefix_ids: Sequence[int] = ()) -> np.ndarray:
+        """(V,) bool: the tokens `constraint` allows after `prefix_ids` (the tokens generated under it so far)."""
+        n_vocab = int(self.backend.info.vocab_size)
+        return allowed_mask(run_for(constraint, self.tokenizer, n_vocab, prefix_ids), n_vocab)
+
+    def sample_constrained(self, prompt_ids: Sequence[int], constraint: Constraint, max_tokens: int,
+                           temperature: float = 1.0, seed: int | None = None) -> ConstrainedSample:
+        """Ancestral sampling masked by `constraint`, with the log mass kept as the sample's log weight."""
+        ids = list(_check_ids(prompt_ids))
+        check_rows_fit([ids], max_tokens, self.context_length)
+        return constrained_sample(self.next_token_logprobs_sync, self.tokenizer, int(self.backend.info.vocab_size),
+                                  ids, constraint, max_tokens, SamplerSettings(temperature=temperature, seed=seed))
 
     # --- inside the model: the layer view (logit lens) -------------------------
 

@@ -248,3 +248,30 @@ def test_cli_regex_answer(default_llamacpp, capsys):
     out = capsys.readouterr()
     assert out.out.strip() in ("Yes.", "No.")
     assert "constraint: complete" in out.err
+
+
+# --- the research API -----------------------------------------------------------------------------
+
+
+def test_research_allowed_tokens_and_weighted_samples(default_llamacpp):
+    from engine.research import LanguageModel
+
+    lm = LanguageModel(default_llamacpp)
+    tok = default_llamacpp.tokenizer
+    c = Constraint.choice(["red", "green", "blue"])
+    mask = lm.allowed_tokens(c)
+    assert {tok.decode([int(i)]) for i in np.flatnonzero(mask)} >= {"red", "green", "blue"}
+    assert not mask[tok.encode(" yellow", add_special_tokens=False)[0]]
+    prompt = tok.chat_ids([{"role": "user", "content": "Name a colour."}])
+    lp = lm.next_token_logprobs_sync(prompt)
+    assert lm.allowed_tokens(c).sum() == mask.sum()
+    for seed in range(3):
+        s = lm.sample_constrained(prompt, c, max_tokens=8, seed=seed)
+        assert s.complete and tok.decode(list(s.token_ids[:-1])) in ("red", "green", "blue")
+        assert s.token_ids[-1] in tok.eos_token_ids
+        first = float(np.log(np.exp(lp[mask]).sum()))  # the first step's mass kept, from the model's own log-probs
+        assert s.log_weight <= first + 1e-4 and s.log_weight < 0
+    with pytest.raises(ValueError, match="does not allow this prefix"):
+        lm.allowed_tokens(c, tok.encode("yellow", add_special_tokens=False))
+    lm._executor.shutdown(wait=True)  # not lm.close(): that would close the session's shared model too
+    getattr(lm.runner, "close", lambda: None)()
