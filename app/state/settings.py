@@ -30,6 +30,20 @@ BUILTIN_PRESETS: dict[str, SamplerSettings] = {
     "Creative": SamplerSettings(
         temperature=1.2, min_p=0.05, repetition_penalty=1.05, xtc_probability=0.5, xtc_threshold=0.1
     ),
+    # llama.cpp server's own defaults (common/common.h `common_params_sampling`), in its stage order.
+    "llama.cpp defaults": SamplerSettings(
+        temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, typical_p=1.0, repetition_penalty=1.0,
+        penalty_last_n=64, dry_base=1.75, dry_allowed_length=2, dry_penalty_last_n=64, xtc_threshold=0.1,
+        mirostat_tau=5.0, mirostat_eta=0.1, adaptive_decay=0.9
+    ),
+    # The common 2025 creative-writing setup: DRY stops looping phrases, XTC skips the most obvious words,
+    # min-p keeps the tail out; temperature 1 (the model's own distribution) last.
+    "DRY + XTC creative": SamplerSettings(
+        temperature=1.0, min_p=0.05, dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=2,
+        xtc_probability=0.5, xtc_threshold=0.1
+    ),
+    # Mirostat 2 as llama.cpp runs it (--mirostat 2): temperature, then mirostat aiming at 5 bits of surprise.
+    "Mirostat 2": SamplerSettings(temperature=0.8, mirostat=2, mirostat_tau=5.0, mirostat_eta=0.1),
 }
 DEFAULT_PRESET = "Balanced"
 
@@ -144,6 +158,10 @@ class SettingsState:
 
     def set_sampler(self, sampler: SamplerSettings) -> None:
         self._set(replace(self.options, sampler=sampler))
+
+    def set_options(self, options: GenerationOptions) -> None:
+        """Replace every option at once (an imported setup); `options` is already validated."""
+        self._set(options)
 
     def set_max_new_tokens(self, n: int) -> None:
         self._set(replace(self.options, max_new_tokens=n))

@@ -9,6 +9,7 @@ from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTreeWidget, QTree
 
 from app.widgets.bars import CHOSEN_ROLE, MISSING_ROLE, PROB_ROLE, BarDelegate, SoftSelectionDelegate
 from app.widgets.fmt import visible
+from app.widgets.removal import removed_by
 
 TOKEN_ID_ROLE = Qt.ItemDataRole.UserRole + 3
 
@@ -69,6 +70,10 @@ class ProbTable(QTreeWidget):
             item.setData(1, MISSING_ROLE, "·")
             item.setData(2, PROB_ROLE, sampler[p.token_id].prob if p.token_id in sampler else None)
             item.setData(2, MISSING_ROLE, "cut" if complete or (chosen and ev.forced) else "·")
+            removal = removed_by(ev, p.token_id) if p.token_id not in sampler else None
+            if removal is not None:  # which stage removed it ("cut: top-k"), or the banned string's step back
+                item.setData(2, MISSING_ROLE, removal[0])
+                item.setToolTip(2, removal[1])
             for col in range(3):
                 item.setData(col, CHOSEN_ROLE, chosen)
             font = QFont(self._mono)

@@ -16,6 +16,14 @@ from app.engine_host import EngineHost
 from app.state.servers import server_samples
 from app.state.settings import SettingsState
 
+# The controls a server may have no parameter for (temperature, top-p and the seed have their own rules).
+SERVER_LIMITED = (
+    "top_k", "min_p", "typical_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_last_n",
+    "xtc_probability", "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "top_n_sigma", "dry_multiplier",
+    "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat", "mirostat_tau",
+    "mirostat_eta", "adaptive_target", "adaptive_decay", "smoothing_factor", "smoothing_curve", "logit_bias",
+    "banned_strings",
+)
 SERVER_SAMPLES_TIP = (
     "The server samples: fast, streaming, each token with the server's top-N log-probs (heatmap, alternatives). "
     "Its sampler stages are not visible and branching needs we-sample mode. "
@@ -71,16 +79,15 @@ class SamplingModeBox(QGroupBox):
             return {}
         fields = server_sampler_fields(facts)
         why = f"a {facts.kind} server has no parameter for this: it applies in we-sample mode only"
-        out = {name: why for name in ("top_k", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
-                                      "frequency_penalty", "penalty_last_n", "xtc_probability", "xtc_threshold")
-               if name not in fields}
+        out = {name: why for name in SERVER_LIMITED if name not in fields}
         if "xtc_probability" in out:
             out["xtc_threshold"] = out["xtc_probability"]
         if "penalty_last_n" in out:
             out["penalty_last_n"] = f"a {facts.kind} server uses its own look-back: it applies in we-sample mode only"
         if "seed" not in fields:
             out["seed"] = f"{facts.host} gave different tokens for one seed when probed: seeds apply in we-sample mode"
-        out["order"] = "the server applies its own stage order: it applies in we-sample mode only"
+        if "order" not in fields:
+            out["order"] = "the server applies its own stage order: it applies in we-sample mode only"
         return out
 
 

@@ -12,9 +12,6 @@ that follows can lose it.
 
 from __future__ import annotations
 
-import codecs
-import logging
-
 from PySide6.QtCore import QEvent, QObject, QRegularExpression, Qt, QTimer
 from PySide6.QtGui import QRegularExpressionValidator
 from PySide6.QtWidgets import (
@@ -22,7 +19,6 @@ from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QCheckBox,
     QComboBox,
-    QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QLabel,
@@ -37,48 +33,18 @@ from PySide6.QtWidgets import (
 
 from app.controller import ChatController
 from app.state.settings import MAX_NEW_TOKENS_LIMIT, GenerationOptions, SettingsState
+from app.widgets.escaped_lines import format_lines as format_stop
+from app.widgets.escaped_lines import parse_lines as parse_stop
+from app.widgets.llamacpp_dialog import LlamaCppJsonDialog
 from app.widgets.param_row import ParamRow, ParamSpec
+from app.widgets.sampler_groups import TEXTS, SamplerGroups
+from app.widgets.sampler_specs import FILTERS, PENALTIES, XTC
 from app.widgets.sampling_mode import SamplingModeBox, show_limit
 from app.widgets.save_preset_dialog import SavePresetDialog
 from app.widgets.stage_order import StageOrderList
 
-log = logging.getLogger(__name__)
-
-FILTERS = (
-    ParamSpec("temperature", "Temperature", "Divides the logits; 0 = greedy (always the most likely token)", 0.0, 5.0, 0.05, 2, 2.0, "0 (greedy)"),
-    ParamSpec("top_k", "Top-k", "Keep the k most likely tokens; off = keep all", 0, 100000, 1, 0, 200, "off"),
-    ParamSpec("top_p", "Top-p", "Keep the most likely tokens up to this total probability; 1 = off", 0.01, 1.0, 0.01, 2),
-    ParamSpec("min_p", "Min-p", "Drop tokens below min-p × the top probability; off = 0", 0.0, 1.0, 0.01, 2, None, "off"),
-    ParamSpec("typical_p", "Typical-p", "Locally typical sampling mass; 1 = off", 0.01, 1.0, 0.01, 2),
-)
-PENALTIES = (
-    ParamSpec("repetition_penalty", "Repetition", "Divides the logits of recent tokens; 1 = off", 0.05, 3.0, 0.01, 2, 2.0),
-    ParamSpec("presence_penalty", "Presence", "Subtracted once from every recent token's logit; 0 = off", -2.0, 2.0, 0.05, 2),
-    ParamSpec("frequency_penalty", "Frequency", "Subtracted per occurrence of a recent token; 0 = off", -2.0, 2.0, 0.05, 2),
-    ParamSpec("penalty_last_n", "Look back", "How many recent tokens the penalties see", -1, 32768, 1, 0, 1024, "all"),
-)
-XTC = (
-    ParamSpec("xtc_probability", "XTC chance", "How often XTC removes the top choices; off = 0", 0.0, 1.0, 0.01, 2, None, "off"),
-    ParamSpec("xtc_threshold", "XTC threshold", "Tokens above this probability count as top choices", 0.01, 0.5, 0.01, 2),
-)
 MAX_TOKENS = ParamSpec("max_new_tokens", "Max new tokens", "The answer stops after this many tokens", 1, MAX_NEW_TOKENS_LIMIT, 1, 0, 4096)
 CUSTOM = "Custom"
-
-
-def parse_stop(text: str) -> list[str]:
-    """One stop string per line; \\n, \\t and \\\\ are escapes (a stop string may be a newline)."""
-    out = []
-    for line in text.splitlines():
-        if line:
-            try:
-                out.append(codecs.decode(line, "unicode_escape") if "\\" in line else line)
-            except UnicodeDecodeError:
-                out.append(line)
-    return [s for s in out if s]
-
-
-def format_stop(stop: tuple[str, ...]) -> str:
-    return "\n".join(s.encode("unicode_escape").decode("ascii") if any(c in s for c in "\n\t\\") else s for s in stop)
 
 
 class SamplingPanel(QScrollArea):
@@ -105,18 +71,28 @@ class SamplingPanel(QScrollArea):
         self.reset_button = QPushButton("Reset")
         self.reset_button.setAccessibleName("Reset to defaults")
         self.reset_button.setToolTip("Back to the defaults (the Balanced preset, 512 tokens, no stop strings)")
+        self.json_button = QPushButton("llama.cpp JSON…")
+        self.json_button.setAccessibleName("llama.cpp JSON")
+        self.json_button.setToolTip("Import a llama.cpp or SillyTavern setup as JSON, or copy these settings out")
         presets.addWidget(self.preset_box, 1)
         col.addLayout(presets)
         preset_buttons = QHBoxLayout()
         for b in (self.save_preset_button, self.delete_preset_button, self.reset_button):
             preset_buttons.addWidget(b)
         col.addLayout(preset_buttons)
+        col.addWidget(self.json_button)
         self.mode_box = SamplingModeBox(settings, controller.host)  # remote models only: who samples
         col.addWidget(self.mode_box)
 
         self.rows: dict[str, ParamRow] = {}
         for title, specs in (("Temperature and filters", FILTERS), ("Penalties", PENALTIES), ("XTC", XTC)):
             col.addWidget(self._group(title, specs))
+        more_box = QGroupBox("More samplers")
+        more = QVBoxLayout(more_box)
+        self.groups = SamplerGroups()  # DRY, top-nσ, dynamic temperature, mirostat, adaptive-p, smoothing, bias, bans
+        self.rows.update(self.groups.rows)
+        more.addWidget(self.groups)
+        col.addWidget(more_box)
 
         seed_box = QGroupBox("Seed")
         seed_row = QHBoxLayout(seed_box)
@@ -177,8 +153,9 @@ class SamplingPanel(QScrollArea):
         self._stop_timer.setInterval(400)
         self._stop_timer.timeout.connect(self._apply_stop)
 
-        for row in self.rows.values():
-            row.edited.connect(self._on_param_edited)
+        for name, row in self.rows.items():
+            if name not in self.groups.rows:  # the groups' rows reach us through `groups.edited`
+                row.edited.connect(self._on_param_edited)
         self.max_tokens.edited.connect(self._on_max_tokens_edited)
         self.seed_edit.editingFinished.connect(self._on_seed_edited)
         self.random_seed.toggled.connect(self._on_random_toggled)
@@ -189,6 +166,9 @@ class SamplingPanel(QScrollArea):
         self.save_preset_button.clicked.connect(self._on_save_preset_clicked)
         self.delete_preset_button.clicked.connect(self._on_delete_preset_clicked)
         self.reset_button.clicked.connect(self._on_reset_clicked)
+        self.json_button.clicked.connect(self._on_json_clicked)
+        self.groups.edited.connect(self._on_param_edited)
+        self.groups.invalid.connect(self._show_error)
 
         settings.changed.connect(self._on_settings_changed)
         settings.presets_changed.connect(self._on_presets_changed)
@@ -241,6 +221,7 @@ class SamplingPanel(QScrollArea):
         if self._stop_timer.isActive():
             self._stop_timer.stop()
             self._apply_stop()
+        self.groups.flush()  # logit bias, banned strings, DRY breakers typed and not yet applied
 
     def hideEvent(self, event) -> None:  # noqa: N802 - Qt's name
         self.flush_pending_edits()  # the window is closing (or the dock hiding): keep what was typed
@@ -313,6 +294,14 @@ class SamplingPanel(QScrollArea):
         if answer is not None and answer[0]:
             self.save_preset(*answer)
 
+    def _on_json_clicked(self) -> None:
+        self.flush_pending_edits()
+        dialog = LlamaCppJsonDialog(self._settings, self)
+        try:
+            dialog.exec()
+        finally:
+            dialog.deleteLater()
+
     def save_preset(self, name: str, include_length_and_stop: bool = False) -> bool:
         return self._apply(self._settings.save_preset, name, include_length_and_stop)
 
@@ -334,6 +323,7 @@ class SamplingPanel(QScrollArea):
         s = options.sampler
         for name, row in self.rows.items():
             row.set_value(getattr(s, name))
+        self.groups.show_settings(s)
         self.max_tokens.set_value(options.max_new_tokens)
         self.random_seed.blockSignals(True)
         self.random_seed.setChecked(s.seed is None)
@@ -391,6 +381,8 @@ class SamplingPanel(QScrollArea):
         limits = self.mode_box.limits(self._controller.host.info)
         for name, row in self.rows.items():
             show_limit([row.label, row.spin, row.slider], limits.get(name), row.spec.tip)
+        for name, box in self.groups.texts.items():
+            show_limit([box], limits.get(name), TEXTS[name][1])
         show_limit([self.seed_edit], limits.get("seed"), "")
         if "seed" not in limits:
             self.seed_edit.setEnabled(self._settings.options.sampler.seed is not None)

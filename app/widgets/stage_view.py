@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidg
 
 from app.widgets.bars import CHOSEN_ROLE, MISSING_ROLE, PROB_ROLE, BarDelegate
 from app.widgets.fmt import visible
+from app.widgets.removal import removed_by
 
 MAX_ROWS = 20
 _MISSING_TIPS = {
@@ -113,7 +114,8 @@ class StageView(QWidget):
                 item.setData(MISSING_ROLE, miss)
                 item.setData(CHOSEN_ROLE, chosen)
                 if prob is None:
-                    item.setToolTip(_MISSING_TIPS[miss])
+                    removal = removed_by(ev, p.token_id) if miss == "cut" else None
+                    item.setToolTip(removal[1] if removal else _MISSING_TIPS[miss])
                 self.table.setItem(r, c, item)
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)

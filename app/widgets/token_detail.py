@@ -37,4 +37,5 @@ class TokenDetail(QTabWidget):
             self.label.setText(
                 f"{html.escape(where)} <b><code>{html.escape(visible(ev.token_text))}</code></b> · "
                 f"p {html.escape(pct(ev.prob))} · rank {ev.rank + 1} · {bits(ev.logprob)} · entropy {ev.entropy:.2f} nats"
+                + (f"<br><b>{html.escape(ev.rewind.describe(), quote=False)}</b>" if ev.rewind is not None else "")
             )
