@@ -43,6 +43,9 @@ from app.widgets.loom_view import LoomView
 from app.widgets.sampling_panel import SamplingPanel
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
+from app.notebook import generate as continue_notebook, is_notebook
+from app.template_actions import TemplateActions
+from app.widgets.notebook_view import NotebookView
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,9 @@ class MainWindow(QMainWindow):
         column.setSpacing(0)
         column.addWidget(self.banner)
         column.addWidget(self.chat, 1)
+        # A notebook (app/notebook.py) shows in place of the chat: one text the model continues.
+        self.notebook = NotebookView(self.library, self.view_options, self.selection, self.controller)
+        column.addWidget(self.notebook, 1)
         self.setCentralWidget(central)
         self.sidebar = Sidebar(self.library)
         self.sampling = SamplingPanel(self.settings, self.controller)
@@ -99,6 +105,7 @@ class MainWindow(QMainWindow):
         self.inspector_dock.raise_()
         self.status = StatusBar(host, self.controller)
         self.setStatusBar(self.status)
+        self.templates = TemplateActions(store, host, self.library, self.status, self)
         # Menus and actions get this context, never the window: they are imported here, not the reverse.
         self.context = ActionContext(
             store=store, library=self.library, selection=self.selection, host=host, settings=self.settings,
@@ -124,6 +131,10 @@ class MainWindow(QMainWindow):
         self.inspector.branch_requested.connect(self.on_branch)
         self.inspector.continuations_requested.connect(self.loom_view.continuations_at)
         self.sidebar.new_requested.connect(self.new_chat)
+        self.notebook.generate_requested.connect(self.on_generate_notebook)
+        self.notebook.stop_requested.connect(self.controller.stop)
+        self.library.current_changed.connect(self._show_mode)
+        self._show_mode(self.library.current)
         self.sidebar.delete_requested.connect(self.delete_conversation)
         self.selection.changed.connect(self._on_selection_changed)
         self.controller.error.connect(lambda text: self.status.showMessage(f"Generation failed: {text}", 15000))
@@ -154,11 +165,13 @@ class MainWindow(QMainWindow):
         a, ctx = self.menu_actions, self.context
         handlers = {
             a.new_chat: self.new_chat,
+            a.new_notebook: self.new_notebook,
+            a.chat_template: self.templates.open_dialog,
             a.export_markdown: lambda: self.export("markdown"),
             a.export_json: lambda: self.export("json"),
             a.export_trace: lambda: export_trace(ctx),
             a.quit: self.close,
-            a.send: self.chat.composer.submit,
+            a.send: self._send_or_generate,
             a.stop: self.stop,
             a.regenerate: self.on_regenerate,
             a.continue_answer: self.on_continue,
@@ -258,6 +271,25 @@ class MainWindow(QMainWindow):
         self.library.new()
         self.chat.composer.edit.setFocus()
 
+    def new_notebook(self) -> None:
+        self.library.new(mode="notebook")
+        self.notebook.editor.setFocus()
+
+    def on_generate_notebook(self, text: str) -> asyncio.Task | None:
+        conv = self.library.current
+        return self._spawn(continue_notebook(self.controller, conv, text)) if is_notebook(conv) else None
+
+    def _send_or_generate(self) -> None:
+        if is_notebook(self.library.current):
+            self.notebook.request_generate()
+        else:
+            self.chat.composer.submit()
+
+    def _show_mode(self, conv) -> None:
+        notebook = is_notebook(conv)
+        self.notebook.setVisible(notebook)
+        self.chat.setVisible(not notebook)
+
     def delete_conversation(self, conversation_id: int) -> None:
         """Delete a conversation; an answer streaming into it stops first, whichever conversation is open."""
         generating = self.controller.generating_message
@@ -299,12 +331,14 @@ class MainWindow(QMainWindow):
             self.models.detach()
             self.store.damaged.disconnect(self._on_damage_read)
             self.status.detach()
+            self.templates.detach()
             event.accept()
             self.closed.emit()
             return
         event.ignore()
         if not self._closing:
             self._closing = True
+            self.notebook.commit_draft()  # what was typed in a notebook is kept
             self._save_geometry()
             self.hide()
             asyncio.ensure_future(self._shutdown())

@@ -38,6 +38,7 @@ class WindowActions:
     """Every action of the menu bar; the window connects them and enables what depends on its state."""
 
     new_chat: QAction
+    new_notebook: QAction
     export_markdown: QAction
     export_json: QAction
     export_trace: QAction
@@ -56,6 +57,7 @@ class WindowActions:
     library: QAction
     connect_server: QAction
     runtime_settings: QAction
+    chat_template: QAction
     heatmap: QAction
     previous_token: QAction
     next_token: QAction
@@ -80,6 +82,8 @@ class WindowActions:
         heatmap.setCheckable(True)
         return cls(
             new_chat=act("&New chat", QKeySequence.StandardKey.New),
+            new_notebook=act("New note&book", "Ctrl+Shift+N", "One text the model continues, with no chat template "
+                             "(how a base model is used)"),
             export_markdown=act("Export as &Markdown…", "Ctrl+E"),
             export_json=act("Export as &JSON (with token records)…", "Ctrl+Shift+E"),
             export_trace=act("Export &trace (JSONL)…", tip="The selected answer as JSON lines: header, then every "
@@ -104,6 +108,8 @@ class WindowActions:
                                "llama.cpp, Ollama, LM Studio"),
             runtime_settings=act("R&untime settings…", tip="Context length, threads, GPU layers and batch size of "
                                  "the loaded model; remembered for it"),
+            chat_template=act("Chat &template…", tip="Which template turns a chat into the model's prompt: its own, "
+                              "a built-in (ChatML, Llama 3, Gemma, Mistral, Phi-3) or one you paste; remembered for it"),
             heatmap=heatmap,
             previous_token=act("&Previous token", "Alt+Left"),
             next_token=act("&Next token", "Alt+Right"),
@@ -129,7 +135,7 @@ def build_menu_bar(window: QMainWindow, a: WindowActions, panels: Sequence[QActi
     """Lay the actions out in the menu bar; `panels` are the docks' show/hide actions (View menu)."""
     bar = window.menuBar()
     file = bar.addMenu("&File")
-    file.addActions([a.new_chat])
+    file.addActions([a.new_chat, a.new_notebook])
     file.addSeparator()
     file.addActions([a.export_markdown, a.export_json, a.export_trace])
     file.addSeparator()
@@ -146,7 +152,7 @@ def build_menu_bar(window: QMainWindow, a: WindowActions, panels: Sequence[QActi
     model.addActions([a.open_model, a.library, a.connect_server])
     recent = model.addMenu("&Recent")
     model.addSeparator()
-    model.addAction(a.runtime_settings)
+    model.addActions([a.runtime_settings, a.chat_template])
 
     view = bar.addMenu("&View")
     view.addActions([a.heatmap, a.previous_token, a.next_token])

@@ -166,6 +166,35 @@ def check_template(text: str) -> None:
                                 "bos_token": "", "eos_token": "", "tools": None, "documents": None})
 
 
+SAMPLE_CHAT = (
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris."},
+    {"role": "user", "content": "And of Italy?"},
+)
+
+
+def preview(text: str, *, bos_token: str = "<s>", eos_token: str = "</s>", time_limit_s: float = 1.0) -> str:
+    """`text` rendered on `SAMPLE_CHAT` (system, user, assistant, user, then the answer's start), in the sandbox
+    with a short time limit: what a person checks before choosing a template.
+
+    A template without a system role is shown without the system message (it would refuse it).
+
+    Raises:
+        ChatTemplateError: the template is broken, or refuses even the chat without a system message.
+    """
+    variables = {"add_generation_prompt": True, "bos_token": bos_token, "eos_token": eos_token,
+                 "tools": None, "documents": None}
+    try:
+        return render_chat_template(text, {**variables, "messages": [dict(m) for m in SAMPLE_CHAT]},
+                                    time_limit_s=time_limit_s)
+    except ChatTemplateError as e:
+        if "refused this conversation" not in str(e):
+            raise
+    return render_chat_template(text, {**variables, "messages": [dict(m) for m in SAMPLE_CHAT[1:]]},
+                                time_limit_s=time_limit_s)
+
+
 def use_chat_template(tokenizer: Any, choice: str | None) -> TemplateInUse:
     """Render this model's chats with `choice` from now on (None: the model's own, or the fallback).
 

@@ -53,6 +53,10 @@ class StatusBar(QStatusBar):
         self.memory_label.setAccessibleName("Memory")
         self.addWidget(self.progress_label)
         self.addWidget(self.progress)
+        # Which chat template the model's chats use, a warning when it has none (app/template_actions.py).
+        self.template_label = QLabel()
+        self.template_label.setAccessibleName("Chat template")
+        self.addPermanentWidget(self.template_label)
         for w in (self.model_label, self.server_label, self.speed_label, self.context_label, self.memory_label):
             self.addPermanentWidget(w)
 
@@ -103,6 +107,13 @@ class StatusBar(QStatusBar):
         self._context.clear()
         self._update_context()
         self.showMessage(f"Loaded {info.name}", 4000)
+
+    def show_template(self, text: str, tooltip: str = "", warn: bool = False) -> None:
+        """The chat template in a few words; `warn` (a model without one) draws it in the warning colour."""
+        self.template_label.setText(text)
+        self.template_label.setToolTip(tooltip)
+        self.template_label.setStyleSheet("color: #c0392b; font-weight: bold" if warn else "")
+        self.template_label.setVisible(bool(text))
 
     def _on_load_failed(self, spec: str | None, message: str) -> None:
         self.showMessage(f"Could not load {spec or 'the default model'}: {message}", 15000)
