@@ -53,7 +53,7 @@ def survivors_distribution(chain: SamplerChain, x: np.ndarray, history=EMPTY) ->
         ({"penalty_last_n": -2}, "penalty_last_n must be >= -1"),
         ({"xtc_threshold": 0.7}, "xtc_threshold must be in (0, 0.5]"),
         ({"seed": -1}, "seed must be in [0, 2**63)"),
-        ({"order": ("top_k", "banana")}, "unknown sampler stages ['banana']; known: logit_bias, penalties, dry"),
+        ({"order": ("top_k", "banana")}, "unknown sampler stages ['banana']; known: grammar, logit_bias, penalties, dry"),
         ({"order": ("top_k", "top_k")}, "names a stage twice"),
     ],
 )
@@ -80,10 +80,10 @@ def test_settings_round_trip_and_unknown_keys():
         s.with_(top_p=0)
 
 
-def test_default_order_is_llamacpps_with_bias_first_and_the_adaptive_stages_last():
+def test_default_order_is_llamacpps_with_grammar_and_bias_first_and_the_adaptive_stages_last():
     # llama.cpp's common_params_sampling.samplers, with the stages it runs outside that list placed where it runs them
     assert DEFAULT_ORDER == (
-        "logit_bias", "penalties", "dry", "top_n_sigma", "smoothing", "top_k", "typical_p", "top_p", "min_p", "xtc",
+        "grammar", "logit_bias", "penalties", "dry", "top_n_sigma", "smoothing", "top_k", "typical_p", "top_p", "min_p", "xtc",
         "temperature", "mirostat", "adaptive_p",
     )
     assert set(DEFAULT_ORDER) == set(STAGE_NAMES)
