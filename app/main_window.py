@@ -46,6 +46,7 @@ from app.widgets.status_bar import StatusBar
 from app.notebook import generate as continue_notebook, is_notebook
 from app.template_actions import TemplateActions
 from app.widgets.notebook_view import NotebookView
+from app.window_geometry import Size, available_rect, clamp_rect, rect_of, same_screen_size
 
 log = logging.getLogger(__name__)
 
@@ -354,10 +355,13 @@ class MainWindow(QMainWindow):
             self.close()
 
     def _save_geometry(self) -> None:
+        free = available_rect(self, by_position=True)
         try:
             self.store.put_setting(
                 GEOMETRY_KEY,
-                {"geometry": self.saveGeometry().toBase64().data().decode(), "state": self.saveState().toBase64().data().decode()},
+                {"geometry": self.saveGeometry().toBase64().data().decode(), "state": self.saveState().toBase64().data().decode(),
+                 # the screen's free area it was saved on: restored on another size, the layout starts afresh
+                 "screen": [free.width, free.height] if free is not None else None},
             )
         except sqlite3.Error as e:  # the window closes all the same
             log.warning("could not save the window geometry: %s", e)
@@ -450,3 +454,19 @@ class MainWindow(QMainWindow):
             return
         self.restoreGeometry(QByteArray.fromBase64(saved["geometry"].encode()))
         self.restoreState(QByteArray.fromBase64(saved["state"].encode()))
+        self._fit_restored(saved.get("screen"))
+
+    def _fit_restored(self, saved_screen: object) -> None:
+        """A restored layout fits the screen it opens on: saved on a screen of another size, it is sized as a
+        first start there (side panels scaled, a small layout grows on a large screen); then it is clamped
+        to the screen, so no panel lies past its edge."""
+        free = available_rect(self, by_position=True)
+        if free is None or self.isMaximized() or self.isFullScreen():
+            return
+        valid = isinstance(saved_screen, list) and len(saved_screen) == 2 and all(isinstance(v, int) for v in saved_screen)
+        screen = Size(*saved_screen) if valid else None
+        if screen is not None and not same_screen_size(screen, free):
+            self.size_to_fit(free.width, free.height)
+        least = self.minimumSizeHint()
+        x, y, width, height = clamp_rect(rect_of(self.geometry()), free, Size(least.width(), least.height()))
+        self.setGeometry(x, y, width, height)

@@ -31,6 +31,7 @@ from app.state.library import Library
 from app.state.settings import SettingsState
 from app.widgets.token_column import TokenColumn, mark_tokens
 from app.widgets.token_detail import TokenDetail
+from app.window_geometry import fit_to_screen
 
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
 
@@ -115,7 +116,7 @@ class CompareView(QWidget):
         for _ in range(MIN_COLUMNS):
             self.add_column(settings.options.sampler)
         self._update_prompt_note()
-        self.resize(1200, 800)
+        fit_to_screen(self, 1200, 800)  # no larger than the screen (a 1024x700 one)
 
     # -- columns ---------------------------------------------------------------------------
 

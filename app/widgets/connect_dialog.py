@@ -37,6 +37,7 @@ from app.state.store import Store
 
 log = logging.getLogger(__name__)
 
+COMBO_CHARS = 24  # the server and model boxes ask for this much text; longer entries scroll inside them
 CONNECT_TIMEOUT_S = 5.0  # for the model list: a dead host answers "refused" at once, an unroutable one within this
 
 
@@ -54,7 +55,6 @@ class ConnectChoice:
     def spec(self) -> str:
         return f"{self.url}#{self.model}"
 
-
 class ConnectDialog(QDialog):
     """`exec()` (or `open()`), then read `choice()`. `refresh()` lists the server's models in the background."""
 
@@ -70,10 +70,16 @@ class ConnectDialog(QDialog):
         self._listed = ""  # the URL text of the latest listing
 
         self.url_box = QComboBox()
+        self.model_box = QComboBox()
+        self.model_box.setAccessibleName("Model on the server")
         self.url_box.setEditable(True)
         self.url_box.setAccessibleName("Server URL")
         self.url_box.lineEdit().setPlaceholderText("http://127.0.0.1:8000/v1")
         self.url_box.addItems([r["url"] for r in self._recent])
+        # A long URL or model name scrolls inside its box rather than widening the dialog past the screen.
+        for box in (self.url_box, self.model_box):
+            box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            box.setMinimumContentsLength(COMBO_CHARS)
         self.key_edit = QLineEdit()
         self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
         self.key_edit.setAccessibleName("API key")
@@ -92,8 +98,6 @@ class ConnectDialog(QDialog):
         self.timeout.setSuffix(" s")
         self.timeout.setValue(DEFAULT_TIMEOUT_S)
         self.timeout.setToolTip("How long to wait for an answer, or between two streamed tokens")
-        self.model_box = QComboBox()
-        self.model_box.setAccessibleName("Model on the server")
         self.refresh_button = QPushButton("List models")
         self.refresh_button.setAccessibleName("List the server's models")
         self.refresh_button.clicked.connect(lambda: self.refresh())

@@ -27,6 +27,7 @@ from app.experiments import AnswerRecipe, describe_model, recipe_for
 from app.state.conversation import Conversation, Message
 from app.widgets.token_column import CHANGED_COLOR, TokenColumn, mark_tokens, stats_text
 from app.widgets.token_detail import TokenDetail
+from app.window_geometry import fit_to_screen
 
 # Fields "Replay with…" offers; the seed is what a replay keeps, so it is not among them.
 REPLAY_FIELDS = tuple(f.name for f in fields(SamplerSettings) if f.name not in ("seed",))
@@ -86,7 +87,7 @@ class ReplayView(QWidget):
         else:
             self.field.hide()
             self.value.hide()
-        for w in (self.run_button, self.keep_button, self.load_button):
+        for w in (self.run_button, self.keep_button):
             bar.addWidget(w)
         bar.addStretch(1)
         self.summary = QLabel(f"Seed {self.recipe.sampler.seed}; settings as stored with the answer.")
@@ -108,10 +109,15 @@ class ReplayView(QWidget):
         self.detail = TokenDetail()
         lay = QVBoxLayout(self)
         lay.addLayout(bar)
-        lay.addWidget(self.summary)
+        # The load button (its text names a model, maybe a long one) sits beside the summary, which wraps:
+        # in the bar it widened the window past a small screen.
+        said = QHBoxLayout()
+        said.addWidget(self.summary, 1)
+        said.addWidget(self.load_button)
+        lay.addLayout(said)
         lay.addLayout(cols, 3)
         lay.addWidget(self.detail, 1)
-        self.resize(1100, 760)
+        fit_to_screen(self, 1100, 760)  # no larger than the screen (a 1024x700 one)
         self._refuse_another_model(self._experiments.model_mismatch(self.recipe))
 
     @property

@@ -25,6 +25,7 @@ from app.theme import is_dark
 from app.widgets.heat import HeatLegend
 from app.widgets.message_body import MessageBody
 from app.widgets.token_detail import TokenDetail
+from app.window_geometry import fit_to_screen
 
 MAX_FILE_BYTES = 2 << 20  # a text longer than this would take minutes to score token by token anyway
 
@@ -82,7 +83,7 @@ class ScoreView(QWidget):
         lay.addWidget(self.summary)
         lay.addWidget(self.body, 2)
         lay.addWidget(self.detail, 2)
-        self.resize(900, 760)
+        fit_to_screen(self, 900, 760)  # no larger than the screen (a 1024x700 one)
 
     def _on_message_picked(self, index: int) -> None:
         content = self.messages.itemData(index)

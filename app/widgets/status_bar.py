@@ -7,7 +7,8 @@ import resource
 import sys
 
 from engine import GenerationStats, ModelInfo
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtGui import QPainter, QPaintEvent
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from app.controller import ChatController
@@ -26,6 +27,42 @@ def resident_bytes() -> int:
         return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+class ElidedLabel(QLabel):
+    """A one-line label that gives up width when the bar has none: it ends in "…" rather than widening the window.
+
+    A status bar's minimum width is the sum of its permanent widgets' minimums, and a window is never
+    narrower than its status bar: a plain label holding a long model name or a server URL made the
+    window grow past a 1024-pixel screen. This one asks for its whole text (`sizeHint`) but needs only
+    a few characters (`minimumSizeHint`); `compact` makes it ask for no more than that, so a status
+    message has room. `text()` stays the whole text.
+    """
+
+    MIN_CHARS = 8
+
+    def __init__(self, text: str = "", parent: QWidget | None = None):
+        super().__init__(text, parent)
+        self._compact = False
+
+    def set_compact(self, compact: bool) -> None:
+        if compact != self._compact:
+            self._compact = compact
+            self.updateGeometry()
+
+    def minimumSizeHint(self) -> QSize:
+        full = super().sizeHint()
+        return QSize(min(full.width(), self.fontMetrics().horizontalAdvance("x" * self.MIN_CHARS)), full.height())
+
+    def sizeHint(self) -> QSize:
+        return self.minimumSizeHint() if self._compact else super().sizeHint()
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        rect = self.contentsRect()
+        shown = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, rect.width())
+        painter = QPainter(self)
+        self.style().drawItemText(painter, rect, int(self.alignment() | Qt.AlignmentFlag.AlignVCenter), self.palette(),
+                                  self.isEnabled(), shown, self.foregroundRole())
+
+
 class StatusBar(QStatusBar):
     def __init__(self, host: EngineHost, controller: ChatController, parent: QWidget | None = None):
         super().__init__(parent)
@@ -35,30 +72,36 @@ class StatusBar(QStatusBar):
         self._context = ContextCounter(host.run_off_ui_thread)
         self._context.counted.connect(self._update_context)
         self._context_conv = None
-        self.progress_label = QLabel()
+        self.progress_label = ElidedLabel()  # "Loading <a long path or URL>…" must not widen the window either
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(160)
         self.progress.setTextVisible(False)
         self.progress.setAccessibleName("Model loading progress")
-        self.model_label = QLabel("No model")
+        # Every permanent label can shrink (ends in "…"), so no model name or URL widens the window.
+        self.model_label = ElidedLabel("No model")
         self.model_label.setAccessibleName("Model")
-        self.server_label = QLabel()  # remote models: host and the last round trip
+        self.server_label = ElidedLabel()  # remote models: host and the last round trip
         self.server_label.setAccessibleName("Server")
         self.server_label.setVisible(False)
-        self.speed_label = QLabel()
+        self.speed_label = ElidedLabel()
         self.speed_label.setAccessibleName("Speed of the last answer")
-        self.context_label = QLabel()
+        self.context_label = ElidedLabel()
         self.context_label.setAccessibleName("Context used")
-        self.memory_label = QLabel()
+        self.memory_label = ElidedLabel()
         self.memory_label.setAccessibleName("Memory")
         self.addWidget(self.progress_label)
         self.addWidget(self.progress)
         # Which chat template the model's chats use, a warning when it has none (app/template_actions.py).
-        self.template_label = QLabel()
+        self.template_label = ElidedLabel()
         self.template_label.setAccessibleName("Chat template")
+        # It gives up width to the window (its tooltip says it all): a long status bar must not widen the window.
+        self.template_label.setMinimumWidth(self.template_label.fontMetrics().horizontalAdvance("x" * 8))
         self.addPermanentWidget(self.template_label)
-        for w in (self.model_label, self.server_label, self.speed_label, self.context_label, self.memory_label):
+        self._labels = (self.model_label, self.server_label, self.speed_label, self.context_label, self.memory_label)
+        for w in self._labels:
             self.addPermanentWidget(w)
+        # While a message shows (an error, "Loaded …"), the labels step back to their minimum: it needs the room.
+        self.messageChanged.connect(self._on_message_changed)
 
         host.state_changed.connect(self._on_load_state)
         host.model_changed.connect(self._on_model_changed)
@@ -86,6 +129,10 @@ class StatusBar(QStatusBar):
         self._controller.library.current_changed.disconnect(self._on_conversation_changed)
         self._context.counted.disconnect(self._update_context)
         self._on_conversation_changed(None)
+
+    def _on_message_changed(self, text: str) -> None:
+        for label in (*self._labels, self.template_label):
+            label.set_compact(bool(text))
 
     def _on_load_state(self, state: LoadState) -> None:
         self.progress_label.setVisible(state.loading)

@@ -1,0 +1,93 @@
+"""Open the window on a screen of a given size, report its layout as JSON, close it (saving the layout).
+
+Run by tests/app/test_small_screen.py in a subprocess: the screen of Qt's offscreen platform is chosen
+when the application starts (`-platform offscreen:configfile=...`), so each screen size is a process.
+
+    python tests/app/screen_probe.py WIDTH HEIGHT DATA_DIR
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+
+def screen_config(width: int, height: int) -> str:
+    """A config file for Qt's offscreen platform with one screen of width x height."""
+    config = {"synchronousWindowSystemEvents": False, "windowFrameMargins": False,
+              "screens": [{"name": "probe", "x": 0, "y": 0, "width": width, "height": height,
+                           "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}
+    path = Path(tempfile.mkdtemp(prefix="logitlab-screen-")) / "screen.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def _inside(window, widget) -> bool:
+    """Whether `widget` (a dock, the chat) lies wholly inside the window, which lies inside its screen."""
+    from PySide6.QtCore import QPoint
+
+    top_left = widget.mapTo(window, QPoint(0, 0))
+    return top_left.x() >= 0 and top_left.x() + widget.width() <= window.width() and widget.width() > 0
+
+
+async def _probe(data_dir: Path) -> dict:
+    from PySide6.QtWidgets import QApplication
+
+    from app.engine_host import EngineHost
+    from app.main_window import MainWindow
+    from app.state.store import Store
+    from app.widgets.inspector import MIN_WIDTH
+    from qt_helpers import mock_factory
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(data_dir / "probe.sqlite3")
+    host = EngineHost(mock_factory())
+    await host.load("mock", "mock")
+    window = MainWindow(store, host)
+    window.show()
+    for _ in range(10):
+        QApplication.processEvents()
+        await asyncio.sleep(0.02)
+    free = window.screen().availableGeometry()
+    hint = window.minimumSizeHint()
+    report = {
+        "screen": [free.width(), free.height()],
+        "size": [window.width(), window.height()],
+        "position": [window.x(), window.y()],
+        "minimum_hint": [hint.width(), hint.height()],
+        "inside": {name: _inside(window, widget) for name, widget in
+                   (("chats", window.chats_dock), ("inspector", window.inspector_dock), ("chat", window.chat))},
+        "inspector_width": window.inspector.width(),
+        "inspector_min_width": MIN_WIDTH,
+        "chat_width": window.chat.width(),
+    }
+    closed = asyncio.get_running_loop().create_future()
+    window.closed.connect(lambda: closed.done() or closed.set_result(True))
+    window.close()  # saves the layout, as quitting does
+    await closed
+    host.close(wait=True)
+    store.close()
+    return report
+
+
+def main(argv: list[str]) -> int:
+    width, height, data_dir = int(argv[0]), int(argv[1]), Path(argv[2])
+    sys.argv = [sys.argv[0], "-platform", f"offscreen:configfile={screen_config(width, height)}"]
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication(sys.argv)
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    with loop:
+        report = loop.run_until_complete(_probe(data_dir))
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # qt_helpers
+    sys.exit(main(sys.argv[1:]))
