@@ -20,7 +20,8 @@ from engine.errors import (
     ModelNotFoundError,
     RemoteCodeRefusedError,
 )
-from engine.events import Done, GenerationStats, StageSnapshot, TokenEvent, TokenProb
+from engine.events import ConstraintStep, Done, GenerationStats, StageSnapshot, TokenEvent, TokenProb
+from engine.constraints import KIND_LABELS as CONSTRAINT_KINDS, Constraint, ConstraintError
 from engine import experiments  # score, compare, token diff, JSONL traces (engine.experiments)
 from engine import loom  # N continuations from one prefix, step mode (engine.loom)
 from engine import library  # models on this machine, and downloads (engine.library)
@@ -44,6 +45,10 @@ from engine.sampling.settings import DEFAULT_ORDER, STAGE_NAMES, SamplerSettings
 from engine.sampling.llamacpp_json import ImportedSettings, llamacpp_json, parse_llamacpp_json
 
 __all__ = [
+    "CONSTRAINT_KINDS",
+    "Constraint",
+    "ConstraintError",
+    "ConstraintStep",
     "BACKENDS",
     "ChatSession",
     "ContextLengthError",
