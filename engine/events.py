@@ -49,7 +49,7 @@ def rest_entry(reported_mass: float) -> TokenProb | None:
 
 @dataclass(frozen=True, slots=True)
 class StageSnapshot:
-    """The distribution after one sampler stage (see `engine.sampling.chain.StageStats`)."""
+    """The distribution after one sampler stage (see `engine.sampling.pick.StageStats`)."""
 
     stage: str
     survivors: int

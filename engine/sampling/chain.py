@@ -28,6 +28,16 @@ decode loop step back to an earlier token (banned strings).
 Per token the chain also reports the model's own view of the chosen token
 (log-prob, rank, entropy, top-N) and, when asked, what every stage did. Only
 small Python values leave `pick`; full-vocabulary arrays stay inside.
+`pick` is `choose` (the stages and the draw: what the next forward waits
+for) then `Choice.report` (the statistics), so the decode loop can build a
+token's report while the model computes the next one.
+
+Speed: once a filter has cut the row to a quarter of the vocabulary or less,
+the stages that look only at scores (`_ON_SURVIVORS`) run on the survivors
+alone, a few dozen entries instead of 262k; a stage that needs token ids
+(penalties, a grammar, mirostat) gets the whole row back. The draws and the
+recorded numbers are those of the whole row (the same float32 values, the
+same float64 sums over them).
 
 Randomness: a chain owns one PCG64 generator (the same stream on every
 platform), seeded from `settings.seed` or a fresh seed it exposes, so use one
@@ -39,26 +49,37 @@ the survivors in token-id order; greedy takes no number.
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from engine.sampling.adaptive import AdaptiveP, Mirostat, Mirostat2
+from engine.sampling.distribution import Dist
 from engine.sampling.dry import Vocabulary, breaker_sequences, make_dry
 from engine.sampling.grammar import GrammarStage
+from engine.sampling.pick import (
+    BANNED_STAGE,
+    Choice,
+    Pick,
+    Step,
+    apply_keep,
+    ban,
+    expand,
+)
 from engine.sampling.settings import SamplerSettings
-from engine.sampling.shaping import make_logit_bias, make_smoothing, make_temperature_ext, make_top_n_sigma
+from engine.sampling.shaping import (
+    make_logit_bias,
+    make_smoothing,
+    make_temperature_ext,
+    make_top_n_sigma,
+)
 from engine.sampling.stages import (
-    CHUNK,
     NEG_INF,
+    FilterStage,
     Stage,
     StageContext,
-    exp_sums,
-    finite_part,
     make_min_p,
     make_penalties,
     make_temperature,
@@ -68,175 +89,13 @@ from engine.sampling.stages import (
     make_xtc,
 )
 
-TopList = tuple[tuple[int, float], ...]
-
 # Stages that never change which token has the highest score (these filters keep
 # the top token and its ties; temperature is monotone). Typical-p is not one.
 _ARGMAX_PRESERVING = frozenset({"top_k", "top_p", "min_p", "top_n_sigma", "temperature"})
-# The name under which a pick's banned tokens (banned strings) are recorded when recording stages.
-BANNED_STAGE = "banned_strings"
+# Stages that look only at the scores, never at which token has which: they may run on the survivors
+# alone and give the same result as on the whole row.
+_ON_SURVIVORS = frozenset({"top_n_sigma", "smoothing", "top_k", "typical_p", "top_p", "min_p", "xtc", "temperature"})
 
-
-@dataclass(frozen=True, slots=True)
-class StageStats:
-    """What one stage did, as small Python values.
-
-    Attributes:
-        name: the stage ("top_p", ...).
-        survivors: tokens with a finite score after this stage.
-        mass_kept: probability mass, under the distribution *entering* this
-            stage, of the tokens that survive it (1.0 for reshaping stages).
-        entropy: entropy (nats) of the distribution after this stage.
-        top: top-N (token_id, logprob) after this stage, most likely first.
-    """
-
-    name: str
-    survivors: int
-    mass_kept: float
-    entropy: float
-    top: TopList
-
-
-@dataclass(frozen=True, slots=True)
-class Pick:
-    """Everything the UI needs about one chosen token; small Python values only.
-
-    Attributes:
-        token_id: the chosen token.
-        logprob: its log-prob under the model (log_softmax of the raw logits).
-        sampler_logprob: its log-prob under the final sampler distribution;
-            0.0 when greedy; -inf when forced to a token the chain filtered out.
-        rank: 0 = the model's most likely token; the number of tokens whose
-            raw logit is strictly larger.
-        entropy: entropy (nats) of the model distribution.
-        top_model: top-N (id, logprob) under the model, most likely first.
-        top_sampler: top-N (id, logprob) under the final sampler distribution,
-            survivors only (greedy: the argmax alone, at log-prob 0).
-        stages: one entry per stage run, when recording was asked for.
-        forced: the token was given (`force_token`), not drawn.
-    """
-
-    token_id: int
-    logprob: float
-    sampler_logprob: float
-    rank: int
-    entropy: float
-    top_model: TopList
-    top_sampler: TopList
-    stages: tuple[StageStats, ...] | None
-    forced: bool
-
-
-class _Dist:
-    """Softmax summary of one score row.
-
-    Once a filter has run, the finite entries are usually a few hundred out of
-    the vocabulary: they are then gathered (`ids`, `vals`) and everything
-    after is cheap. When most entries are finite the row itself is used, its
-    -inf entries weighing 0, since gathering 262k entries costs more than it
-    saves. Nothing full-size is copied.
-    """
-
-    __slots__ = ("ids", "vals", "count", "m", "z", "lse", "entropy")
-
-    def __init__(self, scores: np.ndarray) -> None:
-        v = scores.size
-        count = v if scores.min() > NEG_INF else int(np.count_nonzero(scores > NEG_INF))
-        self.count = count  # tokens with a finite score
-        if count * 4 <= v:
-            self.ids, self.vals = finite_part(scores)
-        else:
-            self.ids, self.vals = None, scores  # ids None: position = token id
-        m = self.vals.max()
-        z, ed = exp_sums(self.vals, m, entropy=True, all_finite=count == self.vals.size)
-        self.m = float(m)
-        self.z = z
-        self.lse = self.m + math.log(z)
-        # H = log Z - sum(e * (s - m)) / Z: both terms >= 0, no cancellation.
-        self.entropy = max(math.log(z) - ed / z, 0.0)
-
-    def token_id(self, local: int) -> int:
-        return local if self.ids is None else int(self.ids[local])
-
-    def top(self, n: int) -> TopList:
-        """Top-n (id, logprob), most likely first; ties broken by lower id."""
-        n = min(n, self.count)
-        if n <= 0:
-            return ()
-        local = _top_local(self.vals, n)
-        ids = local if self.ids is None else self.ids[local]
-        vals = self.vals[local]
-        order = np.lexsort((ids, -vals))
-        lse = self.lse
-        return tuple((int(ids[i]), float(vals[i]) - lse) for i in order)
-
-    def draw(self, u: float) -> int:
-        """Inverse-CDF draw for u in [0, 1): the first token, in id order, whose
-        cumulative weight exceeds u * Z.
-
-        Weights are float32 `exp(s - max)`, accumulated in float64 chunk by
-        chunk exactly as `exp_sums` does, so the same logits and u give the
-        same token on every backend and every run.
-        """
-        vals, n = self.vals, self.vals.size
-        m = np.float32(self.m)
-        target = u * self.z
-        acc = 0.0
-        last = 0
-        for i in range(0, n, CHUNK):
-            w = np.exp(vals[i : i + CHUNK] - m)
-            t = float(w.sum(dtype=np.float64))
-            if acc + t > target:
-                cum = np.cumsum(w, dtype=np.float64)
-                cum += acc
-                j = int(np.searchsorted(cum, target, side="right"))
-                if j >= w.size:  # rounding between the two sums: last token with weight
-                    j = int(np.flatnonzero(w)[-1])
-                return self.token_id(i + j)
-            if t > 0:
-                last = i + int(np.flatnonzero(w)[-1])
-            acc += t
-        return self.token_id(last)  # u * Z rounded up to Z
-
-
-# How far below the top score the top-N search looks on each try (nats).
-_TOP_REACH: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
-
-
-def _top_local(vals: np.ndarray, n: int) -> np.ndarray:
-    """Positions of the n largest `vals`; among ties at the cut, the lowest positions.
-
-    `n` must not exceed the number of finite entries.
-
-    An argpartition over 262k floats costs ~1 ms; counting the entries within
-    `reach` of the max costs ~0.03 ms, so widen the reach until it holds n
-    candidates and partition only those.
-    """
-    k = vals.size
-    if n >= k:
-        return np.arange(k)
-    m = vals.max()
-    mask = np.empty(k, dtype=bool)
-    cand = None
-    for reach in _TOP_REACH:
-        np.greater_equal(vals, m - np.float32(reach), out=mask)
-        c = int(np.count_nonzero(mask))
-        if c >= n:
-            if c * 4 <= k:  # else a flat row: the candidates are most of it anyway
-                cand = np.flatnonzero(mask)
-            break
-    pool = vals if cand is None else vals[cand]
-    kth = np.partition(pool, pool.size - n)[pool.size - n]  # the n-th largest value
-    above = np.flatnonzero(pool > kth)
-    tied = np.flatnonzero(pool == kth)[: n - above.size]  # ascending: lowest ids first
-    local = np.concatenate((above, tied))
-    return local if cand is None else cand[local]
-
-
-def _lookup(dist: _Dist, scores: np.ndarray, token: int) -> float:
-    """log-prob of `token` under `dist` (the softmax of `scores`)."""
-    s = float(scores[token])
-    return s - dist.lse if s != -math.inf else -math.inf
 
 
 class SamplerChain:
@@ -423,6 +282,27 @@ class SamplerChain:
             ValueError: on a malformed row (not 1-D, NaN, +inf, no finite
                 value) or a `force_token` outside the vocabulary.
         """
+        choice = self.choose(logits, history, record_stages=record_stages, force_token=force_token, banned=banned)
+        return choice.report(top_n)
+
+    def choose(
+        self,
+        logits: np.ndarray,
+        history: np.ndarray,
+        *,
+        record_stages: bool = False,
+        force_token: int | None = None,
+        banned: Collection[int] = (),
+    ) -> Choice:
+        """`pick` in two halves: run the stages and choose the token now; `Choice.report` describes it later.
+
+        The decode loop starts the next forward as soon as the token is known
+        and builds this token's report while the model runs. Everything that
+        moves the chain's state (the random stream, mirostat's mu, a grammar's
+        parser) happens here; `report` only reads what this call kept, so it
+        may run on another thread while the chain chooses the next token.
+        Arguments and errors as in `pick`.
+        """
         scores = np.ascontiguousarray(logits, dtype=np.float32)
         if scores.ndim != 1 or scores.size == 0:
             raise ValueError(f"logits must be one non-empty row (V,), got shape {scores.shape}")
@@ -434,88 +314,40 @@ class SamplerChain:
             raise ValueError(f"force_token {force_token} is outside the vocabulary [0, {v})")
         ctx = StageContext(np.asarray(history, dtype=np.int64), self._rng)
 
-        model = _Dist(scores)
         stages = self._stages if (record_stages or not self._greedy) else self._greedy_stages
-        out = scores
-        dist: _Dist | None = model  # summary of `out`, when known
-        recorded: list[StageStats] | None = [] if record_stages else None
+        # The row as it goes through the stages: the whole (V,) row (ids None), or, once a filter has cut
+        # it to a quarter of the vocabulary or less, the survivors alone (ascending ids, finite scores).
+        ids: np.ndarray | None = None
+        vals = scores
+        steps: list[Step] | None = [] if record_stages else None
         if banned:
-            out = _ban(scores, banned)
-            if recorded is not None:
-                dist = _Dist(out)
-                recorded.append(StageStats(BANNED_STAGE, dist.count, _mass_kept(model, dist, out), dist.entropy, dist.top(top_n)))
-            else:
-                dist = None
+            vals = ban(scores, banned)
+            if steps is not None:
+                steps.append((BANNED_STAGE, None, vals))
         for name, stage in stages:
-            new = stage(out, ctx)
-            if recorded is not None:
-                assert dist is not None  # kept up to date while recording
-                if new is out:  # the stage changed nothing
-                    recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, dist.top(top_n)))
-                    continue
-                after = _Dist(new)
-                recorded.append(
-                    StageStats(name, after.count, _mass_kept(dist, after, new), after.entropy, after.top(top_n))
-                )
-                dist = after
-            elif new is not out:
-                dist = None
-            out = new
+            if ids is not None and name not in _ON_SURVIVORS:  # it needs each token's id: back to a (V,) row
+                vals, ids = expand(ids, vals, v), None
+            if isinstance(stage, FilterStage):
+                new_ids, new_vals = apply_keep(ids, vals, stage.keep(vals, ctx), v)
+            else:
+                new_ids, new_vals = ids, stage(vals, ctx)
+                if ids is not None and new_vals is not vals and new_vals.min() == NEG_INF:
+                    finite = new_vals > NEG_INF
+                    new_ids, new_vals = ids[finite], new_vals[finite]
+            if steps is not None:
+                steps.append((name, None, None) if new_vals is vals else (name, new_ids, new_vals))
+            ids, vals = new_ids, new_vals
 
+        final: Dist | None = None
         if self._greedy:
-            best = int(np.argmax(out))
+            best = int(np.argmax(vals))
+            best = best if ids is None else int(ids[best])
             token = best if force_token is None else int(force_token)
-            sampler_logprob = 0.0 if token == best else -math.inf
-            top_sampler: TopList = ((best, 0.0),) if top_n > 0 else ()
         else:
-            if dist is None:
-                dist = _Dist(out)
+            best = -1
+            final = Dist(vals, ids)
             u = self._rng.random()  # drawn even when forced: the stream stays aligned
-            token = dist.draw(u) if force_token is None else int(force_token)
-            sampler_logprob = _lookup(dist, out, token)
-            top_sampler = dist.top(top_n)
-
+            token = final.draw(u) if force_token is None else int(force_token)
         for obj in self._stateful:
             obj.accept(token)
-        raw = scores[token]
-        return Pick(
-            token_id=token,
-            logprob=_lookup(model, scores, token),
-            sampler_logprob=sampler_logprob,
-            rank=int(np.count_nonzero(scores > raw)),
-            entropy=model.entropy,
-            top_model=model.top(top_n),
-            top_sampler=top_sampler,
-            stages=tuple(recorded) if recorded is not None else None,
-            forced=force_token is not None,
-        )
-
-
-def _ban(scores: np.ndarray, banned: Collection[int]) -> np.ndarray:
-    """`scores` without the banned tokens; unchanged if banning them would leave no token."""
-    ids = np.fromiter((t for t in banned if 0 <= t < scores.size), dtype=np.int64)
-    out = scores.copy()
-    out[ids] = NEG_INF
-    if out.max() == NEG_INF:
-        return scores
-    return out
-
-
-def _mass_kept(before: _Dist, after: _Dist, scores_after: np.ndarray) -> float:
-    """Mass, under `before`, of the tokens still finite in `after`.
-
-    Stages never bring a removed token back, so an unchanged count means an
-    unchanged set.
-    """
-    if after.count == before.count:
-        return 1.0
-    m = np.float32(before.m)
-    if after.ids is not None:  # few survivors: look them up
-        ids = after.ids if before.ids is None else np.searchsorted(before.ids, after.ids)
-        kept = float(np.exp(before.vals[ids] - m).sum(dtype=np.float64))
-    else:  # most survive (both rows are full-size): sum by chunks, where `after` is finite
-        kept = 0.0
-        for i in range(0, scores_after.size, CHUNK):
-            w = np.exp(before.vals[i : i + CHUNK] - m)
-            kept += float(w.sum(dtype=np.float64, where=scores_after[i : i + CHUNK] > NEG_INF))
-    return min(max(kept / before.z, 0.0), 1.0)
+        return Choice(token, force_token is not None, scores, steps, final, best)

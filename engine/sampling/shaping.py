@@ -21,7 +21,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.sampling.stages import NEG_INF, Stage, StageContext, exp_sums, finite_part, keep_only, make_temperature
+from engine.sampling.stages import (
+    NEG_INF,
+    FilterStage,
+    Stage,
+    StageContext,
+    exp_sums,
+    finite_part,
+    make_temperature,
+)
 
 
 def make_temperature_ext(t: float, delta: float, exponent: float) -> Stage:
@@ -89,17 +97,17 @@ def make_top_n_sigma(n: float) -> Stage:
     logits, not probabilities, so it is unmoved by temperature. n <= 0 is off.
     """
 
-    def top_n_sigma(scores: np.ndarray, ctx: StageContext) -> np.ndarray:
+    def top_n_sigma(scores: np.ndarray, ctx: StageContext) -> np.ndarray | None:
         _, vals = finite_part(scores)
         if vals.size <= 1:
-            return scores
+            return None
         mean = float(vals.mean(dtype=np.float64))
         d = vals - np.float32(mean)  # (n,) float32
         std = math.sqrt(float(np.einsum("i,i->", d, d, dtype=np.float64)) / vals.size)
         cut = np.float32(float(vals.max()) - n * std)
-        return keep_only(scores, scores >= cut)
+        return scores >= cut
 
-    return top_n_sigma
+    return FilterStage(top_n_sigma, "top_n_sigma")
 
 
 def make_logit_bias(token_ids: Sequence[int], biases: Sequence[float]) -> Stage:

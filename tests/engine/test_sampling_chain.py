@@ -331,7 +331,7 @@ def test_final_distribution_matches_transformers_in_the_same_order(order):
 
 
 def test_draw_is_an_inverse_cdf_over_token_ids():
-    from engine.sampling.chain import _Dist
+    from engine.sampling.distribution import Dist as _Dist
 
     x = logits(1000, scale=1.0)
     x[::3] = -np.inf
@@ -347,7 +347,7 @@ def test_draw_is_an_inverse_cdf_over_token_ids():
 
 
 def test_chunking_does_not_change_results(monkeypatch):
-    from engine.sampling import chain as chain_mod
+    from engine.sampling import distribution as chain_mod
     from engine.sampling import stages as stages_mod
 
     rows = [logits(300, seed=i, scale=1.0) for i in range(30)]

@@ -1,0 +1,170 @@
+"""One chosen token and its statistics: what `SamplerChain.choose` keeps and `Choice.report` turns into a `Pick`.
+
+Also the row helpers the chain's stage loop uses: a filter's mask applied to
+the whole row or to the survivors alone, and back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.sampling.distribution import Dist, TopList, mass_kept
+from engine.sampling.stages import NEG_INF
+
+# The name under which a pick's banned tokens (banned strings) are recorded when recording stages.
+BANNED_STAGE = "banned_strings"
+
+
+@dataclass(frozen=True, slots=True)
+class StageStats:
+    """What one stage did, as small Python values.
+
+    Attributes:
+        name: the stage ("top_p", ...).
+        survivors: tokens with a finite score after this stage.
+        mass_kept: probability mass, under the distribution *entering* this
+            stage, of the tokens that survive it (1.0 for reshaping stages).
+        entropy: entropy (nats) of the distribution after this stage.
+        top: top-N (token_id, logprob) after this stage, most likely first.
+    """
+
+    name: str
+    survivors: int
+    mass_kept: float
+    entropy: float
+    top: TopList
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """Everything the UI needs about one chosen token; small Python values only.
+
+    Attributes:
+        token_id: the chosen token.
+        logprob: its log-prob under the model (log_softmax of the raw logits).
+        sampler_logprob: its log-prob under the final sampler distribution;
+            0.0 when greedy; -inf when forced to a token the chain filtered out.
+        rank: 0 = the model's most likely token; the number of tokens whose
+            raw logit is strictly larger.
+        entropy: entropy (nats) of the model distribution.
+        top_model: top-N (id, logprob) under the model, most likely first.
+        top_sampler: top-N (id, logprob) under the final sampler distribution,
+            survivors only (greedy: the argmax alone, at log-prob 0).
+        stages: one entry per stage run, when recording was asked for.
+        forced: the token was given (`force_token`), not drawn.
+    """
+
+    token_id: int
+    logprob: float
+    sampler_logprob: float
+    rank: int
+    entropy: float
+    top_model: TopList
+    top_sampler: TopList
+    stages: tuple[StageStats, ...] | None
+    forced: bool
+
+
+# One recorded stage: (name, ids, scores after it) with ids None for a (V,) row, or (name, None, None)
+# when the stage changed nothing.
+Step = tuple[str, "np.ndarray | None", "np.ndarray | None"]
+
+class Choice:
+    """A token `SamplerChain.choose` chose, and what `report` needs to describe it.
+
+    Attributes:
+        token_id: the chosen token.
+        forced: it was given (`force_token`), not drawn.
+    """
+
+    __slots__ = ("_best", "_final", "_scores", "_steps", "forced", "token_id")
+
+    def __init__(
+        self, token: int, forced: bool, scores: np.ndarray, steps: list[Step] | None, final: Dist | None, best: int
+    ) -> None:
+        self.token_id = token
+        self.forced = forced
+        self._scores = scores  # (V,) the model's row; never written to
+        self._steps = steps
+        self._final = final  # the distribution drawn from (None when greedy)
+        self._best = best  # the greedy argmax (-1 when sampling)
+
+    def report(self, top_n: int = 20) -> Pick:
+        """The token's statistics: the model's view, the sampler's, and each recorded stage (see `Pick`)."""
+        scores, token = self._scores, self.token_id
+        model = Dist(scores)
+        recorded: list[StageStats] | None = None
+        if self._steps is not None:
+            recorded = []
+            dist = model  # the distribution entering the next stage
+            for name, ids, vals in self._steps:
+                if vals is None:  # the stage changed nothing
+                    recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, dist.top(top_n)))
+                    continue
+                after = Dist(vals, ids)
+                recorded.append(StageStats(name, after.count, mass_kept(dist, after), after.entropy, after.top(top_n)))
+                dist = after
+        if self._final is None:  # greedy
+            best = self._best
+            sampler_logprob = 0.0 if token == best else -math.inf
+            top_sampler: TopList = ((best, 0.0),) if top_n > 0 else ()
+        else:
+            sampler_logprob = self._final.logprob(token)
+            top_sampler = self._final.top(top_n)
+        return Pick(
+            token_id=token,
+            logprob=model.logprob(token),
+            sampler_logprob=sampler_logprob,
+            rank=int(np.count_nonzero(scores > scores[token])),
+            entropy=model.entropy,
+            top_model=model.top(top_n),
+            top_sampler=top_sampler,
+            stages=tuple(recorded) if recorded is not None else None,
+            forced=self.forced,
+        )
+
+
+def apply_keep(
+    ids: np.ndarray | None, vals: np.ndarray, keep: np.ndarray | None, v: int
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """A filter's `keep` mask applied to the row (ids, vals); the same objects when it keeps everything.
+
+    A (V,) row cut to a quarter of the vocabulary or less becomes its survivors (ascending ids, finite
+    scores): the stages after it then see a few hundred entries instead of V.
+    """
+    if keep is None:
+        return ids, vals
+    n = int(np.count_nonzero(keep))
+    if n == vals.size:
+        return ids, vals
+    if ids is not None:
+        return ids[keep], vals[keep]
+    if n * 4 > v:
+        return None, np.where(keep, vals, NEG_INF)
+    kept = np.flatnonzero(keep)
+    out = vals[kept]
+    if n and out.min() == NEG_INF:  # a mask may name removed tokens too
+        finite = out > NEG_INF
+        kept, out = kept[finite], out[finite]
+    return kept, out
+
+
+def expand(ids: np.ndarray, vals: np.ndarray, v: int) -> np.ndarray:
+    """The (V,) row of survivors (ids, vals): -inf everywhere else."""
+    out = np.full(v, NEG_INF, dtype=np.float32)
+    out[ids] = vals
+    return out
+
+
+def ban(scores: np.ndarray, banned: Collection[int]) -> np.ndarray:
+    """`scores` without the banned tokens; unchanged if banning them would leave no token."""
+    ids = np.fromiter((t for t in banned if 0 <= t < scores.size), dtype=np.int64)
+    out = scores.copy()
+    out[ids] = NEG_INF
+    if out.max() == NEG_INF:
+        return scores
+    return out
