@@ -1,10 +1,12 @@
 """A constraint on a model on a server (llama-cpp-python's server on 127.0.0.1, the default model).
 
 We sample: the mask applies to the server's top N only, checked byte by byte, and the stage says so.
-The server samples: refused in words until the constraint is sent to the server.
+The server samples: the constraint goes to the server in the fields it reads, or is refused in words.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -38,7 +40,37 @@ def test_we_sample_masks_the_servers_top_n(remote):
     assert steps[0].disallowed  # the server's favourites that are not a colour were removed
 
 
-def test_server_sampling_with_a_constraint_is_refused_in_words(remote):
+def test_server_sampling_follows_the_constraint_sent_to_it(remote):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+    for constraint, check in (
+        (Constraint.choice(["red", "green", "blue"]), lambda text: text in ("red", "green", "blue")),
+        (Constraint.gbnf('root ::= "The answer is " [0-9] "."'), lambda text: text[:14] == "The answer is " and text[-1] == "."),
+        (Constraint.json_schema(schema), lambda text: jsonschema.validate(json.loads(text), schema) is None),
+    ):
+        request = GenerationRequest(messages=({"role": "user", "content": "Name a colour, a number or a city."},),
+                                    sampler=SamplerSettings(temperature=0.0, seed=1), max_new_tokens=40,
+                                    server_sampling=True, constraint=constraint)
+        done = list(remote.events(request, None))[-1]
+        assert isinstance(done, Done) and check(done.stats.text), (constraint.kind, done.stats)
+
+
+def test_server_sampling_refuses_a_constraint_it_cannot_take_in_words(remote):
     request = GenerationRequest(prompt="x", server_sampling=True, constraint=Constraint.regex("[0-9]+"))
-    with pytest.raises(UnsupportedByServerError, match="not sent to servers yet"):
+    with pytest.raises(UnsupportedByServerError, match="cannot be given a regular expression constraint"):
         list(remote.events(request, None))
+
+
+@pytest.mark.parametrize(("kind", "constraint", "fields"), [
+    ("vllm", Constraint.regex("[0-9]+"), {"structured_outputs": {"regex": "[0-9]+"}}),
+    ("vllm", Constraint.choice(["a", "b"]), {"structured_outputs": {"choice": ["a", "b"]}}),
+    ("llama.cpp", Constraint.json_schema({"type": "integer"}), {"json_schema": {"type": "integer"}}),
+    ("llama.cpp", Constraint.choice(["a", "b"]), {"grammar": 'root ::= "a" | "b"'}),
+    ("sglang", Constraint.regex("x+"), {"regex": "x+"}),
+    ("openai", Constraint.json_schema({"type": "integer"}),
+     {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "integer"}}}}),
+])
+def test_each_server_gets_the_fields_it_reads(kind, constraint, fields):
+    from engine.backends.remote.server_constraint import constraint_fields
+
+    assert constraint_fields(constraint, kind, True, "host") == fields

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from engine.backends.remote.client import cancellable
-from engine.backends.remote.errors import ServerError, UnsupportedByServerError
+from engine.backends.remote.errors import ServerError
 from engine.backends.remote.server_stream import server_sampled_events
 from engine.decode import generate_events
 from engine.events import Event
@@ -30,10 +30,6 @@ from engine.request import GenerationRequest
 def remote_events(backend, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[Event]:
     cancel = cancel or threading.Event()
     if request.server_sampling:
-        if request.constraint is not None:  # not sent yet: never let a server answer unconstrained in silence
-            raise UnsupportedByServerError(
-                f"a {request.constraint.label} constraint is not sent to servers yet: let Logit Lab sample "
-                "(untick “The server samples”; the mask then applies to the server's top N)")
         yield from server_sampled_events(backend, request, cancel)
         return
     backend.require_we_sample()  # before anything is sent: a server we cannot sample on says so in words

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 
 from engine.backends.remote.errors import RequestCancelledError, ServerError, UnsupportedByServerError
+from engine.backends.remote.server_constraint import constraint_fields
 from engine.backends.remote.server_params import server_parameters
 from engine.backends.remote.step import chosen_tokens, id_from_text, parse_alternatives, position_entries, text_of
 from engine.events import Done, Event, GenerationStats, StageSnapshot, TokenEvent, TokenProb, rest_entry
@@ -66,7 +67,9 @@ def server_sampled_events(backend, request: GenerationRequest, cancel: threading
     if caps.kind in ("vllm", "sglang"):
         body["return_tokens_as_token_ids"] = True
     prompt_len = 0
-    if request.messages is not None and not request.assistant_prefix:
+    chat = request.messages is not None and not request.assistant_prefix
+    body |= constraint_fields(request.constraint, caps.kind, chat, backend.client.options.host)  # before any request
+    if chat:
         path = "/chat/completions"  # the server applies the model's own chat template
         body["messages"] = [dict(m) for m in request.messages]
         if n_top:
