@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from engine import GenerationRequest, GenerationStats, TokenEvent
+from engine import GenerationRequest, GenerationStats, TokenEvent, reasoning
 
 from app.engine_host import EngineHost, describe_error
 from app.notebook import Prompt, prompt_for, prompt_ids
@@ -40,6 +40,11 @@ TOP_N = 20  # alternatives recorded per token (and per sampler stage)
 
 SAVE_RETRY_S = 10.0  # how often saving is tried again after a write failed
 SAVE_ERRORS = (sqlite3.Error, OSError)  # what a failed write raises
+
+
+def _reasoning_format(engine) -> "reasoning.ReasoningFormat":
+    """How the loaded model writes reasoning; a server's vocabulary is not asked (that is HTTP)."""
+    return reasoning.prompt_format(engine.tokenizer, vocabulary=engine.info.runs_locally)
 
 
 class Busy(RuntimeError):
@@ -301,7 +306,10 @@ class ChatController:
         try:
             engine = await self.host.wait_engine()
             options = self.settings.options
-            history = conv.history(user)
+            # Earlier answers' reasoning stays out of the prompt the way the model's template wants
+            # (the template's code renders: off the UI thread).
+            thinking = await self.host.off_ui_thread(_reasoning_format, engine)
+            history = reasoning.prompt_history(conv.history(user), thinking)
             # Counting the prompt renders the model's chat template: its code, never on the UI thread.
             prompt = prompt_for(conv, user, history)  # a notebook's text (no template), or the chat's messages
             max_new = await self.host.off_ui_thread(self._fit_to_context, engine, prompt, len(prefix), options.max_new_tokens)
@@ -318,7 +326,8 @@ class ChatController:
                 server_sampling=by_server,
             )
             info = engine.info
-            request_doc = {**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n, "server_sampling": by_server}
+            request_doc = {**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n, "server_sampling": by_server,
+                           "reasoning": thinking.to_dict()}  # how the answer's view reads its thinking
             model_doc = model_record(info)
             if not self._save(conv, message, lambda: conv.update_message(
                     message, request=request_doc, model=model_doc, finish_reason=None)):

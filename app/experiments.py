@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine import Engine, GenerationRequest, GenerationStats, ModelInfo, SamplerSettings, TokenEvent
-from engine import experiments
+from engine import experiments, reasoning
 
 from app.notebook import Prompt, is_notebook, prompt_for
 from app.state.conversation import Conversation, Message
@@ -58,9 +58,15 @@ def answer_parent(conv: Conversation, message: Message) -> Message:
     return conv.messages[message.parent_id]
 
 
+def prompt_history(conv: Conversation, message: Message) -> list[dict[str, str]]:
+    """The messages `message` was generated from: earlier reasoning left out as it was then (`engine.reasoning`)."""
+    fmt = reasoning.ReasoningFormat.from_dict((message.request or {}).get("reasoning"))
+    return reasoning.prompt_history(conv.history(answer_parent(conv, message)), fmt)
+
+
 def recipe_for(conv: Conversation, message: Message) -> AnswerRecipe:
     """How `message` was generated, from what it stored; ValueError when it cannot be replayed."""
-    user = answer_parent(conv, message)
+    history = prompt_history(conv, message)  # ValueError first when `message` is no answer
     req, stats = message.request or {}, message.stats or {}
     if "sampler" not in req or stats.get("seed") is None:
         raise ValueError("this answer did not store its settings and seed (it failed or was stopped before the model ran)")
@@ -72,7 +78,7 @@ def recipe_for(conv: Conversation, message: Message) -> AnswerRecipe:
         prefix = tuple(tokens[: message.branch_index])
         forced = (tokens[message.branch_index].token_id,)
     recipe = AnswerRecipe(
-        messages=tuple(conv.history(user)),
+        messages=tuple(history),
         prefix=prefix,
         forced=forced,
         sampler=sampler,
@@ -147,8 +153,7 @@ def model_dict(engine: Engine) -> dict[str, Any]:
 
 def trace_lines(conv: Conversation, message: Message, engine: Engine | None) -> list[dict[str, Any]]:
     """The JSONL trace of one stored answer (prompt ids when a model is loaded to tokenize the prompt)."""
-    user = answer_parent(conv, message)
-    history = conv.history(user)
+    history = prompt_history(conv, message)
     prompt = prompt_for(conv, answer_parent(conv, message), history)  # a notebook's raw text, else the chat
     prompt_ids = prompt.token_ids(engine.tokenizer) if engine is not None else None
     req, stats = message.request or {}, message.stats or {}

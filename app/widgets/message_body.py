@@ -7,6 +7,12 @@ re-rendered as Markdown at most every `_md_interval_ms` (which adapts to how
 long a render takes), and once more when the answer ends: a 4,000-token
 answer does not re-parse its Markdown per token.
 
+Code blocks get a background, Pygments colours and a Copy button
+(`code_block`). In the token view a line breaks only between tokens, never
+inside one ("<h" / "2>"): a zero-width space joins tokens; inside a token
+spaces are no-break spaces and a word joiner holds every other break
+opportunity shut (copying gives the tokens' own text back).
+
 A model's text is shown as text: Markdown without raw HTML (a `<div>` in an
 answer is a tag written out, not markup that swallows the rest), no resource
 is ever loaded (an image path names a local file), and a link opens only as
@@ -20,10 +26,12 @@ import math
 import time
 
 from engine import TokenEvent
-from PySide6.QtCore import QPoint, QPointF, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QColor, QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor, QTextDocument
+from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QTextBoundaryFinder, QTimer, QUrl, Signal
+from PySide6.QtGui import QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QTextEdit, QToolTip, QWidget
 
+from app.theme import is_dark
+from app.widgets.code_block import CodeBlock, CopyButtons, decorate_code_blocks
 from app.widgets.fmt import completed_character, finished_characters, token_label, token_tooltip
 from app.widgets.heat import confidence, heat_color
 from app.widgets.model_links import link_tooltip, offer_to_open
@@ -35,12 +43,44 @@ MD_MAX_INTERVAL_MS = 1000
 MD_FEATURES = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
 
 
+BETWEEN_TOKENS = "\u200b"  # zero-width space: a line may break here, between two tokens
+INSIDE_TOKEN = "\u2060"  # word joiner: a line may not break here, inside a token
+# A space in a token is shown as a no-break space: a line may break before " the" (after the
+# zero-width space) but not inside it, which a plain space would allow (the break goes after spaces).
+NO_BREAK_SPACE = "\u00a0"
+_LAYOUT_CHARS = str.maketrans({BETWEEN_TOKENS: None, INSIDE_TOKEN: None, NO_BREAK_SPACE: " "})
+
+
 def display_text(ev: TokenEvent) -> str:
     """What a token looks like in the token view: newlines get a visible ↵, EOS a marker."""
     if ev.special:
         return EOS_MARK
     text = token_label(ev.token_text, ev.token_bytes) or "∅"  # a piece of a character shows its bytes
     return text.replace("\n", "↵\n")
+
+
+def unbreakable(text: str) -> str:
+    """`text` with a word joiner at each place a line could break inside it (after a space, between
+    ideographs, after a slash…), so a token stays on one line. Line ends (↵) still end lines."""
+    if len(text) < 2 or (text.isascii() and text.isalnum()):  # no break inside "hello"; there is in "世界"
+        return text
+    text = text.replace(" ", NO_BREAK_SPACE)
+    finder = QTextBoundaryFinder(QTextBoundaryFinder.BoundaryType.Line, text)
+    out, last = [], 0
+    pos = finder.toNextBoundary()
+    while 0 < pos < len(text):
+        if text[pos - 1] != "\n":
+            out.append(text[last:pos])
+            out.append(INSIDE_TOKEN)
+            last = pos
+        pos = finder.toNextBoundary()
+    out.append(text[last:])
+    return "".join(out)
+
+
+def without_layout_chars(text: str) -> str:
+    """The token view's text as the tokens spell it (the joiners that steer line breaks removed)."""
+    return text.translate(_LAYOUT_CHARS)
 
 
 class MessageBody(QTextBrowser):
@@ -85,6 +125,8 @@ class MessageBody(QTextBrowser):
         self._md_timer.setSingleShot(True)
         self._md_timer.timeout.connect(self._render_markdown)
         self.markdown_renders = 0  # for tests and the benchmark
+        self.code_blocks: list[CodeBlock] = []  # the rendered Markdown's code blocks, in order
+        self.copy_buttons = CopyButtons(self)
 
     def set_background_role(self, role: QPalette.ColorRole) -> None:
         """The palette colour behind the text (the window's, or the user bubble's); follows theme changes."""
@@ -117,6 +159,8 @@ class MessageBody(QTextBrowser):
         self._tokens, self._starts, self._text = [], [], ""
         self._byte_run = b""
         self._hovered = None
+        self.code_blocks = []
+        self.copy_buttons.show_for([])
 
     # -- streaming -------------------------------------------------------------------------
 
@@ -154,6 +198,9 @@ class MessageBody(QTextBrowser):
         t0 = time.perf_counter()
         self._md_stale = False
         self.document().setMarkdown(self._text, MD_FEATURES)
+        pal = self.palette()
+        self.code_blocks = decorate_code_blocks(self.document(), is_dark(pal), pal.color(QPalette.ColorRole.PlaceholderText))
+        self.copy_buttons.show_for(self.code_blocks)
         cost_ms = (time.perf_counter() - t0) * 1000
         self.markdown_renders += 1
         # Spend at most ~10 % of the UI thread on re-rendering a growing answer.
@@ -167,7 +214,8 @@ class MessageBody(QTextBrowser):
         cursor.beginEditBlock()
         for ev in tokens:
             self._starts.append(cursor.position())
-            cursor.insertText(display_text(ev) + self._characters_finished_by(ev), self._token_format(ev))
+            text = unbreakable(display_text(ev) + self._characters_finished_by(ev))
+            cursor.insertText(BETWEEN_TOKENS + text if self._starts[0] != cursor.position() else text, self._token_format(ev))
         cursor.endEditBlock()
         first = len(self._tokens)
         self._tokens.extend(tokens)
@@ -198,6 +246,19 @@ class MessageBody(QTextBrowser):
             fmt.setFontUnderline(True)
             fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DashUnderline)
         return fmt
+
+    def visible_text(self) -> str:
+        """The text as shown (in the token view, without the zero-width characters that steer line breaks)."""
+        return without_layout_chars(self.toPlainText())
+
+    def createMimeDataFromSelection(self) -> QMimeData:  # noqa: N802 - Qt's name
+        """Copied text is the tokens' text, not the joiners between and inside them."""
+        data = super().createMimeDataFromSelection()
+        if self.mode == "tokens":
+            plain = QMimeData()
+            plain.setText(without_layout_chars(data.text()))
+            return plain
+        return data
 
     # -- selection and hover (token mode) --------------------------------------------------
 
@@ -287,6 +348,8 @@ class MessageBody(QTextBrowser):
         h = math.ceil(size.height()) + 2 * self.frameWidth()
         if h != self.height():
             self.setFixedHeight(max(h, self.fontMetrics().lineSpacing() + 4))
+        if self.code_blocks:
+            self.copy_buttons.reposition()
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)

@@ -1,6 +1,16 @@
-"""One message in the chat: header (who, model, "2 / 3" sibling arrows, actions), body, footer (stats)."""
+"""One message in the chat: header (who, model, "2 / 3" sibling arrows, actions), the answer's Thinking
+block, body, footer (stats), and where the other versions' later messages are.
+
+An answer that reasons (`<think>…</think>`, or the markers its model names:
+`engine.reasoning`, read as saved with the answer) shows its reasoning in a
+collapsible Thinking block and the rest in the body. In the token view the
+block holds the answer's first `_content_start` tokens and the body the rest;
+a token index in a signal or a selection is always the answer's own.
+"""
 
 from __future__ import annotations
+
+from engine import reasoning
 
 from PySide6.QtCore import QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QPainter, QPalette
@@ -17,7 +27,10 @@ from PySide6.QtWidgets import (
 )
 
 from app.state.conversation import Conversation, Message
+from app.state.versions import elsewhere
 from app.widgets.message_body import MessageBody
+from app.widgets.thinking_block import ThinkingBlock
+from app.widgets.version_note import VersionNote
 
 FINISH_TEXT = {
     "eos": "",
@@ -53,6 +66,8 @@ class MessageWidget(QFrame):
         self._heat_mode = "probability"
         self._dark = False
         self._busy = False
+        self._has_thinking = False  # the rendered layout: a Thinking block above the body
+        self._content_start = 0  # token view: the body shows the answer's tokens from here on
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
         who = "You" if message.role == "user" else "Assistant"
         self.setAccessibleName(f"{who} message")
@@ -86,16 +101,21 @@ class MessageWidget(QFrame):
         self.edit_button.clicked.connect(self._begin_edit)
         self.regen_button.clicked.connect(lambda: self.regenerate_requested.emit(self.message))
         self.continue_button.clicked.connect(lambda: self.continue_requested.emit(self.message))
-        self.copy_button.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.message.content))
+        self.copy_button.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.copy_text()))
         for w in (self.edit_button, self.regen_button, self.continue_button, self.copy_button):
             header.addWidget(w)
         outer.addLayout(header)
+
+        self.thinking = ThinkingBlock(self)
+        self.thinking.setVisible(False)
+        self.thinking.body.token_clicked.connect(lambda i: self.token_clicked.emit(self.message, i))
+        outer.addWidget(self.thinking)
 
         self.body = MessageBody(self)
         if message.role == "user":
             self.body.set_background_role(QPalette.ColorRole.AlternateBase)
         self.body.setAccessibleName(f"{who} text")
-        self.body.token_clicked.connect(lambda i: self.token_clicked.emit(self.message, i))
+        self.body.token_clicked.connect(lambda i: self.token_clicked.emit(self.message, self._content_start + i))
         outer.addWidget(self.body)
 
         self.editor = QPlainTextEdit(self)
@@ -128,6 +148,11 @@ class MessageWidget(QFrame):
         self.footer.setAccessibleName("Answer statistics")
         outer.addWidget(self.footer)
 
+        # "3 later messages are on version 1 ‹ ›": the turns that followed another version are one click away.
+        self.version_note = VersionNote(self)
+        self.version_note.switch_requested.connect(lambda offset: self.sibling_requested.emit(self.message, offset))
+        outer.addWidget(self.version_note)
+
         self.refresh()
 
     # -- rendering -------------------------------------------------------------------------
@@ -146,15 +171,44 @@ class MessageWidget(QFrame):
         self._sync_body()
         self.update_chrome()
 
+    def _split(self, text: str) -> reasoning.ReasoningSplit:
+        """The answer's text cut into reasoning and content, read the way its model writes reasoning."""
+        fmt = reasoning.ReasoningFormat.from_dict((self.message.request or {}).get("reasoning"))
+        return reasoning.split_reasoning(text, fmt, complete=not self.message.generating)
+
+    def _token_split(self, tokens) -> tuple[bool, int]:
+        """(has a Thinking block, index of the first content token) for the token view."""
+        pieces = [t.text for t in tokens]
+        split = self._split("".join(pieces))
+        return split.has_reasoning, reasoning.content_token(pieces, split)
+
     def _render_body(self) -> None:
         """Render the body from scratch (the view mode or palette changed)."""
         m = self.message
+        self._content_start = 0
         if m.role == "user":
+            self._show_thinking(False)
             self.body.show_plain(m.content)
         elif self._heatmap:
-            self.body.show_tokens(self.conv.tokens(m), self._heat_mode, self._dark)
+            tokens = self.conv.tokens(m)
+            has, self._content_start = self._token_split(tokens)
+            self._show_thinking(has)
+            if has:
+                self.thinking.body.show_tokens(tokens[: self._content_start], self._heat_mode, self._dark)
+            self.body.show_tokens(tokens[self._content_start :], self._heat_mode, self._dark)
         else:
-            self.body.show_markdown(m.content)
+            split = self._split(m.content)
+            self._show_thinking(split.has_reasoning)
+            if split.has_reasoning:
+                self.thinking.body.show_markdown(split.reasoning)
+            self.body.show_markdown(split.content)
+        self._update_thinking_state()
+
+    def _show_thinking(self, has: bool) -> None:
+        self._has_thinking = has
+        self.thinking.setVisible(has)
+        if not has:
+            self.thinking.body.show_plain("")
 
     def _sync_body(self) -> None:
         """Show what the body lacks. Tokens and text of a message only ever grow, so this appends."""
@@ -166,17 +220,60 @@ class MessageWidget(QFrame):
             if self.body.rendered_text != m.content:
                 self.body.show_plain(m.content)
         elif want == "tokens":
-            tokens = self.conv.tokens(m)
-            if self.body.rendered_tokens <= len(tokens):
-                self.body.append_tokens(tokens[self.body.rendered_tokens :])
-            else:
-                self._render_body()
-        elif m.content.startswith(self.body.rendered_text):
-            self.body.append_text(m.content[len(self.body.rendered_text) :])
+            self._sync_tokens()
         else:
-            self._render_body()
+            self._sync_markdown()
         if not m.generating:
             self.body.finish()
+            self.thinking.body.finish()
+        self._update_thinking_state()
+
+    def _sync_tokens(self) -> None:
+        tokens = self.conv.tokens(self.message)
+        has, start = self._token_split(tokens)
+        shown_thinking = self.thinking.body.rendered_tokens if self._has_thinking else 0
+        shown_body = self.body.rendered_tokens
+        if (has != self._has_thinking or start < shown_thinking or (shown_body and start != self._content_start)
+                or start + shown_body > len(tokens)):
+            self._render_body()  # the block appeared, closed earlier than shown, or the tokens were replaced
+            return
+        if has:
+            self.thinking.body.append_tokens(tokens[shown_thinking:start])
+        self._content_start = start
+        self.body.append_tokens(tokens[start + shown_body :])
+
+    def _sync_markdown(self) -> None:
+        split = self._split(self.message.content)
+        if split.has_reasoning != self._has_thinking:
+            self._render_body()
+            return
+        parts = [(self.body, split.content)]
+        if split.has_reasoning:
+            parts.append((self.thinking.body, split.reasoning))
+        for body, text in parts:
+            if text.startswith(body.rendered_text):
+                body.append_text(text[len(body.rendered_text) :])
+            else:
+                body.show_markdown(text)
+
+    def _update_thinking_state(self) -> None:
+        if not self._has_thinking:
+            return
+        m = self.message
+        open_ = m.generating and not self._split(m.content).finished
+        if self._heatmap:
+            n = self._content_start
+        else:  # counted once the answer is done (a walk over its tokens)
+            n = None if m.generating else self._token_split(self.conv.tokens(m))[1]
+        self.thinking.set_state(open_, n)
+
+    def copy_text(self) -> str:
+        """What Copy copies: the answer without its reasoning (the message's text for a user message)."""
+        m = self.message
+        if not m.is_assistant:
+            return m.content
+        split = self._split(m.content)
+        return split.content if split.has_reasoning else m.content
 
     def on_tokens_appended(self) -> None:
         """Streaming: show what arrived since the last call (the footer's count a few times a second)."""
@@ -185,7 +282,14 @@ class MessageWidget(QFrame):
             self._footer_timer.start()
 
     def set_selected(self, index: int | None) -> None:
-        self.body.set_selected(index)
+        """Highlight token `index` of the answer (None: none), in the Thinking block when it is one of its."""
+        if index is not None and self._has_thinking and index < self._content_start:
+            self.thinking.set_expanded(True)
+            self.thinking.body.set_selected(index)
+            self.body.set_selected(None)
+        else:
+            self.thinking.body.set_selected(None)
+            self.body.set_selected(None if index is None else index - self._content_start)
 
     def update_chrome(self) -> None:
         m = self.message
@@ -206,6 +310,11 @@ class MessageWidget(QFrame):
         for b in (self.edit_button, self.regen_button, self.continue_button):
             b.setEnabled(not self._busy)
         self._update_footer()
+        if many:
+            i = sibs.index(m)
+            self.version_note.show_note(elsewhere(self.conv, m), i > 0, i < len(sibs) - 1, not self._busy)
+        else:
+            self.version_note.show_note(None, False, False, False)
 
     def _update_footer(self) -> None:
         m = self.message
