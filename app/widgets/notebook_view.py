@@ -29,6 +29,7 @@ from app.state.conversation import Conversation, Message
 from app.state.library import Library
 from app.state.settings import Selection, ViewOptions
 from app.theme import is_dark
+from app.widgets.chat_pane import ElidedLabel
 from app.widgets.fmt import token_tooltip
 from app.widgets.heat import HeatLegend, confidence, heat_color
 
@@ -81,10 +82,7 @@ class NotebookView(QWidget):
         self._starts: list[int] = []  # document position where each generated token begins
         self._tokens: list[tuple[Message, int, int]] = []  # (part, token index, end position), parallel to _starts
 
-        self.title_label = QLabel()
-        font = self.title_label.font()
-        font.setBold(True)
-        self.title_label.setFont(font)
+        self.title_label = ElidedLabel()  # bold, and shortened rather than widening the window
         self.title_label.setAccessibleName("Notebook title")
         self.mode_note = QLabel("Notebook · no chat template")
         self.mode_note.setToolTip("The model continues this text as it is: nothing is wrapped around it")

