@@ -94,8 +94,6 @@ class StatusBar(QStatusBar):
         # Which chat template the model's chats use, a warning when it has none (app/template_actions.py).
         self.template_label = ElidedLabel()
         self.template_label.setAccessibleName("Chat template")
-        # It gives up width to the window (its tooltip says it all): a long status bar must not widen the window.
-        self.template_label.setMinimumWidth(self.template_label.fontMetrics().horizontalAdvance("x" * 8))
         self.addPermanentWidget(self.template_label)
         self._labels = (self.model_label, self.server_label, self.speed_label, self.context_label, self.memory_label)
         for w in self._labels:
