@@ -179,9 +179,9 @@ def _decorate(cursor: QTextCursor, first: QTextBlock, last: QTextBlock, backgrou
     cursor.setBlockFormat(head_fmt)
     cursor.insertText(language.split()[0] if language.strip() else "code", header)
 
+    # A long line wraps inside the frame: one that widened it would run past the answer's column,
+    # clipped with the Copy button (the answer does not scroll sideways).
     line_fmt = QTextBlockFormat()
-    line_fmt.setNonBreakableLines(True)  # code keeps its lines: a long one widens, it does not wrap
-    line_fmt.setLineHeight(100, QTextBlockFormat.LineHeightTypes.ProportionalHeight.value)
     plain = QTextCharFormat()
     plain.setFont(mono)
     plain.setFontFixedPitch(True)
@@ -255,7 +255,8 @@ class CopyButtons(QObject):
         for block, button in zip(self._blocks, self._buttons):
             rect = layout.frameBoundingRect(block.frame)
             button.adjustSize()
-            x = int(rect.right()) - button.width() - 3 - dx
+            right = min(int(rect.right()), self._view.viewport().width() - 1)
+            x = right - button.width() - 3 - dx
             y = int(rect.top()) + 3 - dy
             button.move(max(0, x), max(0, y))
             button.raise_()

@@ -193,12 +193,14 @@ class MessageWidget(QFrame):
             tokens = self.conv.tokens(m)
             has, self._content_start = self._token_split(tokens)
             self._show_thinking(has)
+            self.thinking.set_muted(False)
             if has:
                 self.thinking.body.show_tokens(tokens[: self._content_start], self._heat_mode, self._dark)
             self.body.show_tokens(tokens[self._content_start :], self._heat_mode, self._dark)
         else:
             split = self._split(m.content)
             self._show_thinking(split.has_reasoning)
+            self.thinking.set_muted(True)
             if split.has_reasoning:
                 self.thinking.body.show_markdown(split.reasoning)
             self.body.show_markdown(split.content)

@@ -35,6 +35,7 @@ class ThinkingBlock(QFrame):
         layout.addWidget(self.toggle, 0, Qt.AlignmentFlag.AlignLeft)
         self.body = MessageBody(self)
         self.body.setAccessibleName("Thinking text")
+        self._muted = True
         self._mute_text()
         self.body.setVisible(False)
         layout.addWidget(self.body)
@@ -67,11 +68,18 @@ class ThinkingBlock(QFrame):
         self._update_label()
         self.toggled.emit(expanded)
 
+    def set_muted(self, muted: bool) -> None:
+        """Quieter text (as Markdown), or the answer's own colour (on the token view's heat colours)."""
+        if muted != self._muted:
+            self._muted = muted
+            self._mute_text()
+
     def _mute_text(self) -> None:
         """Thoughts read quieter than the answer: the placeholder colour of the current palette."""
-        muted = QPalette(self.palette())
-        muted.setColor(QPalette.ColorRole.Text, muted.color(QPalette.ColorRole.PlaceholderText))
-        self.body.setPalette(muted)
+        pal = QPalette(self.palette())
+        if self._muted:
+            pal.setColor(QPalette.ColorRole.Text, pal.color(QPalette.ColorRole.PlaceholderText))
+        self.body.setPalette(pal)
 
     def changeEvent(self, event) -> None:
         super().changeEvent(event)

@@ -122,3 +122,17 @@ def _line_starts(body) -> list[int]:
         out.extend(block.position() + layout.lineAt(i).textStart() for i in range(1, layout.lineCount()))
         block = block.next()
     return out
+
+
+def test_a_long_code_line_wraps_inside_a_narrow_answer_and_the_button_stays_in_sight(qtbot, window):
+    long_line = "result = compute(" + ", ".join(f"argument_{i}" for i in range(30)) + ")"
+    widget = _answer(qtbot, window, f"```python\n{long_line}\n```")
+    body = widget.body
+    widget.setFixedWidth(380)
+    qtbot.waitUntil(lambda: body.width() < 380, timeout=3000)
+    (block,) = body.code_blocks
+    frame = body.document().documentLayout().frameBoundingRect(block.frame)
+    assert frame.right() <= body.viewport().width()  # nothing of the code runs past the answer's column
+    assert body.viewport().rect().contains(body.copy_buttons.buttons[0].geometry())
+    qtbot.mouseClick(body.copy_buttons.buttons[0], Qt.MouseButton.LeftButton)
+    assert QGuiApplication.clipboard().text() == long_line  # the wrapped line copies as one line
