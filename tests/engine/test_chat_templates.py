@@ -166,3 +166,23 @@ def test_cli_chat_template_option_renders_chats_with_a_file_or_refuses_in_one_li
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code != 0 and len(errors) == 1 and "not a built-in chat template" in errors[0]
+
+
+def test_a_servers_guessed_template_is_named_and_a_chosen_one_renders_in_the_sandbox(llama_server_url):
+    pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python[server] (the test extra)")
+    from engine.backends.remote import RemoteBackend
+
+    backend = RemoteBackend.connect(llama_server_url)
+    try:
+        tok = backend.tokenizer
+        used = template_in_use(tok)  # SmolLM2's vocabulary has <|im_start|>: ChatML is guessed, and said so
+        assert used.kind == "builtin" and used.label == "ChatML (guessed)"
+        assert use_chat_template(tok, "llama3").label == "Llama 3 (built-in)"
+        assert tok.chat_text([{"role": "user", "content": "hi"}]).startswith(
+            "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>")
+        with pytest.raises(ChatTemplateError, match="sandbox"):
+            use_chat_template(tok, "{{ messages.__class__.__mro__ }}")
+        use_chat_template(tok, None)
+        assert template_in_use(tok).label == "ChatML (guessed)"
+    finally:
+        backend.close()
