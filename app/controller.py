@@ -324,6 +324,7 @@ class ChatController:
                 assistant_prefix=tuple(t.token_id for t in prefix),
                 forced_tokens=forced,
                 server_sampling=by_server,
+                constraint=options.constraint,  # structured output (the grammar stage), None when off
             )
             info = engine.info
             request_doc = {**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n, "server_sampling": by_server,

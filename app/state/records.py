@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from engine import StageSnapshot, TokenEvent, TokenProb
+from engine import ConstraintStep, StageSnapshot, TokenEvent, TokenProb
 
 _Row = tuple[int, str, float | None] | tuple[int, str, float | None, str]
 
@@ -55,6 +55,9 @@ def alternatives_json(ev: TokenEvent) -> str:
             [s.stage, s.survivors, s.mass_kept, s.entropy, _probs_out(s.top), *([s.note] if s.note else [])]
             for s in ev.stages
         ]
+    if ev.constraint is not None:  # structured output: what the constraint did here (docs/constraints.md)
+        c = ev.constraint
+        doc["c"] = [c.allowed, c.mass_kept, _probs_out(c.disallowed), int(c.forced), c.note]
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -101,7 +104,15 @@ def token_from_row(row: tuple[Any, ...]) -> TokenEvent:
         forced=bool(forced),
         special=bool(special),
         token_bytes=bytes.fromhex(doc["b"]) if "b" in doc else None,
+        constraint=_constraint_in(doc.get("c")),
     )
+
+
+def _constraint_in(row: list[Any] | None) -> ConstraintStep | None:
+    if not row:
+        return None
+    allowed, mass, disallowed, forced, note = row
+    return ConstraintStep(int(allowed), float(mass), _probs_in(disallowed), bool(forced), str(note))
 
 
 def token_to_json(ev: TokenEvent) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine import SamplerSettings
+from engine import Constraint, SamplerSettings
 
 from app.state.observable import Signal
 from app.state.store import Store
@@ -96,6 +96,8 @@ class GenerationOptions:
     # Remote models only: the server samples (fast, streaming; no per-stage view, no branching) instead of
     # our sampler on its top-N log-probs. Local models ignore it.
     server_sampling: bool = False
+    # Structured output: the answer must match this (JSON schema, regex, grammar); None = off.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -111,7 +113,8 @@ class GenerationOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler.to_dict(), "max_new_tokens": self.max_new_tokens, "stop": list(self.stop),
-                "server_sampling": self.server_sampling}
+                "server_sampling": self.server_sampling,
+                "constraint": self.constraint.to_dict() if self.constraint is not None else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GenerationOptions":
@@ -120,6 +123,7 @@ class GenerationOptions:
             max_new_tokens=int(d["max_new_tokens"]),
             stop=tuple(d.get("stop", ())),
             server_sampling=bool(d.get("server_sampling", False)),  # absent in settings saved before remote models
+            constraint=Constraint.from_dict(d["constraint"]) if d.get("constraint") else None,
         )
 
 

@@ -19,6 +19,7 @@ from app.state.conversation import Conversation, Message
 from app.state.library import Library
 from app.state.servers import server_samples
 from app.state.settings import Selection
+from app.widgets.constraint_marks import constraint_summary, disallowed_reason, forced_badge
 from app.widgets.fmt import bits, completed_character, pct, visible
 from app.widgets.prob_table import ProbTable
 from app.widgets.stage_view import StageView
@@ -172,7 +173,8 @@ class Inspector(QWidget):
             self.metrics_label.setText("Turn on the token view (Ctrl+H) and click a token, or click the chart below.")
             return
         n = len(self._conv.tokens(self._selected_message())) if self._conv else 0
-        badges = "".join(f" <i>{b}</i>" for b, on in (("forced", ev.forced), ("end of sequence", ev.special)) if on)
+        badges = "".join(f" <i>{b}</i>" for b, on in (("forced", ev.forced), ("end of sequence", ev.special),
+                                                        (forced_badge(ev), bool(forced_badge(ev)))) if on)
         if ev.token_bytes is not None:  # a piece of a multi-byte character: its bytes, and the character
             tokens = self._conv.tokens(self._selected_message()) if self._conv else []
             character = completed_character(tokens, self._selection.index)
@@ -190,6 +192,7 @@ class Inspector(QWidget):
             f"entropy <b>{entropy}</b> nats · surprisal <b>{bits(ev.logprob)}</b>"
             + (f"<br>the server reported its top tokens only; the rest hold <b>{pct(rest.prob)}</b>"
                if rest is not None else "")
+            + (f"<br>{html.escape(constraint_summary(ev), quote=False)}" if ev.constraint is not None else "")
         )
 
     def _update_branch_button(self) -> None:
@@ -197,7 +200,8 @@ class Inspector(QWidget):
         token_id = self.table.selected_token()
         ok = ev is not None and token_id is not None and not self._controller.busy
         server = self._server_samples()
-        self.branch_button.setEnabled(ok and not server)
+        refused = disallowed_reason(ev, token_id) if ok else None  # the answer's constraint does not allow it here
+        self.branch_button.setEnabled(ok and not server and refused is None)
         self.continue_button.setEnabled(self.selected_event() is not None and not self._controller.busy)
         self.branch_button.setToolTip(SERVER_BRANCH_TIP if server else BRANCH_TIP)
         if ev is not None and token_id is not None:

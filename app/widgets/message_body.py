@@ -245,6 +245,9 @@ class MessageBody(QTextBrowser):
         if ev.forced:
             fmt.setFontUnderline(True)
             fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DashUnderline)
+        elif ev.constraint is not None and ev.constraint.forced:  # the grammar left one token: nothing was chosen
+            fmt.setFontUnderline(True)
+            fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DotLine)
         return fmt
 
     def visible_text(self) -> str:

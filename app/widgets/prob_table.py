@@ -9,6 +9,7 @@ from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTreeWidget, QTree
 
 from app.widgets.bars import CHOSEN_ROLE, MISSING_ROLE, PROB_ROLE, BarDelegate, SoftSelectionDelegate
 from app.widgets.fmt import visible
+from app.widgets.constraint_marks import DISALLOWED_ROLE, disallowed_reason
 from app.widgets.removal import removed_by
 
 TOKEN_ID_ROLE = Qt.ItemDataRole.UserRole + 3
@@ -80,6 +81,12 @@ class ProbTable(QTreeWidget):
             font.setBold(chosen)
             item.setFont(0, font)
             item.setToolTip(0, f"token id {p.token_id}" + (" — the token chosen here" if chosen else " — double-click to branch with it"))
+            if (why := disallowed_reason(ev, p.token_id)) is not None:  # greyed, and no branching with it
+                item.setData(0, DISALLOWED_ROLE, why)
+                item.setData(2, MISSING_ROLE, "not allowed")
+                for col in range(3):
+                    item.setForeground(col, self.palette().placeholderText())
+                    item.setToolTip(col, f"token id {p.token_id} — {why}")
             self.addTopLevelItem(item)
             if chosen:
                 chosen_item = item
@@ -125,5 +132,5 @@ class ProbTable(QTreeWidget):
 
     def _on_activated(self, item: QTreeWidgetItem, _column: int = 0) -> None:
         token_id = int(item.data(0, TOKEN_ID_ROLE))
-        if token_id >= 0:  # the "rest" row stands for many tokens
+        if token_id >= 0 and item.data(0, DISALLOWED_ROLE) is None:  # "rest" stands for many; the constraint's refusals stay
             self.branch_requested.emit(token_id)

@@ -42,6 +42,7 @@ from app.widgets.sampler_specs import FILTERS, PENALTIES, XTC
 from app.widgets.sampling_mode import SamplingModeBox, show_limit
 from app.widgets.save_preset_dialog import SavePresetDialog
 from app.widgets.stage_order import StageOrderList
+from app.widgets.structured_output import StructuredOutputBox
 
 MAX_TOKENS = ParamSpec("max_new_tokens", "Max new tokens", "The answer stops after this many tokens", 1, MAX_NEW_TOKENS_LIMIT, 1, 0, 4096)
 CUSTOM = "Custom"
@@ -133,6 +134,7 @@ class SamplingPanel(QScrollArea):
         self.stage_order = StageOrderList()
         order.addWidget(self.stage_order)
         col.addWidget(order_box)
+        col.addWidget(StructuredOutputBox(settings))  # JSON schema / regex / grammar (docs/constraints.md)
 
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)

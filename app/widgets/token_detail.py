@@ -7,6 +7,7 @@ import html
 from engine import TokenEvent
 from PySide6.QtWidgets import QLabel, QTabWidget, QVBoxLayout, QWidget
 
+from app.widgets.constraint_marks import constraint_summary
 from app.widgets.fmt import bits, pct, visible
 from app.widgets.prob_table import ProbTable
 from app.widgets.stage_view import StageView
@@ -38,4 +39,5 @@ class TokenDetail(QTabWidget):
                 f"{html.escape(where)} <b><code>{html.escape(visible(ev.token_text))}</code></b> · "
                 f"p {html.escape(pct(ev.prob))} · rank {ev.rank + 1} · {bits(ev.logprob)} · entropy {ev.entropy:.2f} nats"
                 + (f"<br><b>{html.escape(ev.rewind.describe(), quote=False)}</b>" if ev.rewind is not None else "")
+                + (f"<br>{html.escape(constraint_summary(ev), quote=False)}" if ev.constraint is not None else "")
             )
