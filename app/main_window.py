@@ -16,7 +16,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QMessageBox, QScrollArea, QVBoxLayout, QWidget
 
 from engine import ModelInfo
 
@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 GEOMETRY_KEY = "window_geometry"
 DEFAULT_SIZE = (1400, 880)  # the first start's window, where the screen has room for it
 DEFAULT_DOCK_WIDTHS = (300, 470)  # chats, inspector: their widths in a window of the default size
+# The sampling dock never asks for more (its panel scrolls sideways inside it): with the inspector's 320 and
+# the chat's ~370, the window's minimum width stays within a 1024-pixel screen.
+SIDE_PANEL_MIN_WIDTH = 300
+CHAT_MIN_WIDTH = 400  # a first start's chat column is at least this wide where the screen allows
 APPEARANCE_KEY = "appearance"
 NOTHING_SAVED = "nothing saved"  # in the title bar while the app runs on a temporary database
 
@@ -95,7 +99,16 @@ class MainWindow(QMainWindow):
         self.sampling = SamplingPanel(self.settings, self.controller)
         self.inspector = Inspector(self.library, self.selection, self.controller)
         self.chats_dock = self._dock("Chats", self.sidebar, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.sampling_dock = self._dock("Sampling", self.sampling, Qt.DockWidgetArea.LeftDockWidgetArea)
+        # Its own scroll area scrolls down; this one scrolls sideways, so controls added to the panel never make
+        # the window wider than a small screen (the panel keeps its width inside, the dock keeps the window's).
+        sideways = QScrollArea()
+        sideways.setObjectName("sampling_sideways")
+        sideways.setWidget(self.sampling)
+        sideways.setWidgetResizable(True)
+        sideways.setFrameShape(QFrame.Shape.NoFrame)
+        sideways.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        sideways.setMinimumWidth(SIDE_PANEL_MIN_WIDTH)
+        self.sampling_dock = self._dock("Sampling", sideways, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.tabifyDockWidget(self.chats_dock, self.sampling_dock)
         self.chats_dock.raise_()
         self.inspector_dock = self._dock("Inspector", self.inspector, Qt.DockWidgetArea.RightDockWidgetArea)
@@ -439,8 +452,11 @@ class MainWindow(QMainWindow):
         1024x700 screen a 1400-wide window put the Inspector past its edge), the side panels scaled alike."""
         width, height = min(DEFAULT_SIZE[0], free_width), min(DEFAULT_SIZE[1], free_height)
         self.resize(width, height)
-        docks = [size * width // DEFAULT_SIZE[0] for size in DEFAULT_DOCK_WIDTHS]
-        self.resizeDocks([self.chats_dock, self.inspector_dock], docks, Qt.Orientation.Horizontal)
+        left, right = (size * width // DEFAULT_SIZE[0] for size in DEFAULT_DOCK_WIDTHS)
+        # The sampling panel's whole width where the chat keeps a readable column beside it; else it scrolls sideways.
+        room = width - right - CHAT_MIN_WIDTH
+        left = max(left, min(self.sampling.minimumWidth(), room))
+        self.resizeDocks([self.chats_dock, self.inspector_dock], [left, right], Qt.Orientation.Horizontal)
 
     def _restore_geometry(self) -> None:
         saved = self.store.get_setting(GEOMETRY_KEY)

@@ -82,6 +82,10 @@ class ChatPane(QWidget):
         self.mode_box.setAccessibleName("Colour tokens by")
         for mode in HEAT_MODES:
             self.mode_box.addItem(MODE_LABELS[mode], mode)
+        # The box may show fewer characters than its longest measure (its list shows them all): on a small
+        # screen the header row set the window's minimum width.
+        self.mode_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.mode_box.setMinimumContentsLength(6)
         self.legend = HeatLegend(view.mode)
         self.heat_toggle.toggled.connect(view.set_heatmap)
         self.mode_box.currentIndexChanged.connect(lambda i: view.set_mode(self.mode_box.itemData(i)))

@@ -55,7 +55,9 @@ class HeatLegend(QWidget):
     def __init__(self, mode: str = "probability", parent: QWidget | None = None):
         super().__init__(parent)
         self._mode = mode
-        self.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
+        # Maximum: its size hint when there is room, narrower (down to nothing) when the chat's header has none,
+        # so the legend never makes the window wider than a small screen.
+        self.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Fixed)
         self.setAccessibleName("Heatmap legend")
         self._update_description()
 
@@ -74,12 +76,17 @@ class HeatLegend(QWidget):
         lo, hi = legend_ends(self._mode)
         return QSize(fm.horizontalAdvance(lo) + fm.horizontalAdvance(hi) + 130, fm.height() + 6)
 
+    def minimumSizeHint(self) -> QSize:
+        return QSize(0, self.sizeHint().height())
+
     def paintEvent(self, _event) -> None:
-        p = QPainter(self)
-        p.setRenderHint(QPainter.RenderHint.Antialiasing)
         fm = self.fontMetrics()
         lo, hi = legend_ends(self._mode)
         lw, hw = fm.horizontalAdvance(lo), fm.horizontalAdvance(hi)
+        if self.width() < lw + hw + 40:  # squeezed by a narrow window: no legend rather than a broken one
+            return
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
         bar = QRectF(lw + 6, 3, self.width() - lw - hw - 12, self.height() - 6)
         dark = _is_dark(self.palette())
         grad = QLinearGradient(bar.topLeft(), bar.topRight())

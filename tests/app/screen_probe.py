@@ -48,6 +48,12 @@ async def _probe(data_dir: Path) -> dict:
     await host.load("mock", "mock")
     window = MainWindow(store, host)
     window.show()
+    # The widest state the issue found: an answer in the token view (its legend in the header), a token selected.
+    window.settings.set_max_new_tokens(8)
+    window.library.new()
+    answer = await window.controller.send("the cat")
+    window.view_options.set_heatmap(True)
+    window.selection.set(answer.id, 1)
     for _ in range(10):
         QApplication.processEvents()
         await asyncio.sleep(0.02)
