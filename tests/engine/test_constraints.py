@@ -275,3 +275,13 @@ def test_research_allowed_tokens_and_weighted_samples(default_llamacpp):
         lm.allowed_tokens(c, tok.encode("yellow", add_special_tokens=False))
     lm._executor.shutdown(wait=True)  # not lm.close(): that would close the session's shared model too
     getattr(lm.runner, "close", lambda: None)()
+
+
+@pytest.mark.slow  # ~30 s on two cores with the model's load
+def test_torch_model_answers_under_a_schema_through_its_hf_vocabulary(fresh_default_torch):
+    """The Hugging Face tokenizer's vocabulary (torch, MLX) drives the mask as llama.cpp's does."""
+    jsonschema = pytest.importorskip("jsonschema")
+    tokens, stats = run(fresh_default_torch, Constraint.json_schema(PERSON), max_new_tokens=40)
+    assert stats.finish_reason == "eos" and stats.constraint_status == "complete", stats
+    jsonschema.validate(json.loads(stats.text), PERSON)
+    assert all(t.constraint is not None for t in tokens)
