@@ -243,6 +243,7 @@ def _coerce(name: str, value: str, current):
 
 def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
     from engine.chat import ChatSession
+    from engine.reasoning import prompt_format
 
     stdin = stdin or sys.stdin
     if hasattr(stdin, "reconfigure"):
@@ -252,6 +253,8 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
     max_new, show_probs = args.max_new_tokens, args.show_probs
     session = ChatSession(system_prompt=args.system)
     with _load(args) as engine:
+        # Earlier answers' reasoning stays out of the next prompt the way this model's template wants.
+        session.reasoning = prompt_format(engine.tokenizer, vocabulary=engine.info.runs_locally)
         print(f"{engine.info.name} on {engine.info.backend}/{engine.info.device}. /help for commands.", file=sys.stderr)
         interactive = stdin.isatty()
         while True:

@@ -146,3 +146,32 @@ def test_a_saved_format_reads_back_and_a_missing_one_is_the_default():
     assert ReasoningFormat.from_dict(fmt.to_dict()) == fmt
     assert ReasoningFormat.from_dict(None) == ReasoningFormat()
     assert ReasoningFormat.from_dict({"markers": [["", "x"], 3]}).markers == (THINK,)
+
+
+def test_the_cli_chat_reads_reasoning_the_way_its_model_writes_it(tmp_path, monkeypatch, capsys):
+    """A model whose prompt opens the reasoning answers "thoughts</think>answer", and its template (ChatML
+    here) keeps whatever it is given: the CLI passes only the answer. (The tiny model writes noise, so its
+    answer is replaced by such a text.)"""
+    import io
+
+    from engine import cli
+
+    gen_prompt = "{{ '<|im_start|>assistant\n' }}"
+    assert gen_prompt in CHAT_TEMPLATE
+    opens_keeps = CHAT_TEMPLATE.replace(gen_prompt, "{{ '<|im_start|>assistant\n<think>\n' }}")
+    path = write_tiny_llama_gguf(tmp_path / "opens-keeps.gguf", chat_template=opens_keeps)
+    requests = []
+    real_request, real_add_turn = ChatSession.request, ChatSession.add_turn
+
+    def request(self, user_text, **kw):
+        made = real_request(self, user_text, **kw)
+        requests.append(made.messages)
+        return made
+
+    monkeypatch.setattr(ChatSession, "request", request)
+    monkeypatch.setattr(ChatSession, "add_turn", lambda self, text, _answer: real_add_turn(self, text, f"{SECRET}\n</think>\n\nShort."))
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\nAgain\n/quit\n"))
+    code = cli.main(["chat", "--model", str(path), "--temperature", "0", "--max-new-tokens", "3"])
+    assert code == 0, capsys.readouterr().err
+    assert len(requests) == 2
+    assert [m["content"] for m in requests[1] if m["role"] == "assistant"] == ["Short."]
