@@ -37,6 +37,7 @@ from app.state.store import Store
 from app.theme import Theme, app_icon
 from app.widgets.banner import Banner
 from app.widgets.chat_pane import ChatPane
+from app.widgets.inspector import MIN_WIDTH as INSPECTOR_MIN_WIDTH
 from app.widgets.inspector import Inspector
 from app.loom_controller import LoomController
 from app.widgets.loom_view import LoomView
@@ -54,8 +55,8 @@ GEOMETRY_KEY = "window_geometry"
 DEFAULT_SIZE = (1400, 880)  # the first start's window, where the screen has room for it
 DEFAULT_DOCK_WIDTHS = (300, 470)  # chats, inspector: their widths in a window of the default size
 # The sampling dock never asks for more (its panel scrolls sideways inside it): with the inspector's 320 and
-# the chat's ~370, the window's minimum width stays within a 1024-pixel screen.
-SIDE_PANEL_MIN_WIDTH = 300
+# the chat's ~370, the window's minimum width stays well within a 1024-pixel screen.
+SIDE_PANEL_MIN_WIDTH = 270  # about the chats panel's own minimum
 CHAT_MIN_WIDTH = 400  # a first start's chat column is at least this wide where the screen allows
 APPEARANCE_KEY = "appearance"
 NOTHING_SAVED = "nothing saved"  # in the title bar while the app runs on a temporary database
@@ -456,6 +457,7 @@ class MainWindow(QMainWindow):
         # The sampling panel's whole width where the chat keeps a readable column beside it; else it scrolls sideways.
         room = width - right - CHAT_MIN_WIDTH
         left = max(left, min(self.sampling.minimumWidth(), room))
+        right = max(INSPECTOR_MIN_WIDTH, min(right, width - max(left, SIDE_PANEL_MIN_WIDTH) - CHAT_MIN_WIDTH))
         self.resizeDocks([self.chats_dock, self.inspector_dock], [left, right], Qt.Orientation.Horizontal)
 
     def _restore_geometry(self) -> None:
