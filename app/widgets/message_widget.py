@@ -68,6 +68,8 @@ class MessageWidget(QFrame):
         self._busy = False
         self._has_thinking = False  # the rendered layout: a Thinking block above the body
         self._content_start = 0  # token view: the body shows the answer's tokens from here on
+        self._format: tuple[object, reasoning.ReasoningFormat] = (None, reasoning.ReasoningFormat())
+        self._start_cache: tuple[object, int] = (None, 0)  # ((content offset, token list), first content token)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
         who = "You" if message.role == "user" else "Assistant"
         self.setAccessibleName(f"{who} message")
@@ -173,14 +175,26 @@ class MessageWidget(QFrame):
 
     def _split(self, text: str) -> reasoning.ReasoningSplit:
         """The answer's text cut into reasoning and content, read the way its model writes reasoning."""
-        fmt = reasoning.ReasoningFormat.from_dict((self.message.request or {}).get("reasoning"))
-        return reasoning.split_reasoning(text, fmt, complete=not self.message.generating)
+        doc = (self.message.request or {}).get("reasoning")
+        if self._format[0] is not doc:
+            self._format = (doc, reasoning.ReasoningFormat.from_dict(doc))
+        return reasoning.split_reasoning(text, self._format[1], complete=not self.message.generating)
 
     def _token_split(self, tokens) -> tuple[bool, int]:
-        """(has a Thinking block, index of the first content token) for the token view."""
-        pieces = [t.text for t in tokens]
-        split = self._split("".join(pieces))
-        return split.has_reasoning, reasoning.content_token(pieces, split)
+        """(has a Thinking block, index of the first content token) for the token view.
+
+        The text split is a few string searches; the walk over the tokens to find where the content
+        starts runs once per answer (the close marker, once there, stays where it is as tokens come).
+        """
+        split = self._split(self.message.content)  # the tokens' texts joined
+        if not split.has_reasoning:
+            return False, len(tokens) if split.pending else 0
+        if not split.finished:
+            return True, len(tokens)
+        key = (split.content_offset, id(tokens))
+        if self._start_cache[0] != key:
+            self._start_cache = (key, reasoning.content_token([t.text for t in tokens], split))
+        return True, self._start_cache[1]
 
     def _render_body(self) -> None:
         """Render the body from scratch (the view mode or palette changed)."""
