@@ -197,6 +197,10 @@ class MessageBody(QTextBrowser):
     def _render_markdown(self) -> None:
         t0 = time.perf_counter()
         self._md_stale = False
+        # The frames of the code blocks go with the old text: forget them first (a relayout while the
+        # new text goes in would place the Copy buttons over freed frames).
+        self.code_blocks = []
+        self.copy_buttons.show_for([])
         self.document().setMarkdown(self._text, MD_FEATURES)
         pal = self.palette()
         self.code_blocks = decorate_code_blocks(self.document(), is_dark(pal), pal.color(QPalette.ColorRole.PlaceholderText))
@@ -344,6 +348,12 @@ class MessageBody(QTextBrowser):
     def loadResource(self, kind: int, name: QUrl):  # noqa: N802 - Qt's name
         """Nothing: an answer's image or style sheet would name a local file (or a path relative to ours)."""
         return None
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        # Code blocks take their colours from light or dark: render them again in the new ones.
+        if event.type() == event.Type.PaletteChange and self.mode == "markdown" and self.code_blocks:
+            self._render_markdown()
 
     # -- size ------------------------------------------------------------------------------
 

@@ -136,3 +136,19 @@ def test_a_long_code_line_wraps_inside_a_narrow_answer_and_the_button_stays_in_s
     assert body.viewport().rect().contains(body.copy_buttons.buttons[0].geometry())
     qtbot.mouseClick(body.copy_buttons.buttons[0], Qt.MouseButton.LeftButton)
     assert QGuiApplication.clipboard().text() == long_line  # the wrapped line copies as one line
+
+
+def test_code_blocks_take_the_colours_of_a_new_palette(qtbot, window):
+    from PySide6.QtGui import QPalette
+
+    body = _answer(qtbot, window, ANSWER).body
+    assert not is_dark(body.palette())
+    assert body.code_blocks[0].frame.frameFormat().background().color() == code_colors(False)[0]
+    dark = QPalette(body.palette())
+    dark.setColor(QPalette.ColorRole.Window, QColor("#1e1f22"))
+    dark.setColor(QPalette.ColorRole.Text, QColor("#e4e4e7"))
+    body.setPalette(dark)  # as a switch to the dark theme reaches it
+    assert body.code_blocks[0].frame.frameFormat().background().color() == code_colors(True)[0]
+    start = body.document().toPlainText().index("def")
+    assert _format_at(body, start).foreground().color() == QColor("#" + get_style_by_name(DARK_STYLE).style_for_token(
+        next(t for _, t, v in PythonLexer().get_tokens_unprocessed(CODE) if v == "def"))["color"])
