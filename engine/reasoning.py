@@ -139,7 +139,7 @@ def split_reasoning(text: str, fmt: ReasoningFormat = DEFAULT_FORMAT, *, complet
     if fmt.starts_inside or fmt.from_model:
         for m in fmt.markers:
             close = text.find(m.close)
-            if close >= 0:
+            if close >= 0 and m.open not in text[:close]:  # "see <think>x</think>" mid-answer is text
                 return _closed(text, 0, close, m)
         if fmt.starts_inside:
             return ReasoningSplit(text.strip(), "", True, False, len(text))

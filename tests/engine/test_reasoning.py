@@ -136,6 +136,10 @@ def test_a_think_tag_in_the_middle_of_an_answer_is_text():
     split = split_reasoning(text)
     assert not split.has_reasoning and split.content == text
     assert prompt_history([{"role": "assistant", "content": text}], ReasoningFormat())[0]["content"] == text
+    # Even for a model that names its markers (a close marker alone ends a block its prompt opened).
+    named = ReasoningFormat(from_model=True)
+    assert not split_reasoning("Tags: write <think>x</think> first.", named).has_reasoning
+    assert split_reasoning("thoughts</think>Answer.", named).content == "Answer."
     # A finished answer that is only "<thi" is text; a streaming one waits for the next token.
     assert split_reasoning("<thi").content == "<thi"
     assert split_reasoning("<thi", complete=False).pending
