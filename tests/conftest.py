@@ -16,6 +16,16 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Fixtures that need the default model (directly or through the fixtures they use): a test using
+# any of them is marked `model`, so `-m "not model"` runs on a machine without it.
+DEFAULT_MODEL_FIXTURES = frozenset({"default_model_folder", "default_llamacpp", "llama_server_url"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if DEFAULT_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
 
 @pytest.fixture(scope="session")
 def default_model_folder() -> Path:

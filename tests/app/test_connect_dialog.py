@@ -44,6 +44,7 @@ def _list(qtbot, dialog: ConnectDialog, url: str, timeout_ms: int = 15000) -> No
     qtbot.waitUntil(task.done, timeout=timeout_ms)
 
 
+@pytest.mark.slow
 def test_connect_chat_and_server_sampling_limits(qtbot, window, host, store, db_path, llama_server_url, caplog):
     caplog.set_level(logging.DEBUG)
     window.settings.set_max_new_tokens(3)

@@ -9,6 +9,7 @@ from app.engine_host import EngineHost
 from qt_helpers import answered, close_window, make_window, send
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_default_model_answers_streams_and_branches(qtbot, qloop, store, default_model_folder):
     host = EngineHost()  # the production factory: Engine.start on the engine's own thread

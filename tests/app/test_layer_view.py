@@ -23,6 +23,7 @@ def _open_layers_tab(w) -> None:
     w.inspector.tabs.setCurrentWidget(w.inspector.layer_view)
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_layers_tab_on_a_real_answer(qtbot, qloop, store):
     host = EngineHost()  # the production factory: the default model on llama.cpp, on its own worker

@@ -119,6 +119,8 @@ def _wait_streaming(app: App, min_tokens: int, min_seconds: float) -> None:
     assert first
 
 
+@pytest.mark.slow
+@pytest.mark.model
 def test_sigkill_mid_answer_keeps_nearly_every_streamed_token(dirs):
     data, logs = dirs
     app = App(data, logs, "--tokens", "600", "--prompt", LONG_PROMPT, "--progress")
@@ -139,6 +141,7 @@ def test_sigkill_mid_answer_keeps_nearly_every_streamed_token(dirs):
     assert _answer_row(data / "logitlab.sqlite3")[0] == answer["tokens"]
 
 
+@pytest.mark.model
 def test_sigterm_mid_answer_shuts_down_cleanly(dirs):
     data, logs = dirs
     app = App(data, logs, "--tokens", "600", "--prompt", LONG_PROMPT, "--progress")
@@ -205,6 +208,7 @@ def test_unwritable_database_starts_and_says_so(dirs):
     assert str(db) in start["notice"]["text"] and "cannot be opened for writing" in start["notice"]["text"]
 
 
+@pytest.mark.model
 def test_writes_failing_mid_answer_then_the_app_quits_when_asked(dirs):
     data, logs = dirs
     app = App(data, logs, "--tokens", "600", "--prompt", LONG_PROMPT, "--progress", "--fail-writes-after", "4",
@@ -226,6 +230,7 @@ def _leaked(before: dict, after: dict) -> list[str]:
     return names
 
 
+@pytest.mark.model
 def test_rapid_send_stop_cycles_leak_no_threads_or_memory(dirs):
     data, logs = dirs
     app = App(data, logs, "--tokens", "4", "--cycles", "100", "--timeout", "300")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from engine.banned_strings import Ban, BannedStringGuard
 from engine.decode import generate_events
 from engine.events import Done, TokenEvent
@@ -74,6 +76,7 @@ def kept(events: list[TokenEvent]) -> list[TokenEvent]:
     return out
 
 
+@pytest.mark.slow
 def test_a_banned_phrase_makes_the_loop_step_back_ban_its_first_token_and_go_on(fresh_default_torch):
     backend = fresh_default_torch
     prompt = "Once upon a time, in a small village by the sea,"
@@ -103,6 +106,7 @@ def test_a_banned_phrase_makes_the_loop_step_back_ban_its_first_token_and_go_on(
         assert math.isclose(a.logprob, b.logprob, abs_tol=1e-4)
 
 
+@pytest.mark.slow
 def test_banned_strings_with_a_seed_replay_to_the_same_answer(fresh_default_torch):
     s = SamplerSettings(temperature=0.9, mirostat=2, seed=7, banned_strings=(" the", " a "))
     one = run(fresh_default_torch, prompt="Write about the sea:", sampler=s, max_new_tokens=20)[1].stats

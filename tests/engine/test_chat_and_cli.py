@@ -15,6 +15,7 @@ from engine.sampling.settings import SamplerSettings
 GREEDY = SamplerSettings(temperature=0.0)
 
 
+@pytest.mark.slow
 def test_second_turn_reuses_the_first_turn_cache(fresh_default_torch):
     session = ChatSession(system_prompt="You are brief.")
     for turn, question in enumerate(["What is 2+2?", "And 3+3?"]):
@@ -27,6 +28,7 @@ def test_second_turn_reuses_the_first_turn_cache(fresh_default_torch):
         session.add_turn(question, done.stats.text)
 
 
+@pytest.mark.model
 def test_cli_generate_prints_paris(capsys):
     code = cli.main(["generate", "--prompt", "The capital of France is", "--temperature", "0", "--max-new-tokens", "8"])
     out = capsys.readouterr().out
@@ -40,6 +42,8 @@ def test_cli_show_probs_prints_each_token_with_alternatives(capsys, tiny_llama_f
     assert code == 0 and len(lines) == 4 and all("rank=" in ln and "|" in ln for ln in lines)
 
 
+@pytest.mark.slow
+@pytest.mark.model
 def test_cli_chat_holds_a_three_turn_conversation(capsys, monkeypatch):
     # The question leaves the first answer token no near tie: "What is the capital of France?" gave
     # "The" 0.15 vs "L" 0.14 on torch, and llama.cpp's Q4_1 kernels on an AVX2 CPU answered "L'Étoile".
@@ -56,6 +60,7 @@ def test_cli_chat_holds_a_three_turn_conversation(capsys, monkeypatch):
     assert "Paris" in captured.out and "(conversation cleared)" in captured.out
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(
     "argv, needle",
     [
@@ -102,6 +107,7 @@ def test_cli_generate_with_beams_prints_scored_beams(capsys, tiny_llama_folder):
     assert code == 0 and out.count("[beam ") == 2 and "score -" in out
 
 
+@pytest.mark.model
 def test_cli_output_piped_into_a_reader_that_quits_early_is_not_an_error():
     """`logitlab-cli generate ... | head -1`: the closed pipe ends the program quietly, rc 0, no traceback."""
     import subprocess

@@ -83,6 +83,7 @@ CASES = [
 ]
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("argv, needle", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
 def test_bad_input_is_refused_in_one_line_before_the_model_loads(argv, needle, files, no_model_load, capsys):
     argv = [a.format(**files) for a in argv]
@@ -94,6 +95,7 @@ def test_bad_input_is_refused_in_one_line_before_the_model_loads(argv, needle, f
     assert needle in one_error_line(capsys)
 
 
+@pytest.mark.model
 def test_cuda_without_a_usable_gpu_is_refused_before_the_model_loads(monkeypatch, no_model_load, capsys):
     import torch
 
@@ -112,6 +114,7 @@ def test_invalid_utf8_in_argv_gets_one_line_from_the_real_command(tmp_path):
                                         "check the terminal's encoding"]
 
 
+@pytest.mark.model
 def test_prompt_comes_from_stdin_or_a_file_without_its_final_newline(tmp_path):
     parser = cli.build_parser()
     args = parser.parse_args(["generate", "--prompt", "-", "--backend", "torch"])

@@ -40,6 +40,7 @@ SAMPLER = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schema=SCHEMA, sampler=SAMPLER)
 def test_every_constrained_answer_validates(default_llamacpp, schema, sampler):

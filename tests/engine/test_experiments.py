@@ -149,6 +149,7 @@ def _survivors(ev: TokenEvent) -> int:
     return ev.stages[-1].survivors
 
 
+@pytest.mark.slow
 def test_a_change_that_keeps_the_survivors_keeps_the_token_on_a_real_model_run(fresh_default_torch):
     backend = fresh_default_torch
     order = ("top_p", "top_k", "temperature")  # top_k after top_p: a large enough k removes nothing

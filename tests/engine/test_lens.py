@@ -155,6 +155,7 @@ def test_remote_models_say_they_have_no_layer_view():
         require(remote, LayerLens, "the layer view")
 
 
+@pytest.mark.slow
 def test_language_model_layer_logprobs(default_torch, prompt_ids):
     from engine.research import LanguageModel
 
@@ -172,6 +173,7 @@ def test_language_model_layer_logprobs(default_torch, prompt_ids):
     assert len(middle) == len(layers) and all(len(e) == 2 for e in middle)
 
 
+@pytest.mark.model
 def test_cli_lens_table_and_trace(tmp_path, capsys):
     from engine.cli.main import main
     from engine.experiments.trace import read_trace
@@ -190,6 +192,7 @@ def test_cli_lens_table_and_trace(tmp_path, capsys):
     json.dumps(view)  # plain JSON values only
 
 
+@pytest.mark.model
 def test_cli_lens_refuses_a_bad_position(capsys):
     from engine.cli.main import main
 
@@ -197,6 +200,7 @@ def test_cli_lens_refuses_a_bad_position(capsys):
     assert "--position must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.mlx
 def test_mlx_layer_view_agrees_with_torch(default_model_folder, default_torch, prompt_ids):
     pytest.importorskip("mlx_lm")

@@ -89,6 +89,7 @@ def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy(lm):
     assert list(one.generated) == greedy
 
 
+@pytest.mark.model
 def test_the_default_model_loads_for_research_on_llamacpp():
     model = LanguageModel.load(None)
     try:

@@ -12,6 +12,7 @@ from engine.sources import gguf_convert, materialize, resolve_spec
 from engine.sources.default_model import DEFAULT_FILE
 
 
+@pytest.mark.model
 def test_default_spec_finds_the_packaged_gguf():
     source = resolve_spec(None)
     assert source.kind == "default"
@@ -48,6 +49,7 @@ def test_non_gguf_bytes_are_rejected_before_any_work(tmp_path, isolated_cache):
         materialize(resolve_spec(str(bad)))
 
 
+@pytest.mark.model
 def test_truncated_gguf_gives_a_load_error_and_leaves_no_folder(tmp_path, isolated_cache):
     real = resolve_spec(None).path
     bad = tmp_path / "truncated.gguf"

@@ -75,6 +75,7 @@ def test_seeded_samples_identical(tiny_mlx, tiny_torch):
     assert len(set(ours)) > 3  # really sampled, not collapsed to one token
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "prompt",
     ["The capital of France is", "def fibonacci(n):", "The three primary colours are"],
@@ -85,6 +86,7 @@ def test_default_model_same_greedy_continuation(default_mlx, default_torch, prom
     assert _tokens(default_mlx, **kwargs) == _tokens(default_torch, **kwargs)
 
 
+@pytest.mark.slow
 def test_second_turn_prefills_only_new_tokens(default_mlx, monkeypatch):
     from engine.backends.base import common_prefix_len
 

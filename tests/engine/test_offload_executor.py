@@ -203,6 +203,7 @@ def default_reference(default_torch):
     return greedy(default_torch, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.parametrize("name", ["all-in-memory", "half-on-disk", "all-on-disk"])
 def test_default_model_matches(default_torch, default_model_folder, default_reference, monkeypatch, name):

@@ -50,6 +50,7 @@ def abortable_default(request, fresh_default_llamacpp, monkeypatch):
     backend._abort = abort.AbortSwitch(backend.ctx)
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_a_cancel_stops_inside_a_prompt_chunk_and_the_cache_stays_consistent(abortable_default):
     backend = abortable_default
@@ -80,6 +81,7 @@ def test_a_cancel_stops_inside_a_prompt_chunk_and_the_cache_stays_consistent(abo
     assert resumed.stats.token_ids == uncancelled.stats.token_ids
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_cancelling_a_generation_during_its_prompt_returns_within_half_a_second(fresh_default_llamacpp):
     """The app's path: the worker runs `generate_events`, the window sets the cancel event."""

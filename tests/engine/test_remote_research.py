@@ -52,6 +52,7 @@ def test_next_token_logprobs_top_token_is_the_servers_greedy_token(lm, llama_ser
     assert rows.shape == (2, lp.shape[0]) and np.array_equal(rows[0], lp)  # the first one is cached
 
 
+@pytest.mark.slow
 def test_batch_cli_on_a_server_matches_the_servers_greedy_text(llama_server_url, tmp_path):
     prompts = ["Once upon a time", "def fib(n):"]
     src, out = tmp_path / "in.txt", tmp_path / "out.jsonl"

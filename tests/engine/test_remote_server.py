@@ -174,6 +174,7 @@ def test_server_samples_greedy_equals_our_local_llamacpp_on_the_same_file(remote
         assert {t: theirs[t] for t in shared} == pytest.approx({t: ours[t] for t in shared}, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_we_sample_on_a_text_only_server_costs_few_requests_per_token(server_url):
     """Issue 20 item 14: each step's new alternatives are tokenized in one request, decodes of known pieces cost
     none (was ~25 tokenizer requests per token, 64 on some prompts)."""

@@ -32,6 +32,7 @@ def lm(tiny_torch):
     model._executor.shutdown()
 
 
+@pytest.mark.slow
 def test_batch_greedy_equals_rows_and_transformers(lm, tiny_torch):
     out = lm.generate(RAGGED, max_new_tokens=10)
     width = max(map(len, RAGGED))

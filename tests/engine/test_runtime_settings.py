@@ -20,6 +20,7 @@ def test_settings_check_themselves_and_say_every_problem():
     assert RuntimeSettings(n_threads=3, n_gpu_layers=-1).load_kwargs() == {"n_threads": 3, "n_gpu_layers": -1}
 
 
+@pytest.mark.model
 def test_settings_for_a_backend_that_does_not_use_them_are_refused_before_loading():
     from engine.open_model import load_model
 

@@ -51,6 +51,7 @@ def test_logit_bias_forms(value, expected):
     assert parse_logit_bias(value) == expected
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(
     "flags, message",
     [

@@ -78,12 +78,14 @@ def history_with_repeats(v: int, newline: int, seed: int = 0) -> np.ndarray:
 # ---------------------------------------------------------------- one stage at a time
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("k", [1, 5, 40, 1000])
 def test_top_k(vocab, k):
     for x in rows(vocab.n):
         compare(make_top_k(k)(x, ctx()), apply(Sampler(L.llama_sampler_init_top_k(k)), x))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("p", [0.5, 0.9, 0.95])
 def test_top_p(vocab, p):
     for x in rows(vocab.n):
@@ -91,12 +93,14 @@ def test_top_p(vocab, p):
         compare(make_top_p(p)(x, ctx()), theirs, may_differ=mass_boundary(x, p, typical=False))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("p", [0.02, 0.05, 0.3])
 def test_min_p(vocab, p):
     for x in rows(vocab.n):
         compare(make_min_p(p)(x, ctx()), apply(Sampler(L.llama_sampler_init_min_p(p, 0)), x))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("p", [0.5, 0.9, 0.99])
 def test_typical_p(vocab, p):
     for x in rows(vocab.n):
@@ -104,12 +108,14 @@ def test_typical_p(vocab, p):
         compare(make_typical_p(p)(x, ctx()), theirs, may_differ=mass_boundary(x, p, typical=True))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("t", [0.3, 0.8, 1.7])
 def test_temperature(vocab, t):
     for x in rows(vocab.n):
         compare(make_temperature(t)(x, ctx()), apply(Sampler(L.llama_sampler_init_temp(t)), x))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("t, delta, exponent", [(0.8, 0.5, 1.0), (1.0, 0.9, 2.0), (0.4, 0.6, 0.5), (1.2, 0.0, 1.0)])
 def test_dynamic_temperature_is_temp_ext(vocab, t, delta, exponent):
     for x in rows(vocab.n):
@@ -122,6 +128,7 @@ def test_dynamic_temperature_is_temp_ext(vocab, t, delta, exponent):
             compare(make_temperature_ext(t, delta, exponent)(x, ctx()), theirs)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("threshold", [0.05, 0.1, 0.3])
 def test_xtc_when_it_fires(vocab, threshold):
     for x in rows(vocab.n):  # probability 1: fires on every call in both, so the draws do not matter
@@ -129,12 +136,14 @@ def test_xtc_when_it_fires(vocab, threshold):
         compare(make_xtc(1.0, threshold)(x, ctx()), theirs)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("n", [0.5, 1.0, 2.0, 3.5])
 def test_top_n_sigma(vocab, n):
     for x in rows(vocab.n):
         compare(make_top_n_sigma(n)(x, ctx()), apply(Sampler(L.llama_sampler_init_top_n_sigma(n)), x))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("last_n, rep, freq, pres", [(64, 1.3, 0.0, 0.0), (16, 1.1, 0.5, 0.3), (256, 0.8, -0.2, 1.0)])
 def test_penalties(vocab, last_n, rep, freq, pres):
     hist = history_with_repeats(vocab.n, newline=198)
@@ -148,6 +157,8 @@ def _llama_dry(vocab, mult, base, allowed, last_n, breakers) -> Sampler:
     return Sampler(L.llama_sampler_init_dry(vocab.vocab, mult, base, allowed, last_n, arr, len(breakers)))
 
 
+@pytest.mark.slow
+@pytest.mark.model
 @pytest.mark.parametrize(
     "mult, base, allowed, last_n, breakers",
     [
@@ -169,6 +180,7 @@ def test_dry(vocab, tokenizer, mult, base, allowed, last_n, breakers):
             assert not np.array_equal(out, x) or not breakers  # the history does repeat: something was penalized
 
 
+@pytest.mark.model
 def test_dry_breaker_tokens_match_llamacpps_scan(vocab, tokenizer):
     """Our breaker map decides which repeats are cut: a history that is one long repeat, a breaker in the middle."""
     newline = tokenizer.encode("\n", add_special_tokens=False)[0]
@@ -185,6 +197,7 @@ def test_dry_breaker_tokens_match_llamacpps_scan(vocab, tokenizer):
             compare(stage(x, ctx(hist)), theirs)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("base", [1.0, 3.0, 1.75])
 def test_dry_on_a_history_stuck_in_a_loop(vocab, tokenizer, base):
     """Repeats far longer than where the penalty stops growing (our search stops there; llama.cpp's does not)."""
@@ -201,6 +214,7 @@ def _llama_bias(vocab, pairs) -> Sampler:
     return Sampler(L.llama_sampler_init_logit_bias(vocab.n, len(pairs), arr))
 
 
+@pytest.mark.model
 def test_logit_bias_by_id_and_by_text(vocab, tokenizer):
     # llama.cpp server: a text key biases every token of its tokenization (repeated tokens twice).
     bias = {15: 5.0, "hello": -3.0, "aaaa aaaa": 1.5, 400: False, "77": 2.0}
@@ -214,6 +228,7 @@ def test_logit_bias_by_id_and_by_text(vocab, tokenizer):
         assert 400 not in set(np.flatnonzero(ours > -np.inf))
 
 
+@pytest.mark.model
 def test_logit_bias_stage_adds_repeated_ids_like_llamacpp(vocab):
     pairs = [(7, 1.0), (7, 2.5), (9, -1.0)]
     for x in rows(vocab.n):
@@ -224,6 +239,7 @@ def test_logit_bias_stage_adds_repeated_ids_like_llamacpp(vocab):
 # ----------------------------------------------------- stages with state: several steps
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("version, tau, eta", [(1, 5.0, 0.1), (1, 3.0, 0.3), (2, 5.0, 0.1), (2, 2.0, 0.5)])
 def test_mirostat_follows_llamacpp_step_by_step(vocab, version, tau, eta):
     """llama.cpp's mirostat draws with its own generator; we take the token it drew, and after every step the
@@ -241,6 +257,7 @@ def test_mirostat_follows_llamacpp_step_by_step(vocab, version, tau, eta):
         ours.accept(theirs[2])
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("target, decay", [(0.3, 0.9), (0.1, 0.5), (0.7, 0.0)])
 def test_adaptive_p_follows_llamacpp_step_by_step(vocab, target, decay):
     theirs_s = Sampler(L.llama_sampler_init_adaptive_p(target, decay, SEED))
@@ -268,6 +285,7 @@ def survivors(chain_: SamplerChain, x: np.ndarray, history=()) -> np.ndarray:
     return out
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(
     "settings",
     [
@@ -307,6 +325,7 @@ def test_the_chain_in_llamacpps_default_order(vocab, tokenizer, settings):
         compare(survivors(SamplerChain(s, vocab=tokenizer), x, hist), apply(theirs_s, x))
 
 
+@pytest.mark.model
 def test_mirostat_2_chain_replays_with_the_same_seed(vocab, tokenizer):
     s = SamplerSettings(temperature=0.9, mirostat=2, mirostat_tau=4.0, seed=42)
     xs = rows(vocab.n, seed=8) * 3

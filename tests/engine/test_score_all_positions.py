@@ -48,6 +48,7 @@ def test_chunk_length_bounds_the_logits_held_at_once():
     assert list(positions.chunk_spans(40, 16, first=20)) == [(0, 16, 0), (16, 32, 12), (32, 40, 8)]
 
 
+@pytest.mark.slow
 def test_torch_and_llamacpp_scores_agree_in_one_forward_per_chunk(
     small_chunks, fresh_default_torch, fresh_default_llamacpp
 ):
@@ -76,6 +77,7 @@ def test_torch_and_llamacpp_scores_agree_in_one_forward_per_chunk(
     assert np.mean([a.top[0].token_id == b.top[0].token_id for a, b in zip(t.tokens, lc.tokens)]) >= 0.8
 
 
+@pytest.mark.slow
 def test_llamacpp_scores_equal_llama_cpp_pythons_own_all_positions_logits(small_chunks, fresh_default_llamacpp):
     llama_cpp = pytest.importorskip("llama_cpp")
     backend = fresh_default_llamacpp

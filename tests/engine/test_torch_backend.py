@@ -22,6 +22,7 @@ def _full_logits(backend, ids) -> np.ndarray:
     return out.logits[0, -1].float().numpy()
 
 
+@pytest.mark.slow
 def test_default_model_says_paris(fresh_default_torch):
     req = GenerationRequest(prompt="The capital of France is", sampler=GREEDY, max_new_tokens=8)
     events = list(generate_events(fresh_default_torch, req))

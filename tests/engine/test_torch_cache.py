@@ -149,6 +149,7 @@ def test_full_attention_cache_grows_and_trims_in_place(tiny_torch, small_steps):
     tiny_torch.trim_cache(0)
 
 
+@pytest.mark.slow
 def test_default_model_long_greedy_matches_the_dynamic_cache(fresh_default_torch, monkeypatch):
     """Crossing several growth steps changes no token against transformers' generate (DynamicCache)."""
     monkeypatch.setattr(torch_cache, "GROW_STEP", 16)  # five growths in this generation
@@ -166,6 +167,7 @@ def _compiler_available() -> bool:
     return sh.which("cc") is not None or sh.which("gcc") is not None or sh.which("clang") is not None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _compiler_available(), reason="torch.compile (inductor) needs a C compiler on the CPU")
 def test_compiled_step_gives_the_eager_tokens_and_logprobs(tiny_llama_folder, small_steps):
     """Built in the background, swapped in when ready, crossing a buffer growth: same greedy run as eager."""

@@ -178,6 +178,7 @@ def test_a_step_that_disagrees_is_dropped_on_first_use(tiny_torch, monkeypatch, 
     assert "lean decode step differs" in caplog.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["torch", "onednn"])
 def test_default_model_long_greedy_run_is_unchanged(fresh_default_torch, kernel):
     """SmolLM2 (the Llama the product ships) through the lean step, with each matmul kernel it can pick:

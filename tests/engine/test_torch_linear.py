@@ -37,7 +37,8 @@ def test_the_faster_kernel_is_picked(monkeypatch):
     monkeypatch.setitem(cpu_linear.KERNELS, "torch", _sleepy)
     pick, seconds = cpu_linear.fastest(weights, biases, names=["torch", "other"])
     assert pick == "other"
-    assert seconds["torch"] > seconds["other"] + 4 * 0.002 * 0.9  # the sleeps are in the sweep it timed
+    # The sleeps are in the sweep it timed (a lower bound, whatever else the machine is doing).
+    assert seconds["torch"] >= 4 * 0.002 * 0.9 and seconds["torch"] > seconds["other"]
 
 
 def test_torch_is_kept_when_the_other_is_slower(monkeypatch):
