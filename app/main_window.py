@@ -57,6 +57,7 @@ DEFAULT_DOCK_WIDTHS = (300, 470)  # chats, inspector: their widths in a window o
 # The sampling dock never asks for more (its panel scrolls sideways inside it): with the inspector's 320 and
 # the chat's ~370, the window's minimum width stays well within a 1024-pixel screen.
 SIDE_PANEL_MIN_WIDTH = 270  # about the chats panel's own minimum
+SIDE_PANEL_MAX_FLOOR = 300  # the sampling dock's floor follows its panel up to this; a wider panel scrolls sideways
 CHAT_MIN_WIDTH = 400  # a first start's chat column is at least this wide where the screen allows
 APPEARANCE_KEY = "appearance"
 NOTHING_SAVED = "nothing saved"  # in the title bar while the app runs on a temporary database
@@ -108,7 +109,12 @@ class MainWindow(QMainWindow):
         sideways.setWidgetResizable(True)
         sideways.setFrameShape(QFrame.Shape.NoFrame)
         sideways.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        sideways.setMinimumWidth(SIDE_PANEL_MIN_WIDTH)
+        # The panel's own width where it is modest (no sideways scrolling at 1024 px), never above the floor's cap.
+        def follow_panel(width: int) -> None:
+            sideways.setMinimumWidth(max(SIDE_PANEL_MIN_WIDTH, min(width, SIDE_PANEL_MAX_FLOOR)))
+
+        follow_panel(self.sampling.minimumWidth())
+        self.sampling.min_width_changed.connect(follow_panel)
         self.sampling_dock = self._dock("Sampling", sideways, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.tabifyDockWidget(self.chats_dock, self.sampling_dock)
         self.chats_dock.raise_()

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QAbstractSpinBox, QDoubleSpinBox, QHBoxLayout, QLabel, QSlider, QSpinBox, QWidget
 
+SLIDER_MIN_WIDTH = 40  # px: below this a slider cannot be dragged with any precision
+
 
 @dataclass(frozen=True)
 class ParamSpec:
@@ -58,6 +60,7 @@ class ParamRow(QWidget):
         self.slider.setRange(0, round((top - spec.minimum) / spec.step))
         self.slider.setAccessibleName(f"{spec.label} slider")
         self.slider.setToolTip(spec.tip)
+        self.slider.setMinimumWidth(SLIDER_MIN_WIDTH)  # counted in the panel's minimum, so a narrow dock never squeezes it
 
         row = QHBoxLayout(self)
         row.setContentsMargins(0, 0, 0, 0)

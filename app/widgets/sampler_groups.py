@@ -22,7 +22,7 @@ from app.widgets.param_row import ParamRow, ParamSpec
 
 P = ParamSpec
 SECTIONS: tuple[tuple[str, tuple[ParamSpec, ...]], ...] = (
-    ("Dynamic temperature and top-nσ", (
+    ("Dynamic temp · top-nσ", (
         P("dynatemp_range", "Dyn. range", "Dynamic temperature: the temperature varies by up to ± this with the "
           "distribution's entropy (confident → cooler); off = 0", 0.0, 5.0, 0.05, 2, 2.0, "off"),
         P("dynatemp_exponent", "Dyn. exponent", "Dynamic temperature: how entropy maps to temperature; 1 = linear",
@@ -70,7 +70,7 @@ TEXTS = {
                        "answer steps back to where it began and takes another token there"),
 }
 TEXT_SECTIONS = (("DRY (repetition of phrases)", ("dry_sequence_breakers",)),
-                 ("Logit bias and banned strings", ("logit_bias", "banned_strings")))
+                 ("Logit bias · banned strings", ("logit_bias", "banned_strings")))
 
 
 class Section(QWidget):
@@ -193,12 +193,12 @@ class SamplerGroups(QWidget):
                 current = text
             self._shown[name] = current
         on = {
-            "Dynamic temperature and top-nσ": s.dynatemp_range > 0 or s.top_n_sigma > 0,
+            "Dynamic temp · top-nσ": s.dynatemp_range > 0 or s.top_n_sigma > 0,
             "DRY (repetition of phrases)": s.dry_multiplier > 0,
             "Mirostat": s.mirostat != 0,
             "Adaptive-p": s.adaptive_target >= 0,
             "Smoothing (quadratic)": s.smoothing_factor > 0,
-            "Logit bias and banned strings": bool(s.logit_bias or s.banned_strings),
+            "Logit bias · banned strings": bool(s.logit_bias or s.banned_strings),
         }
         for title, section in self.sections.items():
             section.set_on(on.get(title, False))

@@ -12,7 +12,7 @@ that follows can lose it.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QObject, QRegularExpression, Qt, QTimer
+from PySide6.QtCore import QEvent, QObject, QRegularExpression, Qt, QTimer, Signal
 from PySide6.QtGui import QRegularExpressionValidator
 from PySide6.QtWidgets import (
     QAbstractSlider,
@@ -49,6 +49,8 @@ CUSTOM = "Custom"
 
 
 class SamplingPanel(QScrollArea):
+    min_width_changed = Signal(int)  # the controls' minimum changed (a style, a font, a section opened)
+
     def __init__(self, settings: SettingsState, controller: ChatController, parent: QWidget | None = None):
         super().__init__(parent)
         self._settings = settings
@@ -96,7 +98,10 @@ class SamplingPanel(QScrollArea):
         col.addWidget(more_box)
 
         seed_box = QGroupBox("Seed")
-        seed_row = QHBoxLayout(seed_box)
+        seed_col = QVBoxLayout(seed_box)  # two rows: one row was the widest thing in the panel at 1024 px
+        seed_row, seed_buttons = QHBoxLayout(), QHBoxLayout()
+        seed_col.addLayout(seed_row)
+        seed_col.addLayout(seed_buttons)
         self.seed_edit = QLineEdit()
         self.seed_edit.setAccessibleName("Seed")
         self.seed_edit.setPlaceholderText("a number")
@@ -111,8 +116,9 @@ class SamplingPanel(QScrollArea):
         self.last_seed_button.setAccessibleName("Use the last answer's seed")
         self.last_seed_button.setToolTip("Fix the seed of the last answer, to reproduce or vary it")
         seed_row.addWidget(self.seed_edit, 1)
-        seed_row.addWidget(self.random_seed)
-        seed_row.addWidget(self.last_seed_button)
+        seed_buttons.addWidget(self.random_seed)
+        seed_buttons.addStretch(1)
+        seed_buttons.addWidget(self.last_seed_button)
         col.addWidget(seed_box)
 
         length_box = QGroupBox("Length and stop strings")
@@ -148,7 +154,8 @@ class SamplingPanel(QScrollArea):
         self._guard_wheel(body)
         # The dock may not be narrowed below what the controls need: they are never cut off on the
         # right (there is no horizontal scroll bar); only the height scrolls.
-        self.setMinimumWidth(body.minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width())
+        self._fit_width()
+        body.installEventFilter(self)  # its minimum is known for sure only once it is shown and polished
 
         self._stop_timer = QTimer(self)
         self._stop_timer.setSingleShot(True)
@@ -199,8 +206,16 @@ class SamplingPanel(QScrollArea):
                 w.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # no focus by wheel
                 w.installEventFilter(self)
 
+    def _fit_width(self) -> None:
+        width = self.widget().minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width()
+        if width != self.minimumWidth():
+            self.setMinimumWidth(width)
+            self.min_width_changed.emit(width)
+
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if watched is self.stop_edit and event.type() == QEvent.Type.FocusOut:
+        if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
+            self._fit_width()
+        elif watched is self.stop_edit and event.type() == QEvent.Type.FocusOut:
             self.flush_pending_edits()
         elif event.type() == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():
             self.verticalScrollBar().event(event)  # hand the wheel to the panel's scroll bar

@@ -50,6 +50,9 @@ class StructuredOutputBox(QGroupBox):
         self.examples.setAccessibleName("Structured output examples")
         self.examples.addItem("Examples…")
         self.examples.addItems(list(EXAMPLES))
+        for combo in (self.mode, self.examples):  # long example names must not widen the sampling panel
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(5)
         row.addWidget(self.mode, 1)
         row.addWidget(self.examples, 1)
         col.addLayout(row)
