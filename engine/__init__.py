@@ -20,7 +20,7 @@ from engine.errors import (
     ModelNotFoundError,
     RemoteCodeRefusedError,
 )
-from engine.events import ConstraintStep, Done, GenerationStats, StageSnapshot, TokenEvent, TokenProb
+from engine.events import ConstraintStep, Done, GenerationStats, Rewind, StageSnapshot, TokenEvent, TokenProb
 from engine.constraints import KIND_LABELS as CONSTRAINT_KINDS, Constraint, ConstraintError
 from engine import experiments  # score, compare, token diff, JSONL traces (engine.experiments)
 from engine import loom  # N continuations from one prefix, step mode (engine.loom)
@@ -67,6 +67,7 @@ __all__ = [
     "RemoteCodeRefusedError",
     "RuntimeFacts",
     "RuntimeSettings",
+    "Rewind",
     "STAGE_NAMES",
     "SamplerSettings",
     "ServerInfo",

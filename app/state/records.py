@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from engine import ConstraintStep, StageSnapshot, TokenEvent, TokenProb
+from engine import ConstraintStep, Rewind, StageSnapshot, TokenEvent, TokenProb
 
 _Row = tuple[int, str, float | None] | tuple[int, str, float | None, str]
 
@@ -58,6 +58,9 @@ def alternatives_json(ev: TokenEvent) -> str:
     if ev.constraint is not None:  # structured output: what the constraint did here (docs/constraints.md)
         c = ev.constraint
         doc["c"] = [c.allowed, c.mass_kept, _probs_out(c.disallowed), int(c.forced), c.note]
+    if ev.rewind is not None:  # a banned string made the loop step back here: the inspector says so after a restart
+        r = ev.rewind
+        doc["rw"] = [r.phrase, r.withdrawn, r.banned_token_id, r.banned_token_text]
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -105,7 +108,15 @@ def token_from_row(row: tuple[Any, ...]) -> TokenEvent:
         special=bool(special),
         token_bytes=bytes.fromhex(doc["b"]) if "b" in doc else None,
         constraint=_constraint_in(doc.get("c")),
+        rewind=_rewind_in(doc.get("rw")),
     )
+
+
+def _rewind_in(row: list[Any] | None) -> Rewind | None:
+    if not row:
+        return None
+    phrase, withdrawn, banned_id, banned_text = row
+    return Rewind(str(phrase), int(withdrawn), int(banned_id), str(banned_text))
 
 
 def _constraint_in(row: list[Any] | None) -> ConstraintStep | None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 
-from engine import StageSnapshot, TokenEvent, TokenProb
+from dataclasses import replace
+
+from engine import Rewind, StageSnapshot, TokenEvent, TokenProb
 
 from app.state.records import alternatives_json, token_from_row, token_row
 from app.state.store import Store
@@ -54,3 +56,22 @@ def test_records_without_notes_load_and_stay_small():
     assert loaded == ev and all(s.note == "" for s in loaded.stages)
     noted = token_from_row(token_row(1, _event(0, (NOTE, "")))[1:])
     assert [s.note for s in noted.stages] == [NOTE, ""]
+
+
+def test_a_banned_string_step_back_survives_the_database(tmp_path):
+    """The inspector's "banned 'X' here" comes from the record's Rewind: it must outlive a restart."""
+    path = tmp_path / "rewind.sqlite3"
+    stepped = replace(_event(1, ("", "")), rewind=Rewind(" a tapestry", 2, 264, " a"))
+    store = Store(path)
+    conv = store.create_conversation("bans")
+    user = store.insert_message(conv.id, None, "user", "hi")
+    answer = store.insert_message(conv.id, user.id, "assistant")
+    store.write_tokens(answer.id, [_event(0, ("", "")), stepped])
+    store.close()
+    reopened = Store(path)
+    try:
+        loaded = reopened.tokens(answer.id)
+    finally:
+        reopened.close()
+    assert loaded[0].rewind is None
+    assert loaded[1].rewind == Rewind(" a tapestry", 2, 264, " a")
