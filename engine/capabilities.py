@@ -19,12 +19,13 @@ an AttributeError.
 | `RoundTrip`       | the latest request's network round trip                  | remote                         |
 | `LayerLens`       | each layer's prediction at a position (logit lens), attention | torch, MLX, llama.cpp     |
 | `ByteVocabulary`  | (a tokenizer's) every token as bytes, special ones named (grammar masks) | HF tokenizer (torch, MLX), llama.cpp |
+| `OverlappedForward` | a forward run while the caller works (the last token's report) | llama.cpp, MLX |
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -158,6 +159,23 @@ class ByteVocabulary(Protocol):
         ...
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class OverlappedForward(Protocol):
+    """Runs a forward while the caller's Python does other work."""
+
+    def forward_during(self, token_ids: Sequence[int], work: Callable[[], T]) -> tuple[np.ndarray, T]:
+        """`forward(token_ids)` and `work()` at the same time; returns (the logits row, what `work` returned).
+
+        The decode loop builds the report of token t (stage snapshots, top-N, entropy) while the model
+        computes token t+1. Both have finished when this returns, also when either raised; `forward`'s
+        exception wins. `work` must not touch the backend; the returned row is never written to again.
+        """
+        ...
 
 
 C = TypeVar("C")

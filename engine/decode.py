@@ -3,6 +3,13 @@
 Shape follows mlx-lm's `generate_step`: the caller pulls events; cancellation
 is a `threading.Event` checked before every forward, so a cancel takes effect
 before the next token. Only small Python values are yielded.
+
+Per token the sampler chooses first (`SamplerChain.choose`), and the token's
+report (stage snapshots, top-N, entropy) is built after. On a backend that
+can (`OverlappedForward`: llama.cpp, MLX) the report is built while the
+model computes the next token, as mlx-lm overlaps its bookkeeping with
+`mx.async_eval`; a token's event then comes out once the next forward has
+run, so a cancel seen on that event takes effect one token later.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import numpy as np
 
 from engine.backends.base import Backend, prefill
 from engine.banned_strings import BannedStringGuard
+from engine.capabilities import OverlappedForward
 from engine.errors import ContextLengthError
 from engine.events import Done, Event, GenerationStats, Rewind, StageSnapshot, TokenEvent, TokenProb
 from engine.request import GenerationRequest
@@ -119,10 +127,13 @@ def generate_events(
 
     reported_n = backend.info.reports_top_n  # a server's top N: the model view is what it reported (engine/top_n.py)
 
-    def shown(event: TokenEvent) -> TokenEvent:
+    def shown(event: TokenEvent, row: np.ndarray) -> TokenEvent:
         if grammar is not None:
             event = constraint_step(event, grammar, tok)
-        return reported_view(event, logits, reported_n) if reported_n else event  # `logits`: this step's row
+        return reported_view(event, row, reported_n) if reported_n else event  # `row`: this step's logits
+
+    # Where the backend can, the next forward runs while this token's report is built (`forward_during`).
+    overlap = backend.forward_during if isinstance(backend, OverlappedForward) else None
 
     try:
         logits, reused = prefill(backend, prompt, cancelled=cancel.is_set)
@@ -150,30 +161,39 @@ def generate_events(
         if guard.active:
             states[step] = chain.state()
         before = chain.state() if choose is not None else ()
-        pick = chain.pick(
+        # The token first (the next forward waits for it); its report (`choice.report`) when it is shown.
+        choice = chain.choose(
             logits,
             history[:n_hist],
-            top_n=request.top_n,
             record_stages=request.record_stages,
             force_token=forced,
             banned=bans.get(step, ()),
         )
+        pick: Pick | None = None
         if choose is not None and forced is None:
+            pick = choice.report(request.top_n)
             chosen = choose(_event(tok, step, pick, ""))
             if cancel.is_set():
                 finish = "cancelled"
                 break
             if chosen is not None and chosen != pick.token_id:
                 chain.restore(before)  # the stages' state as before this pick; then the user's token, fully reported
-                pick = chain.pick(logits, history[:n_hist], top_n=request.top_n, record_stages=request.record_stages,
-                                  force_token=int(chosen), banned=bans.get(step, ()))
+                choice = chain.choose(logits, history[:n_hist], record_stages=request.record_stages,
+                                      force_token=int(chosen), banned=bans.get(step, ()))
+                pick = None
+
+        def event(text: str, special: bool = False, *, choice=choice, pick=pick, rewind=rewind, row=logits,
+                  step=step) -> TokenEvent:
+            """This token's event, its report built now (step mode has it already)."""
+            return shown(_event(tok, step, pick or choice.report(request.top_n), text, special, rewind), row)
+
         if grammar is not None and grammar.run.failure:  # a dead end, or a token the constraint refuses
             finish, error = "error", grammar.run.failure
             break
         t_last = time.perf_counter()
         if t_first is None:
             t_first = t_last
-        token = pick.token_id
+        token = choice.token_id
         generated.append(token)
         history[n_hist] = token
         n_hist += 1
@@ -181,7 +201,7 @@ def generate_events(
         if token in tok.eos_token_ids and not request.ignore_eos:
             finish = "eos"
             released, _ = stopper.feed(guard.finish(detok.flush()))
-            yield shown(_event(tok, step, pick, released + stopper.flush(), special=True, rewind=rewind))
+            yield event(released + stopper.flush(), special=True)
             break
         released, ban = guard.feed(step, detok.add(token))
         if ban is not None:
@@ -222,21 +242,37 @@ def generate_events(
             finish = "stop"
         elif last:
             released += stopper.feed(guard.finish(detok.flush()))[0] + stopper.flush()
-        yield shown(_event(tok, step, pick, released, rewind=rewind))
         rewind = None
-        if stopped or last:
+        if stopped or last or cancel.is_set():
+            yield event(released)
+            if not (stopped or last):
+                finish = "cancelled"
             break
-        if cancel.is_set():
-            finish = "cancelled"
-            break
+        if overlap is None:
+            yield event(released)
+            if cancel.is_set():
+                finish = "cancelled"
+                break
         try:
-            logits = backend.forward([token])
+            if overlap is None:
+                logits = backend.forward([token])
+            else:
+                # This token's report is built while the model computes the next one. A Stop pressed on
+                # seeing this event then costs one forward more (the cache keeps its token).
+                logits, shown_event = overlap([token], lambda text=released: event(text))
         except recoverable as e:
+            if overlap is not None:
+                yield event(released)  # the token is good; only the forward after it failed
             if cancel.is_set():
                 finish = "cancelled"
             else:
                 finish, error = "error", str(e)
             break
+        if overlap is not None:
+            yield shown_event
+            if cancel.is_set():
+                finish = "cancelled"
+                break
     yield done()
 
 

@@ -100,7 +100,9 @@ def test_second_turn_prefills_only_new_tokens(default_mlx, monkeypatch):
 
     ran: list[int] = []
     real_forward = default_mlx.forward
+    real_during = default_mlx.forward_during  # the decode steps (the next forward while a token's report is built)
     monkeypatch.setattr(default_mlx, "forward", lambda ids: (ran.append(len(ids)), real_forward(ids))[1])
+    monkeypatch.setattr(default_mlx, "forward_during", lambda ids, work: (ran.append(len(ids)), real_during(ids, work))[1])
     done2 = list(generate_events(default_mlx, GenerationRequest(messages=tuple(second), sampler=GREEDY, max_new_tokens=8)))[-1]
     prefilled = sum(ran) - (done2.stats.generated_tokens - 1)  # decode runs one token per step after the first
     assert done2.stats.reused_tokens == shared

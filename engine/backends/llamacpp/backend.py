@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import TypeVar
 
 import llama_cpp
 import numpy as np
@@ -31,6 +33,7 @@ from engine.offload.auto import free_cpu_bytes
 from engine.runtime_settings import RuntimeFacts, RuntimeSettings, choose_context
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 N_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch); a cancel stops inside one
 NO_GPU = "this llama.cpp build runs on the CPU only (no Metal, CUDA or Vulkan), so no layers can go to a GPU"
@@ -138,6 +141,7 @@ class LlamaCppBackend(CachedTokens):
             raise
         self._tokens: list[int] = []
         self.tokens_evaluated = 0  # every token run through the model, for tests and stats
+        self._overlap_pool: ThreadPoolExecutor | None = None  # made on the first forward_during
 
     def _describe(self, spec: str, display_name: str, gpus: list[native.GpuDevice]) -> ModelInfo:
         plan = self.gpu_plan
@@ -243,10 +247,31 @@ class LlamaCppBackend(CachedTokens):
                     return None
                 raise
 
+    def forward_during(self, token_ids: Sequence[int], work: Callable[[], T]) -> tuple[np.ndarray, T]:
+        """`forward` on this thread, `work()` on a helper thread meanwhile (OverlappedForward).
+
+        `llama_decode` releases the GIL for the whole forward, so the helper's Python (the decode loop's
+        report of the previous token) runs on another core while llama.cpp computes; llama.cpp's own
+        threads are not disturbed, and the forward itself is the same call as `forward`.
+        """
+        if self._overlap_pool is None:
+            self._overlap_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp-overlap")
+        pending = self._overlap_pool.submit(work)
+        try:
+            logits = self.forward(token_ids)
+        except BaseException:
+            wait([pending])
+            raise
+        return logits, pending.result()
+
     def peak_memory_bytes(self) -> int:
         return process_peak_rss_bytes()
 
     def close(self) -> None:
+        pool = getattr(self, "_overlap_pool", None)
+        if pool is not None:
+            pool.shutdown()
+            self._overlap_pool = None
         tokenizer = getattr(self, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.detach()

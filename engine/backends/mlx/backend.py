@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import mlx.core as mx
 import numpy as np
@@ -23,6 +24,7 @@ from engine.model_info import ModelInfo
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class MlxBackend(CachedTokens):
@@ -78,6 +80,23 @@ class MlxBackend(CachedTokens):
         self._reset()
 
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
+        return self._finish(token_ids, self._start(token_ids))
+
+    def forward_during(self, token_ids: Sequence[int], work: Callable[[], T]) -> tuple[np.ndarray, T]:
+        """`forward`, with `work()` run on this thread while MLX computes (OverlappedForward).
+
+        The graph is built and handed to `mx.async_eval`, as mlx-lm's `generate_step` does with its next
+        token; `work` (the decode loop's report of the previous token) runs meanwhile.
+        """
+        logits = self._start(token_ids)
+        try:
+            result = work()
+        finally:
+            row = self._finish(token_ids, logits)  # also when `work` failed: the cache must match _tokens
+        return row, result
+
+    def _start(self, token_ids: Sequence[int]) -> mx.array:
+        """The last position's (V,) float32 logits of `token_ids`, being computed (`mx.async_eval`)."""
         if self._cache is None:
             self._cache = self._make_cache(self.model)
         try:
@@ -90,9 +109,17 @@ class MlxBackend(CachedTokens):
                     mx.eval([c.state for c in self._cache])
                     inputs = inputs[:, -1:]
                 logits = self.model(inputs, cache=self._cache)[0, -1].astype(mx.float32)  # (V,)
-                mx.eval(logits)
+                mx.async_eval(logits)
         except BaseException:
             self._reset()  # a half-updated cache no longer matches self._tokens
+            raise
+        return logits
+
+    def _finish(self, token_ids: Sequence[int], logits: mx.array) -> np.ndarray:
+        try:
+            mx.eval(logits)
+        except BaseException:
+            self._reset()
             raise
         self._tokens.extend(int(t) for t in token_ids)
         # One (V,) float32 row to the host for our sampler: ~0.2 MB at 49k, 1 MB at 262k;
