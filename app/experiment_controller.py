@@ -19,12 +19,12 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine import Engine, EngineError, GenerationRequest, GenerationStats, SamplerSettings, TokenEvent
-from engine import experiments
+from engine import Constraint, Engine, EngineError, GenerationRequest, GenerationStats, SamplerSettings, TokenEvent
+from engine import experiments, reasoning
 
 from app.engine_host import EngineHost, describe_error
 from app.experiments import (
-    TOP_N, AnswerRecipe, add_answer, answer_parent, model_dict, other_model, recipe_for,
+    TOP_N, AnswerRecipe, add_answer, answer_parent, model_dict, model_reasoning_format, other_model, recipe_for,
 )
 from app.notebook import Prompt
 from app.state.conversation import Conversation, Message
@@ -57,6 +57,8 @@ class ColumnResult:
     stats: GenerationStats | None = None  # set when it ended (stopped runs too)
     summary: experiments.ColumnStats | None = None
     model: dict[str, Any] | None = None  # the model that ran it (MODEL_FIELDS)
+    constraint: Constraint | None = None  # the structured output it was held to
+    reasoning_format: reasoning.ReasoningFormat | None = None  # how earlier reasoning was left out of its prompt
 
     @property
     def token_ids(self) -> list[int]:
@@ -130,11 +132,12 @@ class CompareRun(ExperimentRun):
     """Columns generated one after another on the loaded model (the prompt is computed once, then reused)."""
 
     def __init__(self, messages: tuple[dict[str, str], ...], settings: list[SamplerSettings],
-                 max_new_tokens: int, stop: tuple[str, ...], top_n: int):
+                 max_new_tokens: int, stop: tuple[str, ...], top_n: int, constraint: Constraint | None = None):
         super().__init__()
         self.messages = messages
         self.top_n = top_n
-        self.columns = [ColumnResult(s, max_new_tokens, stop) for s in settings]
+        self.constraint = constraint
+        self.columns = [ColumnResult(s, max_new_tokens, stop, constraint=constraint) for s in settings]
         self.divergence: int | None = None  # first position where the finished columns differ
         self.column_started = Signal()  # (index)
         self.tokens = Signal()  # (index, list[TokenEvent])
@@ -148,15 +151,20 @@ class CompareRun(ExperimentRun):
     async def _run(self, host: EngineHost) -> None:
         engine = await host.wait_engine()
         model = model_dict(engine)
+        fields: dict[str, Any]
+        thinking = None
+        if isinstance(self.messages, Prompt):  # a notebook's compare continues its raw text
+            fields = self.messages.request_fields()
+        else:  # a chat's: earlier answers' reasoning left out as the chat leaves it out (renders: off the UI thread)
+            thinking = await host.off_ui_thread(model_reasoning_format, engine)
+            fields = {"messages": tuple(reasoning.prompt_history(self.messages, thinking))}
         for i, col in enumerate(self.columns):
             if self._cancelled:
                 break
-            col.model = model
+            col.model, col.reasoning_format = model, thinking
             self.column_started.emit(i)
-            # A notebook's compare continues its raw text (a `Prompt`); a chat's, its messages.
-            fields = self.messages.request_fields() if isinstance(self.messages, Prompt) else {"messages": self.messages}
             request = GenerationRequest(**fields, sampler=col.settings, max_new_tokens=col.max_new_tokens,
-                                        stop=col.stop, top_n=self.top_n, record_stages=True)
+                                        stop=col.stop, top_n=self.top_n, record_stages=True, constraint=col.constraint)
             async for batch in self._generate(engine, request, col):
                 self.tokens.emit(i, batch)
             self.column_finished.emit(i)
@@ -173,7 +181,8 @@ class ReplayRun(ExperimentRun):
         self.recipe = recipe
         self.original_ids = original_ids
         # The replay's tokens start with the prefix a branch kept from its original.
-        self.result = ColumnResult(settings, recipe.max_new_tokens, recipe.stop, events=list(recipe.prefix))
+        self.result = ColumnResult(settings, recipe.max_new_tokens, recipe.stop, events=list(recipe.prefix),
+                                   constraint=recipe.constraint)
         self.changed = experiments.changed_fields(recipe.sampler, settings)  # {field: (old, new)}
         self.diff: experiments.TokenDiff | None = None
         self.other_model: dict[str, Any] | None = None  # set when refused: the model that made the answer
@@ -245,11 +254,14 @@ class ExperimentController:
     # -- runs ------------------------------------------------------------------------------
 
     def compare(self, messages: tuple[dict[str, str], ...], settings: list[SamplerSettings], *,
-                max_new_tokens: int, stop: tuple[str, ...] = ()) -> CompareRun:
-        """Generate one column per settings (each with its seed filled in), one after another."""
+                max_new_tokens: int, stop: tuple[str, ...] = (), constraint: Constraint | None = None) -> CompareRun:
+        """Generate one column per settings (each with its seed filled in), one after another.
+
+        `constraint`: the structured output every column is held to (the Sampling panel's), None for none.
+        """
         if not messages:
             raise ValueError("write a prompt first")
-        run = CompareRun(messages, settings, max_new_tokens, tuple(stop), self.top_n)
+        run = CompareRun(messages, settings, max_new_tokens, tuple(stop), self.top_n, constraint)
         self._own(run)
         return run
 
@@ -305,7 +317,8 @@ class ExperimentController:
             conv = self.library.current
             user = conv.messages[user.id]
         answer = add_answer(conv, user, column.events, stats=column.stats, sampler=column.settings,
-                            max_new_tokens=column.max_new_tokens, stop=column.stop, model=column.model)
+                            max_new_tokens=column.max_new_tokens, stop=column.stop, model=column.model,
+                            constraint=column.constraint, reasoning_format=column.reasoning_format)
         return (conv, user), answer
 
     def keep_replay(self, run: ReplayRun, conv: Conversation, message: Message) -> Message:
@@ -315,4 +328,5 @@ class ExperimentController:
             raise ValueError("the replay has not finished")
         return add_answer(conv, answer_parent(conv, message), result.events, stats=result.stats,
                           sampler=result.settings, max_new_tokens=result.max_new_tokens, stop=result.stop,
-                          model=result.model, branch_index=message.branch_index)
+                          model=result.model, branch_index=message.branch_index, constraint=result.constraint,
+                          reasoning_format=reasoning.ReasoningFormat.from_dict((message.request or {}).get("reasoning")))

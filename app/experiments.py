@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine import Engine, GenerationRequest, GenerationStats, ModelInfo, SamplerSettings, TokenEvent
+from engine import Constraint, Engine, GenerationRequest, GenerationStats, ModelInfo, SamplerSettings, TokenEvent
 from engine import experiments, reasoning
 
 from app.notebook import Prompt, is_notebook, prompt_for
@@ -38,6 +38,7 @@ class AnswerRecipe:
     stop: tuple[str, ...]
     model: dict[str, Any] | None = None  # the model that made the answer (MODEL_FIELDS), None if unrecorded
     text: str | None = None  # a notebook's text before the answer: a raw prompt, no template (app/notebook.py)
+    constraint: Constraint | None = None  # the structured output it was held to (the grammar stage)
 
     def request(self, sampler: SamplerSettings | None = None) -> GenerationRequest:
         return GenerationRequest(
@@ -49,7 +50,27 @@ class AnswerRecipe:
             record_stages=True,
             assistant_prefix=tuple(t.token_id for t in self.prefix),
             forced_tokens=self.forced,
+            constraint=self.constraint,
         )
+
+
+def model_reasoning_format(engine: Engine) -> reasoning.ReasoningFormat:
+    """How the loaded model writes reasoning (renders its template: call it off the UI thread).
+
+    A server's vocabulary is not asked (that is HTTP), as the chat does (app/controller.py).
+    """
+    return reasoning.prompt_format(engine.tokenizer, vocabulary=engine.info.runs_locally)
+
+
+def stored_constraint(request: dict[str, Any] | None) -> Constraint | None:
+    """The structured-output constraint an answer's request document saved; ValueError when it cannot be read."""
+    doc = (request or {}).get("constraint")
+    if not doc:
+        return None
+    try:
+        return Constraint.from_dict(doc)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"this answer's structured-output constraint cannot be read ({e})") from None
 
 
 def answer_parent(conv: Conversation, message: Message) -> Message:
@@ -85,6 +106,7 @@ def recipe_for(conv: Conversation, message: Message) -> AnswerRecipe:
         max_new_tokens=int(req.get("max_new_tokens", 256)),
         stop=tuple(req.get("stop", ())),
         model=message.model,
+        constraint=stored_constraint(req),
     )
     if is_notebook(conv):  # its prompt is the text before the answer, as generated
         recipe = replace(recipe, messages=(), text=prompt_for(conv, answer_parent(conv, message)).text)
@@ -131,14 +153,24 @@ def add_answer(
     stop: tuple[str, ...],
     model: dict[str, Any] | None,
     branch_index: int | None = None,
+    constraint: Constraint | None = None,
+    reasoning_format: reasoning.ReasoningFormat | None = None,
 ) -> Message:
-    """A new answer to `user` holding `events` (made active: the chat shows it, the old one stays a branch)."""
+    """A new answer to `user` holding `events` (made active: the chat shows it, the old one stays a branch).
+
+    `constraint` and `reasoning_format` go into its request document as the chat saves them, so a replay
+    holds it to the same structured output and leaves earlier reasoning out the same way.
+    """
+    request: dict[str, Any] = {"sampler": sampler.to_dict(), "max_new_tokens": max_new_tokens, "stop": list(stop),
+                               "top_n": TOP_N, "constraint": constraint.to_dict() if constraint is not None else None}
+    if reasoning_format is not None:
+        request["reasoning"] = reasoning_format.to_dict()
     answer = conv.add_message(user, "assistant", branch_index=branch_index)
     events = [replace(e, index=i) for i, e in enumerate(events)]
     conv.set_tokens(answer, events, "".join(e.text for e in events))
     conv.update_message(
         answer,
-        request={"sampler": sampler.to_dict(), "max_new_tokens": max_new_tokens, "stop": list(stop), "top_n": TOP_N},
+        request=request,
         model=model,
         finish_reason=stats.finish_reason if stats else "length",
         stats={k: v for k, v in stats.to_dict().items() if k not in STATS_SKIP} if stats else None,

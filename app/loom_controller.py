@@ -26,10 +26,11 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine import Done, GenerationRequest, TokenEvent, loom
+from engine import Done, GenerationRequest, TokenEvent, loom, reasoning
 
 from app.controller import TOP_N, Busy, ChatController
 from app.engine_host import describe_error
+from app.experiments import model_reasoning_format
 from app.notebook import prompt_for
 from app.state.conversation import Conversation, Message
 from app.state.model_record import model_record
@@ -81,6 +82,7 @@ class LoomController:
         self.progress = Signal()  # (done tokens, budget tokens) during a run
         self.children_added = Signal()  # (list[Message]) a run's children exist (they fill as tokens arrive)
         self.error = Signal()  # (str)
+        self.notice = Signal()  # (str) something the user should know about a run that goes on anyway
         self.step_waiting = Signal()  # (TokenEvent) step mode: the distribution waiting for the user's pick
         self.stepping_changed = Signal()  # (bool)
         self.gate = loom.StepGate(self._on_step_waiting)
@@ -164,13 +166,22 @@ class LoomController:
         question = conv.messages[message.parent_id]  # type: ignore[index]
         kept = list(tokens[:index])
         wanted = max_new or options.max_new_tokens
-        prompt = prompt_for(conv, question)  # a notebook's text (no template), or the chat's messages
+        # Earlier answers' reasoning stays out of the prompt as the chat leaves it out (renders: off the UI thread).
+        thinking = await self.host.off_ui_thread(model_reasoning_format, engine)
+        history = reasoning.prompt_history(conv.history(question), thinking)
+        prompt = prompt_for(conv, question, history)  # a notebook's text (no template), or the chat's messages
         max_new_tokens = await self.host.off_ui_thread(self.chat._fit_to_context, engine, prompt, len(kept), wanted)
         request = GenerationRequest(
             **prompt.request_fields(), sampler=options.sampler, max_new_tokens=max_new_tokens, stop=options.stop,
             top_n=TOP_N, record_stages=True, assistant_prefix=tuple(t.token_id for t in kept), server_sampling=by_server,
         )
-        base = {**options.to_dict(), "max_new_tokens": max_new_tokens, "top_n": TOP_N, "server_sampling": by_server}
+        # The engine's continuations sample each child freely: no structured-output constraint (the request
+        # document says so, so a replay does not hold a child to one it never had), and the window says it.
+        base = {**options.to_dict(), "max_new_tokens": max_new_tokens, "top_n": TOP_N, "server_sampling": by_server,
+                "constraint": None, "reasoning": thinking.to_dict()}
+        if options.constraint is not None:
+            self.notice.emit(f"the structured output ({options.constraint.label}) is not applied to loom "
+                             "continuations: each child is sampled without it")
         model = model_record(engine.info)
         children = []
         for row in range(n):

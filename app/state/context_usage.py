@@ -21,6 +21,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from engine import reasoning
+
 from app.state.conversation import Conversation, Message
 from app.state.observable import Signal
 
@@ -41,6 +43,8 @@ class ContextCounter:
         self._prompts: OrderedDict[tuple[Any, ...], int] = OrderedDict()
         self._pending: set[tuple[Any, ...]] = set()
         self._failed: dict[tuple[Any, ...], str] = {}
+        # (tokenizer id, chosen template) -> how its model writes reasoning (two template renders to learn)
+        self._formats: dict[tuple[Any, ...], reasoning.ReasoningFormat] = {}
         self._epoch = 0  # bumped by clear(): counts started for another model are dropped
         self.counted = Signal()  # () a prompt length (or a template error) arrived
         self.error: str | None = None  # why the last prompt asked about cannot be counted
@@ -72,6 +76,7 @@ class ContextCounter:
         self._prompts.clear()
         self._pending.clear()
         self._failed.clear()
+        self._formats.clear()
         self._epoch += 1
 
     def prompt_tokens(self, conv: Conversation, question: Message, tokenizer: Any | None) -> int | None:
@@ -94,7 +99,12 @@ class ContextCounter:
         def count() -> int:
             if notebook_text is not None:  # a notebook: its raw text, no template (app/notebook.py)
                 return len(tokenizer.encode(notebook_text))
-            return len(tokenizer.chat_ids(history, add_generation_prompt=True))
+            # Earlier answers' reasoning is left out as the send leaves it out (app/controller.py).
+            fmt_key = (id(tokenizer), getattr(tokenizer, "template_override", None))
+            fmt = self._formats.get(fmt_key)
+            if fmt is None:
+                fmt = self._formats[fmt_key] = reasoning.prompt_format(tokenizer)
+            return len(tokenizer.chat_ids(reasoning.prompt_history(history, fmt), add_generation_prompt=True))
 
         if self._count_later is None:  # no worker to hand it to (scripts): count here
             self._store(key, count())

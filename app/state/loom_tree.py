@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import TokenEvent
+from engine import TokenEvent, reasoning
 
 from app.state.conversation import Conversation, Message
 from app.state.records import alternatives_json, token_from_row
@@ -190,13 +190,19 @@ def _node_json(node: LoomNode) -> dict[str, Any]:
     }
 
 
+def _prompt_messages(conv: Conversation, question: Message, answers: list[Message]) -> list[dict[str, str]]:
+    """The messages the answers were generated from: earlier reasoning left out as their request says it was."""
+    doc = next((m.request["reasoning"] for m in answers if m.request and m.request.get("reasoning")), None)
+    return reasoning.prompt_history(conv.history(question), reasoning.ReasoningFormat.from_dict(doc))
+
+
 def export_tree(conv: Conversation, message: Message) -> dict[str, Any]:
     """The tree of `message`'s answer group as JSON: the prompt, every answer whole (tokens, log-probs,
     alternatives, settings, seed) and the tree drawn from them."""
     question, answers = answer_group(conv, message)
     return {
         "format": FORMAT, "version": VERSION, "title": conv.title,
-        "messages": conv.history(question),
+        "messages": _prompt_messages(conv, question, answers),
         "answers": [
             {
                 "id": m.id, "branch_index": m.branch_index, "finish_reason": m.finish_reason,

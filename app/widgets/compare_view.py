@@ -171,9 +171,13 @@ class CompareView(QWidget):
 
     def _update_prompt_note(self) -> None:
         if self._anchored():
-            self.prompt_note.setText("Continues the open conversation (its earlier turns are part of the prompt).")
+            note = "Continues the open conversation (its earlier turns are part of the prompt)."
         else:
-            self.prompt_note.setText("A new single-turn chat with this message.")
+            note = "A new single-turn chat with this message."
+        constraint = self._settings.options.constraint
+        if constraint is not None:  # the Sampling panel's structured output holds every column
+            note += f" Every column is held to the structured output ({constraint.label})."
+        self.prompt_note.setText(note)
 
     def messages(self) -> "tuple[dict[str, str], ...] | Prompt":
         if self._anchored():
@@ -217,9 +221,11 @@ class CompareView(QWidget):
         """Start a comparison of every column; the task ends with the run (None when the input is invalid)."""
         if self.running:
             return self._run.task
+        self._update_prompt_note()  # the structured output may have changed since the window opened
         try:
             run = self._experiments.compare(self.messages(), self.column_settings(), max_new_tokens=self.max_tokens.value(),
-                                            stop=self._settings.options.stop)
+                                            stop=self._settings.options.stop,
+                                            constraint=self._settings.options.constraint)
         except ValueError as e:
             self.status.setText(str(e))
             return None

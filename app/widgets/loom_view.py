@@ -126,6 +126,7 @@ class LoomView(QWidget):
         loom.busy_changed.connect(self._on_busy_changed)
         loom.progress.connect(self._on_progress)
         loom.error.connect(lambda text: self.status.setText(f"Loom: {text}"))
+        loom.notice.connect(lambda text: self.status.setText(f"Loom: {text}"))
         loom.chat.busy_changed.connect(lambda _b: self._on_busy_changed(loom.busy))
         self._on_conversation_changed(self._library.current)
 
