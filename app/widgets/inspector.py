@@ -25,6 +25,7 @@ from app.widgets.prob_table import ProbTable
 from app.widgets.stage_view import StageView
 from app.widgets.token_chart import TokenChart
 from app.widgets.layer_view import LayerView
+from app.widgets.subscriptions import follow
 
 BRANCH_TIP = (
     "Cut the answer before this token, use the selected alternative instead, and let the model go on "
@@ -123,7 +124,7 @@ class Inspector(QWidget):
         selection.changed.connect(self._on_selection_changed)
         controller.busy_changed.connect(lambda _busy: self._update_branch_button())
         controller.settings.changed.connect(self._on_sampling_mode_changed)
-        controller.host.model_changed.connect(self._on_sampling_mode_changed)
+        follow(self, ((controller.host.model_changed, self._on_sampling_mode_changed),))  # the host outlives it
         self._on_conversation_changed(library.current)
 
     # -- what is shown ---------------------------------------------------------------------

@@ -26,6 +26,7 @@ from app.state.conversation import Conversation, Message
 from app.widgets.attention_view import AttentionView
 from app.widgets.fmt import pct, visible
 from app.widgets.layer_heatmap import LayerHeatmap
+from app.widgets.subscriptions import follow
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class LayerView(QWidget):
         self._settle.setSingleShot(True)
         self._settle.setInterval(SETTLE_MS)
         self._settle.timeout.connect(self._start)
-        host.model_changed.connect(self._on_model_changed)
+        follow(self, ((host.model_changed, self._on_model_changed),))  # the host outlives this window
 
         self.status = QLabel("Select a token of an answer to see what each layer predicted there.")
         self.status.setWordWrap(True)

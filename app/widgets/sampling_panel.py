@@ -43,6 +43,7 @@ from app.widgets.sampling_mode import SamplingModeBox, show_limit
 from app.widgets.save_preset_dialog import SavePresetDialog
 from app.widgets.stage_order import StageOrderList
 from app.widgets.structured_output import StructuredOutputBox
+from app.widgets.subscriptions import follow
 
 MAX_TOKENS = ParamSpec("max_new_tokens", "Max new tokens", "The answer stops after this many tokens", 1, MAX_NEW_TOKENS_LIMIT, 1, 0, 4096)
 CUSTOM = "Custom"
@@ -179,11 +180,13 @@ class SamplingPanel(QScrollArea):
         self.groups.edited.connect(self._on_param_edited)
         self.groups.invalid.connect(self._show_error)
 
-        settings.changed.connect(self._on_settings_changed)
-        settings.presets_changed.connect(self._on_presets_changed)
-        controller.finished.connect(self._on_generation_finished)
-        controller.library.current_changed.connect(self._on_conversation_changed)
-        controller.host.model_changed.connect(self._on_model_changed)
+        follow(self, (
+            (settings.changed, self._on_settings_changed),
+            (settings.presets_changed, self._on_presets_changed),
+            (controller.finished, self._on_generation_finished),
+            (controller.library.current_changed, self._on_conversation_changed),
+            (controller.host.model_changed, self._on_model_changed),  # the host outlives this window
+        ))
         self._on_presets_changed()
         self._on_settings_changed(settings.options)
 
