@@ -51,6 +51,26 @@ def _tool(text: str, tip: str, name: str) -> QToolButton:
     return b
 
 
+class _ModelName(QLabel):
+    """The model's name, shortened with "…" to the room the header's buttons leave (its tooltip has it whole)."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        # Ignored: the buttons keep their full labels; the name takes what is left, and paintEvent elides it.
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt's name
+        super().setText(text)
+        self.setToolTip(text)
+
+    def paintEvent(self, _event) -> None:  # noqa: N802 - Qt's name
+        p = QPainter(self)
+        p.setPen(self.palette().color(self.foregroundRole()))
+        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, self.width())
+        p.drawText(self.rect(), int(Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft), text)
+
+
 class MessageWidget(QFrame):
     regenerate_requested = Signal(object)  # Message
     continue_requested = Signal(object)  # Message
@@ -81,12 +101,9 @@ class MessageWidget(QFrame):
         header = QHBoxLayout()
         header.setSpacing(4)
         self.role_label = QLabel(f"<b>{who}</b>")
-        self.model_label = QLabel()
-        self.model_label.setTextFormat(Qt.TextFormat.PlainText)  # a server names its model: text, never markup
-        self.model_label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        self.model_label = _ModelName()  # a server names its model: painted as text, never markup
         header.addWidget(self.role_label)
-        header.addWidget(self.model_label)
-        header.addStretch(1)
+        header.addWidget(self.model_label, 1)  # takes the room left, so the buttons keep theirs
         self.prev_button = _tool("‹", "Previous version of this message", "Previous version")
         self.sibling_label = QLabel()
         self.sibling_label.setAccessibleName("Version")
@@ -97,8 +114,10 @@ class MessageWidget(QFrame):
             header.addWidget(w)
         header.addSpacing(8)
         self.edit_button = _tool("Edit", "Edit this message and send it again (keeps the original as a branch)", "Edit")
-        self.regen_button = _tool("Regenerate", "Write a new answer (Ctrl+R); the old one stays as a branch", "Regenerate")
-        self.continue_button = _tool("Continue", "Generate more of this cut-off answer", "Continue")
+        # Short labels (the tooltip says what each does): with the version arrows they fit a 380 px chat column.
+        self.regen_button = _tool("↻", "Regenerate: write a new answer (Ctrl+R); the old one stays as a branch",
+                                  "Regenerate")
+        self.continue_button = _tool("More", "Continue: generate more of this cut-off answer", "Continue")
         self.copy_button = _tool("Copy", "Copy the text of this message", "Copy")
         self.edit_button.clicked.connect(self._begin_edit)
         self.regen_button.clicked.connect(lambda: self.regenerate_requested.emit(self.message))
@@ -148,6 +167,7 @@ class MessageWidget(QFrame):
         self.footer.setTextFormat(Qt.TextFormat.PlainText)  # an error may quote a server's HTML page
         self.footer.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         self.footer.setAccessibleName("Answer statistics")
+        self.footer.setWordWrap(True)  # a narrow chat column wraps the stats rather than cutting them
         outer.addWidget(self.footer)
 
         # "3 later messages are on version 1 ‹ ›": the turns that followed another version are one click away.
