@@ -152,3 +152,32 @@ def test_the_loom_leaves_reasoning_out_and_says_it_cannot_hold_the_constraint(qt
     # Not applied, and said so; the children's request documents do not claim it.
     assert "not applied" in window.loom_view.status.text() and "regular expression" in window.loom_view.status.text()
     assert all(c.request["constraint"] is None for c in children)
+
+
+def test_the_notebook_passes_the_constraint_on_and_saves_it_with_the_part(qtbot, window):
+    from qt_helpers import answered
+
+    seen: list = []
+
+    class Spy:
+        def __init__(self, engine):
+            self._engine = engine
+
+        def submit(self, request, on_event):
+            seen.append(request)
+            return self._engine.submit(request, on_event)
+
+        def __getattr__(self, name):
+            return getattr(self._engine, name)
+
+    window.controller.engine_for_run = Spy
+    constraint = Constraint.regex(r"(yes|no)\.")
+    window.settings.set_options(replace(window.settings.options, constraint=constraint))
+    window.new_notebook()
+    window.notebook.editor.setPlainText("Is the sky blue?")
+    window.notebook.generate_button.click()
+    qtbot.waitUntil(lambda: bool(seen) and answered(window), timeout=15000)
+    (request,) = seen
+    assert request.prompt == "Is the sky blue?" and request.constraint == constraint
+    part = window.library.current.path()[-1]
+    assert Constraint.from_dict(part.request["constraint"]) == constraint  # so a replay holds it too
