@@ -24,6 +24,7 @@ from typing import Any
 from engine import GenerationRequest, GenerationStats, TokenEvent, reasoning
 
 from app.engine_host import EngineHost, describe_error
+from app.experiments import model_reasoning_format
 from app.notebook import Prompt, prompt_for, prompt_ids
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
@@ -40,11 +41,6 @@ TOP_N = 20  # alternatives recorded per token (and per sampler stage)
 
 SAVE_RETRY_S = 10.0  # how often saving is tried again after a write failed
 SAVE_ERRORS = (sqlite3.Error, OSError)  # what a failed write raises
-
-
-def _reasoning_format(engine) -> "reasoning.ReasoningFormat":
-    """How the loaded model writes reasoning; a server's vocabulary is not asked (that is HTTP)."""
-    return reasoning.prompt_format(engine.tokenizer, vocabulary=engine.info.runs_locally)
 
 
 class Busy(RuntimeError):
@@ -308,7 +304,7 @@ class ChatController:
             options = self.settings.options
             # Earlier answers' reasoning stays out of the prompt the way the model's template wants
             # (the template's code renders: off the UI thread).
-            thinking = await self.host.off_ui_thread(_reasoning_format, engine)
+            thinking = await self.host.off_ui_thread(model_reasoning_format, engine)
             history = reasoning.prompt_history(conv.history(user), thinking)
             # Counting the prompt renders the model's chat template: its code, never on the UI thread.
             prompt = prompt_for(conv, user, history)  # a notebook's text (no template), or the chat's messages

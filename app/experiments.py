@@ -57,7 +57,7 @@ class AnswerRecipe:
 def model_reasoning_format(engine: Engine) -> reasoning.ReasoningFormat:
     """How the loaded model writes reasoning (renders its template: call it off the UI thread).
 
-    A server's vocabulary is not asked (that is HTTP), as the chat does (app/controller.py).
+    A server's vocabulary is not asked (that is HTTP). The chat, Compare and the context count all use it.
     """
     return reasoning.prompt_format(engine.tokenizer, vocabulary=engine.info.runs_locally)
 

@@ -19,12 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from app.state.conversation import Conversation, Message
 
-if TYPE_CHECKING:
-    from app.controller import ChatController
+
+class Answerer(Protocol):
+    """What a notebook needs of the chat controller (app.controller.ChatController): no import of it, no circle."""
+
+    async def continue_answer(self, message: Message) -> Message: ...
+
+    async def answer_after(self, parent: Message) -> Message: ...
+
 
 NOTEBOOK = "notebook"
 CHAT = "chat"
@@ -108,7 +114,7 @@ def apply_text(conv: Conversation, text: str) -> Message | None:
     return conv.add_message(last, "user", rest)
 
 
-async def generate(controller: "ChatController", conv: Conversation, text: str) -> Message:
+async def generate(controller: Answerer, conv: Conversation, text: str) -> Message:
     """Continue the notebook's `text` (applied first): a cut-off last part goes on in place, else a new part.
 
     Raises:
