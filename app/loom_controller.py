@@ -174,14 +174,10 @@ class LoomController:
         request = GenerationRequest(
             **prompt.request_fields(), sampler=options.sampler, max_new_tokens=max_new_tokens, stop=options.stop,
             top_n=TOP_N, record_stages=True, assistant_prefix=tuple(t.token_id for t in kept), server_sampling=by_server,
+            constraint=options.constraint,  # each child is held to it (the engine refuses it for the N most likely)
         )
-        # The engine's continuations sample each child freely: no structured-output constraint (the request
-        # document says so, so a replay does not hold a child to one it never had), and the window says it.
         base = {**options.to_dict(), "max_new_tokens": max_new_tokens, "top_n": TOP_N, "server_sampling": by_server,
-                "constraint": None, "reasoning": thinking.to_dict()}
-        if options.constraint is not None:
-            self.notice.emit(f"the structured output ({options.constraint.label}) is not applied to loom "
-                             "continuations: each child is sampled without it")
+                "reasoning": thinking.to_dict()}
         model = model_record(engine.info)
         children = []
         for row in range(n):

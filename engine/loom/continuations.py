@@ -91,9 +91,15 @@ def continuation_events(
         raise ValueError(f"mode must be 'sample' or 'top', got {mode!r}")
     if request.forced_tokens:
         raise ValueError("N continuations choose their own first tokens: give no forced tokens")
+    if request.constraint is not None and mode == "top":
+        raise ValueError("the N most likely first tokens are the model's, not the structured output's: "
+                         "sample the continuations, or turn the structured output off")
     cancel = cancel or threading.Event()
     seeds = row_seeds(request, n)
-    if isinstance(backend, OwnEvents) or not isinstance(backend, BatchRunners) or request.sampler.banned_strings:
+    # The batched rows run the sampler chain alone: banned strings (a step back) and a constraint (a matcher
+    # per row) live in the decode loop, so such children go one after another through it.
+    one_by_one = request.sampler.banned_strings or request.constraint is not None
+    if isinstance(backend, OwnEvents) or not isinstance(backend, BatchRunners) or one_by_one:
         yield from _one_after_another(backend, request, seeds, mode, cancel)
     else:
         yield from _batched(backend, request, seeds, mode, cancel)

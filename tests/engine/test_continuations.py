@@ -180,3 +180,19 @@ def test_torch_rows_share_the_prefix_too(tiny_torch, monkeypatch):
         alone = [e.token_id for e in generate_events(tiny_torch, replace(req, sampler=SAMPLER.with_(seed=stats[row].seed)))
                  if isinstance(e, TokenEvent)]
         assert alone == [e.token_id for e in tokens[row]]
+
+
+def test_constrained_children_each_follow_the_constraint(fresh_default_llamacpp):
+    """The batched rows have no grammar matcher: constrained children go through the decode loop, each held to it."""
+    import re
+
+    from engine.constraints import Constraint
+
+    pattern = r"(yes|no|maybe), [a-z]+"
+    req = request(constraint=Constraint.regex(pattern), max_new_tokens=12, ignore_eos=False)
+    rows, stats = collect(continuation_events(fresh_default_llamacpp, req, 3, mode="sample"), 3)
+    texts = ["".join(e.text for e in row) for row in rows]
+    assert all(re.fullmatch(pattern, t) or re.fullmatch(r"(yes|no|maybe), [a-z]*", t) for t in texts), texts
+    assert all(any(e.constraint is not None for e in row) for row in rows)  # the grammar stage ran on every child
+    with pytest.raises(ValueError, match="structured output"):
+        list(continuation_events(fresh_default_llamacpp, req, 3, mode="top"))
