@@ -10,6 +10,8 @@ a token index in a signal or a selection is always the answer's own.
 
 from __future__ import annotations
 
+import html
+
 from engine import reasoning
 
 from PySide6.QtCore import QRectF, Qt, QTimer, Signal
@@ -56,13 +58,15 @@ class _ModelName(QLabel):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
+        self.setTextFormat(Qt.TextFormat.PlainText)  # a model's name comes from a file or a server: never markup
         self.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         # Ignored: the buttons keep their full labels; the name takes what is left, and paintEvent elides it.
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
 
     def setText(self, text: str) -> None:  # noqa: N802 - Qt's name
         super().setText(text)
-        self.setToolTip(text)
+        # Qt renders a tooltip that looks like HTML as HTML: escaped inside a paragraph, the name shows as typed.
+        self.setToolTip(f"<p>{html.escape(text)}</p>")
 
     def paintEvent(self, _event) -> None:  # noqa: N802 - Qt's name
         p = QPainter(self)

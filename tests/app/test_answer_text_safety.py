@@ -130,3 +130,5 @@ def test_a_model_name_and_an_error_from_a_server_are_shown_as_text(qtbot, window
     for label in (widget.model_label, widget.footer):
         assert label.textFormat() == Qt.TextFormat.PlainText
     assert "<html>" in widget.footer.text() and "<b>evil</b>" in widget.model_label.text()
+    # Its tooltip (the whole name, where the label elides it) shows the tags as text too.
+    assert "&lt;b&gt;evil&lt;/b&gt;" in widget.model_label.toolTip() and "<img" not in widget.model_label.toolTip()
