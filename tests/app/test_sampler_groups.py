@@ -56,10 +56,13 @@ def test_new_settings_apply_and_survive_a_restart(qtbot, window, store, host):
     assert s.banned_strings == ("shivers down\nher spine",)
     assert "· on" in panel.groups.sections["DRY (repetition of phrases)"].header.text()
     window = _restart(qtbot, window, store, host)
-    s = window.settings.options.sampler
-    assert s.dry_multiplier == 0.8 and s.logit_bias[2] == (7, -math.inf)
-    assert window.sampling.rows["dry_multiplier"].spin.value() == 0.8
-    assert window.sampling.groups.texts["logit_bias"].toPlainText() == '15043 = -5\n"hello" = 2\n7 = ban'
+    try:
+        s = window.settings.options.sampler
+        assert s.dry_multiplier == 0.8 and s.logit_bias[2] == (7, -math.inf)
+        assert window.sampling.rows["dry_multiplier"].spin.value() == 0.8
+        assert window.sampling.groups.texts["logit_bias"].toPlainText() == '15043 = -5\n"hello" = 2\n7 = ban'
+    finally:
+        close_window(qtbot, window)  # left open, it sits over the next test's window and takes its hover
 
 
 def _restart(qtbot, window, store, host):
