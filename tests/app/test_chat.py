@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import Qt
 
 from app.state.store import Store
 from qt_helpers import answered, send
 
 
+@pytest.mark.slow
 def test_send_streams_tokens_into_the_view_and_saves_them_while_streaming(qtbot, window, db_path):
     window.settings.set_max_new_tokens(300)
     window.settings.update_sampler(seed=3)  # the mock answer is then long enough to watch it stream

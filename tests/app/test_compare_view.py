@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from PySide6.QtGui import QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QWidget
 
@@ -26,6 +27,7 @@ def _underline_at(body, index: int) -> QTextCharFormat.UnderlineStyle:
 WAVE = QTextCharFormat.UnderlineStyle.WaveUnderline
 
 
+@pytest.mark.slow
 def test_compare_columns_align_mark_the_divergence_and_go_into_the_chat(qtbot, window):
     user_answer = send(qtbot, window, "the cat")
     conv = window.library.current
@@ -86,6 +88,7 @@ def test_compare_columns_align_mark_the_divergence_and_go_into_the_chat(qtbot, w
     view.close()
 
 
+@pytest.mark.slow
 def test_replay_is_identical_and_replay_with_a_change_shows_the_token_diff(qtbot, window, tmp_path):
     window.settings.update_sampler(seed=3, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
     answer = send(qtbot, window, "the dog")

@@ -16,6 +16,7 @@ def test_the_model_picker_offers_every_engine_backend_but_the_mock():
     assert "llamacpp" in BACKENDS and "auto" in BACKENDS and "mock" not in BACKENDS
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_default_model_on_llamacpp_answers_shows_quantization_and_branches(qtbot, qloop, store):
     host = EngineHost()  # the production factory: Engine.start on the engine's own thread

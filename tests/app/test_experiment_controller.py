@@ -50,6 +50,7 @@ def test_the_controller_loads_no_qt():
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_compare_same_seed_columns_agree_until_the_settings_part_them(default_host, store):
     controller = ExperimentController(default_host, Library(store))
@@ -95,6 +96,7 @@ def _answer(host: EngineHost, store, text: str, **sampler):
     return library.current, answer
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_replay_reproduces_an_answer_and_a_change_shows_where_it_mattered(default_host, store):
     conv, answer = _answer(default_host, store, "Name three colours.", seed=5, temperature=1.0, top_k=0, top_p=1.0,
@@ -124,6 +126,7 @@ def test_replay_reproduces_an_answer_and_a_change_shows_where_it_mattered(defaul
     assert kept.request["sampler"]["top_k"] == 1 and kept.model["name"] == "SmolLM2-135M-Instruct"
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_replay_on_another_model_is_refused_naming_the_model_that_made_the_answer(
         default_host, store, tiny_llama_folder):

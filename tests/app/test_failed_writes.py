@@ -55,6 +55,7 @@ def _start_answer(qtbot, window, min_tokens: int = 8):
     return conv, conv.path()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["read-only", "disk full"])
 def test_failing_writes_stop_the_answer_keep_its_tokens_and_save_them_later(qtbot, long_window, store, db_path,
                                                                            monkeypatch, how):

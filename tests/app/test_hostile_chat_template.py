@@ -48,6 +48,7 @@ def hostile_window(qtbot, qloop, store, host, tmp_path, monkeypatch):
         close_window(qtbot, window)
 
 
+@pytest.mark.slow
 def test_the_context_counter_never_renders_the_template_on_the_ui_thread(qtbot, hostile_window):
     window = hostile_window
     conv = window.library.current
@@ -63,6 +64,7 @@ def test_the_context_counter_never_renders_the_template_on_the_ui_thread(qtbot, 
     assert "did not finish" in label.toolTip() and "chat template" in label.toolTip()
 
 
+@pytest.mark.slow
 def test_sending_with_a_hostile_template_keeps_the_window_alive_and_says_why(qtbot, hostile_window):
     window = hostile_window
     errors: list[str] = []

@@ -104,6 +104,7 @@ def test_heatmap_columns_around_the_selection_nearest_first():
     assert nearest_first(tuple(range(10)), 5, size=4) == [(3, 4, 5, 6), (1, 2, 7, 8), (0, 9)]
 
 
+@pytest.mark.slow
 def test_layers_tab_waits_for_the_answer_to_finish(qtbot, qloop, store):
     """Opened on a token of an answer still being written, the tab waits, then shows what the model can do."""
     from qt_helpers import answered, mock_factory, run_task

@@ -79,6 +79,7 @@ def test_open_loads_the_selected_model_the_way_open_model_does(qtbot, window, ho
     assert window.findChild(LibraryDialog) is None  # closed and deleted once the model was chosen
 
 
+@pytest.mark.slow
 def test_a_download_shows_progress_can_be_cancelled_and_then_completes(qtbot, window, home, tmp_path):
     data = put_gguf(tmp_path / "t.gguf").read_bytes()
     data += bytes(1_200_000 - len(data)) if len(data) < 1_200_000 else b""  # padding after the tensors: still a GGUF

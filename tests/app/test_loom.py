@@ -55,6 +55,7 @@ def test_the_loom_controller_loads_no_qt():
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_n_continuations_are_siblings_in_the_tree_and_survive_a_restart(default_host, store, db_path):
     loom, library = _loom(default_host, store)
@@ -110,6 +111,7 @@ def test_n_continuations_are_siblings_in_the_tree_and_survive_a_restart(default_
         import_tree(fresh, {"answers": []})
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_auto_expand_opens_forks_within_its_budget_and_stops(default_host, store):
     loom, library = _loom(default_host, store)

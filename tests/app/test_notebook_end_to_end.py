@@ -27,6 +27,7 @@ def _generate(qtbot, w, text: str, timeout_ms: int = 120_000):
     return w.library.current.path()[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_default_model_notebook_continues_the_raw_text_replays_and_branches(qtbot, qloop, store):
     host = EngineHost()  # the production factory
@@ -88,6 +89,7 @@ def gemma_file():
     return path
 
 
+@pytest.mark.slow
 def test_a_base_model_without_a_template_opens_in_a_notebook_and_continues_it(qtbot, qloop, store, gemma_file):
     host = EngineHost()
     w = make_window(qtbot, store, host, max_new_tokens=12)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import pytest
 from PySide6.QtCore import Qt
 
 from app.state.store import Store
 from qt_helpers import answered, close_window, make_window, send
 
 
+@pytest.mark.slow
 def test_round_trip_through_a_fresh_window_and_connection(qtbot, window, host, store, db_path):
     w1 = window
     conv = w1.library.current

@@ -128,6 +128,7 @@ def test_compare_from_a_chat_leaves_reasoning_out_and_holds_the_constraint_throu
     assert [m["content"] for m in recipe.messages if m["role"] == "assistant"] == ["The answer."]
 
 
+@pytest.mark.slow
 def test_the_loom_leaves_reasoning_out_and_holds_each_child_to_the_constraint(qtbot, window, monkeypatch):
     import app.loom_controller as loom_controller
 

@@ -141,6 +141,7 @@ def test_sigkill_mid_answer_keeps_nearly_every_streamed_token(dirs):
     assert _answer_row(data / "logitlab.sqlite3")[0] == answer["tokens"]
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_sigterm_mid_answer_shuts_down_cleanly(dirs):
     data, logs = dirs
@@ -167,6 +168,7 @@ def _small_database(db: Path) -> None:
     store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["middle", "first page"])
 def test_damaged_database_starts_with_the_recovery_notice(dirs, where):
     data, logs = dirs
@@ -186,6 +188,7 @@ def test_damaged_database_starts_with_the_recovery_notice(dirs, where):
         assert "conversations" in notice["text"]
 
 
+@pytest.mark.slow
 def test_unwritable_database_starts_and_says_so(dirs):
     data, logs = dirs
     db = data / "logitlab.sqlite3"
@@ -208,6 +211,7 @@ def test_unwritable_database_starts_and_says_so(dirs):
     assert str(db) in start["notice"]["text"] and "cannot be opened for writing" in start["notice"]["text"]
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_writes_failing_mid_answer_then_the_app_quits_when_asked(dirs):
     data, logs = dirs
@@ -230,6 +234,7 @@ def _leaked(before: dict, after: dict) -> list[str]:
     return names
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_rapid_send_stop_cycles_leak_no_threads_or_memory(dirs):
     data, logs = dirs

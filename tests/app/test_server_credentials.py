@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from engine.backends.remote import RemoteBackend
 from remote_server import CharModel, FakeServer
 
@@ -26,6 +28,7 @@ def test_prepare_connection_keeps_credentials_with_the_key_and_returns_a_clean_s
     store.close()
 
 
+@pytest.mark.slow
 def test_nothing_with_credentials_reaches_the_database_or_its_wal(tmp_path):
     """What a connected server model records (its ModelInfo) and every list the app keeps, written to disk."""
     server = FakeServer(CharModel({"a": 0.6, "b": 0.3}))

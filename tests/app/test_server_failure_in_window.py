@@ -40,6 +40,7 @@ def server():
     s.close()
 
 
+@pytest.mark.slow
 def test_a_server_failing_mid_answer_keeps_the_text_and_tells_the_user(qtbot, qloop, store, server):
     host = EngineHost(mock_factory())
     assert run_task(qtbot, host.load(server.url, "remote"), timeout_ms=30000)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import Qt
 
 from qt_helpers import send
@@ -11,6 +12,7 @@ def _titles(sidebar) -> list[str]:
     return [sidebar.list.item(i).text() for i in range(sidebar.list.count())]
 
 
+@pytest.mark.slow
 def test_new_search_rename_delete(qtbot, window):
     sidebar = window.sidebar
     send(qtbot, window, "the cat")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PySide6.QtWidgets import QApplication
 from qt_helpers import close_window, run_task
 
@@ -63,6 +64,7 @@ def _fits(report: dict) -> None:
     assert report["chat_width"] >= 300, report  # the conversation keeps a readable column
 
 
+@pytest.mark.slow
 def test_the_window_fits_1024x700_and_a_layout_follows_the_screen_it_opens_on(tmp_path):
     """A first start on 1024x700; a layout saved on 1440x900 opened on 1024x700; and back again."""
     first = _probe(1024, 700, tmp_path / "small-first")
@@ -86,6 +88,7 @@ def test_the_window_fits_1024x700_and_a_layout_follows_the_screen_it_opens_on(tm
 LONG_MODEL = "an-organisation-with-a-long-name/" + "a-model-with-a-very-long-name-" * 4 + "GGUF-Q4_K_M"
 
 
+@pytest.mark.slow
 def test_connecting_to_a_server_with_a_long_model_name_does_not_widen_the_window(qtbot, window):
     from remote_server import CharModel, FakeServer
 

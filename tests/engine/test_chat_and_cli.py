@@ -107,6 +107,7 @@ def test_cli_generate_with_beams_prints_scored_beams(capsys, tiny_llama_folder):
     assert code == 0 and out.count("[beam ") == 2 and "score -" in out
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_cli_output_piped_into_a_reader_that_quits_early_is_not_an_error():
     """`logitlab-cli generate ... | head -1`: the closed pipe ends the program quietly, rc 0, no traceback."""

@@ -133,6 +133,7 @@ def test_a_gguf_template_is_rendered_with_the_limits(hostile_gguf, monkeypatch):
         backend.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("template", "words"),
     [

@@ -124,6 +124,7 @@ def _llama_allowed(sampler, n_vocab: int) -> np.ndarray:
     return np.isfinite(logits.reshape(n_vocab, 3)[:, 1])  # (id: int32, logit: float, p: float) per token
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ['{ "n": 42, "ok": true}', '{"n":7,"ok":false }'])
 def test_gbnf_allowed_set_equals_llama_cpp_grammar_sampler(default_llamacpp, text):
     """At every step the allowed set equals llama.cpp's; where the grammar forces bytes, llguidance allows

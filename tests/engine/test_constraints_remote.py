@@ -40,6 +40,7 @@ def test_we_sample_masks_the_servers_top_n(remote):
     assert steps[0].disallowed  # the server's favourites that are not a colour were removed
 
 
+@pytest.mark.slow
 def test_server_sampling_follows_the_constraint_sent_to_it(remote):
     jsonschema = pytest.importorskip("jsonschema")
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}

@@ -76,6 +76,7 @@ def test_children_run_as_one_batch_one_forward_per_step(fresh_default_llamacpp, 
     assert len({tuple(s.token_ids) for s in stats}) > 1  # six seeds, not six copies
 
 
+@pytest.mark.slow
 def test_same_seed_same_children(fresh_default_llamacpp):
     first = collect(continuation_events(fresh_default_llamacpp, request(), 4), 4)[1]
     again = collect(continuation_events(fresh_default_llamacpp, request(), 4), 4)[1]
@@ -104,6 +105,7 @@ def test_top_mode_starts_with_the_likeliest_tokens(fresh_default_llamacpp):
     assert [e.token_id for e in firsts] == [p.token_id for p in firsts[0].top_model[:5]]
 
 
+@pytest.mark.slow
 def test_without_a_batch_runner_children_go_one_by_one_with_the_same_draws(fresh_default_llamacpp, runners):
     plain = OnlyBackend(fresh_default_llamacpp)
     events = list(continuation_events(plain, request(), 3))

@@ -38,6 +38,7 @@ def request(backend, **kw) -> GenerationRequest:
                              top_n=10, record_stages=True, **kw)
 
 
+@pytest.mark.slow
 def test_llamacpp_overlaps_and_the_events_are_the_same(fresh_default_llamacpp):
     backend = fresh_default_llamacpp
     assert isinstance(backend, OverlappedForward) and not isinstance(Plain(backend), OverlappedForward)

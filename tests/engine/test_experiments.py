@@ -136,6 +136,7 @@ def _run(backend, settings, prompt="Once upon a time", n=16):
     return run_column(backend, request)
 
 
+@pytest.mark.slow
 def test_replay_with_the_same_seed_and_settings_gives_identical_tokens(fresh_default_torch):
     s = SamplerSettings(temperature=1.1, top_p=0.95, seed=1234)
     a, b = _run(fresh_default_torch, s, n=16), _run(fresh_default_torch, s, n=16)
@@ -195,6 +196,7 @@ FILTERS = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     a=FILTERS,

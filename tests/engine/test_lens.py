@@ -51,6 +51,7 @@ def _direct_transformers(model, ids: list[int], positions: list[int]) -> np.ndar
     return log_softmax(logits.float().numpy())
 
 
+@pytest.mark.slow
 def test_torch_layer_view_equals_transformers(fresh_default_torch, prompt_ids):
     backend = fresh_default_torch
     positions = _positions(prompt_ids)

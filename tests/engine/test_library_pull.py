@@ -87,6 +87,7 @@ def test_a_file_whose_hash_differs_from_the_published_one_is_deleted(hub, tmp_pa
     assert [p for p in (repo / "blobs").iterdir() if p.stat().st_size == len(gguf_bytes)] == []
 
 
+@pytest.mark.slow
 def test_a_dropped_connection_during_a_hub_download_resumes_with_range(hub, tmp_path, monkeypatch):
     from huggingface_hub import constants
 

@@ -109,6 +109,7 @@ def test_second_turn_prefills_only_new_tokens(default_mlx, monkeypatch):
     assert prefilled == len(prompt2) - shared == done2.stats.prefilled_tokens
 
 
+@pytest.mark.slow
 def test_replay_on_mlx_gives_identical_tokens_and_shows_where_a_change_mattered(default_mlx):
     """Issue 12's replay on the MLX backend: same seed and settings -> the same ids; a changed knob -> a diff
     whose first divergence is a step where the survivors changed (one uniform draw per step)."""

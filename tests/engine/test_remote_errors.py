@@ -139,6 +139,7 @@ def test_429_then_ok_is_retried_with_backoff(stub):
     assert stub.hits["/v1/models"] == 3
 
 
+@pytest.mark.slow
 def test_retries_are_bounded_and_500_is_reported(stub):
     stub.script["/v1/models"] = [(500, {"error": {"message": "CUDA out of memory"}}, {})]
     with pytest.raises(ServerResponseError, match=r"internal error \(500\): CUDA out of memory"):

@@ -51,6 +51,7 @@ def connect(server: FakeServer, **overrides) -> RemoteBackend:
 # --- item 11: the model view is the server's log-probs, with the unreported rest ------------------------------
 
 
+@pytest.mark.slow
 def test_we_sample_shows_the_servers_logprobs_and_the_rest(serve):
     model = CharModel(PROBS)
     backend = connect(serve(lambda *a: model(*a)))
@@ -76,6 +77,7 @@ def test_we_sample_shows_the_servers_logprobs_and_the_rest(serve):
     assert done.stats.finish_reason == "length" and done.stats.seed == 5
 
 
+@pytest.mark.slow
 def test_compare_on_a_server_shows_the_servers_logprobs(serve):
     """Compare runs the decode loop itself: the model view there is the server's too (ModelInfo.reports_top_n)."""
     from engine.experiments.compare import compare
@@ -90,6 +92,7 @@ def test_compare_on_a_server_shows_the_servers_logprobs(serve):
             assert ev.prob == pytest.approx(PROBS[ev.token_text], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_server_sampling_shows_the_rest_too(serve):
     model = CharModel(PROBS)
     backend = connect(serve(lambda *a: model(*a)))
@@ -104,6 +107,7 @@ def test_server_sampling_shows_the_rest_too(serve):
 # --- item 12: vLLM names tokens "token_id:N"; their text is shown ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_vllm_token_ids_are_shown_as_their_text(serve):
     model = CharModel(PROBS, kind="vllm")
     backend = connect(serve(lambda *a: model(*a)))
@@ -118,6 +122,7 @@ def test_vllm_token_ids_are_shown_as_their_text(serve):
 # --- item 13: an empty answer says what the server answered ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_empty_server_answer_says_what_the_server_said(serve, capsys):
     model = CharModel(PROBS)
 
@@ -139,6 +144,7 @@ def test_an_empty_server_answer_says_what_the_server_said(serve, capsys):
 # --- item 15: a server without a tokenize endpoint ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_no_tokenize_endpoint_says_use_server_sampling_before_anything_runs(serve, capsys):
     model = CharModel(PROBS, tokenize=False)
     server = serve(lambda *a: model(*a))
@@ -173,6 +179,7 @@ FAILURES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", sorted(FAILURES))
 def test_we_sample_failure_mid_answer_keeps_tokens_seed_and_speed(serve, failure):
     model = CharModel(PROBS, fail_at=FAIL_AT, fail=FAILURES[failure])
@@ -187,6 +194,7 @@ def test_we_sample_failure_mid_answer_keeps_tokens_seed_and_speed(serve, failure
     assert unseeded.finish_reason == "error" and 0 <= unseeded.seed < 2**63  # the drawn seed, not -1
 
 
+@pytest.mark.slow
 def test_we_sample_stream_cut_is_reported_by_the_cli_with_a_nonzero_exit(serve, capsys):
     model = CharModel(PROBS, fail_at=FAIL_AT)
     server = serve(lambda *a: model(*a))
@@ -199,6 +207,7 @@ def test_we_sample_stream_cut_is_reported_by_the_cli_with_a_nonzero_exit(serve, 
     assert "seed 3" in err and " 0.0 tok/s" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["cut", "500", "trickle"])
 def test_server_sampling_failure_mid_answer_is_said(serve, capsys, monkeypatch, how):
     monkeypatch.setenv("LOGITLAB_REMOTE_TIMEOUT", "1")  # the trickle is given up after 1 s
@@ -226,6 +235,7 @@ def test_server_sampling_failure_mid_answer_is_said(serve, capsys, monkeypatch, 
 # --- item 17: hangs and trickles --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_trickling_stream_ends_after_the_timeout_with_a_clear_error(serve):
     model = CharModel(PROBS)
 
@@ -250,6 +260,7 @@ def test_a_trickling_stream_ends_after_the_timeout_with_a_clear_error(serve):
         run(connect(serve(silent), timeout_s=1), prompt=PROMPT, server_sampling=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("server_sampling", [False, True])
 def test_cancel_while_the_server_never_answers_returns_at_once(serve, server_sampling):
     model = CharModel(PROBS)
@@ -272,6 +283,7 @@ def test_cancel_while_the_server_never_answers_returns_at_once(serve, server_sam
 # --- item 23: a 200 answer that is not a stream ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_json_answer_to_a_stream_request_is_named(serve):
     model = CharModel(PROBS)
 
@@ -285,6 +297,7 @@ def test_a_json_answer_to_a_stream_request_is_named(serve):
     assert "middle of the answer" not in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["we-sample", "server-sampling", "trickle"])
 def test_ctrl_c_in_the_cli_exits_within_a_second(serve, mode):
     """Issue 20 item 17: Ctrl-C while the server never answers (or trickles a byte at a time) took 10 s."""
@@ -331,6 +344,7 @@ def test_ctrl_c_in_the_cli_exits_within_a_second(serve, mode):
 # --- item 19: credentials in a server URL -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_credentials_in_the_url_are_sent_but_never_shown(serve, capsys):
     import base64
 

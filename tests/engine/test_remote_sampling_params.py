@@ -42,6 +42,7 @@ def sent_body(server: FakeServer) -> dict:
     return [body for method, path, body in server.requests if path == "/v1/completions" and body.get("stream")][-1]
 
 
+@pytest.mark.slow
 def test_llamacpp_server_gets_every_new_setting_under_its_own_names(fake):
     server = fake("llama.cpp")
     backend = RemoteBackend.connect(server.url)
@@ -72,6 +73,7 @@ def test_llamacpp_server_gets_every_new_setting_under_its_own_names(fake):
     backend.close()
 
 
+@pytest.mark.slow
 def test_what_llamacpp_cannot_do_is_named_once_before_anything_is_sent(fake):
     server = fake("llama.cpp")
     backend = RemoteBackend.connect(server.url)
@@ -87,6 +89,7 @@ def test_what_llamacpp_cannot_do_is_named_once_before_anything_is_sent(fake):
     backend.close()
 
 
+@pytest.mark.slow
 def test_a_vllm_server_takes_ids_in_logit_bias_and_names_the_stages_it_lacks(fake):
     server = fake("vllm")
     backend = RemoteBackend.connect(server.url)

@@ -65,6 +65,7 @@ def test_chunked_prefill_equals_one_shot(tiny_torch):
     np.testing.assert_allclose(logits, _full_logits(tiny_torch, ids), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_cached_greedy_decode_matches_transformers_generate(fresh_default_torch):
     backend = fresh_default_torch
     prompt = backend.tokenizer.chat_ids([{"role": "user", "content": "Name three fruits."}])
