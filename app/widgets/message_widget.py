@@ -23,7 +23,6 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -32,7 +31,7 @@ from app.state.conversation import Conversation, Message
 from app.state.versions import elsewhere
 from app.widgets.message_body import MessageBody
 from app.widgets.thinking_block import ThinkingBlock
-from app.widgets.version_note import VersionNote
+from app.widgets.version_note import VersionNote, header_button
 
 FINISH_TEXT = {
     "eos": "",
@@ -41,16 +40,6 @@ FINISH_TEXT = {
     "cancelled": "stopped",
     None: "interrupted",
 }
-
-
-def _tool(text: str, tip: str, name: str) -> QToolButton:
-    b = QToolButton()
-    b.setText(text)
-    b.setToolTip(tip)
-    b.setAccessibleName(name)
-    b.setAutoRaise(True)
-    b.setCursor(Qt.CursorShape.PointingHandCursor)
-    return b
 
 
 class _ModelName(QLabel):
@@ -108,21 +97,21 @@ class MessageWidget(QFrame):
         self.model_label = _ModelName()  # a server names its model: painted as text, never markup
         header.addWidget(self.role_label)
         header.addWidget(self.model_label, 1)  # takes the room left, so the buttons keep theirs
-        self.prev_button = _tool("‹", "Previous version of this message", "Previous version")
+        self.prev_button = header_button("‹", "Previous version of this message", "Previous version")
         self.sibling_label = QLabel()
         self.sibling_label.setAccessibleName("Version")
-        self.next_button = _tool("›", "Next version of this message", "Next version")
+        self.next_button = header_button("›", "Next version of this message", "Next version")
         self.prev_button.clicked.connect(lambda: self.sibling_requested.emit(self.message, -1))
         self.next_button.clicked.connect(lambda: self.sibling_requested.emit(self.message, +1))
         for w in (self.prev_button, self.sibling_label, self.next_button):
             header.addWidget(w)
         header.addSpacing(8)
-        self.edit_button = _tool("Edit", "Edit this message and send it again (keeps the original as a branch)", "Edit")
+        self.edit_button = header_button("Edit", "Edit this message and send it again (keeps the original as a branch)", "Edit")
         # Short labels (the tooltip says what each does): with the version arrows they fit a 380 px chat column.
-        self.regen_button = _tool("↻", "Regenerate: write a new answer (Ctrl+R); the old one stays as a branch",
+        self.regen_button = header_button("↻", "Regenerate: write a new answer (Ctrl+R); the old one stays as a branch",
                                   "Regenerate")
-        self.continue_button = _tool("More", "Continue: generate more of this cut-off answer", "Continue")
-        self.copy_button = _tool("Copy", "Copy the text of this message", "Copy")
+        self.continue_button = header_button("More", "Continue: generate more of this cut-off answer", "Continue")
+        self.copy_button = header_button("Copy", "Copy the text of this message", "Copy")
         self.edit_button.clicked.connect(self._begin_edit)
         self.regen_button.clicked.connect(lambda: self.regenerate_requested.emit(self.message))
         self.continue_button.clicked.connect(lambda: self.continue_requested.emit(self.message))

@@ -14,7 +14,8 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QWidget
 from app.state.versions import Elsewhere
 
 
-def _arrow(text: str, tip: str, name: str) -> QToolButton:
+def header_button(text: str, tip: str, name: str) -> QToolButton:
+    """A flat button of a message's header (the version arrows, Edit, Copy...): its tip and accessible name say it in words."""
     b = QToolButton()
     b.setText(text)
     b.setToolTip(tip)
@@ -37,8 +38,8 @@ class VersionNote(QWidget):
         self.label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         self.label.setAccessibleName("Later messages on another version")
         self.label.linkActivated.connect(lambda _link: self._jump())
-        self.prev_button = _arrow("‹", "Previous version of this message", "Previous version")
-        self.next_button = _arrow("›", "Next version of this message", "Next version")
+        self.prev_button = header_button("‹", "Previous version of this message", "Previous version")
+        self.next_button = header_button("›", "Next version of this message", "Next version")
         self.prev_button.clicked.connect(lambda: self.switch_requested.emit(-1))
         self.next_button.clicked.connect(lambda: self.switch_requested.emit(+1))
         row.addWidget(self.label)
