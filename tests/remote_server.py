@@ -63,25 +63,34 @@ def running_llama_server(model_path: str | None = None, n_threads: int = 1) -> I
     cmd = [sys.executable, "-c", SERVER_MAIN, "--model", model_path, "--host", "127.0.0.1",
            "--port", str(port), "--logits_all", "true", "--n_threads", str(n_threads), "--verbose", "false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    with _served(proc, "the llama.cpp server", port, STARTUP_LIMIT_S, poll_s=0.2, grace_s=10,
+                 why_exited=lambda: proc.stderr.read().decode()[-2000:]) as url:
+        yield url
+
+
+@contextmanager
+def _served(proc: subprocess.Popen, name: str, port: int, limit_s: float, *, poll_s: float, grace_s: float,
+            why_exited) -> Iterator[str]:
+    """Wait until the server `proc` answers /v1/models on `port`, yield its base URL, then stop its process group."""
     url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + STARTUP_LIMIT_S
+    deadline = time.monotonic() + limit_s
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"the llama.cpp server exited: {proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"{name} exited with {proc.returncode}: {why_exited()}")
             try:
                 if httpx.get(url + "/models", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the llama.cpp server did not answer within {STARTUP_LIMIT_S} s")
-            time.sleep(0.2)
+                raise RuntimeError(f"{name} did not answer within {limit_s} s")
+            time.sleep(poll_s)
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(10)
+            proc.wait(grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -310,28 +319,9 @@ def running_vllm_server(model_folder: str, python: str | None = None) -> Iterato
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     log = open(os.environ.get("LOGITLAB_VLLM_LOG") or os.devnull, "wb")  # LOGITLAB_VLLM_LOG=FILE keeps its output
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + VLLM_STARTUP_LIMIT_S
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"the vLLM server exited with {proc.returncode} (set LOGITLAB_VLLM_LOG=FILE to see why)"
-                )
-            try:
-                if httpx.get(url + "/models", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the vLLM server did not answer within {VLLM_STARTUP_LIMIT_S} s")
-            time.sleep(1)
-        yield url
+        with _served(proc, "the vLLM server", port, VLLM_STARTUP_LIMIT_S, poll_s=1, grace_s=30,
+                     why_exited=lambda: "set LOGITLAB_VLLM_LOG=FILE to see why") as url:
+            yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
         log.close()
