@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import TypeVar
 
@@ -102,22 +102,7 @@ class ModelWorker:
         handle = GenerationHandle()
 
         def job() -> None:
-            try:
-                for event in events_for(self.ready.result(), request, handle.cancel_event):
-                    try:
-                        on_event(event)
-                    except Exception:
-                        # The consumer is gone (closed event loop, deleted window): stop working for it.
-                        log.debug("event consumer failed; cancelling", exc_info=True)
-                        handle.cancel()
-                    if isinstance(event, Done):
-                        handle.result.set_result(event.stats)
-            except BaseException as e:  # noqa: BLE001 - re-raised on the consumer side
-                handle.result.set_exception(e)
-                try:
-                    on_event(e)
-                except Exception:
-                    log.debug("event consumer failed while receiving an error", exc_info=True)
+            deliver(lambda: events_for(self.ready.result(), request, handle.cancel_event), handle, on_event)
 
         self._put(job)
         return handle
@@ -134,3 +119,26 @@ class ModelWorker:
         self._closed = True
         self._jobs.put(None)
         self._thread.join(timeout)
+
+
+def deliver(make_events: Callable[[], Iterable[Event]], handle: GenerationHandle, on_event: EventCallback) -> None:
+    """Hand every event `make_events()` yields to `on_event`, and the run's end (stats or error) to `handle`.
+
+    A consumer that fails (a closed event loop, a deleted window) cancels the run; an error of the run
+    itself reaches the consumer as an event and `handle.result` as its exception.
+    """
+    try:
+        for event in make_events():
+            try:
+                on_event(event)
+            except Exception:
+                log.debug("event consumer failed; cancelling", exc_info=True)
+                handle.cancel()
+            if isinstance(event, Done):
+                handle.result.set_result(event.stats)
+    except BaseException as e:  # noqa: BLE001 - re-raised on the consumer side
+        handle.result.set_exception(e)
+        try:
+            on_event(e)
+        except Exception:
+            log.debug("event consumer failed while receiving an error", exc_info=True)

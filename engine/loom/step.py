@@ -14,18 +14,16 @@ token stream can use it unchanged.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable
 
 from engine.capabilities import MissingCapabilityError, OwnEvents
 from engine.decode import generate_events
-from engine.events import Done, TokenEvent
+from engine.events import TokenEvent
 from engine.request import GenerationRequest
-from engine.worker import EventCallback, GenerationHandle
+from engine.worker import EventCallback, GenerationHandle, deliver
 
-log = logging.getLogger(__name__)
 
 POLL_S = 0.05
 
@@ -85,27 +83,16 @@ class SteppedEngine:
         gate = self.gate
 
         def job(backend) -> None:
-            try:
+            def events():
                 if isinstance(backend, OwnEvents):
                     raise MissingCapabilityError(
                         f"step mode needs a model that runs here through the shared decode loop; "
                         f"{backend.info.name} ({backend.info.backend}) makes its own token stream"
                     )
                 choose = lambda ev: gate.choose(ev, handle.cancel_event)  # noqa: E731
-                for event in generate_events(backend, request, handle.cancel_event, choose=choose):
-                    try:
-                        on_event(event)
-                    except Exception:  # the consumer is gone: stop working for it
-                        log.debug("event consumer failed; cancelling", exc_info=True)
-                        handle.cancel()
-                    if isinstance(event, Done):
-                        handle.result.set_result(event.stats)
-            except BaseException as e:  # noqa: BLE001 - re-raised on the consumer side
-                handle.result.set_exception(e)
-                try:
-                    on_event(e)
-                except Exception:
-                    log.debug("event consumer failed while receiving an error", exc_info=True)
+                return generate_events(backend, request, handle.cancel_event, choose=choose)
+
+            deliver(events, handle, on_event)
 
         self.engine.call(job)
         return handle
