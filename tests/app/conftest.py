@@ -81,3 +81,23 @@ def window(qtbot, qloop, store, host):
     yield w
     if not w._shutdown_done:
         close_window(qtbot, w)
+
+
+@pytest.fixture
+def closing(qtbot) -> Iterator:
+    """Close a delete-on-close window at teardown, unless Qt has deleted it already.
+
+    `qtbot.addWidget` closes every widget it holds at teardown; a compare, replay or
+    score window deletes itself when closed, and if Qt has already run that deletion,
+    pytest-qt's `close()` raises "Internal C++ object already deleted" and fails the
+    next test's setup. Whether it has depends on when the event loop last spun, so the
+    failure came and went with timing.
+    """
+    import shiboken6
+
+    opened: list = []
+    yield opened.append
+    for widget in opened:
+        if shiboken6.isValid(widget):
+            widget.close()
+    qtbot.wait(0)  # let the deferred deletes run here, not in the next test

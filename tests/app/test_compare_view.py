@@ -28,12 +28,12 @@ WAVE = QTextCharFormat.UnderlineStyle.WaveUnderline
 
 
 @pytest.mark.slow
-def test_compare_columns_align_mark_the_divergence_and_go_into_the_chat(qtbot, window):
+def test_compare_columns_align_mark_the_divergence_and_go_into_the_chat(qtbot, window, closing):
     user_answer = send(qtbot, window, "the cat")
     conv = window.library.current
     user = conv.messages[user_answer.parent_id]
     view = open_compare(window.context)
-    qtbot.addWidget(view)
+    closing(view)
     assert len(view.columns) == 2 and "Continues the open conversation" in view.prompt_note.text()
     view.seed.setValue(5)
     view.max_tokens.setValue(16)
@@ -89,21 +89,21 @@ def test_compare_columns_align_mark_the_divergence_and_go_into_the_chat(qtbot, w
 
 
 @pytest.mark.slow
-def test_replay_is_identical_and_replay_with_a_change_shows_the_token_diff(qtbot, window, tmp_path):
+def test_replay_is_identical_and_replay_with_a_change_shows_the_token_diff(qtbot, window, tmp_path, closing):
     window.settings.update_sampler(seed=3, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
     answer = send(qtbot, window, "the dog")
     conv = window.library.current
     original = [t.token_id for t in conv.tokens(answer)]
 
     same = open_replay(window.context, with_change=False)
-    qtbot.addWidget(same)
+    closing(same)
     qtbot.waitUntil(lambda: same.diff is not None, timeout=15000)
     assert same.replay.token_ids == original and same.diff.identical
     assert "Identical" in same.summary.text()
     same.close()
 
     changed = open_replay(window.context, with_change=True)
-    qtbot.addWidget(changed)
+    closing(changed)
     changed.field.setCurrentText("top_k")
     changed.value.setText("1")
     run_task(qtbot, changed.run())
@@ -140,7 +140,7 @@ def test_menus_open_the_experiments(qtbot, window):
     assert {"Compare settings", "Score text"} <= titles
 
 
-def test_replay_on_another_model_names_the_answers_model_and_offers_to_load_it(qtbot, qloop, store):
+def test_replay_on_another_model_names_the_answers_model_and_offers_to_load_it(qtbot, qloop, store, closing):
     def factory(spec, backend, progress):  # two mock "models": the window only sees their ModelInfo
         mock = MockBackend(delay_s=0.01)
         if spec == "other-mock":
@@ -156,7 +156,7 @@ def test_replay_on_another_model_names_the_answers_model_and_offers_to_load_it(q
         assert run_task(qtbot, host.load("other-mock", "mock")) and host.info.name == "other-mock"
 
         view = open_replay(window.context, with_change=False)
-        qtbot.addWidget(view)
+        closing(view)
         qtbot.waitUntil(view.run_button.isEnabled, timeout=5000)  # the replay ran at once, and was refused
         text = view.summary.text()
         assert "made by mock (mock, float32), but other-mock (mock, float32) is loaded" in text
@@ -173,9 +173,9 @@ def test_replay_on_another_model_names_the_answers_model_and_offers_to_load_it(q
         host.close()
 
 
-def test_closing_a_comparison_mid_run_stops_its_run(qtbot, window):
+def test_closing_a_comparison_mid_run_stops_its_run(qtbot, window, closing):
     view = open_compare(window.context)
-    qtbot.addWidget(view)
+    closing(view)
     view.prompt.setPlainText("a new prompt")
     view.max_tokens.setValue(400)
     task = view.run()

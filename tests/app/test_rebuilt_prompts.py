@@ -99,13 +99,13 @@ def requests(monkeypatch) -> list:
     return seen
 
 
-def test_compare_from_a_chat_leaves_reasoning_out_and_holds_the_constraint_through_replay(qtbot, window, requests):
+def test_compare_from_a_chat_leaves_reasoning_out_and_holds_the_constraint_through_replay(qtbot, window, requests, closing):
     conv = window.library.current
     _chat_with_reasoning(conv)
     constraint = Constraint.regex(r"(yes|no)\.")
     window.settings.set_options(replace(window.settings.options, constraint=constraint))
     view = open_compare(window.context)
-    qtbot.addWidget(view)
+    closing(view)
     assert "structured output (regular expression)" in view.prompt_note.text()
     view.max_tokens.setValue(4)
     run_task(qtbot, view.run())

@@ -21,10 +21,10 @@ def _background_at(body, position: int):
     return cursor.charFormat().background().color()
 
 
-def test_score_a_user_message_colours_tokens_by_surprisal(qtbot, window):
+def test_score_a_user_message_colours_tokens_by_surprisal(qtbot, window, closing):
     send(qtbot, window, "the quick brown fox jumps over the lazy dog")
     view = open_score(window.context)
-    qtbot.addWidget(view)
+    closing(view)
     assert view.messages.count() == 2  # the placeholder and the one user message
     view.messages.setCurrentIndex(1)
     view.messages.activated.emit(1)
@@ -50,9 +50,9 @@ def test_score_a_user_message_colours_tokens_by_surprisal(qtbot, window):
     view.close()
 
 
-def test_score_opens_files_and_refuses_bad_input(qtbot, window, tmp_path):
+def test_score_opens_files_and_refuses_bad_input(qtbot, window, tmp_path, closing):
     view = open_score(window.context)
-    qtbot.addWidget(view)
+    closing(view)
     assert view.run() is None and "first" in view.summary.text()  # nothing to score
     good = tmp_path / "t.txt"
     good.write_text(" the cat is a dog", encoding="utf-8")

@@ -123,7 +123,7 @@ def test_connecting_to_a_server_with_a_long_model_name_does_not_widen_the_window
         server.close()
 
 
-def test_replay_opens_no_larger_than_the_screen(qtbot, window):
+def test_replay_opens_no_larger_than_the_screen(qtbot, window, closing):
     from qt_helpers import send
 
     from app.experiment_actions import open_replay
@@ -132,6 +132,6 @@ def test_replay_opens_no_larger_than_the_screen(qtbot, window):
     free = window.screen().availableGeometry()  # the offscreen test screen: 800x800
     for with_change in (False, True):
         view = open_replay(window.context, with_change)
-        qtbot.addWidget(view)
+        closing(view)
         assert view.width() <= free.width() and view.height() <= free.height(), (view.size(), free)
         view.close()
