@@ -41,9 +41,12 @@ def test_next_token_logprobs_batch_in_one_call_and_equal_the_backends(lm):
     lm.clear_cache()
     prefix = lm.tokenizer.encode("a shared prefix of a dozen tokens or so, ")
     rows = [prefix + lm.tokenizer.encode(s, add_special_tokens=False) for s in ("cat", "dog", "🐉")]
-    calls = lm.forward_calls
+    calls, evaluated = lm.forward_calls, lm.runner.tokens_evaluated
     got = lm.batch_next_token_logprobs_sync(rows)
-    assert lm.forward_calls - calls <= 2  # the shared prefix once, then all three rows in one llama_batch
+    # the shared prefix once, then the rows: one-token rows share a llama_batch, a row of several tokens has its
+    # own (mixing them computes wrongly, llama.cpp #24962: see the runner)
+    assert lm.forward_calls - calls <= 1 + len(rows)
+    assert lm.runner.tokens_evaluated - evaluated == len(prefix) + sum(len(r) - len(prefix) for r in rows)
     for row, lp in zip(rows, got):
         np.testing.assert_allclose(lp, backend_logprobs(lm, row), atol=1e-4)
     calls = lm.forward_calls
@@ -98,3 +101,34 @@ def test_the_default_model_loads_for_research_on_llamacpp():
         assert "Paris" in model.tokenizer.decode(out[0].tolist())
     finally:
         model.close()
+
+
+def test_rows_decoded_together_equal_each_row_decoded_alone(fresh_default_llamacpp):
+    """llama.cpp computes a batch that mixes sequences wrongly once it holds enough tokens (llama.cpp #24962):
+    here two 32-token prompts in one batch, or 64 one-token steps, were up to 1.6 off in the logits. The runner
+    keeps such batches apart; every row must equal its sequence decoded alone, bit for bit."""
+    from engine.backends.llamacpp.runner import LlamaCppRunner
+
+    tok = fresh_default_llamacpp.tokenizer
+    words = "the sea is wide and deep and the ships sail on it under a grey sky while gulls cry".split()
+    prompts = [tok.encode(" ".join(2 * (words[i:] + words[:i])), add_special_tokens=False)[:32] for i in range(4)]
+    assert all(len(p) == 32 for p in prompts)
+
+    def alone(prompt: list[int], then: int) -> tuple[np.ndarray, np.ndarray]:
+        runner = LlamaCppRunner(fresh_default_llamacpp, max_seqs=4)
+        try:
+            return runner.start([prompt])[0], runner.step([then])[0]
+        finally:
+            runner.close()
+
+    expected = [alone(p, 11) for p in prompts]
+    runner = LlamaCppRunner(fresh_default_llamacpp, max_seqs=128)
+    try:
+        rows = [prompts[i % 4] for i in range(64)]
+        first = runner.start(rows)  # 64 prompts of 32 tokens
+        after = runner.step([11] * 64)  # then 64 one-token steps
+    finally:
+        runner.close()
+    for i in range(64):
+        assert np.array_equal(first[i], expected[i % 4][0]), i
+        assert np.array_equal(after[i], expected[i % 4][1]), i

@@ -33,6 +33,8 @@ from engine.backends.llamacpp import native
 from engine.backends.chunks import chunk_spans, stack_logprobs
 
 RowState = tuple[int, bytes]  # (cached positions, llama_state_seq_get_data bytes)
+# The most one-token rows of different sequences one `llama_batch` carries (see `_run`): 64 went wrong, 40 did not.
+MULTI_SEQUENCE_TOKENS = 24
 
 
 class LlamaCppRunner:
@@ -81,13 +83,24 @@ class LlamaCppRunner:
     def _run(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:
         """Decode (seq_id, start_pos, tokens) rows; returns the (B, V) logits of each row's last token.
 
-        Rows are packed into as few `llama_batch`es as `n_batch` allows; a row longer than
-        `n_batch` is split across batches (its earlier part only fills the cache).
+        Rows of one token each (a decode step) share a `llama_batch`, at most
+        `MULTI_SEQUENCE_TOKENS` rows per batch. A row of several tokens (a prompt, a trie's
+        new tokens) gets batches of its own, split every `n_batch` tokens (the earlier part
+        only fills the cache). Why: llama.cpp computes a batch that mixes sequences wrongly once
+        it holds enough tokens (llama.cpp #24962, unified KV cache; here, 0.3.36 on the CPU
+        with flash attention: two 32-token prompts in one batch, or 64 one-token steps, gave
+        logits up to 1.6 away from each sequence decoded alone), while one sequence per batch,
+        and up to 40 one-token steps of different sequences together, match a single-sequence
+        context bit for bit (tests/engine/test_llamacpp_research.py checks both).
         """
         out = np.empty((len(rows), self.n_vocab), dtype=np.float32)
         pending: list[tuple[int, int]] = []  # (row, batch index) whose logits this batch yields
         self._batch.clear()
         for r, (seq, start, toks) in enumerate(rows):
+            if len(toks) > 1 and self._batch.n:
+                self._flush(pending, out)  # a prompt starts a batch of its own
+            if len(toks) == 1 and self._batch.n >= MULTI_SEQUENCE_TOKENS:
+                self._flush(pending, out)
             for j, t in enumerate(toks):
                 if self._batch.n == self.n_batch:
                     self._flush(pending, out)
@@ -95,6 +108,8 @@ class LlamaCppRunner:
                 idx = self._batch.add(int(t), start + j, seq, last)
                 if last:
                     pending.append((r, idx))
+            if len(toks) > 1:
+                self._flush(pending, out)
         self._flush(pending, out)
         return out
 
