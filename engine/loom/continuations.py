@@ -3,8 +3,13 @@
 The loom's "N continuations here": from a prompt (and the kept part of an
 answer, `request.assistant_prefix`), N children, each drawn by its own
 `SamplerChain` seeded `seed + row` (so a child does not depend on which other
-children share its batch), or, in "top" mode, child r starts with the model's
-r-th most likely next token and goes on with its own chain.
+children share its batch); in "top" mode, child r starts with the model's
+r-th most likely next token and goes on with its own chain; in "beam" mode the
+children are the N most likely continuations as a whole, found by beam search
+(`engine.research.beam`, transformers' algorithm: width N, length-normalised
+scores) over the model's own distribution, then run through the rows with
+their tokens forced, so each token is recorded and inspectable like a drawn
+one (and says it was forced).
 
 Where the model can run a batch (`engine.capabilities.BatchRunners`), the
 prefix is computed once for one row, the row is copied N times with the
@@ -13,8 +18,10 @@ tensors: either way the prefix is not recomputed), and then every step is one
 forward for all rows still running; a row that ends is dropped from the batch
 by another `reorder`. A model with its own event stream (a server) or without
 a batch runner runs the children one after another through the ordinary
-decode loop (a server's own prefix cache makes the repeated prompt cheap).
-Banned strings need the decode loop's step-backs, so they also take that way.
+decode loop (a server's own prefix cache makes the repeated prompt cheap),
+except where the server samples and can draw all N in one request (its `n`:
+`engine.capabilities.ServerChildren`; every child then reports that request's
+seed). Banned strings need the decode loop's step-backs, so they also take that way.
 
 Events are `RowEvent(row, event)`: per row, `TokenEvent`s as the decode loop
 makes them (the same `_event` builder, so the window inspects every token the
@@ -34,7 +41,7 @@ from typing import Literal
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.capabilities import BatchRunners, OwnEvents
+from engine.capabilities import BatchRunners, OwnEvents, ServerChildren
 from engine.decode import _event as token_event
 from engine.decode import check_context, generate_events, prompt_ids_for
 from engine.events import Done, Event, GenerationStats, TokenEvent
@@ -46,7 +53,10 @@ from engine.tokenizer import StreamDetokenizer
 log = logging.getLogger(__name__)
 
 MIN_CHILDREN, MAX_CHILDREN = 2, 16
-Mode = Literal["sample", "top"]  # sample: each row draws with its own seed; top: row r starts with the r-th likeliest
+# sample: each row draws with its own seed; top: row r starts with the r-th likeliest token; beam: the N likeliest
+# continuations (beam search over the model's distribution; the sampler's settings do not choose them)
+Mode = Literal["sample", "top", "beam"]
+MODES = ("sample", "top", "beam")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,22 +97,49 @@ def continuation_events(
         ContextLengthError: the prompt and `max_new_tokens` do not fit the model's context.
     """
     check_children(n)
-    if mode not in ("sample", "top"):
-        raise ValueError(f"mode must be 'sample' or 'top', got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if request.forced_tokens:
         raise ValueError("N continuations choose their own first tokens: give no forced tokens")
-    if request.constraint is not None and mode == "top":
-        raise ValueError("the N most likely first tokens are the model's, not the structured output's: "
+    if request.constraint is not None and mode != "sample":
+        raise ValueError("the N most likely are the model's, not the structured output's: "
                          "sample the continuations, or turn the structured output off")
+    if mode == "beam":
+        _check_beam(backend, request)
     cancel = cancel or threading.Event()
     seeds = row_seeds(request, n)
     # The batched rows run the sampler chain alone: banned strings (a step back) and a constraint (a matcher
     # per row) live in the decode loop, so such children go one after another through it.
     one_by_one = request.sampler.banned_strings or request.constraint is not None
-    if isinstance(backend, OwnEvents) or not isinstance(backend, BatchRunners) or one_by_one:
+    if mode == "sample" and request.server_sampling and isinstance(backend, ServerChildren):
+        # The server samples: one request asks it for all N children (its `n`), one by one where it cannot.
+        yield from (RowEvent(row, event) for row, event in backend.children_events(request, seeds, cancel))
+    elif isinstance(backend, OwnEvents) or not isinstance(backend, BatchRunners) or one_by_one:
         yield from _one_after_another(backend, request, seeds, mode, cancel)
     else:
         yield from _batched(backend, request, seeds, mode, cancel)
+
+
+def _check_beam(backend: Backend, request: GenerationRequest) -> None:
+    """ValueError in words when beam search cannot make this request's children."""
+    if request.sampler.banned_strings:
+        raise ValueError("beam search ranks the model's own continuations and cannot step back from banned "
+                         "strings: sample the continuations, or clear the banned strings")
+    if isinstance(backend, OwnEvents) or not isinstance(backend, BatchRunners):
+        raise ValueError(f"beam search needs the model's whole next-token distribution for N rows at once, which "
+                         f"{backend.info.name} does not give here: choose own seeds or the most likely first tokens")
+
+
+def _beams(runner, prompt: list[int], n: int, request: GenerationRequest, tok, context_length: int,
+           cancel: threading.Event) -> list[list[int]] | None:
+    """The N best continuations' tokens, best first (None: cancelled during the search)."""
+    from engine.research.beam import beam_search
+
+    eos = () if request.ignore_eos else sorted(tok.eos_token_ids)
+    found = beam_search(runner, prompt, num_beams=n, num_return_sequences=n, max_new_tokens=request.max_new_tokens,
+                        eos_token_ids=eos, pad_id=getattr(runner, "pad_id", 0), context_length=context_length,
+                        cancelled=cancel.is_set)
+    return [list(b.generated) for b in found] or None
 
 
 def _row_request(request: GenerationRequest, seed: int, first: int | None) -> GenerationRequest:
@@ -190,6 +227,14 @@ def _batched(
         return
     runner = backend.batch_runner()
     try:
+        forced: list[list[int]] | None = None  # beam mode: each row's tokens, chosen by the search
+        if mode == "beam":
+            forced = _beams(runner, prompt, n, request, tok, backend.info.context_length, cancel)
+            if forced is None:
+                for r in range(n):
+                    rows[r].finish = "cancelled"
+                    yield done(r)
+                return
         logits = runner.start([prompt])  # (1, V): the shared prefix, computed once
         firsts: list[int | None] = [None] * n
         if mode == "top":
@@ -204,9 +249,13 @@ def _batched(
             for i, r in enumerate(live):
                 row = rows[r]
                 step = len(row.generated)
+                if forced is not None:
+                    force = forced[r][step]
+                else:
+                    force = firsts[r] if step == 0 else None
                 pick = row.chain.pick(
                     logits[i], row.history[: row.n_hist], top_n=request.top_n, record_stages=request.record_stages,
-                    force_token=firsts[r] if step == 0 else None,
+                    force_token=force,
                 )
                 row.t_last = time.perf_counter()
                 if row.t_first is None:
@@ -222,7 +271,7 @@ def _batched(
                     yield done(r)
                     continue
                 released, stopped = row.stopper.feed(row.detok.add(token))
-                last = len(row.generated) == request.max_new_tokens
+                last = len(row.generated) == (len(forced[r]) if forced is not None else request.max_new_tokens)
                 if stopped:
                     row.finish = "stop"
                 elif last:

@@ -8,7 +8,7 @@ early-stopping heuristic) so that its output can be tested against
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,8 +47,12 @@ def beam_search(
     eos_token_ids: Sequence[int] = (),
     pad_id: int = 0,
     context_length: int = 0,
+    cancelled: Callable[[], bool] | None = None,
 ) -> list[BeamResult]:
-    """The best `num_return_sequences` beams; the prompt is checked against `context_length` (0 = unchecked) first."""
+    """The best `num_return_sequences` beams; the prompt is checked against `context_length` (0 = unchecked) first.
+
+    `cancelled`: asked before every forward after the first; when it says yes the search stops and returns [].
+    """
     if num_beams < 1 or not 1 <= num_return_sequences <= num_beams:
         raise ValueError("need num_beams >= 1 and 1 <= num_return_sequences <= num_beams")
     if early_stopping not in (True, False, "never"):
@@ -111,6 +115,8 @@ def beam_search(
         heuristic_open = heuristic_open and best_running > worst_finished
         if not heuristic_open or (is_finished.all() and early_stopping is True) or hits.all():
             break
+        if cancelled is not None and cancelled():
+            return []
         runner.reorder(parents.tolist())
         logits = runner.step(running[:, cur - 1].tolist())
 

@@ -198,3 +198,54 @@ def test_constrained_children_each_follow_the_constraint(fresh_default_llamacpp)
     assert all(any(e.constraint is not None for e in row) for row in rows)  # the grammar stage ran on every child
     with pytest.raises(ValueError, match="structured output"):
         list(continuation_events(fresh_default_llamacpp, req, 3, mode="top"))
+
+
+def test_beam_mode_children_are_transformers_beam_search_results(tiny_torch):
+    """Beam mode: the N children are the N sequences `generate(num_beams=N, num_return_sequences=N)` returns,
+    best first, each token recorded with the model's probability and marked forced (not drawn)."""
+    import torch
+
+    prompt = (5, 17, 99, 1203)
+    req = GenerationRequest(prompt_ids=prompt, sampler=SAMPLER, max_new_tokens=6, top_n=3, ignore_eos=False)
+    rows, stats = collect(continuation_events(tiny_torch, req, 4, mode="beam"), 4)
+    with torch.inference_mode():
+        ref = tiny_torch.model.generate(torch.tensor([prompt]), num_beams=4, num_return_sequences=4, max_new_tokens=6,
+                                        do_sample=False, output_scores=True, return_dict_in_generate=True)
+    pad = tiny_torch.model.generation_config.pad_token_id
+    for row, seq, score in zip(rows, ref.sequences.tolist(), ref.sequences_scores.tolist()):
+        expected = seq[len(prompt):]
+        got = [e.token_id for e in row]
+        assert got == expected[: len(got)] and all(t == pad for t in expected[len(got):])
+        assert all(e.forced for e in row)  # chosen by the search, not drawn by the sampler
+        # transformers' score is the sum of the model's log-probs over the length (length_penalty 1.0)
+        assert abs(sum(e.logprob for e in row) / len(row) - score) < 1e-4
+    assert [s.finish_reason for s in stats] == ["length" if len(r) == 6 else "eos" for r in rows]
+
+
+def test_beam_mode_on_the_default_model_ranks_whole_continuations(fresh_default_llamacpp, runners):
+    n, new = 4, 6
+    rows, stats = collect(continuation_events(fresh_default_llamacpp, request(max_new_tokens=new), n, mode="beam"), n)
+    means = [sum(e.logprob for e in row) / len(row) for row in rows]
+    assert means == sorted(means, reverse=True)  # best first, as beam search ranks them (length-normalised)
+    assert len({tuple(s.token_ids) for s in stats}) == n  # N different continuations
+    (runner,) = runners
+    assert runner.forward_calls >= 2 * new - 1  # the search, then the rows run with their tokens forced
+    greedy = [e for e in generate_events(fresh_default_llamacpp, request(
+        max_new_tokens=new, sampler=SamplerSettings(temperature=0.0))) if isinstance(e, TokenEvent)]
+    assert means[0] >= sum(e.logprob for e in greedy) / new - 1e-4  # at least as likely as the greedy answer
+    for row in rows:  # each child's recorded log-probs are the decode loop's for the same tokens
+        alone = [e for e in generate_events(fresh_default_llamacpp, request(
+            max_new_tokens=new, forced_tokens=tuple(e.token_id for e in row))) if isinstance(e, TokenEvent)]
+        assert [e.logprob for e in alone] == [e.logprob for e in row]
+
+
+def test_beam_mode_refuses_what_it_cannot_honour(fresh_default_llamacpp):
+    with pytest.raises(ValueError, match="banned strings"):
+        list(continuation_events(fresh_default_llamacpp, request(sampler=SAMPLER.with_(banned_strings=("sea",))), 3,
+                                 mode="beam"))
+    with pytest.raises(ValueError, match="whole next-token distribution"):
+        list(continuation_events(OnlyBackend(fresh_default_llamacpp), request(), 3, mode="beam"))
+    cancel = threading.Event()
+    cancel.set()
+    _, stats = collect(continuation_events(fresh_default_llamacpp, request(), 3, mode="beam", cancel=cancel), 3)
+    assert [s.finish_reason for s in stats] == ["cancelled"] * 3
