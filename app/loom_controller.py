@@ -160,8 +160,8 @@ class LoomController:
         engine = await self.host.wait_engine()
         options = self.settings.options
         by_server = server_samples(options.server_sampling, engine.info)
-        if by_server and mode == "top":
-            raise ValueError("the N most likely need forced first tokens, which the server's own sampler cannot do: "
+        if by_server and mode != "sample":
+            raise ValueError("the N most likely need forced tokens, which the server's own sampler cannot do: "
                              "untick “The server samples” in the Sampling panel")
         question = conv.messages[message.parent_id]  # type: ignore[index]
         kept = list(tokens[:index])

@@ -60,9 +60,13 @@ class LoomView(QWidget):
         self.n_spin.setAccessibleName("Number of continuations")
         self.mode = QComboBox()
         self.mode.addItem("own seeds", "sample")
-        self.mode.addItem("most likely", "top")
-        self.mode.setToolTip("Own seeds: each child draws with its own seed (the seed + its row). Most likely: "
-                             "child n starts with the model's nth most likely token, then draws on")
+        self.mode.addItem("likeliest first tokens", "top")
+        self.mode.addItem("beam search", "beam")
+        self.mode.setToolTip("Own seeds: each child draws with its own seed (the seed + its row).\n"
+                             "Likeliest first tokens: child n starts with the model's nth most likely token, "
+                             "then draws on.\nBeam search: the N most likely continuations as a whole (width N, "
+                             "scored by mean log-probability), whatever the sampler would draw; each token is "
+                             "marked forced")
         self.tokens_spin = QSpinBox(minimum=1, maximum=4096, value=32)
         self.tokens_spin.setAccessibleName("Tokens per continuation")
         self.continue_button = QPushButton("Continue ×N")

@@ -111,6 +111,25 @@ def test_n_continuations_are_siblings_in_the_tree_and_survive_a_restart(default_
         import_tree(fresh, {"answers": []})
 
 
+def test_beam_children_are_the_likeliest_continuations_marked_forced(default_host, store):
+    loom, library = _loom(default_host, store)
+
+    async def go():
+        answer = await loom.chat.send(QUESTION)
+        return answer, await loom.continuations(answer, 2, 3, mode="beam", max_new_tokens=5)
+
+    answer, children = asyncio.run(go())
+    conv = library.current
+    assert len(children) == 3 and [c.request["loom"]["mode"] for c in children] == ["beam"] * 3
+    means = []
+    for child in children:
+        new = conv.tokens(child)[2:]
+        assert new and all(t.forced for t in new)  # chosen by the search, and the record says so
+        means.append(sum(t.logprob for t in new) / len(new))
+    assert means == sorted(means, reverse=True)  # best first
+    assert len({tuple(t.token_id for t in conv.tokens(c)) for c in children}) == 3
+
+
 @pytest.mark.slow
 @pytest.mark.model
 def test_auto_expand_opens_forks_within_its_budget_and_stops(default_host, store):
