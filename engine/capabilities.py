@@ -17,6 +17,7 @@ an AttributeError.
 | `PositionRunners` | every position's logits of one sequence (scoring)       | torch, MLX, llama.cpp          |
 | `OwnEvents`       | the model's own event stream (server sampling, notes)    | remote                         |
 | `RoundTrip`       | the latest request's network round trip                  | remote                         |
+| `ServerChildren`  | N server-sampled continuations in one request (the API's `n`) | remote                  |
 | `LayerLens`       | each layer's prediction at a position (logit lens), attention | torch, MLX, llama.cpp     |
 | `ByteVocabulary`  | (a tokenizer's) every token as bytes, special ones named (grammar masks) | HF tokenizer (torch, MLX), llama.cpp |
 | `OverlappedForward` | a forward run while the caller works (the last token's report) | llama.cpp, MLX |
@@ -113,6 +114,22 @@ class OwnEvents(Protocol):
     """
 
     def events(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]: ...
+
+
+@runtime_checkable
+class ServerChildren(Protocol):
+    """Can have its server sample several continuations of one prompt in one request (the OpenAI API's `n`).
+
+    For a request the server samples (`request.server_sampling`). One request has one seed: every child reports
+    the request's seed (`seeds[0]`), and the server draws the children from it. Where the server ignores or
+    refuses `n`, the children it did not make run one request each, child r with `seeds[r]`.
+    """
+
+    def children_events(
+        self, request: GenerationRequest, seeds: Sequence[int], cancel: threading.Event
+    ) -> Iterator[tuple[int, Event]]:
+        """(child, event) for children 0..len(seeds)-1: each child's TokenEvents in order, then one Done."""
+        ...
 
 
 @runtime_checkable

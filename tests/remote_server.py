@@ -217,11 +217,18 @@ class CharModel:
     The probabilities are exact numbers, so a test can check what is shown against what the server said.
     `kind` "llama.cpp" answers like llama.cpp's server (ids in `logprobs.content`, /tokenize {"content"});
     "vllm" like vLLM (texts "token_id:N" with `return_tokens_as_token_ids`, /tokenize {"prompt"}).
+    `n_choices` says what a streamed request for `n` > 1 choices gets: "ignore" (one choice, as llama-cpp-python
+    and Ollama answer), "refuse" (400, as older llama.cpp builds answer) or "honour" (as vLLM streams them: one
+    chunk per choice, interleaved, each with its `index`; choice i repeats the i-th likeliest character,
+    `2 + i % 3` times at most, so the choices differ in text and length). `stream_gap`: seconds between chunks.
     """
 
     def __init__(self, probs: dict[str, float], kind: str = "llama.cpp", tokenize: bool = True,
-                 fail_at: int | None = None, fail: "Reply | None" = None, max_top: int = 5):
+                 fail_at: int | None = None, fail: "Reply | None" = None, max_top: int = 5,
+                 n_choices: str = "ignore", stream_gap: float = 0.0):
         self.probs = dict(sorted(probs.items(), key=lambda kv: -kv[1]))
+        self.n_choices = n_choices
+        self.stream_gap = stream_gap
         self.max_top = max_top  # more log-probs per token are refused (400), as real servers cap them
         self.kind = kind
         self.tokenize = tokenize
@@ -255,9 +262,17 @@ class CharModel:
         if n > self.max_top:
             return Reply({"error": {"message": f"at most {self.max_top} log-probs"}}, 400)
         best = next(iter(self.probs))
+        choices = int(body.get("n") or 1)
+        if choices > 1 and self.n_choices == "refuse":
+            return Reply({"error": {"code": 400, "message": "Only one completion choice is allowed",
+                                    "type": "invalid_request_error"}}, 400)
+        if body.get("stream") and choices > 1 and self.n_choices == "honour":
+            return Reply(events=self.choice_chunks(choices, int(body.get("max_tokens") or 3), n, n_prompt),
+                         gap=self.stream_gap)
         if body.get("stream"):
             tokens = [best] * min(int(body.get("max_tokens") or 3), 3)
-            return Reply(events=[self.chunk(t, n, finish=i == len(tokens) - 1) for i, t in enumerate(tokens)])
+            return Reply(events=[self.chunk(t, n, finish=i == len(tokens) - 1) for i, t in enumerate(tokens)],
+                         gap=self.stream_gap)
         if body.get("max_tokens") == 1 and self.fail_at is not None and n_prompt >= self.fail_at:
             return self.fail  # a we-sample step some tokens into the answer (the probe's prompts are short)
         tokens = [best] * int(body.get("max_tokens") or 16)
@@ -275,11 +290,25 @@ class CharModel:
         return {"id": ord(text), "token": text, "logprob": math.log(self.probs[text]),
                 "top_logprobs": [{"id": ord(a), "token": a, "logprob": lp} for a, lp in self.top(n)]}
 
-    def chunk(self, text: str, n: int, finish: bool = False) -> dict:
-        choice = {"text": text, "index": 0, "finish_reason": "length" if finish else None}
+    def choice_chunks(self, choices: int, max_tokens: int, n: int, n_prompt: int) -> list[dict]:
+        """`choices` streams as vLLM interleaves them: round by round, one chunk per choice still going, then usage."""
+        chars = list(self.probs)
+        streams = [[chars[i % len(chars)]] * min(max_tokens, 2 + i % 3) for i in range(choices)]
+        out = []
+        for step in range(max(map(len, streams))):
+            for i, tokens in enumerate(streams):
+                if step < len(tokens):
+                    last = step == len(tokens) - 1
+                    reason = ("length" if len(tokens) == max_tokens else "stop") if last else None
+                    out.append(self.chunk(tokens[step], n, finish=last, index=i, reason=reason))
+        out.append({"choices": [], "usage": {"prompt_tokens": n_prompt, "completion_tokens": sum(map(len, streams))}})
+        return out
+
+    def chunk(self, text: str, n: int, finish: bool = False, index: int = 0, reason: str | None = None) -> dict:
+        choice = {"text": text, "index": index, "finish_reason": (reason or "length") if finish else None}
         if n:
             choice["logprobs"] = {"content": [self.entry(text, n)]} if self.kind == "llama.cpp" else {
-                "tokens": [self.name(text)], "token_logprobs": [self.top(1)[0][1]],
+                "tokens": [self.name(text)], "token_logprobs": [math.log(self.probs[text])],
                 "top_logprobs": [dict((self.name(a), lp) for a, lp in self.top(n))]}
         return {"choices": [choice]}
 

@@ -118,6 +118,12 @@ class RemoteBackend(CachedTokens):
 
         return remote_events(self, request, cancel)
 
+    def children_events(self, request, seeds, cancel):
+        """ServerChildren: N server-sampled children in one request (the API's `n`), one by one where it cannot."""
+        from engine.backends.remote.many_choices import children_events
+
+        return children_events(self, request, seeds, cancel)
+
     def batch_runner(self):
         """BatchRunners: one request per row and step, the server's top N as each row's logits."""
         from engine.backends.remote.runner import RemoteRunner

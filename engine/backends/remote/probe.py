@@ -36,6 +36,10 @@ class ServerCapabilities:
     prompt_logprobs: bool
     seed: bool
     context_length: int = 0  # 0 = not reported
+    # Whether it streams several choices for one request (the API's `n`): None until a loom run asks (asking
+    # costs nothing: a server that ignores `n` still answers the first child); False once it ignored or refused
+    # `n`, so later runs on this connection ask one child at a time (engine/backends/remote/many_choices.py).
+    many_choices: bool | None = None
 
     def labels(self) -> tuple[str, ...]:
         """Short facts for the log line on connect (ModelInfo.server carries them to the app, typed)."""

@@ -10,10 +10,16 @@ text is not exactly one token).
 Cancellation closes the HTTP stream between chunks. If the connection dies
 after some tokens arrived, those tokens are kept: the generation ends with a
 `Done` whose finish reason is "error" and whose text holds them.
+
+`server_choice_events` is the one reader of such a stream: it can ask for
+several choices of one prompt at once (the API's `n`, for the loom's N
+continuations: `many_choices.py`) and routes each chunk by its choice index;
+`server_sampled_events` is its one-choice case.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 import threading
@@ -26,6 +32,8 @@ from engine.backends.remote.server_params import server_parameters
 from engine.backends.remote.step import chosen_tokens, id_from_text, parse_alternatives, position_entries, text_of
 from engine.events import Done, Event, GenerationStats, StageSnapshot, TokenEvent, TokenProb, rest_entry
 from engine.request import GenerationRequest
+
+log = logging.getLogger(__name__)
 
 SERVER_STAGE_NOTE = "sampled by the server: only its top-N log-probs are visible, not what each of its stages did"
 CHAT_TOP_LOGPROBS_MAX = 20  # the OpenAI chat API's ceiling, which servers copy
@@ -54,8 +62,68 @@ def check_server_sampling(backend, request: GenerationRequest) -> dict:
 
 
 def server_sampled_events(backend, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]:
-    caps, tok = backend.caps, backend.tokenizer
+    """One streamed completion: the server's tokens as TokenEvents, then one Done."""
+    for _, event in server_choice_events(backend, request, cancel):
+        yield event
+
+
+def server_choice_events(
+    backend, request: GenerationRequest, cancel: threading.Event, n: int = 1
+) -> Iterator[tuple[int, Event]]:
+    """One streamed completion asking for `n` choices (the OpenAI API's `n`), as (choice index, event).
+
+    Chunks are routed by their `choices[i].index` (vLLM and SGLang stream one choice per chunk, interleaved), so
+    each choice's TokenEvents come in its own order. After the stream, a Done for choice 0 and for every other
+    choice the server answered; a server that ignores `n` answers choice 0 only, and the caller sees which
+    choices got no Done. A cancel or a failure after some tokens ends every choice (each keeps its tokens).
+
+    Raises:
+        ServerError: the request failed before any token arrived (e.g. the server refused `n`).
+    """
+    tok, host = backend.tokenizer, backend.client.options.host
     t0 = time.perf_counter()
+    path, body, prompt_len, seed = _request(backend, request)
+    if n > 1:
+        body["n"] = n
+    choices = [_Choice() for _ in range(n)]
+    ended: str | None = None  # "cancelled" or "error": the run ended for every choice at once
+    error: str | None = None
+    stream = backend.client.stream_events(path, body, cancel=cancel)
+    try:
+        for chunk in stream:
+            usage = chunk.get("usage") or {}
+            prompt_len = usage.get("prompt_tokens", prompt_len) or prompt_len
+            listed = chunk.get("choices")
+            real = isinstance(listed, list) and bool(listed)
+            for choice in listed if real else [{}]:  # a usage chunk has no choices
+                i = choice.get("index", 0) if n > 1 and isinstance(choice, dict) else 0
+                if not isinstance(i, int) or not 0 <= i < n:
+                    log.warning("%s streamed choice %r of the %d asked for: ignored", host, i, n)
+                    continue
+                for event in choices[i].feed(choice, usage, tok, request, answered=real):
+                    yield i, event
+            if cancel.is_set():
+                ended = "cancelled"
+                break
+    except RequestCancelledError:
+        ended = "cancelled"  # the request in flight was abandoned at once (a server that never answered)
+    except ServerError as e:
+        if not any(c.ids for c in choices):
+            raise
+        ended, error = "error", str(e)  # keep what arrived: the answers so far are worth showing
+    finally:
+        stream.close()  # closes the connection; the server stops generating
+    if ended is None:
+        _learn_ids(tok, choices)
+    now = time.perf_counter()
+    for i, c in enumerate(choices):
+        if ended is not None or i == 0 or c.answered:
+            yield i, c.done(t0, now, prompt_len, seed, ended, error, host)
+
+
+def _request(backend, request: GenerationRequest) -> tuple[str, dict, int, int | None]:
+    """The streamed request: its path, body, prompt length (0: not known yet) and seed (None: the server's)."""
+    caps = backend.caps
     body = {"model": caps.model, "max_tokens": request.max_new_tokens, "stream": True,
             **check_server_sampling(backend, request)}
     seed = request.sampler.seed
@@ -79,62 +147,60 @@ def server_sampled_events(backend, request: GenerationRequest, cancel: threading
         body["prompt"], prompt_len = _completion_prompt(backend, request)
         if n_top:
             body["logprobs"] = n_top
+    return path, body, prompt_len, seed
 
-    texts: list[str] = []
-    token_texts: list[str] = []
-    ids: list[int] = []
-    finish = "length"
-    error: str | None = None
-    t_first = t_last = None
-    said = _WhatTheServerSaid()
-    stream = backend.client.stream_events(path, body, cancel=cancel)
-    try:
-        for chunk in stream:
-            said.chunk(chunk)
-            choice = (chunk.get("choices") or [{}])[0]
-            usage = chunk.get("usage") or {}
-            prompt_len = usage.get("prompt_tokens", prompt_len) or prompt_len
-            piece = choice.get("text")
-            if piece is None:
-                piece = (choice.get("delta") or {}).get("content") or ""
-            tokens = _tokens_of(choice.get("logprobs"), tok)
-            if not tokens and piece:
-                tokens = [(_id(None, piece, tok), piece, math.nan, [])]  # a server that sent no log-probs
-            for k, (tid, token_text, lp, alts) in enumerate(tokens):
-                t_last = time.perf_counter()
-                t_first = t_first or t_last
-                text = piece if k == len(tokens) - 1 else ""
-                ids.append(tid)
-                texts.append(text)
-                token_texts.append(token_text)
-                yield _event(len(ids) - 1, tid, text, token_text, lp, alts, request.record_stages)
-            if choice.get("finish_reason"):
-                reason = choice["finish_reason"]
-                finish = "length" if reason == "length" else ("stop" if request.stop else "eos")
-            if cancel.is_set():
-                finish = "cancelled"
-                break
-    except RequestCancelledError:
-        finish = "cancelled"  # the request in flight was abandoned at once (a server that never answered)
-    except ServerError as e:
-        if not ids:
-            raise
-        finish, error = "error", str(e)  # keep what arrived: the answer so far is worth showing
-    finally:
-        stream.close()  # closes the connection; the server stops generating
-    if error is None and finish != "cancelled":
-        _learn_ids(tok, token_texts, ids)
-        if not "".join(texts):
-            error = said.empty_answer(backend.client.options.host, len(ids))  # an empty answer is explained
-    now = time.perf_counter()
-    decode_s = (t_last - t_first) if t_first is not None and t_last is not None else 0.0
-    yield Done(GenerationStats(
-        finish_reason=finish, prompt_tokens=prompt_len, reused_tokens=0, generated_tokens=len(ids),
-        time_to_first_token_s=(t_first - t0) if t_first else 0.0,
-        decode_tokens_per_s=(len(ids) - 1) / decode_s if decode_s > 0 else 0.0,
-        total_s=now - t0, peak_memory_bytes=0, seed=seed if seed is not None else -1,
-        text="".join(texts), token_ids=tuple(ids), error=error,
-    ))
+
+class _Choice:
+    """One choice of a streamed completion: its tokens so far, how it ended, and what the server said."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.token_texts: list[str] = []
+        self.ids: list[int] = []
+        self.finish = "length"
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.answered = False  # the server streamed this choice (a server that ignores `n` streams choice 0 only)
+        self.said = _WhatTheServerSaid()
+
+    def feed(self, choice, usage: dict, tok, request: GenerationRequest, answered: bool) -> Iterator[TokenEvent]:
+        """The TokenEvents of one streamed chunk of this choice."""
+        self.answered = self.answered or answered
+        self.said.chunk(choice, usage)
+        if not isinstance(choice, dict):
+            return
+        piece = choice.get("text")
+        if piece is None:
+            piece = (choice.get("delta") or {}).get("content") or ""
+        tokens = _tokens_of(choice.get("logprobs"), tok)
+        if not tokens and piece:
+            tokens = [(_id(None, piece, tok), piece, math.nan, [])]  # a server that sent no log-probs
+        for k, (tid, token_text, lp, alts) in enumerate(tokens):
+            self.t_last = time.perf_counter()
+            self.t_first = self.t_first or self.t_last
+            text = piece if k == len(tokens) - 1 else ""
+            self.ids.append(tid)
+            self.texts.append(text)
+            self.token_texts.append(token_text)
+            yield _event(len(self.ids) - 1, tid, text, token_text, lp, alts, request.record_stages)
+        if choice.get("finish_reason"):
+            reason = choice["finish_reason"]
+            self.finish = "length" if reason == "length" else ("stop" if request.stop else "eos")
+
+    def done(self, t0: float, now: float, prompt_len: int, seed: int | None, ended: str | None,
+             error: str | None, host: str) -> Done:
+        finish = ended or self.finish
+        if error is None and finish != "cancelled" and not "".join(self.texts):
+            error = self.said.empty_answer(host, len(self.ids))  # an empty answer is explained
+        decode_s = (self.t_last - self.t_first) if self.t_first is not None and self.t_last is not None else 0.0
+        n = len(self.ids)
+        return Done(GenerationStats(
+            finish_reason=finish, prompt_tokens=prompt_len, reused_tokens=0, generated_tokens=n,
+            time_to_first_token_s=(self.t_first - t0) if self.t_first else 0.0,
+            decode_tokens_per_s=(n - 1) / decode_s if decode_s > 0 else 0.0,
+            total_s=now - t0, peak_memory_bytes=0, seed=seed if seed is not None else -1,
+            text="".join(self.texts), token_ids=tuple(self.ids), error=error,
+        ))
 
 
 def _completion_prompt(backend, request: GenerationRequest) -> tuple[str | list[int], int]:
@@ -174,14 +240,16 @@ def _tokens_of(logprobs, tok) -> list[tuple[int, str, float, list[tuple[int, str
     return out
 
 
-def _learn_ids(tok, texts: list[str], ids: list[int]) -> None:
-    """After the stream: ask the server for the ids it did not give, so Done and the next run have them."""
+def _learn_ids(tok, choices: list[_Choice]) -> None:
+    """After the stream: ask the server for the ids it did not give (one request for every choice), so Done and
+    the next run have them."""
     if tok is None:
         return
-    tok.learn_ids([text for tid, text in zip(ids, texts) if tid < 0 and text])  # one request for them all
-    for i, (tid, text) in enumerate(zip(ids, texts)):
-        if tid < 0 and text:
-            ids[i] = id_from_text(text, tok)
+    tok.learn_ids([text for c in choices for tid, text in zip(c.ids, c.token_texts) if tid < 0 and text])
+    for c in choices:
+        for i, (tid, text) in enumerate(zip(c.ids, c.token_texts)):
+            if tid < 0 and text:
+                c.ids[i] = id_from_text(text, tok)
 
 
 def _event(index, tid, text, token_text, lp, alts, record_stages) -> TokenEvent:
@@ -218,13 +286,13 @@ class _WhatTheServerSaid:
         self.usage: dict = {}
         self.other_fields: dict[str, str] = {}
 
-    def chunk(self, chunk: dict) -> None:
+    def chunk(self, choice, usage: dict) -> None:
+        """One streamed chunk of this choice (`choice` {} for a chunk without choices) and the chunk's usage."""
         self.chunks += 1
-        choice = (chunk.get("choices") or [{}])[0]
+        self.usage = usage or self.usage
         if not isinstance(choice, dict):
             return
         self.finish_reason = choice.get("finish_reason") or self.finish_reason
-        self.usage = chunk.get("usage") or self.usage
         fields = {k: v for k, v in choice.items() if k not in self.READ}
         delta = choice.get("delta")
         if isinstance(delta, dict):  # e.g. a thinking model's "reasoning_content" beside an empty "content"
