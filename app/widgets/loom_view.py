@@ -62,7 +62,8 @@ class LoomView(QWidget):
         self.mode.addItem("own seeds", "sample")
         self.mode.addItem("likeliest first tokens", "top")
         self.mode.addItem("beam search", "beam")
-        self.mode.setToolTip("Own seeds: each child draws with its own seed (the seed + its row).\n"
+        self.mode.setToolTip("Own seeds: each child draws with its own seed (the seed + its row); a server that "
+                             "samples and takes several choices per request draws all N from one seed.\n"
                              "Likeliest first tokens: child n starts with the model's nth most likely token, "
                              "then draws on.\nBeam search: the N most likely continuations as a whole (width N, "
                              "scored by mean log-probability), whatever the sampler would draw; each token is "
