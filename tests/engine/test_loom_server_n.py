@@ -177,3 +177,34 @@ def test_loom_on_llama_cpp_python_server_makes_n_children(llama_server_url, capl
             assert backend.caps.many_choices is True and {s.seed for s in stats} == {11}
     finally:
         backend.close()
+
+
+# --- vLLM (optional: $LOGITLAB_VLLM_PYTHON, see tests/engine/test_remote_vllm.py): it honours n ----------------
+
+
+@pytest.fixture(scope="module")
+def vllm_backend(request):
+    from remote_server import running_vllm_server, vllm_python_problem
+
+    problem = vllm_python_problem()
+    if problem:
+        pytest.skip(f"no vLLM to test against: {problem}")
+    folder = request.getfixturevalue("default_model_folder")
+    with running_vllm_server(str(folder)) as url:
+        backend = RemoteBackend.connect(url)
+        yield backend
+        backend.close()
+
+
+def test_loom_on_vllm_is_one_request_with_n(vllm_backend, caplog):
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        events = list(continuation_events(vllm_backend, request(seed=5, max_new_tokens=6), 3))
+    assert vllm_backend.caps.many_choices is True
+    assert not [rec for rec in caplog.records if rec.name == LOGGER]  # no child went alone
+    one_done_per_row(events, 3)
+    tokens, stats = collect(events, 3)
+    for r in range(3):
+        assert stats[r].seed == 5 and stats[r].error is None  # one request, one seed
+        assert list(stats[r].token_ids) == [t.token_id for t in tokens[r]] and all(t.token_id >= 0 for t in tokens[r])
+        assert stats[r].text == "".join(t.text for t in tokens[r]) and len(tokens[r]) == stats[r].generated_tokens
+    assert len({s.text for s in stats}) > 1, [s.text for s in stats]  # three draws, not one answer three times
