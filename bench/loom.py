@@ -13,6 +13,12 @@ Both ways make the same children (row r seeded `seed + r`, the same sampler,
 
 Prints each time (best of `--repeats`) and `loom_speedup` = sequential / batched.
 Goal >= 4x for 8 x 64 tokens. Timings on a shared machine move with the load.
+
+It also prints `batching_ceiling`: one forward of N rows against N forwards of
+one row, timed on the model's own batch runner (the same prefix, 20 steps
+each). No loom can beat it: when the model's forward for 8 rows costs as much
+as 3.7 forwards of one (llama.cpp on a CPU, where a quantised matmul's cost
+grows with the rows), 8 children cannot come faster than 8 / 3.7 = 2.2x.
 """
 
 from __future__ import annotations
@@ -29,6 +35,27 @@ from engine.quiet import quiet_third_party  # noqa: E402
 PROMPT = "Tell me a short story about a lighthouse keeper and a storm."
 
 
+def batching_ceiling(backend, prompt: list[int], n: int, steps: int = 20) -> float:
+    """(time of `steps` one-row forwards x n) / (time of `steps` n-row forwards), on the backend's batch runner."""
+    per_step = {}
+    for rows in (1, n):
+        runner = backend.batch_runner()
+        try:
+            runner.start([prompt])
+            runner.reorder([0] * rows)
+            runner.step([prompt[-1]] * rows)  # warm-up
+            t = time.perf_counter()
+            for _ in range(steps):
+                runner.step([prompt[-1]] * rows)
+            per_step[rows] = (time.perf_counter() - t) / steps
+        finally:
+            close = getattr(runner, "close", None)
+            if close is not None:
+                close()
+    print(f"one forward: 1 row {per_step[1] * 1000:.1f} ms, {n} rows {per_step[n] * 1000:.1f} ms")
+    return n * per_step[1] / per_step[n]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model spec (default: the default model)")
@@ -39,7 +66,7 @@ def main() -> None:
     args = parser.parse_args()
     quiet_third_party()
 
-    from engine.decode import generate_events
+    from engine.decode import generate_events, prompt_ids_for
     from engine.events import TokenEvent
     from engine.loom import continuation_events
     from engine.loom.continuations import collect
@@ -66,6 +93,7 @@ def main() -> None:
         tokens, _ = collect(continuation_events(backend, request, args.n), args.n)
         return sum(len(t) for t in tokens)
 
+    ceiling = batching_ceiling(backend, prompt_ids_for(backend.tokenizer, request), args.n)
     sequential()  # warm-up: the prompt is cached for the sequential runs, as after a first answer
     batched()
     best_seq = best_bat = float("inf")
@@ -79,6 +107,7 @@ def main() -> None:
     assert made_seq == made_bat == args.n * args.tokens, (made_seq, made_bat)
     print(f"one after another: {best_seq:.2f} s ({made_seq / best_seq:.0f} tokens/s)")
     print(f"together (batched): {best_bat:.2f} s ({made_bat / best_bat:.0f} tokens/s)")
+    print(f"batching_ceiling={ceiling:.1f} (one forward of {args.n} rows vs {args.n} forwards of one)")
     print(f"loom_speedup={best_seq / best_bat:.1f}")
     backend.close()
 

@@ -84,7 +84,7 @@ def _fuse(linears: list[torch.nn.Linear], copied: list[torch.Tensor]) -> tuple[t
     return weight, bias
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32:  # torch's fused kernel: one op for LlamaRMSNorm's five, same float32 result
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     # LlamaRMSNorm's own sequence for half precision: statistics in float32, scaling in the model's dtype.
@@ -134,6 +134,7 @@ class LeanDecodeStep:
         self._ids = torch.zeros((1, 1), dtype=torch.long, device=device)
         self._position = torch.zeros((1, 1), dtype=torch.long, device=device)
         self.verified = False  # set by the backend once a step matched transformers' forward
+        self.rows_verified = False  # set by the batch runner once a step of rows (lean_rows.py) matched it
         self.kernels: dict[str, str] = {}
         self._linears: dict[str, cpu_linear.Linear] = {}
         self.choose_kernels("auto")
@@ -162,7 +163,7 @@ class LeanDecodeStep:
             else:
                 raise ValueError(f"unknown kernel choice {name!r}: auto or one of {sorted(cpu_linear.KERNELS)}")
         self._linears = {role: cpu_linear.KERNELS[name] for role, name in self.kernels.items()}
-        self.verified = False
+        self.verified = self.rows_verified = False
         parts = []
         for role, name in self.kernels.items():
             measured = " vs ".join(f"{k} {seconds * 1e3:.2f} ms" for k, seconds in timings.get(role, {}).items())
@@ -229,7 +230,7 @@ class LeanDecodeStep:
         linears = self._linears
         qkv_linear, o_linear, gate_up_linear, down_linear = (linears[role] for role in LAYER_ROLES)
         for weights, cached in zip(self.layers, layers):
-            x = _rms_norm(h, weights.norm_in, weights.eps_in)
+            x = rms_norm(h, weights.norm_in, weights.eps_in)
             qkv = qkv_linear(x, weights.qkv, weights.qkv_bias)  # (1, (H + 2 KV) * hd)
             qk = qkv[:, : weights.rope_rows].view(1, heads + kv_heads, hd)
             # rotate_half(x) * sin == roll(x, half) * (sin, first half negated): 4 ops, not 7; the same floats
@@ -248,10 +249,10 @@ class LeanDecodeStep:
                     qk[:, :heads].unsqueeze(2), keys, values, scale=weights.scaling, enable_gqa=heads != kv_heads
                 )
             h = h + o_linear(attn.view(1, heads * hd), weights.o, weights.o_bias)
-            x = _rms_norm(h, weights.norm_post, weights.eps_post)
+            x = rms_norm(h, weights.norm_post, weights.eps_post)
             gate_up = gate_up_linear(x, weights.gate_up, weights.gate_up_bias)
             mixed = weights.act(gate_up[:, : weights.intermediate]) * gate_up[:, weights.intermediate :]
             h = h + down_linear(mixed, weights.down, weights.down_bias)
         for cached in layers:
             cached.length += 1
-        return linears["head"](_rms_norm(h, self.norm, self.norm_eps), self.head, self.head_bias).view(1, 1, -1)
+        return linears["head"](rms_norm(h, self.norm, self.norm_eps), self.head, self.head_bias).view(1, 1, -1)

@@ -3,11 +3,14 @@
 Implements engine.capabilities.BatchRunner and PositionRunner over transformers'
 forward with left-padded rows (engine.backends.chunks.left_pad), position ids
 that continue each row's own past, and transformers' `DynamicCache` (or the
-offload policy's cache for scoring an offloaded model).
+offload policy's cache for scoring an offloaded model). Steps of rows with no
+padding that stand at one position (the loom's children, beam search) go
+through the lean step for rows (lean_rows.py) when the model has one.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -16,14 +19,22 @@ import numpy as np
 from engine.backends.chunks import chunk_spans, left_pad, positions_per_chunk, stack_logprobs
 from engine.capabilities import RowState
 
+log = logging.getLogger(__name__)
+
 
 class TorchRunner:
-    def __init__(self, model: Any, pad_id: int = 0, new_cache: Callable[[], Any] | None = None):
-        """`new_cache` makes the KV cache of `position_logits` (default: transformers' `DynamicCache`)."""
+    def __init__(self, model: Any, pad_id: int = 0, new_cache: Callable[[], Any] | None = None, lean: Any = None,
+                 lean_tolerance: float = 1e-4):
+        """`new_cache` makes the KV cache of `position_logits` (default: transformers' `DynamicCache`);
+        `lean`: the model's LeanDecodeStep, for steps of unpadded rows at one position, trusted once its first
+        step is within `lean_tolerance` (of the largest logit) of transformers' forward."""
         import torch
 
         self.torch = torch
         self.model = model
+        self.lean = lean
+        self.lean_tolerance = lean_tolerance
+        self._level = False  # every row real from its first position on, all at one position: the lean step fits
         self.device = next(model.parameters()).device
         self.pad_id = pad_id
         self.new_cache = new_cache
@@ -51,6 +62,7 @@ class TorchRunner:
         positions = (self._mask.cumsum(-1) - 1).clamp(min=0)  # pads get 0; real tokens 0..n-1
         self._next_pos = self._mask.sum(-1)
         self._cache = DynamicCache(config=self.model.config)
+        self._level = bool(self._mask.all())
         return self._call(ids_t, self._mask, positions, self._cache)
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:
@@ -58,9 +70,42 @@ class TorchRunner:
         b = len(tokens)
         self._mask = torch.cat([self._mask, self._mask.new_ones(b, 1)], dim=1)
         ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device)[:, None]  # (B, 1)
-        logits = self._call(ids, self._mask, self._next_pos[:, None], self._cache)
+        if self._level and self.lean is not None:
+            logits = self._lean_rows(ids[:, 0], int(self._next_pos[0]))
+        else:
+            logits = self._call(ids, self._mask, self._next_pos[:, None], self._cache)
         self._next_pos = self._next_pos + 1
         return logits
+
+    def _lean_rows(self, ids, position: int) -> np.ndarray:
+        """One step of every row through the lean step; its first use per model is checked against transformers."""
+        from engine.backends.torch.compile import relative_logit_error
+        from engine.backends.torch.lean_rows import step_rows
+
+        lean = self.lean
+        if lean.rows_verified:
+            self.forward_calls += 1
+            return step_rows(lean, ids, position, self._cache).float().cpu().numpy()
+        try:
+            ours = step_rows(lean, ids, position, self._cache)
+        except Exception as e:  # a model the step misjudged costs speed, never the answer
+            self.lean = None
+            log.warning("the lean step for rows failed (%s: %s); batch steps use transformers' forward",
+                        type(e).__name__, e)
+            ours = None
+        for layer in self._cache.layers:  # the same position again, through transformers (in the layers it reached)
+            layer.crop(position - layer.get_seq_length())
+        theirs = self._call(ids[:, None], self._mask, self._next_pos[:, None], self._cache)
+        if ours is None:
+            return theirs
+        err = relative_logit_error(ours, self.torch.from_numpy(theirs))
+        if err <= self.lean_tolerance:
+            lean.rows_verified = True
+        else:
+            self.lean = None
+            log.warning("the lean step for rows differs from transformers' forward by %.3g of the largest logit; "
+                        "batch steps use the latter", err)
+        return theirs
 
     def reorder(self, rows: Sequence[int]) -> None:
         idx = self.torch.tensor(list(rows), dtype=self.torch.long, device=self.device)

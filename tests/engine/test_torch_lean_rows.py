@@ -1,0 +1,88 @@
+"""The lean step for rows (engine/backends/torch/lean_rows.py): the loom's and beam search's batch steps on torch,
+against transformers' forward over the same cache, and the children they make."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from engine.backends.torch.lean_rows import step_rows
+from engine.loom import continuation_events
+from engine.loom.continuations import collect
+from engine.request import GenerationRequest
+from engine.sampling.settings import SamplerSettings
+
+
+def _runner_after(backend, prompt: list[int], rows: int, lean):
+    runner = backend.batch_runner()
+    runner.lean = lean
+    runner.start([prompt])
+    runner.reorder([0] * rows)
+    return runner
+
+
+def test_rows_step_equals_transformers_forward_step_by_step(tiny_torch):
+    backend = tiny_torch
+    assert backend.lean is not None
+    prompt = backend.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
+    runner = _runner_after(backend, prompt, 5, None)  # transformers' forward only: the reference cache and logits
+    tokens = [int(t) for t in np.random.default_rng(3).integers(10, 1000, 5)]
+    with torch.inference_mode():
+        for step in range(12):
+            position = len(prompt) + step
+            ids = torch.tensor(tokens)
+            ours = step_rows(backend.lean, ids, position, runner._cache)  # appends to the cache ...
+            runner._cache.crop(-1)  # ... which is cropped back, and the same step runs through transformers
+            theirs = runner.step(tokens)
+            np.testing.assert_allclose(ours.float().numpy(), theirs, atol=1e-4 * max(1.0, np.abs(theirs).max()))
+            tokens = [int(t) for t in theirs.argmax(-1)]
+            tokens[0] = (tokens[0] + step) % 1000  # rows that differ, so a mixed-up row would show
+
+
+def test_loom_children_on_torch_go_through_the_rows_step_with_transformers_tokens(tiny_torch, monkeypatch):
+    backend = tiny_torch
+    req = GenerationRequest(prompt_ids=(1, 5, 9, 14, 33), sampler=SamplerSettings(temperature=0.9, seed=4),
+                            max_new_tokens=10, top_n=3, ignore_eos=True)
+    monkeypatch.setattr(backend, "lean", None)  # transformers' forward for every step: the reference
+    reference = collect(continuation_events(backend, req, 4), 4)[1]
+    monkeypatch.undo()
+    calls = []
+    import engine.backends.torch.lean_rows as lean_rows
+
+    real = lean_rows.step_rows
+    monkeypatch.setattr(lean_rows, "step_rows", lambda *a: calls.append(a[2]) or real(*a))
+    backend.lean.rows_verified = False
+    ours = collect(continuation_events(backend, req, 4), 4)[1]
+    assert backend.lean.rows_verified and len(calls) == 9  # every step after the prefix's
+    assert [s.token_ids for s in ours] == [s.token_ids for s in reference]
+
+
+def test_a_rows_step_that_disagrees_is_dropped_on_first_use(tiny_torch, monkeypatch, caplog):
+    backend = tiny_torch
+    req = GenerationRequest(prompt_ids=(1, 5, 9, 14, 33), sampler=SamplerSettings(temperature=0.9, seed=4),
+                            max_new_tokens=6, top_n=3, ignore_eos=True)
+    monkeypatch.setattr(backend, "lean", None)
+    reference = collect(continuation_events(backend, req, 3), 3)[1]
+    monkeypatch.undo()
+    import engine.backends.torch.lean_rows as lean_rows
+
+    real = lean_rows.step_rows
+    monkeypatch.setattr(lean_rows, "step_rows", lambda *a: real(*a) + 1.0)
+    backend.lean.rows_verified = False
+    with caplog.at_level(logging.WARNING, logger="engine.backends.torch.runner"):
+        ours = collect(continuation_events(backend, req, 3), 3)[1]
+    assert [s.token_ids for s in ours] == [s.token_ids for s in reference]
+    assert "lean step for rows differs" in caplog.text and not backend.lean.rows_verified
+
+
+def test_padded_rows_keep_transformers_forward(tiny_torch, monkeypatch):
+    """Prompts of different lengths are left-padded: the rows step (no mask) must not run on them."""
+    import engine.backends.torch.lean_rows as lean_rows
+
+    monkeypatch.setattr(lean_rows, "step_rows", lambda *a: pytest.fail("the rows step ran on padded rows"))
+    runner = tiny_torch.batch_runner()
+    runner.start([[1, 5, 9], [1, 5, 9, 14, 33]])
+    assert runner.step([7, 8]).shape[0] == 2
