@@ -23,6 +23,11 @@ from app.state.store import ConversationRow, MessageRow, Store
 log = logging.getLogger(__name__)
 
 DEFAULT_TITLE = "New chat"
+DEFAULT_TITLES = {"chat": DEFAULT_TITLE, "notebook": "New notebook"}  # an empty conversation's title, by mode
+
+
+def default_title(mode: str) -> str:
+    return DEFAULT_TITLES.get(mode, DEFAULT_TITLE)
 TITLE_CHARS = 60
 
 
@@ -144,7 +149,7 @@ class Conversation:
             message.tokens = []
             self.messages[message.id] = message
             self._activate(message)
-            retitled = self.title == DEFAULT_TITLE and role == "user" and bool(content.strip())
+            retitled = self.title in DEFAULT_TITLES.values() and role == "user" and bool(content.strip())
             if retitled:
                 self._set_title(_title_from(content))
         self.path_changed.emit()
@@ -182,7 +187,7 @@ class Conversation:
             self._store.update_message(message.parent_id, active_child_id=message.id)
 
     def set_title(self, title: str) -> None:
-        title = " ".join(title.split()) or DEFAULT_TITLE
+        title = " ".join(title.split()) or default_title(self.mode)
         if title != self.title:
             self._set_title(title)
             self.changed.emit()
@@ -199,6 +204,8 @@ class Conversation:
         if self.messages:
             raise ValueError("only an empty conversation can change between chat and notebook: start a new one")
         self._store.update_conversation(self.id, mode=mode)
+        if self.title == default_title(self.mode):  # an untitled chat becomes an untitled notebook, and back
+            self._set_title(default_title(mode))
         self.mode = mode
         self.changed.emit()
 

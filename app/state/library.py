@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from app.state.conversation import DEFAULT_TITLE, Conversation
+from app.state.conversation import Conversation, default_title
 from app.state.observable import Signal
 from app.state.store import ConversationRow, Store
 
@@ -36,7 +36,7 @@ class Library:
                 self.current.set_mode(mode)
                 self.current_changed.emit(self.current)  # the views show the other mode
             return self.current
-        row = self.store.create_conversation(DEFAULT_TITLE, system_prompt, mode)
+        row = self.store.create_conversation(default_title(mode), system_prompt, mode)
         conv = Conversation(self.store, row, [])
         self._open[conv.id] = conv
         self._set_current(conv)
@@ -71,7 +71,9 @@ class Library:
         if opened is not None:  # keep the cached object in step, or reopening it shows the old title
             opened.set_title(title)
         else:
-            self.store.update_conversation(conversation_id, title=" ".join(title.split()) or DEFAULT_TITLE)
+            row = self.store.conversation(conversation_id)
+            untitled = default_title(row.mode if row is not None else "chat")
+            self.store.update_conversation(conversation_id, title=" ".join(title.split()) or untitled)
         self.list_changed.emit()
 
     def delete(self, conversation_id: int) -> None:

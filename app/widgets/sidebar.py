@@ -107,7 +107,12 @@ class Sidebar(QWidget):
         for row in self._library.summaries(self.search.text()):
             item = QListWidgetItem(row.title)
             item.setData(ID_ROLE, row.id)
-            item.setToolTip(f"{row.title}\nlast change {_when(row.updated)}")
+            kind = "notebook (text the model continues)" if row.mode == "notebook" else "chat"
+            item.setToolTip(f"{row.title}\n{kind}, last change {_when(row.updated)}")
+            if row.mode == "notebook":  # told apart at a glance: an italic title
+                font = item.font()
+                font.setItalic(True)
+                item.setFont(font)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
             if row.id == current:

@@ -71,7 +71,30 @@ def test_an_empty_chat_becomes_the_new_notebook_and_back():
     lib.current_changed.connect(shown.append)
     notebook = lib.new(mode="notebook")
     assert notebook is chat and chat.mode == "notebook" and shown == [chat]
-    assert lib.new().mode == "chat"
+    assert notebook.title == "New notebook"  # an untitled notebook says what it is
+    assert [r.title for r in lib.summaries()] == ["New notebook"]
+    back = lib.new()
+    assert back.mode == "chat" and back.title == "New chat"
+    back.set_title("Sea poems")
+    lib.new(mode="notebook")
+    assert back.title == "Sea poems"  # a title the user gave is kept
+    lib.rename(back.id, "   ")
+    assert back.title == "New notebook"  # cleared: the untitled name of its mode
+
+
+def test_a_new_notebook_is_titled_so_and_the_sidebar_marks_it(qtbot, tmp_path):
+    from app.widgets.sidebar import Sidebar
+
+    lib = Library(Store(":memory:"))
+    lib.new(mode="notebook")
+    apply_text(lib.current, "Once upon a time")
+    lib.new()
+    sidebar = Sidebar(lib)
+    qtbot.addWidget(sidebar)
+    items = {sidebar.list.item(i).text(): sidebar.list.item(i) for i in range(sidebar.list.count())}
+    assert set(items) == {"New chat", "Once upon a time"}
+    assert items["Once upon a time"].font().italic() and "notebook" in items["Once upon a time"].toolTip()
+    assert not items["New chat"].font().italic() and "chat" in items["New chat"].toolTip()
 
 
 def _generated(conv, parent, text):
