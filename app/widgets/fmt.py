@@ -100,6 +100,9 @@ def token_tooltip(ev: TokenEvent, alternatives: int = 5, character: str | None =
             f"<td align='right'>&nbsp;{pct(alt.prob)}</td></tr>"
         )
     badges = " · forced" if ev.forced else ""
+    if ev.rewind is not None:
+        badges += (f" · stepped back here: the answer would have said “{html.escape(ev.rewind.phrase)}” "
+                   f"({ev.rewind.withdrawn} token{'s' * (ev.rewind.withdrawn != 1)} taken back)")
     badges += " · end of sequence" if ev.special else ""
     if ev.token_bytes is not None:
         badges += f" · bytes of “{html.escape(character)}”" if character else " · part of a character"

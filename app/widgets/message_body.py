@@ -27,7 +27,7 @@ import time
 
 from engine import TokenEvent
 from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QTextBoundaryFinder, QTimer, QUrl, Signal
-from PySide6.QtGui import QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor, QTextDocument
+from PySide6.QtGui import QColor, QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QTextEdit, QToolTip, QWidget
 
 from app.theme import is_dark
@@ -37,6 +37,7 @@ from app.widgets.heat import confidence, heat_color
 from app.widgets.model_links import link_tooltip, offer_to_open
 
 EOS_MARK = "⟨eos⟩"
+STEP_BACK_COLOR = "#d9822b"  # the wavy underline of a token where a banned string made the answer step back
 MD_MIN_INTERVAL_MS = 250
 MD_MAX_INTERVAL_MS = 1000
 # GitHub's dialect, but HTML in the text stays text: a model's "<div>" or "vector<int>" is not markup.
@@ -252,6 +253,9 @@ class MessageBody(QTextBrowser):
         elif ev.constraint is not None and ev.constraint.forced:  # the grammar left one token: nothing was chosen
             fmt.setFontUnderline(True)
             fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DotLine)
+        if ev.rewind is not None:  # a banned string made the answer step back here: the tooltip says which
+            fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.WaveUnderline)
+            fmt.setUnderlineColor(QColor(STEP_BACK_COLOR))
         return fmt
 
     def visible_text(self) -> str:

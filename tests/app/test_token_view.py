@@ -62,3 +62,30 @@ def test_markdown_renders_code_blocks_monospaced(qtbot, window):
     block = doc.findBlock(doc.toPlainText().index("def f"))
     assert block.charFormat().fontFixedPitch() or block.blockFormat().nonBreakableLines()
     assert "**" not in doc.toPlainText()  # bold was rendered, not shown as asterisks
+
+
+def test_a_banned_string_step_back_is_marked_in_the_token_view(qtbot, window):
+    """The inspector names the banned phrase; the chat marks where the answer stepped back, and says why on hover."""
+    from app.widgets.fmt import token_tooltip
+    from app.widgets.message_body import STEP_BACK_COLOR
+
+    window.settings.update_sampler(temperature=0.0)
+    first = send(qtbot, window, "the cat")
+    words = first.content.split()
+    window.settings.update_sampler(banned_strings=(words[1],))  # a word the greedy answer says: banned now
+    window.library.new()  # the same prompt again, in a new chat
+    answer = send(qtbot, window, "the cat")
+    tokens = window.library.current.tokens(answer)
+    stepped = [i for i, t in enumerate(tokens) if t.rewind is not None]
+    assert stepped and words[1] not in answer.content.split()
+    window.view_options.set_heatmap(True)
+    body = window.chat.chat_view.widget_for(answer.id).body
+    for i in (stepped[0], stepped[0] - 1):
+        start, _ = body.token_span(i)
+        cursor = QTextCursor(body.document())
+        cursor.setPosition(start + 1)
+        fmt = cursor.charFormat()
+        marked = fmt.underlineStyle() == fmt.UnderlineStyle.WaveUnderline and fmt.underlineColor().name() == STEP_BACK_COLOR
+        assert marked == (i == stepped[0]), i
+    tip = token_tooltip(tokens[stepped[0]])
+    assert "stepped back here" in tip and words[1] in tip
