@@ -18,7 +18,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
-    QComboBox, QDoubleSpinBox, QFileDialog, QGridLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton,
+    QComboBox, QDoubleSpinBox, QFileDialog, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QProgressBar, QPushButton,
     QSpinBox, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
 )
 
@@ -52,6 +52,14 @@ class LoomView(QWidget):
         self.tree.setHeaderLabels(["Tokens", "log p", "unexplored"])
         self.tree.setAccessibleName("Branch tree")
         self.tree.setUniformRowHeights(True)
+        # The tokens are what a reader follows: their column takes the width the numbers leave, and a level
+        # indents little, so a fork four levels down still shows its words in a 300 px dock.
+        self.tree.setIndentation(10)
+        header = self.tree.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
         self.tree.setToolTip("Enter or click opens a branch in the chat; arrows move through the tree")
         self.tree.itemActivated.connect(lambda item, _col: self.open_node(item.data(0, NODE)))
         self.tree.itemClicked.connect(lambda item, _col: self.open_node(item.data(0, NODE)))
