@@ -17,12 +17,15 @@ n_dims, u64 dims[n_dims], u32 ggml type, u64 offset); padding to
 
 from __future__ import annotations
 
+import functools
+import math
 import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.backends.llamacpp.gguf_strings import Truncated, skip_strings
 from engine.errors import ModelLoadError
 
 MAGIC = b"GGUF"
@@ -30,12 +33,12 @@ DEFAULT_ALIGNMENT = 32
 # GGUF value types -> struct format of one scalar; 8 is string, 9 is array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-_U64 = struct.Struct("<Q")
+_U32, _U64, _TYPE_OFFSET = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<IQ")
+_DIMS = [struct.Struct(f"<{n}Q") for n in range(9)]  # a tensor record's dimensions, by their count
 MAX_ARRAY_KEPT = 64  # arrays longer than this (vocabularies, merges) are skipped, only their length kept
 
 
-class _Truncated(Exception):
-    pass
+_Truncated = Truncated  # the file ends inside the header
 
 
 @dataclass(frozen=True)
@@ -114,16 +117,9 @@ class _Cursor:
             raise _Truncated
 
     def skip_strings(self, count: int) -> None:
-        # A vocabulary is 50k-250k strings: locals and one bound unpack make this ~2.5x faster than
-        # skip_string per item, which is what the model library's scan of a folder of models costs.
-        buf, pos, end, unpack = self.buf, self.pos, len(self.buf), _U64.unpack_from
-        for _ in range(count):
-            if pos + 8 > end:
-                raise _Truncated
-            pos += 8 + unpack(buf, pos)[0]
-        if pos > end:
-            raise _Truncated
-        self.pos = pos
+        # A vocabulary is 50k-250k strings, most of a header read and of a model library scan:
+        # gguf_strings steps over them all at once (exactly where the walk string by string ends).
+        self.pos = skip_strings(self.buf, self.pos, count)
 
     def value(self, vtype: int) -> Any:
         if vtype in _SCALARS:
@@ -145,13 +141,6 @@ class _Cursor:
                     self.value(item_type)
             return count
         raise ValueError(f"unknown GGUF value type {vtype}")
-
-
-def _product(dims: list[int]) -> int:
-    elements = 1
-    for d in dims:
-        elements *= d
-    return elements
 
 
 KV_BYTES_PER_VALUE = 2  # the cache is float16 (llama.cpp's default type_k/type_v)
@@ -178,14 +167,48 @@ def kv_bytes_per_token(header: GGUFHeader, bytes_per_value: int = KV_BYTES_PER_V
     return layers * int(kv_heads) * (key_dim + value_dim) * bytes_per_value
 
 
-def _tensor_nbytes(dims: list[int], ggml_type: int) -> int | None:
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+@functools.cache
+def _quant_sizes() -> dict[int, tuple[int, int]]:
+    """ggml type -> (elements per block, bytes per block), for the types the installed gguf package knows."""
+    from gguf.constants import GGML_QUANT_SIZES
 
+    return {int(kind): sizes for kind, sizes in GGML_QUANT_SIZES.items()}
+
+
+def _tensor_records(buf: mmap.mmap, pos: int, n_tensors: int, path: Path) -> tuple[int, int, set[int], int]:
+    """Walk the tensor records from `pos`: (elements over all tensors, the end of the furthest tensor's
+    data counted from the data's start (-1 with no tensors), the ggml types the gguf package does not know,
+    where the records end).
+
+    Bound unpacks instead of _Cursor.take (a few hundred records in every header of a model library
+    scan). A field past the end raises _Truncated, as the cursor does.
+    """
+    u32, u64, type_offset, dims_of = _U32.unpack_from, _U64.unpack_from, _TYPE_OFFSET.unpack_from, _DIMS
+    sizes = _quant_sizes()
+    elements, furthest, unknown = 0, -1, set()
     try:
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-    except (ValueError, KeyError):
-        return None  # a type newer than the installed gguf package: llama.cpp may still know it
-    return _product(dims) // block * type_size
+        for _ in range(n_tensors):
+            name_at = pos + 8
+            pos = name_at + u64(buf, pos)[0]
+            n_dims = u32(buf, pos)[0]
+            if n_dims > 8:
+                name = bytes(buf[name_at:pos]).decode("utf-8", errors="replace")
+                raise ModelLoadError(f"{path} has a corrupt tensor record ({name!r} claims {n_dims} dimensions)")
+            tensor_elements = math.prod(dims_of[n_dims].unpack_from(buf, pos + 4))
+            pos += 4 + 8 * n_dims
+            ggml_type, end = type_offset(buf, pos)
+            pos += 12
+            elements += tensor_elements
+            block = sizes.get(ggml_type)
+            if block is None:  # a type newer than the installed gguf package: llama.cpp may still know it
+                unknown.add(ggml_type)
+            else:
+                end += tensor_elements // block[0] * block[1]
+            if end > furthest:
+                furthest = end
+    except (struct.error, OverflowError):  # a field runs past the end of the file
+        raise _Truncated from None
+    return elements, furthest, unknown, pos
 
 
 def read_header(path: Path) -> GGUFHeader:
@@ -216,16 +239,7 @@ def _parse(buf: mmap.mmap, path: Path, size: int) -> GGUFHeader:
         for _ in range(n_kv):
             key = cur.string()
             metadata[key] = cur.value(cur.take("<I"))
-        data_end, unknown, elements = 0, set(), 0
-        records = []
-        for _ in range(n_tensors):
-            name = cur.string()
-            n_dims = cur.take("<I")
-            if n_dims > 8:
-                raise ModelLoadError(f"{path} has a corrupt tensor record ({name!r} claims {n_dims} dimensions)")
-            dims = [cur.take("<Q") for _ in range(n_dims)]
-            elements += _product(dims)
-            records.append((dims, cur.take("<I"), cur.take("<Q")))
+        elements, furthest, unknown, cur.pos = _tensor_records(buf, cur.pos, n_tensors, path)
     except _Truncated:
         raise ModelLoadError(f"{path} is truncated: the file ends inside its GGUF header ({size:,} bytes)") from None
     except (ValueError, struct.error) as e:
@@ -234,13 +248,7 @@ def _parse(buf: mmap.mmap, path: Path, size: int) -> GGUFHeader:
     if not isinstance(alignment, int) or alignment <= 0:
         alignment = DEFAULT_ALIGNMENT
     data_offset = -(-cur.pos // alignment) * alignment
-    for dims, ggml_type, offset in records:
-        nbytes = _tensor_nbytes(dims, ggml_type)
-        if nbytes is None:
-            unknown.add(ggml_type)
-            data_end = max(data_end, data_offset + offset)
-        else:
-            data_end = max(data_end, data_offset + offset + nbytes)
+    data_end = data_offset + furthest if furthest >= 0 else 0
     if data_end > size:
         raise ModelLoadError(
             f"{path} is truncated: its tensors need {data_end:,} bytes but the file has {size:,} "
