@@ -86,3 +86,26 @@ def test_padded_rows_keep_transformers_forward(tiny_torch, monkeypatch):
     runner = tiny_torch.batch_runner()
     runner.start([[1, 5, 9], [1, 5, 9, 14, 33]])
     assert runner.step([7, 8]).shape[0] == 2
+
+
+def test_kernels_for_rows_are_timed_once_per_bucket_and_follow_a_fixed_choice(tiny_torch, monkeypatch):
+    from engine.backends.torch import linear as cpu_linear
+
+    lean = tiny_torch.lean
+    before = lean.choose_kernels("torch")
+    try:
+        assert lean.linears_for_rows(8) is lean._linears  # a fixed choice holds for rows too
+        lean.choose_kernels("auto")
+        timed = []
+        real = cpu_linear.fastest
+        monkeypatch.setattr(cpu_linear, "fastest", lambda w, b, names=None, rows=1: timed.append(rows) or real(w, b, names, rows))
+        eight = lean.linears_for_rows(8)
+        assert set(timed) == {8} and len(timed) == 5  # each of the five roles, timed with 8 rows
+        assert set(eight) == {"qkv", "o", "gate_up", "down", "head"}
+        assert all(k in cpu_linear.KERNELS.values() for k in eight.values())
+        assert lean.linears_for_rows(5) is eight and len(timed) == 5  # 5 rows: the same bucket, not timed again
+        lean.linears_for_rows(40)
+        assert timed[-1] == 32  # at most 32 rows are timed
+        assert lean.linears_for_rows(1) is lean._linears
+    finally:
+        lean.choose_kernels(before)

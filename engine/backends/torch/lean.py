@@ -137,6 +137,8 @@ class LeanDecodeStep:
         self.rows_verified = False  # set by the batch runner once a step of rows (lean_rows.py) matched it
         self.kernels: dict[str, str] = {}
         self._linears: dict[str, cpu_linear.Linear] = {}
+        self._kernel_mode: str | dict[str, str] = "auto"
+        self._rows_linears: dict[int, dict[str, cpu_linear.Linear]] = {}  # by row bucket, timed on first use
         self.choose_kernels("auto")
 
     def weights_by_role(self) -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor | None]]]:
@@ -163,6 +165,7 @@ class LeanDecodeStep:
             else:
                 raise ValueError(f"unknown kernel choice {name!r}: auto or one of {sorted(cpu_linear.KERNELS)}")
         self._linears = {role: cpu_linear.KERNELS[name] for role, name in self.kernels.items()}
+        self._kernel_mode, self._rows_linears = mode, {}
         self.verified = self.rows_verified = False
         parts = []
         for role, name in self.kernels.items():
@@ -170,6 +173,19 @@ class LeanDecodeStep:
             parts.append(f"{role} {name} ({measured})" if measured else f"{role} {name}")
         log.info("lean decode step kernels: %s", ", ".join(parts))
         return dict(self.kernels)
+
+    def linears_for_rows(self, rows: int) -> dict[str, cpu_linear.Linear]:
+        """The matmul kernel of each role for a step of `rows` rows (lean_rows.py): with "auto" kernels, timed
+        once per model for the power of two at or above `rows` (at most 32); otherwise the one-row choice."""
+        if rows == 1 or self._kernel_mode != "auto":
+            return self._linears
+        bucket = min(1 << (rows - 1).bit_length(), 32)
+        if bucket not in self._rows_linears:
+            chosen = {role: cpu_linear.fastest(weights, biases, rows=bucket)[0]
+                      for role, (weights, biases) in self.weights_by_role().items()}
+            log.info("lean step kernels for %d rows: %s", bucket, ", ".join(f"{r} {n}" for r, n in chosen.items()))
+            self._rows_linears[bucket] = {role: cpu_linear.KERNELS[name] for role, name in chosen.items()}
+        return self._rows_linears[bucket]
 
     @classmethod
     def for_model(cls, model) -> LeanDecodeStep | None:

@@ -14,8 +14,9 @@ model's own (fused) weights, for a (B,) batch of tokens:
 - keys and values go into the cache through `DynamicCache.update`, as
   transformers' attention puts them, so the runner's `reorder` and a later
   transformers forward read the same cache;
-- attention is transformers' own SDPA call (`enable_gqa`), the matmuls are the
-  kernels the lean step chose for this machine.
+- attention is transformers' own SDPA call (`enable_gqa`); each matmul runs on
+  the kernel the lean step timed fastest for that many rows on this machine
+  (`LeanDecodeStep.linears_for_rows`).
 
 The runner checks its first use per model against transformers' forward
 (`TorchRunner._lean_rows`), as the backend does for the one-row step.
@@ -39,7 +40,8 @@ def step_rows(lean: LeanDecodeStep, tokens: torch.Tensor, position: int, cache) 
     half = lean.head_dim // 2
     signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
     heads, kv_heads, hd = lean.heads, lean.kv_heads, lean.head_dim
-    qkv_linear, o_linear, gate_up_linear, down_linear = (lean._linears[role] for role in LAYER_ROLES)
+    linears = lean.linears_for_rows(b)  # the kernels timed for this many rows
+    qkv_linear, o_linear, gate_up_linear, down_linear = (linears[role] for role in LAYER_ROLES)
     for index, weights in enumerate(lean.layers):
         x = rms_norm(h, weights.norm_in, weights.eps_in)
         qkv = qkv_linear(x, weights.qkv, weights.qkv_bias)  # (B, (H + 2 KV) * hd)
@@ -56,4 +58,4 @@ def step_rows(lean: LeanDecodeStep, tokens: torch.Tensor, position: int, cache) 
         gate_up = gate_up_linear(x, weights.gate_up, weights.gate_up_bias)
         mixed = weights.act(gate_up[:, : weights.intermediate]) * gate_up[:, weights.intermediate :]
         h = h + down_linear(mixed, weights.down, weights.down_bias)
-    return lean._linears["head"](rms_norm(h, lean.norm, lean.norm_eps), lean.head, lean.head_bias)
+    return linears["head"](rms_norm(h, lean.norm, lean.norm_eps), lean.head, lean.head_bias)

@@ -73,9 +73,14 @@ def _agrees(name: str, x: torch.Tensor, weight: torch.Tensor, bias) -> bool:
 
 @torch.inference_mode()
 def fastest(
-    weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None], names: Sequence[str] | None = None
+    weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None], names: Sequence[str] | None = None,
+    rows: int = 1,
 ) -> tuple[str, dict[str, float]]:
-    """The fastest kernel for one row times each of `weights` (same shape: one role across the layers).
+    """The fastest kernel for `rows` rows times each of `weights` (same shape: one role across the layers).
+
+    One row is a decode step; several are the rows a batch runner steps together (the loom's children),
+    where the other kernel may win: on the 2-core EPYC, 8 rows took 51 ms a step with oneDNN everywhere
+    and 58 ms with MKL everywhere, while one row was faster with MKL for the square weights.
 
     Times a sweep over all of them, as a decode step meets them (each weight cold after the others),
     ROUNDS times, best sweep per kernel. Returns the name and the seconds per sweep of each candidate.
@@ -85,7 +90,7 @@ def fastest(
         return names[0], {}
     # A generator of its own: loading a model must not move torch's global random state.
     generator = torch.Generator(device=weights[0].device).manual_seed(0)
-    x = torch.randn(1, weights[0].shape[1], dtype=weights[0].dtype, device=weights[0].device, generator=generator)
+    x = torch.randn(rows, weights[0].shape[1], dtype=weights[0].dtype, device=weights[0].device, generator=generator)
     names = [n for n in names if n == "torch" or _agrees(n, x, weights[0], biases[0])]
     if len(names) == 1:
         return names[0], {}
