@@ -107,8 +107,8 @@ def main() -> None:
     assert made_seq == made_bat == args.n * args.tokens, (made_seq, made_bat)
     print(f"one after another: {best_seq:.2f} s ({made_seq / best_seq:.0f} tokens/s)")
     print(f"together (batched): {best_bat:.2f} s ({made_bat / best_bat:.0f} tokens/s)")
-    print(f"batching_ceiling={ceiling:.1f} (one forward of {args.n} rows vs {args.n} forwards of one)")
-    print(f"loom_speedup={best_seq / best_bat:.1f}")
+    print(f"batching_ceiling={ceiling:.2f} (one forward of {args.n} rows vs {args.n} forwards of one)")
+    print(f"loom_speedup={best_seq / best_bat:.2f}")
     backend.close()
 
 

@@ -20,6 +20,7 @@ from engine.backends.chunks import chunk_spans, left_pad, positions_per_chunk, s
 from engine.capabilities import RowState
 
 log = logging.getLogger(__name__)
+ROWS_GROW_STEP = 128  # positions: the rows' cache grows by doubling, from at least this many
 
 
 class TorchRunner:
@@ -53,17 +54,28 @@ class TorchRunner:
         return out.logits[:, -1].float().cpu().numpy()  # (B, V)
 
     def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        from transformers import DynamicCache
-
         torch = self.torch
         ids, mask = left_pad(prompts, self.pad_id)
         ids_t = torch.from_numpy(ids).to(self.device)
         self._mask = torch.from_numpy(mask).to(self.device)
         positions = (self._mask.cumsum(-1) - 1).clamp(min=0)  # pads get 0; real tokens 0..n-1
         self._next_pos = self._mask.sum(-1)
-        self._cache = DynamicCache(config=self.model.config)
+        self._cache = self._rows_cache()
         self._level = bool(self._mask.all())
         return self._call(ids_t, self._mask, positions, self._cache)
+
+    def _rows_cache(self):
+        """The rows' KV cache: the preallocated one (a step writes in place; transformers' `DynamicCache`
+        copies every row's whole cache with `torch.cat` each step), in small growth steps since a batch
+        can hold many rows; `DynamicCache` for layer types it does not cover."""
+        from transformers import DynamicCache
+
+        from engine.backends.torch.cache import GrowingCache, UnsupportedCacheLayout
+
+        try:
+            return GrowingCache(self.model.config, grow_step=ROWS_GROW_STEP)
+        except UnsupportedCacheLayout:
+            return DynamicCache(config=self.model.config)
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:
         torch = self.torch
@@ -93,7 +105,8 @@ class TorchRunner:
             log.warning("the lean step for rows failed (%s: %s); batch steps use transformers' forward",
                         type(e).__name__, e)
             ours = None
-        for layer in self._cache.layers:  # the same position again, through transformers (in the layers it reached)
+        layers = self._cache.attention_layers() if hasattr(self._cache, "attention_layers") else self._cache.layers
+        for layer in layers:  # the same position again, through transformers (in the layers it reached)
             layer.crop(position - layer.get_seq_length())
         theirs = self._call(ids[:, None], self._mask, self._next_pos[:, None], self._cache)
         if ours is None:
