@@ -97,7 +97,7 @@ class _Scan:
     def _add(self, name: str, source: Source, fmt: Format, path: Path, spec: str, facts: ModelFacts,
              problem: str) -> None:
         backend = self.backends.get(fmt, "")
-        need = 0 if problem else estimate_bytes(facts, backend)
+        need = 0 if problem else estimate_bytes(facts, backend, self.machine.available_bytes)
         self.entries.append(LibraryEntry(
             name=name, source=source, format=fmt, path=path, spec=spec, facts=facts, memory_bytes=need,
             fit=fit(need, self.machine) if not problem else "unknown", backend=backend, problem=problem,

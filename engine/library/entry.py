@@ -49,7 +49,7 @@ class LibraryEntry:
     path: Path  # the .gguf file (the first part of a split model) or the model folder
     spec: str
     facts: ModelFacts
-    memory_bytes: int  # estimated need: weights, KV cache for `memory.ESTIMATE_CONTEXT` tokens, overhead
+    memory_bytes: int  # estimated need: weights, the KV cache of the context it opens with here, overhead
     fit: Fit
     backend: str  # which backend "auto" picks for it here (engine.backends.select)
     problem: str = ""

@@ -1,8 +1,10 @@
 """How much memory a model needs to run here, estimated from its facts, and whether this machine has it.
 
 The estimate is the weights as the chosen backend holds them, plus the KV
-cache for `ESTIMATE_CONTEXT` tokens (or the model's own context when
-shorter), plus a margin for compute buffers. Backends hold weights
+cache of the context the model would open with here (the engine's own
+choice, `runtime_settings.choose_context`: the model's context, capped so its
+cache fits the memory available; `ESTIMATE_CONTEXT` tokens when that is not
+known), plus a margin for compute buffers. Backends hold weights
 differently: llama.cpp and MLX run the stored (often quantized) weights;
 torch on a CPU runs float32, so a bfloat16 folder needs twice its size there
 (half of that on a GPU; the library does not import torch to ask).
@@ -15,11 +17,12 @@ import os
 from dataclasses import dataclass
 
 from engine.backends.select import weighs_parameters_in_float32
+from engine.runtime_settings import choose_context
 from engine.library.entry import Fit, ModelFacts
 
 log = logging.getLogger(__name__)
 
-ESTIMATE_CONTEXT = 8192  # tokens of KV cache counted; the backends lower long contexts to what fits
+ESTIMATE_CONTEXT = 8192  # tokens of KV cache counted when the memory available is not known
 OVERHEAD_SHARE = 0.05
 OVERHEAD_BYTES = 128 * 2**20
 TORCH_CPU_BYTES_PER_PARAMETER = 4  # float32
@@ -50,16 +53,22 @@ def machine_memory() -> MachineMemory:
     return MachineMemory(total_bytes=max(total, available), available_bytes=available)
 
 
-def estimate_bytes(facts: ModelFacts, backend: str) -> int:
-    """Bytes needed to run a model with these facts on `backend`; 0 when the facts are too thin to say."""
+def estimate_bytes(facts: ModelFacts, backend: str, available_bytes: int | None = None) -> int:
+    """Bytes needed to run a model with these facts on `backend`, with `available_bytes` of memory available
+    (None: not known); 0 when the facts are too thin to say."""
     if weighs_parameters_in_float32(backend) and facts.parameters:
         weights, kv_value_bytes = facts.parameters * TORCH_CPU_BYTES_PER_PARAMETER, 4
     else:
         weights, kv_value_bytes = facts.weight_bytes, 2
     if not weights:
         return 0
-    context = min(facts.context_length or ESTIMATE_CONTEXT, ESTIMATE_CONTEXT)
-    kv = facts.kv_bytes_per_token * context * kv_value_bytes // 2  # facts count 2-byte values
+    per_token = facts.kv_bytes_per_token * kv_value_bytes // 2  # facts count 2-byte values
+    if available_bytes is None:
+        context = min(facts.context_length or ESTIMATE_CONTEXT, ESTIMATE_CONTEXT)
+    else:  # the context the model opens with by default here, as the backends choose it
+        context = choose_context(facts.context_length, None, kv_bytes_per_token=per_token,
+                                 available_bytes=available_bytes).n_ctx
+    kv = per_token * context
     return int((weights + kv) * (1 + OVERHEAD_SHARE)) + OVERHEAD_BYTES
 
 

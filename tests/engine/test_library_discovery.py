@@ -235,3 +235,26 @@ def test_program_variables_move_their_stores(tmp_path):
     assert Location("huggingface", tmp_path / "hf", "huggingface") in locations
     assert Location("llamacpp", tmp_path / "lc") in locations
     assert [loc.path for loc in locations if loc.source == "folder"] == [tmp_path / "u1", tmp_path / "u2"]
+
+
+def test_the_memory_estimate_counts_the_context_the_model_would_open_with(tmp_path):
+    """A long-context model opens with a context capped to what its KV cache may take here
+    (runtime_settings.choose_context); the library's estimate counts that context, not a fixed one."""
+    from engine.library.memory import estimate_bytes
+    from engine.runtime_settings import choose_context
+
+    root = tmp_path / "models"
+    put_gguf(root / "long.gguf", n_ctx=1 << 20, layers=4)  # a file claiming a million-token context
+    machine = MachineMemory(total_bytes=8 * 2**30, available_bytes=64 * 2**20)
+    entry = _scan([Location("folder", root)], tmp_path, machine=machine).entries[0]
+    facts = entry.facts
+    opened = choose_context(facts.context_length, None, kv_bytes_per_token=facts.kv_bytes_per_token,
+                            available_bytes=machine.available_bytes)
+    assert opened.capped and opened.n_ctx < facts.context_length
+    assert entry.memory_bytes == estimate_bytes(facts, entry.backend, machine.available_bytes)
+    with_opened = estimate_bytes(facts, entry.backend, machine.available_bytes)
+    roomier = estimate_bytes(facts, entry.backend, 64 * 2**30)  # more memory available: a longer context opens
+    assert roomier > with_opened
+    assert roomier - with_opened == pytest.approx(
+        (choose_context(facts.context_length, None, kv_bytes_per_token=facts.kv_bytes_per_token,
+                        available_bytes=64 * 2**30).kv_bytes - opened.kv_bytes) * 1.05, rel=1e-6)
