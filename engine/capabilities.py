@@ -21,12 +21,14 @@ an AttributeError.
 | `LayerLens`       | each layer's prediction at a position (logit lens), attention | torch, MLX, llama.cpp     |
 | `ByteVocabulary`  | (a tokenizer's) every token as bytes, special ones named (grammar masks) | HF tokenizer (torch, MLX), llama.cpp |
 | `OverlappedForward` | a forward run while the caller works (the last token's report) | llama.cpp, MLX |
+| `BackgroundStep`  | (a batch runner's) step run on a helper thread while the caller works (the loom's reports) | llama.cpp |
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -191,6 +193,19 @@ class OverlappedForward(Protocol):
         The decode loop builds the report of token t (stage snapshots, top-N, entropy) while the model
         computes token t+1. Both have finished when this returns, also when either raised; `forward`'s
         exception wins. `work` must not touch the backend; the returned row is never written to again.
+        """
+        ...
+
+
+@runtime_checkable
+class BackgroundStep(Protocol):
+    """(A BatchRunner:) runs a step on a helper thread while the caller's Python works."""
+
+    def step_in_background(self, tokens: Sequence[int]) -> Future[np.ndarray]:
+        """`step(tokens)` on the runner's helper thread; the future's result is its (B, V) logits.
+
+        The loom builds the reports of this step's tokens while the model computes the next one. Until the
+        future is done the caller must not use the runner; `close` waits for it.
         """
         ...
 

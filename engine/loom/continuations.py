@@ -35,13 +35,14 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import wait
 from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.capabilities import BatchRunners, OwnEvents, ServerChildren
+from engine.capabilities import BackgroundStep, BatchRunners, OwnEvents, ServerChildren
 from engine.decode import _event as token_event
 from engine.decode import check_context, generate_events, prompt_ids_for
 from engine.events import Done, Event, GenerationStats, TokenEvent
@@ -244,8 +245,12 @@ def _batched(
         logits = np.repeat(logits, n, axis=0)  # (N, V)
         live = list(range(n))  # batch row i is child live[i]
         while live:
+            # Every row's token first (the next forward needs them all), then the next forward starts, and the
+            # tokens' reports (stage snapshots, top-N, entropy) are built while it runs where the runner can
+            # step on a helper thread (BackgroundStep), as the decode loop overlaps them (OverlappedForward).
             tokens: list[int] = []
             still: list[int] = []  # batch rows that go on
+            shown: list[tuple[int, int, object, str, bool, bool]] = []  # row, step, choice, text, special, ends
             for i, r in enumerate(live):
                 row = rows[r]
                 step = len(row.generated)
@@ -253,22 +258,19 @@ def _batched(
                     force = forced[r][step]
                 else:
                     force = firsts[r] if step == 0 else None
-                pick = row.chain.pick(
-                    logits[i], row.history[: row.n_hist], top_n=request.top_n, record_stages=request.record_stages,
-                    force_token=force,
-                )
+                choice = row.chain.choose(logits[i], row.history[: row.n_hist], record_stages=request.record_stages,
+                                          force_token=force)
                 row.t_last = time.perf_counter()
                 if row.t_first is None:
                     row.t_first = row.t_last
-                token = pick.token_id
+                token = choice.token_id
                 row.generated.append(token)
                 row.history[row.n_hist] = token
                 row.n_hist += 1
                 if token in tok.eos_token_ids and not request.ignore_eos:
                     row.finish = "eos"
                     released, _ = row.stopper.feed(row.detok.flush())
-                    yield RowEvent(r, token_event(tok, step, pick, released + row.stopper.flush(), special=True))
-                    yield done(r)
+                    shown.append((r, step, choice, released + row.stopper.flush(), True, True))
                     continue
                 released, stopped = row.stopper.feed(row.detok.add(token))
                 last = len(row.generated) == (len(forced[r]) if forced is not None else request.max_new_tokens)
@@ -276,12 +278,24 @@ def _batched(
                     row.finish = "stop"
                 elif last:
                     released += row.stopper.feed(row.detok.flush())[0] + row.stopper.flush()
-                yield RowEvent(r, token_event(tok, step, pick, released))
-                if stopped or last:
-                    yield done(r)
-                    continue
-                tokens.append(token)
-                still.append(i)
+                shown.append((r, step, choice, released, False, stopped or last))
+                if not (stopped or last):
+                    tokens.append(token)
+                    still.append(i)
+            pending = None
+            if still and not cancel.is_set():
+                if len(still) < len(live):
+                    runner.reorder(still)  # drop the rows that ended: later steps compute only the live ones
+                if isinstance(runner, BackgroundStep):
+                    pending = runner.step_in_background(tokens)
+            try:
+                for r, step, choice, text, special, ends in shown:
+                    yield RowEvent(r, token_event(tok, step, choice.report(request.top_n), text, special=special))
+                    if ends:
+                        yield done(r)
+            finally:
+                if pending is not None and not pending.done():
+                    wait([pending])  # the runner is the step's until it returns (a consumer that stopped reading)
             if not still:
                 break
             if cancel.is_set():
@@ -289,10 +303,9 @@ def _batched(
                     rows[live[i]].finish = "cancelled"
                     yield done(live[i])
                 break
-            if len(still) < len(live):
-                runner.reorder(still)  # drop the rows that ended: later steps compute only the live ones
-                live = [live[i] for i in still]
-            logits = runner.step(tokens)  # (len(live), V): one forward for every live row
+            live = [live[i] for i in still]
+            # (len(live), V): one forward for every live row
+            logits = pending.result() if pending is not None else runner.step(tokens)
     finally:
         close = getattr(runner, "close", None)
         if close is not None:

@@ -128,7 +128,10 @@ def test_stopped_rows_leave_the_batch_and_cancel_ends_every_row(fresh_default_ll
     done = [e for e in seen if isinstance(e.event, Done)]
     assert sorted(d.row for d in done) == [0, 1, 2, 3]
     assert {d.event.stats.finish_reason for d in done} == {"cancelled"}
-    assert runners[0].forward_calls == 3  # the prefix and two steps; none after the cancel
+    # the prefix and two steps, and the third, which was already running while token 2 was shown (its report is
+    # built during the next forward); no token after the cancel
+    assert runners[0].forward_calls == 4
+    assert max(e.event.index for e in seen if isinstance(e.event, TokenEvent)) == 2
 
 
 def test_children_counts_outside_2_to_16_are_refused(fresh_default_llamacpp):
@@ -249,3 +252,33 @@ def test_beam_mode_refuses_what_it_cannot_honour(fresh_default_llamacpp):
     cancel.set()
     _, stats = collect(continuation_events(fresh_default_llamacpp, request(), 3, mode="beam", cancel=cancel), 3)
     assert [s.finish_reason for s in stats] == ["cancelled"] * 3
+
+
+class ForegroundRunner:
+    """A llama.cpp runner seen without its BackgroundStep: every step in the caller's thread."""
+
+    def __init__(self, runner):
+        self._r = runner
+        self.start, self.step, self.reorder, self.close = runner.start, runner.step, runner.reorder, runner.close
+
+    @property
+    def forward_calls(self):
+        return self._r.forward_calls
+
+
+def test_reports_built_during_the_next_step_are_the_same(fresh_default_llamacpp, monkeypatch):
+    """The next step runs on the runner's helper thread while the reports are built: same children, same records."""
+    from engine.capabilities import BackgroundStep
+
+    req = request(max_new_tokens=10, stop=("sea",), ignore_eos=False)
+    overlapped = collect(continuation_events(fresh_default_llamacpp, req, 5), 5)
+    original = fresh_default_llamacpp.batch_runner
+    probe = original()
+    assert isinstance(probe, BackgroundStep) and not isinstance(ForegroundRunner(probe), BackgroundStep)
+    probe.close()
+    monkeypatch.setattr(fresh_default_llamacpp, "batch_runner", lambda: ForegroundRunner(original()))
+    plain = collect(continuation_events(fresh_default_llamacpp, req, 5), 5)
+    assert [[e.token_id for e in row] for row in overlapped[0]] == [[e.token_id for e in row] for row in plain[0]]
+    assert [[(e.logprob, e.top_model, e.stages) for e in row] for row in overlapped[0]] == \
+        [[(e.logprob, e.top_model, e.stages) for e in row] for row in plain[0]]
+    assert [s.finish_reason for s in overlapped[1]] == [s.finish_reason for s in plain[1]]

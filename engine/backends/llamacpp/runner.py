@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import llama_cpp
@@ -73,6 +74,7 @@ class LlamaCppRunner:
         self._mem = llama_cpp.llama_get_memory(self.ctx)
         self._batch = native.Batch(n_batch, max_seqs)
         self._lens: list[int] = []  # positions cached per sequence (row i is sequence i)
+        self._helper: ThreadPoolExecutor | None = None  # made on the first step_in_background
 
     # --- helpers -------------------------------------------------------------------
 
@@ -136,6 +138,14 @@ class LlamaCppRunner:
         logits = self._run([(i, self._lens[i], [int(t)]) for i, t in enumerate(tokens)])
         self._lens = [n + 1 for n in self._lens]
         return logits
+
+    def step_in_background(self, tokens: Sequence[int]) -> Future[np.ndarray]:
+        """`step` on a helper thread (BackgroundStep): `llama_decode` releases the GIL for the whole forward,
+        so the caller's Python (the loom's reports of the tokens just chosen) runs on the core llama.cpp's
+        threads leave free."""
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp-runner")
+        return self._helper.submit(self.step, list(tokens))
 
     def reorder(self, rows: Sequence[int]) -> None:
         b = len(self._lens)
@@ -223,5 +233,8 @@ class LlamaCppRunner:
         return stack_logprobs(self.position_logits(ids))
 
     def close(self) -> None:
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)  # a step still running uses the context
+            self._helper = None
         native.free_context(self.ctx, self._batch)
         self.ctx = self._batch = None
