@@ -22,6 +22,7 @@ an AttributeError.
 | `ByteVocabulary`  | (a tokenizer's) every token as bytes, special ones named (grammar masks) | HF tokenizer (torch, MLX), llama.cpp |
 | `OverlappedForward` | a forward run while the caller works (the last token's report) | llama.cpp, MLX |
 | `BackgroundStep`  | (a batch runner's) step run on a helper thread while the caller works (the loom's reports) | llama.cpp |
+| `StartsFromBackendCache` | (a batch runner's) first row begun from the backend's own cache of its prefix | llama.cpp |
 """
 
 from __future__ import annotations
@@ -207,6 +208,17 @@ class BackgroundStep(Protocol):
         The loom builds the reports of this step's tokens while the model computes the next one. Until the
         future is done the caller must not use the runner; `close` waits for it.
         """
+        ...
+
+
+@runtime_checkable
+class StartsFromBackendCache(Protocol):
+    """(A BatchRunner:) begins one row from the keys and values the backend already holds for its prefix."""
+
+    def start_from_backend_cache(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+        """`start([prompt])`, the prompt's first tokens taken from the backend's cache where it holds them;
+        returns the (1, V) logits and how many tokens were taken rather than computed. Runs on the backend's
+        worker thread (the backend's cache is read)."""
         ...
 
 

@@ -42,7 +42,7 @@ from typing import Literal
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.capabilities import BackgroundStep, BatchRunners, OwnEvents, ServerChildren
+from engine.capabilities import BackgroundStep, BatchRunners, OwnEvents, ServerChildren, StartsFromBackendCache
 from engine.decode import _event as token_event
 from engine.decode import check_context, generate_events, prompt_ids_for
 from engine.events import Done, Event, GenerationStats, TokenEvent
@@ -203,6 +203,7 @@ def _batched(
     check_context(len(prompt), request.max_new_tokens, backend.info.context_length)
     rows = [_Row(request, tok, prompt, s) for s in seeds]
     n = len(rows)
+    reused = 0  # the prompt's tokens taken from the backend's cache rather than computed
 
     def done(r: int) -> RowEvent:
         row = rows[r]
@@ -210,7 +211,8 @@ def _batched(
         return RowEvent(r, Done(GenerationStats(
             finish_reason=row.finish,
             prompt_tokens=len(prompt),
-            reused_tokens=len(prompt) if r else 0,  # the first row computed the prefix; the others share it
+            reused_tokens=len(prompt) if r else reused,  # the first row computed the prefix (but what the backend
+            # had cached); the others share it
             generated_tokens=len(row.generated),
             time_to_first_token_s=(row.t_first - t0) if row.t_first is not None else 0.0,
             decode_tokens_per_s=(len(row.generated) - 1) / span if span > 0 else 0.0,
@@ -236,7 +238,10 @@ def _batched(
                     rows[r].finish = "cancelled"
                     yield done(r)
                 return
-        logits = runner.start([prompt])  # (1, V): the shared prefix, computed once
+        if isinstance(runner, StartsFromBackendCache):  # the prompt's start from the chat's own cache
+            logits, reused = runner.start_from_backend_cache(prompt)
+        else:
+            logits = runner.start([prompt])  # (1, V): the shared prefix, computed once
         firsts: list[int | None] = [None] * n
         if mode == "top":
             order = np.argsort(-logits[0], kind="stable")[:n]  # the model's likeliest first tokens, best first

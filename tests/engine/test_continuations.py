@@ -282,3 +282,40 @@ def test_reports_built_during_the_next_step_are_the_same(fresh_default_llamacpp,
     assert [[(e.logprob, e.top_model, e.stages) for e in row] for row in overlapped[0]] == \
         [[(e.logprob, e.top_model, e.stages) for e in row] for row in plain[0]]
     assert [s.finish_reason for s in overlapped[1]] == [s.finish_reason for s in plain[1]]
+
+
+class NoSharedStart(ForegroundRunner):
+    """A llama.cpp runner seen without StartsFromBackendCache: the prompt is always computed."""
+
+    def __init__(self, runner):
+        super().__init__(runner)
+        self.step_in_background = runner.step_in_background
+
+    @property
+    def tokens_evaluated(self):
+        return self._r.tokens_evaluated
+
+
+def test_children_start_from_the_chats_cached_prompt(fresh_default_llamacpp, runners, monkeypatch):
+    """After an answer the backend's cache holds the prompt: the loom copies it and computes only what is new."""
+    from engine.capabilities import BackgroundStep, StartsFromBackendCache
+
+    req = request(max_new_tokens=6)
+    prompt = prompt_ids_for(fresh_default_llamacpp.tokenizer, req)
+    list(generate_events(fresh_default_llamacpp, replace(req, max_new_tokens=3)))  # the chat's answer: prompt cached
+    shared = collect(continuation_events(fresh_default_llamacpp, req, 4), 4)
+    (runner,) = runners
+    assert isinstance(runner, StartsFromBackendCache)
+    assert shared[1][0].reused_tokens == len(prompt) - 1  # all but the last prompt token, which gives the logits
+    assert runner.tokens_evaluated == 1 + 5 * 4  # the one prompt token, then five steps of four rows
+
+    monkeypatch.setattr(fresh_default_llamacpp, "batch_runner",
+                        lambda: NoSharedStart(runners[0].__class__(fresh_default_llamacpp)))
+    probe = fresh_default_llamacpp.batch_runner()
+    assert isinstance(probe, BackgroundStep) and not isinstance(probe, StartsFromBackendCache)
+    probe.close()
+    computed = collect(continuation_events(fresh_default_llamacpp, req, 4), 4)
+    assert computed[1][0].reused_tokens == 0
+    assert [s.token_ids for s in shared[1]] == [s.token_ids for s in computed[1]]
+    for a, b in zip(shared[0], computed[0]):
+        np.testing.assert_allclose([e.logprob for e in a], [e.logprob for e in b], atol=1e-4)

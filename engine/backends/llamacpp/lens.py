@@ -24,7 +24,6 @@ left as llama.cpp chooses it (hence the two ways of reading attention).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -32,14 +31,13 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from engine.backends.base import common_prefix_len
 from engine.backends.llamacpp import native, unembed
+from engine.backends.llamacpp.kv_share import reuse_backend_state
 from engine.backends.llamacpp.ggml_tensor import Node, layer_of
 from engine.lens import LayerCapture, check_positions, summarize, target_of
 
 log = logging.getLogger(__name__)
 
-MIN_REUSE = 16  # shared tokens: below this, copying the backend's KV state costs more than running them
 
 
 class _Recorder:
@@ -174,23 +172,6 @@ def _capture_context(backend: Any, n_ctx: int, n_outputs: int, recorder: _Record
     return ctx
 
 
-def _reuse_backend_state(backend: Any, ctx: Any, prefix: Sequence[int]) -> int:
-    """Copy the backend's cached KV state into `ctx` and cut it to what `prefix` shares; returns the tokens kept."""
-    shared = common_prefix_len(backend.cached_tokens(), prefix)
-    if shared < MIN_REUSE:
-        return 0
-    size = llama_cpp.llama_state_seq_get_size(backend.ctx, 0)
-    buf = (ctypes.c_uint8 * size)()
-    n = llama_cpp.llama_state_seq_get_data(backend.ctx, buf, size, 0)
-    if n == 0 or llama_cpp.llama_state_seq_set_data(ctx, buf, n, 0) == 0:
-        log.debug("layer view: the backend's KV state does not load here (%s); running the prefix",
-                  native.take_recent_errors())
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-        return 0
-    llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, shared, -1)
-    return shared
-
-
 def capture_logits(
     backend: Any, token_ids: Sequence[int], positions: Sequence[int], attention: bool = False
 ) -> tuple[list[int], np.ndarray, np.ndarray, list[np.ndarray] | None]:
@@ -209,7 +190,7 @@ def capture_logits(
     batch = native.Batch(backend.n_batch)
     logits: list[np.ndarray] = []
     try:
-        done = _reuse_backend_state(backend, ctx, ids[:first])
+        done = reuse_backend_state(backend, ctx, ids[:first])
         log.debug("layer view: reused %d cached tokens, running %d", done, end - done)
         # The prefix first, without outputs, then the rows read: the read row then meets the same kernels as a
         # decode step (one token after a prefill), not a batch's, so its values are the ones the model produced.

@@ -31,6 +31,7 @@ import llama_cpp
 import numpy as np
 
 from engine.backends.llamacpp import native
+from engine.backends.llamacpp.kv_share import reuse_backend_state
 from engine.backends.chunks import chunk_spans, stack_logprobs
 
 RowState = tuple[int, bytes]  # (cached positions, llama_state_seq_get_data bytes)
@@ -133,6 +134,14 @@ class LlamaCppRunner:
         llama_cpp.llama_memory_clear(self._mem, True)
         self._lens = [len(p) for p in prompts]
         return self._run([(i, 0, list(p)) for i, p in enumerate(prompts)])
+
+    def start_from_backend_cache(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+        """`start([prompt])` from the backend's own KV cache of the prompt's first tokens (StartsFromBackendCache):
+        the chat's prompt is cached there after an answer, so the loom computes only what is new."""
+        llama_cpp.llama_memory_clear(self._mem, True)
+        reused = reuse_backend_state(self.backend, self.ctx, prompt, 0, limit=len(prompt) - 1)  # >= 1 token runs
+        self._lens = [len(prompt)]
+        return self._run([(0, reused, [int(t) for t in prompt[reused:]])]), reused
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:
         logits = self._run([(i, self._lens[i], [int(t)]) for i, t in enumerate(tokens)])
