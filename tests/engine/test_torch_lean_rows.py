@@ -109,3 +109,29 @@ def test_kernels_for_rows_are_timed_once_per_bucket_and_follow_a_fixed_choice(ti
         assert lean.linears_for_rows(1) is lean._linears
     finally:
         lean.choose_kernels(before)
+
+
+def test_loom_children_on_torch_start_from_the_chats_cached_prompt(tiny_torch, monkeypatch):
+    """After an answer the backend's cache holds the prompt: the rows copy its keys and values, compute only the
+    last prompt token, and make the children they make when the whole prompt is computed."""
+    from engine.decode import generate_events
+
+    backend = tiny_torch
+    prompt = tuple(range(40, 80))
+    req = GenerationRequest(prompt_ids=prompt, sampler=SamplerSettings(temperature=0.9, seed=5),
+                            max_new_tokens=6, top_n=3, ignore_eos=True)
+    backend.trim_cache(0)
+    list(generate_events(backend, req))  # the chat's answer: the prompt is cached
+    made = []
+    real = backend.batch_runner
+    monkeypatch.setattr(backend, "batch_runner", lambda: made.append(real()) or made[-1])
+    shared = collect(continuation_events(backend, req, 3), 3)
+    assert shared[1][0].reused_tokens == len(prompt) - 1
+    assert len(backend.cached_tokens()) >= len(prompt)  # the backend's cache was only read
+    # the same runner without the backend's cache: the prompt computed whole
+    monkeypatch.setattr(backend, "batch_runner", lambda: setattr(r := real(), "_backend_cache", None) or r)
+    computed = collect(continuation_events(backend, req, 3), 3)
+    assert computed[1][0].reused_tokens == 0
+    assert [s.token_ids for s in shared[1]] == [s.token_ids for s in computed[1]]
+    for a, b in zip(shared[0], computed[0]):
+        np.testing.assert_allclose([e.logprob for e in a], [e.logprob for e in b], atol=1e-4)

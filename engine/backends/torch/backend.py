@@ -179,7 +179,8 @@ class TorchBackend(CachedTokens):
     def batch_runner(self) -> TorchRunner:
         """Many sequences in one transformers forward (BatchRunners)."""
         return TorchRunner(self.model, getattr(self.tokenizer.hf, "pad_token_id", None) or 0,
-                           lean=self.lean, lean_tolerance=LEAN_TOLERANCE[self.dtype])
+                           lean=self.lean, lean_tolerance=LEAN_TOLERANCE[self.dtype],
+                           backend_cache=lambda: (self._tokens, self._cache))
 
     def position_runner(self, n_tokens: int) -> TorchRunner:
         """Every position of one sequence (PositionRunners); its KV cache goes where the offload policy

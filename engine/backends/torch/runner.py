@@ -21,20 +21,30 @@ from engine.capabilities import RowState
 
 log = logging.getLogger(__name__)
 ROWS_GROW_STEP = 128  # positions: the rows' cache grows by doubling, from at least this many
+MIN_REUSE = 16  # shared tokens: below this, copying the backend's keys and values costs more than running them
+
+
+def _holds_keys(layer) -> bool:
+    """Whether a cache layer holds keys and values (transformers' placeholder layers hold none)."""
+    from transformers.cache_utils import DummyLayer
+
+    return not isinstance(layer, DummyLayer)
 
 
 class TorchRunner:
     def __init__(self, model: Any, pad_id: int = 0, new_cache: Callable[[], Any] | None = None, lean: Any = None,
-                 lean_tolerance: float = 1e-4):
+                 lean_tolerance: float = 1e-4, backend_cache: Callable[[], tuple[Sequence[int], Any]] | None = None):
         """`new_cache` makes the KV cache of `position_logits` (default: transformers' `DynamicCache`);
         `lean`: the model's LeanDecodeStep, for steps of unpadded rows at one position, trusted once its first
-        step is within `lean_tolerance` (of the largest logit) of transformers' forward."""
+        step is within `lean_tolerance` (of the largest logit) of transformers' forward; `backend_cache`: the
+        backend's (cached tokens, cache), for `start_from_backend_cache`."""
         import torch
 
         self.torch = torch
         self.model = model
         self.lean = lean
         self.lean_tolerance = lean_tolerance
+        self._backend_cache = backend_cache
         self._level = False  # every row real from its first position on, all at one position: the lean step fits
         self.device = next(model.parameters()).device
         self.pad_id = pad_id
@@ -63,6 +73,33 @@ class TorchRunner:
         self._cache = self._rows_cache()
         self._level = bool(self._mask.all())
         return self._call(ids_t, self._mask, positions, self._cache)
+
+    def start_from_backend_cache(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+        """`start([prompt])`, its first tokens' keys and values copied from the backend's own cache where it holds
+        them (StartsFromBackendCache): after a chat answer the prompt is cached there, so only what is new runs.
+        Full-attention layers of the preallocated cache only; anything else computes the whole prompt."""
+        from engine.backends.base import common_prefix_len
+        from engine.backends.torch.cache import GrowingLayer
+
+        cached, source = self._backend_cache() if self._backend_cache is not None else ((), None)
+        shared = min(common_prefix_len(cached, prompt), len(prompt) - 1)  # at least one token runs: the logits
+        layers = list(getattr(source, "layers", ()))
+        copyable = [isinstance(layer, GrowingLayer) and not layer.is_sliding and layer.is_initialized
+                    and layer.length >= shared and layer.start == 0 for layer in layers]
+        if shared < MIN_REUSE or not any(copyable) or not all(ok or not _holds_keys(layer)
+                                                               for ok, layer in zip(copyable, layers)):
+            return self.start([prompt]), 0
+        torch = self.torch
+        self._cache = self._rows_cache()
+        for index, (ok, layer) in enumerate(zip(copyable, layers)):
+            if ok:  # written into the rows' own buffers: the backend's cache is only read
+                self._cache.update(layer.keys[:, :, :shared], layer.values[:, :, :shared], index)
+        self._mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
+        self._next_pos = torch.tensor([len(prompt)], device=self.device)
+        self._level = True
+        rest = torch.tensor([[int(t) for t in prompt[shared:]]], dtype=torch.long, device=self.device)
+        positions = torch.arange(shared, len(prompt), device=self.device)[None]
+        return self._call(rest, self._mask, positions, self._cache), shared
 
     def _rows_cache(self):
         """The rows' KV cache: the preallocated one (a step writes in place; transformers' `DynamicCache`
