@@ -22,7 +22,7 @@ an AttributeError.
 | `ByteVocabulary`  | (a tokenizer's) every token as bytes, special ones named (grammar masks) | HF tokenizer (torch, MLX), llama.cpp |
 | `OverlappedForward` | a forward run while the caller works (the last token's report) | llama.cpp, MLX |
 | `BackgroundStep`  | (a batch runner's) step run on a helper thread while the caller works (the loom's reports) | llama.cpp |
-| `StartsFromBackendCache` | (a batch runner's) first row begun from the backend's own cache of its prefix | llama.cpp |
+| `StartsFromBackendCache` | (a batch runner's) first row begun from the backend's own cache of its prefix | llama.cpp, torch |
 """
 
 from __future__ import annotations
