@@ -137,10 +137,26 @@ def _beams(runner, prompt: list[int], n: int, request: GenerationRequest, tok, c
     from engine.research.beam import beam_search
 
     eos = () if request.ignore_eos else sorted(tok.eos_token_ids)
+    if isinstance(runner, StartsFromBackendCache):
+        runner = _PromptFromBackendCache(runner)
     found = beam_search(runner, prompt, num_beams=n, num_return_sequences=n, max_new_tokens=request.max_new_tokens,
                         eos_token_ids=eos, pad_id=getattr(runner, "pad_id", 0), context_length=context_length,
                         cancelled=cancel.is_set)
     return [list(b.generated) for b in found] or None
+
+
+class _PromptFromBackendCache:
+    """A batch runner whose `start` of one prompt begins from the backend's cache (StartsFromBackendCache)."""
+
+    def __init__(self, runner) -> None:
+        self._runner = runner
+        self.step, self.reorder = runner.step, runner.reorder
+        self.pad_id = getattr(runner, "pad_id", 0)
+
+    def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        if len(prompts) != 1:
+            return self._runner.start(prompts)
+        return self._runner.start_from_backend_cache(prompts[0])[0]
 
 
 def _row_request(request: GenerationRequest, seed: int, first: int | None) -> GenerationRequest:

@@ -75,7 +75,9 @@ def beam_search(
     heuristic_open = True
     cur = p
 
-    logits = runner.start([prompt] * nb)  # (nb, V)
+    # The prompt once, its cache shared by every beam (a long prompt is not computed nb times)
+    logits = np.repeat(runner.start([prompt]), nb, axis=0)  # (nb, V)
+    runner.reorder([0] * nb)
     while True:
         logprobs = _log_softmax(logits.astype(np.float64)) + running_scores[:, None]  # (nb, V)
         vocab = logprobs.shape[1]
