@@ -25,13 +25,13 @@ QUESTION = "Write one sentence about the sea."
 SIZE = (1440, 900)
 
 
-async def take_loom_screenshot(window, out_dir: str | Path) -> Path:
+async def take_loom_screenshot(window, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
     from app.screenshots import _save, _settle
     from app.widgets.loom_view import NODE
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    window.resize(*SIZE)
+    window.resize(*size)
     if window.theme is not None:
         window.theme.set_scheme("light")
     await window.host.wait_engine()
@@ -58,14 +58,14 @@ async def take_loom_screenshot(window, out_dir: str | Path) -> Path:
     return path
 
 
-async def _main(model: str | None, backend: str | None, out: str) -> None:
+async def _main(model: str | None, backend: str | None, out: str, size: tuple[int, int]) -> None:
     from app.lifecycle import close_session, open_session
 
     session = open_session("light")
     window = session.window
     window.start(model, backend)
     try:
-        await take_loom_screenshot(window, out)
+        await take_loom_screenshot(window, out, size)
     finally:
         window.close()
     await session.closed
@@ -77,7 +77,9 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir")
     p.add_argument("--model", default=None, help="default: the default model")
     p.add_argument("--backend", default=None)
+    p.add_argument("--size", default="1440x900", help="window size, WIDTHxHEIGHT")
     args = p.parse_args(argv)
+    size = tuple(int(v) for v in args.size.lower().split("x"))
     logging.basicConfig(level=logging.INFO)
     import qasync
 
@@ -89,7 +91,7 @@ def run(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setQuitOnLastWindowClosed(False)
     with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
-        runner.run(_main(args.model, args.backend, args.out_dir))
+        runner.run(_main(args.model, args.backend, args.out_dir, size))
     return 0
 
 
