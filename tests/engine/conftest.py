@@ -45,3 +45,17 @@ def fresh_default_llamacpp(default_llamacpp):
     return default_llamacpp
 
 
+@pytest.fixture
+def serve():
+    """Start scripted servers on 127.0.0.1 (tests/remote_server.py FakeServer) for a test; closed after it."""
+    from remote_server import FakeServer
+
+    servers: list[FakeServer] = []
+
+    def start(handler) -> FakeServer:
+        servers.append(FakeServer(handler))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()

@@ -27,19 +27,6 @@ LOGGER = "engine.backends.remote.many_choices"
 pytestmark = pytest.mark.slow  # each connects to a server (its probe) and takes about a second here
 
 
-@pytest.fixture
-def serve():
-    servers: list[FakeServer] = []
-
-    def start(handler) -> FakeServer:
-        servers.append(FakeServer(handler))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.close()
-
-
 def streamed(server: FakeServer) -> list[dict]:
     """The bodies of the streamed completion requests the server got, in order (the probe's are not streamed)."""
     return [b for _, p, b in server.requests if p == "/v1/completions" and isinstance(b, dict) and b.get("stream")]

@@ -25,19 +25,6 @@ PROMPT = "Once upon a time, there was"  # longer than the probe's prompts (20 ch
 FAIL_AT = len(PROMPT) + 4  # a we-sample step fails when 4 tokens were generated
 
 
-@pytest.fixture
-def serve():
-    servers: list[FakeServer] = []
-
-    def start(handler) -> FakeServer:
-        servers.append(FakeServer(handler))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.close()
-
-
 def run(backend, **kw) -> tuple[list[TokenEvent], Done]:
     events = list(remote_events(backend, GenerationRequest(**kw)))
     assert isinstance(events[-1], Done)
