@@ -1,4 +1,4 @@
-"""`python -m app.loom_screenshot [--model M] OUT_DIR`: the loom screenshot of docs/loom.md.
+"""`python -m app.loom_screenshot [--model M] [--size WxH] OUT_DIR`: the loom screenshot of docs/loom.md.
 
 The default model answers a question; the loom then makes 4 children with
 their own seeds from the answer's fourth token and 3 beam-search children from
@@ -9,15 +9,9 @@ retakes look alike.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
-
-from PySide6.QtWidgets import QApplication
 
 log = logging.getLogger(__name__)
 
@@ -58,41 +52,10 @@ async def take_loom_screenshot(window, out_dir: str | Path, size: tuple[int, int
     return path
 
 
-async def _main(model: str | None, backend: str | None, out: str, size: tuple[int, int]) -> None:
-    from app.lifecycle import close_session, open_session
-
-    session = open_session("light")
-    window = session.window
-    window.start(model, backend)
-    try:
-        await take_loom_screenshot(window, out, size)
-    finally:
-        window.close()
-    await session.closed
-    await close_session(session)
-
-
 def run(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.loom_screenshot")
-    p.add_argument("out_dir")
-    p.add_argument("--model", default=None, help="default: the default model")
-    p.add_argument("--backend", default=None)
-    p.add_argument("--size", default="1440x900", help="window size, WIDTHxHEIGHT")
-    args = p.parse_args(argv)
-    size = tuple(int(v) for v in args.size.lower().split("x"))
-    logging.basicConfig(level=logging.INFO)
-    import qasync
+    from app.shot_runner import run_shot
 
-    from app.paths import DATA_DIR_ENV
-    from app.qt_compat import guard_none_refcount
-
-    os.environ[DATA_DIR_ENV] = tempfile.mkdtemp(prefix="logitlab-loom-shot-")
-    guard_none_refcount()
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    app.setQuitOnLastWindowClosed(False)
-    with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
-        runner.run(_main(args.model, args.backend, args.out_dir, size))
-    return 0
+    return run_shot(argv, "python -m app.loom_screenshot", take_loom_screenshot)
 
 
 if __name__ == "__main__":

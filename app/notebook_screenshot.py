@@ -8,15 +8,9 @@ Runs in a temporary data dir, at 1440x900, with a fixed seed so retakes look ali
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
-
-from PySide6.QtWidgets import QApplication
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +30,13 @@ def default_base_model() -> str | None:
     return str(path)
 
 
-async def take_notebook_screenshot(window, out_dir: str | Path) -> Path:
+async def take_notebook_screenshot(window, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
     from app.notebook import generate, is_notebook
     from app.screenshots import _interesting_token, _save, _settle
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    window.resize(*SIZE)
+    window.resize(*size)
     if window.theme is not None:
         window.theme.set_scheme("light")
     await window.host.wait_engine()
@@ -65,40 +59,11 @@ async def take_notebook_screenshot(window, out_dir: str | Path) -> Path:
     return path
 
 
-async def _main(model: str | None, backend: str | None, out: str) -> None:
-    from app.lifecycle import close_session, open_session
-
-    session = open_session("light")
-    window = session.window
-    window.start(model, backend)
-    try:
-        await take_notebook_screenshot(window, out)
-    finally:
-        window.close()
-    await session.closed
-    await close_session(session)
-
-
 def run(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.notebook_screenshot")
-    p.add_argument("out_dir")
-    p.add_argument("--model", default=None, help="default: Gemma 3 270M (a base model) when installed")
-    p.add_argument("--backend", default=None)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
-    import qasync
+    from app.shot_runner import run_shot
 
-    from app.paths import DATA_DIR_ENV
-    from app.qt_compat import guard_none_refcount
-
-    os.environ[DATA_DIR_ENV] = tempfile.mkdtemp(prefix="logitlab-notebook-shot-")
-    guard_none_refcount()
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    app.setQuitOnLastWindowClosed(False)
-    model = args.model or default_base_model()
-    with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
-        runner.run(_main(model, args.backend, args.out_dir))
-    return 0
+    return run_shot(argv, "python -m app.notebook_screenshot", take_notebook_screenshot,
+                    model_help="default: Gemma 3 270M (a base model) when installed", default_model=default_base_model)
 
 
 if __name__ == "__main__":

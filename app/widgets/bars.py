@@ -6,7 +6,7 @@ of the selected row, often the chosen token's, stay readable.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QModelIndex, QRectF, Qt
+from PySide6.QtCore import QModelIndex, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPalette
 from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem
 
@@ -47,7 +47,7 @@ class BarDelegate(QStyledItemDelegate):
         r = QRectF(option.rect).adjusted(3, 4, -3, -4)
         if prob is None:
             painter.setPen(option.palette.color(QPalette.ColorRole.PlaceholderText))
-            painter.drawText(r, Qt.AlignmentFlag.AlignCenter, index.data(MISSING_ROLE) or "·")
+            painter.drawText(QRectF(option.rect), Qt.AlignmentFlag.AlignCenter, index.data(MISSING_ROLE) or "·")
             painter.restore()
             return
         chosen = bool(index.data(CHOSEN_ROLE))
@@ -66,5 +66,12 @@ class BarDelegate(QStyledItemDelegate):
         font = painter.font()
         font.setBold(chosen)
         painter.setFont(font)
-        painter.drawText(r.adjusted(4, 0, -4, 0), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignRight, pct(prob))
+        # The number in the whole cell's height: the bar is inset, and in a short row its rect cut the text in half.
+        text_rect = QRectF(option.rect).adjusted(7, 0, -7, 0)
+        painter.drawText(text_rect, Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignRight, pct(prob))
         painter.restore()
+
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:  # noqa: N802 - Qt's name
+        """At least the number's line height and a little air, whatever font the row's other cells use."""
+        hint = super().sizeHint(option, index)
+        return QSize(hint.width(), max(hint.height(), option.fontMetrics.height() + 4))

@@ -42,6 +42,7 @@ SERVER_STAGES_TIP = (
 
 
 MIN_WIDTH = 320  # px
+BUTTON_TOKEN_CHARS = 10  # a token's text on the branch button is cut to this many characters (its tooltip has it all)
 
 
 class Inspector(QWidget):
@@ -210,8 +211,14 @@ class Inspector(QWidget):
                 (visible(p.text, p.token_bytes) for p in ev.top_model + ev.top_sampler if p.token_id == token_id),
                 visible(ev.token_text, ev.token_bytes),
             )
-            verb = "Resample from here with" if token_id == ev.token_id else "Branch with"
-            self.branch_button.setText(f"{verb} “{alt}”")
+            # Short words on the button (it shares a row with "N continuations here" in a narrow dock); the token's
+            # whole text and what the button does are in its tooltip.
+            verb = "Resample" if token_id == ev.token_id else "Branch with"
+            shown = alt if len(alt) <= BUTTON_TOKEN_CHARS else alt[: BUTTON_TOKEN_CHARS - 1] + "…"
+            self.branch_button.setText(f"{verb} “{shown}”")
+            whole = f"resample from here with “{alt}”" if token_id == ev.token_id else f"branch with “{alt}”"
+            self.branch_button.setToolTip(f"{whole[0].upper()}{whole[1:]}: "
+                                          f"{SERVER_BRANCH_TIP if server else BRANCH_TIP}")
         else:
             self.branch_button.setText("Branch from here")
 

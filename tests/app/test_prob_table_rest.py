@@ -39,3 +39,14 @@ def test_the_rest_is_one_last_row_that_cannot_be_branched_on(qtbot):
     assert branched == []
     table._on_activated(rows[1])
     assert branched == [11]
+
+
+def test_rows_are_tall_enough_for_their_percentages(qtbot):
+    """The bars' numbers were drawn inside the inset bar, so in a monospace row they were cut in half."""
+    table = ProbTable()
+    qtbot.addWidget(table)
+    table.resize(320, 300)
+    table.show()
+    table.show_token(_event())
+    row = table.visualItemRect(table.topLevelItem(0))
+    assert row.height() >= table.fontMetrics().height() + 4
