@@ -20,16 +20,10 @@ SIZE = (1440, 900)
 
 
 async def take_loom_screenshot(window, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
-    from app.screenshots import _save, _settle
+    from app.screenshots import _save, _settle, ready_window
     from app.widgets.loom_view import NODE
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    window.resize(*size)
-    if window.theme is not None:
-        window.theme.set_scheme("light")
-    await window.host.wait_engine()
-    await _settle()
+    out = await ready_window(window, out_dir, size)
     window.settings.apply_preset("Balanced")
     window.settings.update_sampler(seed=11)
     window.settings.set_max_new_tokens(24)

@@ -32,15 +32,9 @@ def default_base_model() -> str | None:
 
 async def take_notebook_screenshot(window, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
     from app.notebook import generate, is_notebook
-    from app.screenshots import _interesting_token, _save, _settle
+    from app.screenshots import _interesting_token, _save, _settle, ready_window
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    window.resize(*size)
-    if window.theme is not None:
-        window.theme.set_scheme("light")
-    await window.host.wait_engine()
-    await _settle()
+    out = await ready_window(window, out_dir, size)
     if not is_notebook(window.library.current):  # a model with a chat template: File ▸ New notebook
         window.new_notebook()
     window.settings.apply_preset("Balanced")

@@ -32,6 +32,18 @@ def _save(window: MainWindow, path: Path) -> None:
     log.info("saved %s", path)
 
 
+async def ready_window(window: MainWindow, out_dir: str | Path, size: tuple[int, int]) -> Path:
+    """The window at `size`, light, its model loaded and laid out; returns `out_dir`, created."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    window.resize(*size)
+    if window.theme is not None:
+        window.theme.set_scheme("light")
+    await window.host.wait_engine()
+    await _settle()
+    return out
+
+
 def _interesting_token(tokens) -> int:
     """A token where sampling mattered: not the top choice, or else the least likely, with stages recorded."""
     candidates = [i for i, t in enumerate(tokens[:60]) if t.stages and not t.special and t.token_text.strip()]
@@ -41,12 +53,7 @@ def _interesting_token(tokens) -> int:
 
 
 async def take_screenshots(window: MainWindow, out_dir: str | Path) -> list[Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    window.resize(*SIZE)
-    if window.theme is not None:
-        window.theme.set_scheme("light")
-    await window.host.wait_engine()
+    out = await ready_window(window, out_dir, SIZE)
     if window.host.loading:  # a picked model still loading
         await window.host.wait_engine()
     window.settings.apply_preset("Balanced")
