@@ -6,12 +6,16 @@ The sandbox stops it from reaching Python's internals; it does not stop a
 template that loops `range(100000)` inside `range(100000)`, or that doubles a
 string forty times. Here a render also stops:
 
-- after `TIME_LIMIT_S` seconds: a trace function on the rendering thread looks
-  at the clock on every line the compiled template runs (only that thread,
-  only while it renders);
+- after `TIME_LIMIT_S` seconds: it renders in a child process
+  (`engine.template_process`) that is killed when it has not answered a
+  second after the limit, whatever it is doing (a long C call holding the
+  GIL, a loop inside a library filter). Inside that process a trace function
+  looks at the clock on every line the compiled template runs, so the common
+  runaway loop ends right at the limit and the process lives on;
 - before any text or list it builds, or its output, passes `MAX_CHARS`
   characters: `+`, `*`, `**`, `%`, `~`, filters, method calls and output are
-  checked before the big value is made, not after.
+  checked before the big value is made, not after (and the renderer process
+  may not grow by more than `engine.template_process.MEMORY_LIMIT_BYTES`).
 
 Any failure (a syntax error, the template's own `raise_exception`, a sandbox
 refusal, a limit) is one `ChatTemplateError` saying what happened, in words.
@@ -64,7 +68,7 @@ class _Overtime(BaseException):
     """
 
 
-class _RanOutOfTime(ChatTemplateError):
+class RanOutOfTime(ChatTemplateError):
     """The `ChatTemplateError` of a template stopped at its time limit (remembered: see `_overtime`)."""
 
 
@@ -73,8 +77,8 @@ class _TooLarge(Exception):
 
 
 _state = threading.local()  # the limits of the render under way on this thread
-# One render at a time: two runaway renders (the status bar's count and a send) would take turns
-# with the GIL and leave the UI thread almost none of it.
+# One in-process render at a time (where no renderer process can start): two runaway renders (the
+# status bar's count and a send) would take turns with the GIL and leave the UI thread almost none of it.
 _render_lock = threading.Lock()
 # Templates that ran past their time limit, with the error they gave: run again they would cost the
 # limit again on every keystroke, and a template that loops once is not one to trust.
@@ -351,29 +355,62 @@ def render_chat_template(
 ) -> str:
     """Render a model's chat template with `variables` (messages, add_generation_prompt, special tokens...).
 
-    `time_limit_s` and `max_chars` default to the module's `TIME_LIMIT_S` and `MAX_CHARS`.
+    It renders in the renderer process (`engine.template_process`), which is killed when it overruns
+    `time_limit_s`: no template can hold this process past its limit. `time_limit_s` and `max_chars`
+    default to the module's `TIME_LIMIT_S` and `MAX_CHARS`. `variables` are plain values (text, numbers,
+    lists, dicts, None): they are copied to that process.
 
     Raises:
         ChatTemplateError: the template is not valid Jinja, raised an error of its own (e.g. roles
             must alternate), did something the sandbox forbids, or ran past `time_limit_s` or
             `max_chars`. The message says which, for a person.
     """
+    from engine import template_process
+
     time_limit_s = TIME_LIMIT_S if time_limit_s is None else time_limit_s
     max_chars = MAX_CHARS if max_chars is None else max_chars
+    if (known := _overtime.get((template, time_limit_s))) is not None:
+        raise ChatTemplateError(known)
+    try:
+        outcome = template_process.renderer().render(template, variables, time_limit_s, max_chars)
+    except template_process.RendererUnavailable:
+        with _render_lock:
+            try:
+                return render_in_this_process(template, variables, time_limit_s=time_limit_s, max_chars=max_chars)
+            except RanOutOfTime as e:
+                _overtime[(template, time_limit_s)] = str(e)
+                raise
+    if outcome.text is not None:
+        return outcome.text
+    message = outcome.error or _overtime_message(time_limit_s)
+    if outcome.overtime:
+        _overtime[(template, time_limit_s)] = message
+    raise ChatTemplateError(message)
+
+
+def _overtime_message(time_limit_s: float) -> str:
+    return (f"the model's chat template did not finish within {time_limit_s:g} s and was stopped "
+            f"(it may loop without end); {_ADVICE}")
+
+
+def render_in_this_process(template: str, variables: Mapping[str, Any], *, time_limit_s: float, max_chars: int) -> str:
+    """Render in this process, under the trace-function time limit and the size checks only.
+
+    What the renderer process runs; here where no renderer process can be started. A long C call
+    or a loop inside a filter can outlast `time_limit_s` here: `render_chat_template` is the safe way.
+
+    Raises:
+        ChatTemplateError: as `render_chat_template` (`RanOutOfTime` when the time limit stopped it).
+    """
     try:
         compiled = _compile(template)
     except jinja2.TemplateSyntaxError as e:
         raise ChatTemplateError(f"the model's chat template is not valid Jinja (line {e.lineno}: {e.message}); {_ADVICE}") from None
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"the model's chat template cannot be compiled ({e}); {_ADVICE}") from None
-    with _render_lock:
-        if (known := _overtime.get((template, time_limit_s))) is not None:
-            raise ChatTemplateError(known)
-        try:
-            return _render(compiled, variables, time_limit_s, max_chars)
-        except _RanOutOfTime as e:
-            _overtime[(template, time_limit_s)] = str(e)
-            raise
+    except RecursionError:
+        raise ChatTemplateError(f"the model's chat template is nested too deeply to compile; {_ADVICE}") from None
+    return _render(compiled, variables, time_limit_s, max_chars)
 
 
 def _render(compiled: jinja2.Template, variables: Mapping[str, Any], time_limit_s: float, max_chars: int) -> str:
@@ -391,10 +428,7 @@ def _render(compiled: jinja2.Template, variables: Mapping[str, Any], time_limit_
                 raise _TooLarge()
             out.append(piece)
     except _Overtime:
-        raise _RanOutOfTime(
-            f"the model's chat template did not finish within {time_limit_s:g} s and was stopped "
-            f"(it may loop without end); {_ADVICE}"
-        ) from None
+        raise RanOutOfTime(_overtime_message(time_limit_s)) from None
     except _TooLarge:
         raise ChatTemplateError(
             f"the model's chat template tried to build more than {max_chars:,} characters and was stopped; {_ADVICE}"
