@@ -77,12 +77,14 @@ def decode(model, cache_factory, prompt_ids, n: int, device) -> tuple[float, lis
     """Greedy: prefill, then n tokens one forward each; tokens/s over the n-1 after the first."""
     import torch
 
+    from engine.backends.torch.compat import with_cache
+
     cache = cache_factory()
     x = torch.tensor([prompt_ids], device=device)
     tokens, times = [], []
     with torch.inference_mode():
         for _ in range(n):
-            out = model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = model(input_ids=x, **with_cache(model, cache), use_cache=True, logits_to_keep=1)
             token = int(out.logits[0, -1].argmax())  # a host sync per token, as the engine's decode loop has
             times.append(time.perf_counter())
             tokens.append(token)

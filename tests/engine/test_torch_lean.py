@@ -17,11 +17,16 @@ import torch
 
 from engine.backends.torch import linear as cpu_linear
 from engine.backends.torch.backend import TorchBackend
+from engine.backends.torch.compat import with_cache
 from engine.backends.torch.lean import LeanDecodeStep
 from engine.decode import generate_events
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings
+
+# An argument transformers has announced it will remove (`past_key_values` -> `cache`, ...) is an error here, so a
+# rename inside the admitted transformers range fails these tests rather than a user's model a release later.
+pytestmark = pytest.mark.filterwarnings("error:.*(is deprecated|will be removed).*:FutureWarning")
 
 GREEDY = SamplerSettings(temperature=0.0)
 
@@ -93,7 +98,7 @@ def test_lean_step_equals_transformers_forward_step_by_step(tiny_torch, kernel):
             ours = backend.lean.step(token, cache)
             cache.crop(-1)  # the same position again, through transformers
             theirs = backend.model(
-                input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True, logits_to_keep=1
+                input_ids=torch.tensor([[token]]), **with_cache(backend.model, cache), use_cache=True, logits_to_keep=1
             ).logits
             assert ours.shape == theirs.shape
             if kernel == "torch":
@@ -233,6 +238,6 @@ def test_grouped_attention_for_long_contexts_keeps_the_tokens(tiny_torch, monkey
         ours = backend.lean.step(token, cache)
         cache.crop(-1)
         theirs = backend.model(
-            input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True, logits_to_keep=1
+            input_ids=torch.tensor([[token]]), **with_cache(backend.model, cache), use_cache=True, logits_to_keep=1
         ).logits
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)

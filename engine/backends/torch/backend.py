@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from engine.backends.base import CachedTokens, process_peak_rss_bytes
+from engine.backends.torch.compat import with_cache
 from engine.backends.torch.compile import CompiledDecodeStep, compile_wanted, relative_logit_error
 from engine.backends.torch.lean import LeanDecodeStep
 from engine.backends.torch.runner import TorchRunner
@@ -234,7 +235,7 @@ class TorchBackend(CachedTokens):
     def _transformers_forward(self, token_ids: Sequence[int]) -> torch.Tensor:
         # logits_to_keep=1: the head projects only the last position, (1, 1, V) not (1, T, V)
         ids = self._ids(token_ids)
-        return self.model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+        return self.model(input_ids=ids, **with_cache(self.model, self._cache), use_cache=True, logits_to_keep=1).logits
 
     def _lean_step(self, token: int) -> torch.Tensor:
         """One token through the lean step; its first use per model is checked against transformers' forward."""

@@ -25,7 +25,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from engine.backends.torch.compat import DummyLayer, layer_types_and_kwargs, query_length
 
 log = logging.getLogger(__name__)
 
@@ -139,16 +141,20 @@ class GrowingLayer(CacheLayerMixin):
         """The first absolute position the next tokens attend to."""
         return 0
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query) -> tuple[int, int]:
+        """(kv length, kv offset) for `query` new tokens (an int; transformers 5.0 passes their positions)."""
         if self.static:
             return self.keys.shape[-2], 0
         kv_offset = self._first_visible(self.length)
-        return self.length - kv_offset + query_length, kv_offset
+        return self.length - kv_offset + query_length(query), kv_offset
 
     def get_seq_length(self) -> int:
         return self.position if self.static else self.length
 
     def get_max_length(self) -> int:
+        return -1
+
+    def get_max_cache_shape(self) -> int:  # the name transformers 5.0 asks for
         return -1
 
     def can_crop_to(self, length: int) -> bool:
@@ -237,10 +243,10 @@ class GrowingCache(Cache):
         grow_step = grow_step or GROW_STEP
         text_config = config.get_text_config(decoder=True)
         limit = int(getattr(text_config, "max_position_embeddings", 0) or 0) or None
-        layer_types, per_layer_kwargs = get_layer_types_and_kwargs(text_config)
+        layer_types, per_layer_kwargs = layer_types_and_kwargs(text_config)
         layers: list = []
         for layer_type, kwargs in zip(layer_types, per_layer_kwargs):
-            if layer_type == "dummy":
+            if layer_type == "dummy" and DummyLayer is not None:
                 layers.append(DummyLayer())
             elif layer_type == "full_attention":
                 layers.append(GrowingLayer(limit=limit, grow_step=grow_step))

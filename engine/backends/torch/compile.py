@@ -21,6 +21,8 @@ import threading
 import torch
 
 from engine.backends.torch.cache import GrowingCache
+from engine.background_threads import BackgroundThread
+from engine.backends.torch.compat import with_cache
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def relative_logit_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
 
 
 def _logits(model, ids: torch.Tensor, cache) -> torch.Tensor:
-    return model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    return model(input_ids=ids, **with_cache(model, cache), use_cache=True, logits_to_keep=1).logits
 
 
 class CompiledDecodeStep:
@@ -62,8 +64,14 @@ class CompiledDecodeStep:
         self._model = model
         self._tolerance = tolerance
         self._built = threading.Event()
-        self._thread = threading.Thread(target=self._build, name="torch-compile-step", daemon=True)
+        # Stoppable: a build still running at close or at interpreter exit is ended, never left inside
+        # torch while the interpreter is torn down (that aborts the process: issue 31).
+        self._thread = BackgroundThread(self._build, name="torch-compile-step")
         self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop a build still under way (it is never published) and wait for its thread; True when it ended."""
+        return self._thread.stop(timeout)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the build finished (for tests and benchmarks); True when the step is usable."""

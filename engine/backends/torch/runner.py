@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.chunks import chunk_spans, left_pad, positions_per_chunk, stack_logprobs
+from engine.backends.torch.compat import with_cache
 from engine.capabilities import RowState
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,9 @@ MIN_REUSE = 16  # shared tokens: below this, copying the backend's keys and valu
 
 def _holds_keys(layer) -> bool:
     """Whether a cache layer holds keys and values (transformers' placeholder layers hold none)."""
-    from transformers.cache_utils import DummyLayer
+    from engine.backends.torch.compat import holds_keys
 
-    return not isinstance(layer, DummyLayer)
+    return holds_keys(layer)
 
 
 class TorchRunner:
@@ -59,7 +60,7 @@ class TorchRunner:
         with self.torch.inference_mode():
             out = self.model(
                 input_ids=ids, attention_mask=mask, position_ids=positions,
-                past_key_values=cache, use_cache=True, logits_to_keep=1,
+                **with_cache(self.model, cache), use_cache=True, logits_to_keep=1,
             )
         return out.logits[:, -1].float().cpu().numpy()  # (B, V)
 
@@ -245,7 +246,8 @@ class TorchRunner:
             self.forward_calls += 1
             with torch.inference_mode():
                 out = self.model(
-                    input_ids=ids_t[:, lo:hi], past_key_values=cache, use_cache=True, logits_to_keep=max(keep, 1)
+                    input_ids=ids_t[:, lo:hi], **with_cache(self.model, cache), use_cache=True,
+                    logits_to_keep=max(keep, 1),
                 )
                 logits = out.logits[0, -keep:].float().cpu().numpy() if keep > 0 else None  # (keep, V)
             del out  # hold only the numpy copy while the caller works on it
