@@ -46,9 +46,13 @@ def compile_wanted(device: torch.device, requested: bool | None) -> bool:
 
 
 def relative_logit_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    """The largest difference between two logit tensors, relative to the larger of 1 and their largest logit."""
-    err = (ours.float() - theirs.float()).abs().max().item()
-    return err / max(theirs.float().abs().max().item(), 1.0)
+    """The largest difference between two logit tensors, relative to the larger of 1 and their largest logit.
+
+    The two may live on different devices (the loom's check compares the GPU's logits with a host copy):
+    both are compared on the host, where every device's tensors can go."""
+    ours, theirs = ours.detach().float().cpu(), theirs.detach().float().cpu()
+    err = (ours - theirs).abs().max().item()
+    return err / max(theirs.abs().max().item(), 1.0)
 
 
 def _logits(model, ids: torch.Tensor, cache) -> torch.Tensor:
