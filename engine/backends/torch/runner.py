@@ -18,6 +18,7 @@ import numpy as np
 
 from engine.backends.chunks import chunk_spans, left_pad, positions_per_chunk, stack_logprobs
 from engine.backends.torch.compat import with_cache
+from engine.backends.torch.foreground import foreground_step
 from engine.capabilities import RowState
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class TorchRunner:
         self._next_pos = None  # (B,) position id of each row's next token
 
     def _call(self, ids, mask, positions, cache):
+        foreground_step()  # a compile under way in the background pauses while the loom runs
         self.forward_calls += 1
         with self.torch.inference_mode():
             out = self.model(
@@ -134,6 +136,7 @@ class TorchRunner:
 
         lean = self.lean
         if lean.rows_verified:
+            foreground_step()
             self.forward_calls += 1
             return step_rows(lean, ids, position, self._cache).float().cpu().numpy()
         try:
@@ -243,6 +246,7 @@ class TorchRunner:
         cache = self.new_cache() if self.new_cache is not None else DynamicCache(config=self.model.config)
         ids_t = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
         for lo, hi, keep in spans:
+            foreground_step()
             self.forward_calls += 1
             with torch.inference_mode():
                 out = self.model(
