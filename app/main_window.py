@@ -16,7 +16,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QMessageBox, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QApplication, QDockWidget, QFrame, QMainWindow, QMessageBox, QScrollArea, QVBoxLayout, QWidget,
+)
 
 from engine import ModelInfo
 
@@ -40,14 +42,18 @@ from app.widgets.chat_pane import ChatPane
 from app.widgets.inspector import MIN_WIDTH as INSPECTOR_MIN_WIDTH
 from app.widgets.inspector import Inspector
 from app.loom_controller import LoomController
+from app.loom_options import remember_loom_options
 from app.widgets.loom_view import LoomView
 from app.widgets.sampling_panel import SamplingPanel
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
 from app.notebook import generate as continue_notebook, is_notebook
 from app.template_actions import TemplateActions
+from app.template_default import default_system_prompt
 from app.widgets.notebook_view import NotebookView
-from app.window_geometry import Size, available_rect, clamp_rect, rect_of, same_screen_size
+from app.window_geometry import (
+    Size, available_rect, clamp_framed, expected_frame, keep_frame_on_screen, rect_of, same_screen_size,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +65,10 @@ DEFAULT_DOCK_WIDTHS = (300, 470)  # chats, inspector: their widths in a window o
 SIDE_PANEL_MIN_WIDTH = 270  # about the chats panel's own minimum
 SIDE_PANEL_MAX_FLOOR = 300  # the sampling dock's floor follows its panel up to this; a wider panel scrolls sideways
 CHAT_MIN_WIDTH = 400  # a first start's chat column is at least this wide where the screen allows
+MAX_TAB_SKIPS = 500  # Tab skips at most this many hidden controls in a row (more than the window has)
 APPEARANCE_KEY = "appearance"
 NOTHING_SAVED = "nothing saved"  # in the title bar while the app runs on a temporary database
+APP_NAME = "Logit Lab"  # the application's display name (app/__main__.py), the title's last part
 
 
 class MainWindow(QMainWindow):
@@ -84,6 +92,7 @@ class MainWindow(QMainWindow):
         self._closing = False
         self._shutdown_done = False
         self._tasks: set[asyncio.Future] = set()
+        self._docks_off_screen: set[QDockWidget] = set()  # closed, or a tab behind another (Tab skips them)
 
         self.chat = ChatPane(self.library, self.view_options, self.selection, self.controller)
         self.banner = Banner()
@@ -105,6 +114,7 @@ class MainWindow(QMainWindow):
         # the window wider than a small screen (the panel keeps its width inside, the dock keeps the window's).
         sideways = QScrollArea()
         sideways.setObjectName("sampling_sideways")
+        sideways.setAccessibleName("Sampling settings")
         sideways.setWidget(self.sampling)
         sideways.setWidgetResizable(True)
         sideways.setFrameShape(QFrame.Shape.NoFrame)
@@ -121,11 +131,14 @@ class MainWindow(QMainWindow):
         self.inspector_dock = self._dock("Inspector", self.inspector, Qt.DockWidgetArea.RightDockWidgetArea)
         self.loom = LoomController(self.controller)  # the loom (issue 25): a tab beside the Inspector
         self.loom_view = LoomView(self.loom, self.selection)
+        remember_loom_options(self.loom_view, store)  # its budget and the rest survive a restart
         self.loom_dock = self._dock("Loom", self.loom_view, Qt.DockWidgetArea.RightDockWidgetArea)
         self.tabifyDockWidget(self.inspector_dock, self.loom_dock)
         self.inspector_dock.raise_()
         self.status = StatusBar(host, self.controller)
         self.setStatusBar(self.status)
+        # The system prompt box shows what the template says when it is empty; the templates' refresh names it.
+        self.status.template_shown.connect(self._read_template_default)
         self.templates = TemplateActions(store, host, self.library, self.status, self)
         # Menus and actions get this context, never the window: they are imported here, not the reverse.
         self.context = ActionContext(
@@ -173,6 +186,7 @@ class MainWindow(QMainWindow):
         self._update_title()
 
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+        self.focus_input()  # without it Qt focused the first control (the heatmap box), and typing went nowhere
         dock = QDockWidget(title, self)
         dock.setObjectName(f"{title.lower()}_dock")
         dock.setWidget(widget)
@@ -181,8 +195,34 @@ class MainWindow(QMainWindow):
         self.addDockWidget(area, dock)
         return dock
 
+        # Whether it is on screen: a dock whose tab is behind another stays "visible" to Qt, and Tab walked
+        # through its controls unseen (43 of the Sampling panel's); focusNextPrevChild skips those docks.
+        dock.visibilityChanged.connect(lambda shown, d=dock: self._docks_off_screen.discard(d) if shown
+                                       else self._docks_off_screen.add(d))
     def _connect_actions(self) -> None:
         """What each menu action does: the window's own slots, the model actions, the experiment actions."""
+    def _on_screen(self, widget: QWidget) -> bool:
+        """`widget` is shown and not inside a dock that is closed or whose tab is behind another."""
+        if not widget.isVisible():
+            return False
+        w: QWidget | None = widget
+        while w is not None and w is not self:
+            if isinstance(w, QDockWidget) and (w in self._docks_off_screen or not w.isVisible()):
+                return False
+            w = w.parentWidget()
+        return True
+
+    def focusNextPrevChild(self, next: bool) -> bool:
+        """Tab and Shift+Tab go only through what is on screen: past the controls of hidden dock tabs."""
+        start = QApplication.focusWidget()
+        for _ in range(MAX_TAB_SKIPS):
+            if not super().focusNextPrevChild(next):
+                return False
+            now = QApplication.focusWidget()
+            if now is None or now is start or self._on_screen(now):
+                return True
+        return True
+
         a, ctx = self.menu_actions, self.context
         handlers = {
             a.new_chat: self.new_chat,
@@ -241,6 +281,16 @@ class MainWindow(QMainWindow):
 
     # -- chat actions ----------------------------------------------------------------------
 
+    def _read_template_default(self) -> None:
+        """Read the loaded model's default system prompt off the UI thread (a template render), then show it."""
+        engine = self.host.engine
+        if engine is None or not engine.ready.done() or engine.ready.exception() is not None:
+            self.chat.set_template_default("")
+            return
+        tokenizer = engine.tokenizer
+        self.host.run_off_ui_thread(lambda: default_system_prompt(tokenizer),
+                                    lambda text, _error: self.chat.set_template_default(text or ""))
+
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -290,11 +340,16 @@ class MainWindow(QMainWindow):
 
     def new_chat(self) -> None:
         self.library.new()
-        self.chat.composer.edit.setFocus()
+        self.focus_input()
 
     def new_notebook(self) -> None:
         self.library.new(mode="notebook")
-        self.notebook.editor.setFocus()
+        self.focus_input()
+
+    def focus_input(self) -> None:
+        """Typing goes where text is written: the composer, or a notebook's text (at start, after Ctrl+N)."""
+        target = self.notebook.editor if is_notebook(self.library.current) else self.chat.composer.edit
+        target.setFocus(Qt.FocusReason.OtherFocusReason)
 
     def on_generate_notebook(self, text: str) -> asyncio.Task | None:
         conv = self.library.current
@@ -389,10 +444,10 @@ class MainWindow(QMainWindow):
     # -- the database: notices, failed writes, quitting on a signal -------------------------
 
     def _update_title(self) -> None:
-        parts = ["Logit Lab"] + ([self._model_title] if self._model_title else [])
-        if self.store.temporary:
-            parts.append(NOTHING_SAVED)
-        self.setWindowTitle(" — ".join(parts))
+        """"<model> — Logit Lab": the app's name last, where Qt appends the display name itself (on Linux and
+        Windows) unless the title already ends with it ("Logit Lab — X — Logit Lab" before)."""
+        parts = ([self._model_title] if self._model_title else []) + ([NOTHING_SAVED] if self.store.temporary else [])
+        self.setWindowTitle(" — ".join([*parts, APP_NAME]))
 
     def show_database_notice(self, notice: DatabaseNotice) -> QMessageBox:
         """The one dialog about the database at start-up: what was recovered, or what is wrong and what now.
@@ -469,14 +524,17 @@ class MainWindow(QMainWindow):
     def _restore_geometry(self) -> None:
         saved = self.store.get_setting(GEOMETRY_KEY)
         if not saved:
-            screen = self.screen()
-            if screen is None:
+            free = available_rect(self)
+            if free is None:
                 self.size_to_fit(*DEFAULT_SIZE)
             else:
-                free = screen.availableGeometry()
-                self.size_to_fit(free.width(), free.height())
+                # The free area less the frame (title bar, borders) the window manager will put around it.
+                frame = expected_frame(self)
+                self.size_to_fit(free.width - frame.left - frame.right, free.height - frame.top - frame.bottom)
+                self.move(free.x, free.y)  # a window's pos() is its frame's: the title bar starts at the top
             return
         self.restoreGeometry(QByteArray.fromBase64(saved["geometry"].encode()))
+        keep_frame_on_screen(self)  # once the window manager has framed it, the frame is on the screen too
         self.restoreState(QByteArray.fromBase64(saved["state"].encode()))
         self._fit_restored(saved.get("screen"))
 
@@ -492,5 +550,6 @@ class MainWindow(QMainWindow):
         if screen is not None and not same_screen_size(screen, free):
             self.size_to_fit(free.width, free.height)
         least = self.minimumSizeHint()
-        x, y, width, height = clamp_rect(rect_of(self.geometry()), free, Size(least.width(), least.height()))
+        x, y, width, height = clamp_framed(rect_of(self.geometry()), expected_frame(self), free,
+                                           Size(least.width(), least.height()))
         self.setGeometry(x, y, width, height)

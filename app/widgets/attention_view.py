@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 
 import numpy as np
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QTextBrowser, QVBoxLayout, QWidget
 
 from app.widgets.fmt import pct
@@ -34,6 +35,7 @@ class AttentionView(QWidget):
         self.summary = QLabel()
         self.summary.setWordWrap(True)
         self.summary.setAccessibleName("Most attended tokens")
+        self.summary.setTextFormat(Qt.TextFormat.RichText)  # the tokens' text and the numbers are escaped
         self.text = QTextBrowser()
         self.text.setOpenLinks(False)
         self.text.setAccessibleName("Attention over the prompt and answer")
@@ -82,7 +84,7 @@ class AttentionView(QWidget):
             return
         top = np.argsort(-w)[:3]
         self.summary.setText("Most attended: " + ", ".join(
-            f"“{html.escape(self._texts[i])}” {pct(float(w[i]))}" for i in top))
+            f"“{html.escape(self._texts[i])}” {html.escape(pct(float(w[i])))}" for i in top))
         peak = float(w.max()) or 1.0
         parts = []
         for i, text in enumerate(self._texts):
@@ -91,5 +93,5 @@ class AttentionView(QWidget):
             alpha = min(1.0, float(w[i]) / peak)
             shown = html.escape(text).replace("\n", "↵<br>") or "∅"
             parts.append(f"<span style='background-color: rgba({HIGHLIGHT[0]},{HIGHLIGHT[1]},{HIGHLIGHT[2]},"
-                         f"{alpha:.2f})' title='{pct(float(w[i]))}'>{shown}</span>")
+                         f"{alpha:.2f})' title='{html.escape(pct(float(w[i])))}'>{shown}</span>")
         self.text.setHtml("<div style='white-space: pre-wrap'>" + "".join(parts) + "</div>")

@@ -21,10 +21,12 @@ class Banner(QFrame):
         layout = QHBoxLayout(self)
         layout.setContentsMargins(10, 6, 6, 6)
         self.label = QLabel()
+        self.label.setTextFormat(Qt.TextFormat.PlainText)  # reasons quote paths and error messages
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.label, 1)
         self.action_button = QPushButton()
+        self.action_button.setAccessibleName("Banner action")  # its text names it while it shows
         self.action_button.setVisible(False)
         layout.addWidget(self.action_button)
         self.close_button = QPushButton("Dismiss")

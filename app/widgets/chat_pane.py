@@ -25,11 +25,16 @@ from app.widgets.composer import Composer
 from app.widgets.heat import MODE_LABELS, HeatLegend
 
 
+SYSTEM_PLACEHOLDER = "System prompt for this conversation (optional), e.g. “Answer briefly.”"
+SYSTEM_TIP = "The system prompt of this conversation"
+
+
 class ElidedLabel(QLabel):
     """A bold one-line label that shortens its text with "…" instead of pushing its neighbours away."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
+        self.setTextFormat(Qt.TextFormat.PlainText)  # a conversation's title is text, never markup
         font = self.font()
         font.setBold(True)
         self.setFont(font)
@@ -62,10 +67,10 @@ class ChatPane(QWidget):
         self.system_button.setCheckable(True)
         self.system_button.setAutoRaise(True)
         self.system_button.setAccessibleName("Show system prompt")
-        self.system_button.setToolTip("The system prompt of this conversation")
+        self.system_button.setToolTip(SYSTEM_TIP)
         self.system_edit = QPlainTextEdit()
         self.system_edit.setAccessibleName("System prompt")
-        self.system_edit.setPlaceholderText("System prompt for this conversation (optional), e.g. “Answer briefly.”")
+        self.system_edit.setPlaceholderText(SYSTEM_PLACEHOLDER)
         self.system_edit.setFixedHeight(self.fontMetrics().lineSpacing() * 3 + 12)
         self.system_edit.setVisible(False)
         self.system_button.toggled.connect(self.system_edit.setVisible)
@@ -137,7 +142,19 @@ class ChatPane(QWidget):
             self.system_edit.blockSignals(True)
             self.system_edit.setPlainText(prompt)
             self.system_edit.blockSignals(False)
-        self.system_button.setText("System prompt ●" if prompt.strip() else "System prompt")
+        # "System", not "System prompt": the header row sets the chat's least width (and so the window's).
+        self.system_button.setText("System ●" if prompt.strip() else "System")
+
+    def set_template_default(self, text: str) -> None:
+        """What the model's chat template says in place of an empty system prompt ("" when nothing): shown
+        in the empty box, so that what the model is told is not hidden."""
+        if text:
+            self.system_edit.setPlaceholderText(
+                f"Empty: the model's chat template adds its own system prompt — “{text}”. Type here to replace it.")
+            self.system_button.setToolTip(f"{SYSTEM_TIP}; when empty, the chat template adds “{text}”")
+        else:
+            self.system_edit.setPlaceholderText(SYSTEM_PLACEHOLDER)
+            self.system_button.setToolTip(SYSTEM_TIP)
 
     def _save_system_prompt(self) -> None:
         if self._conv is not None:

@@ -31,6 +31,7 @@ from app.state.library import Library
 from app.state.settings import SettingsState
 from app.widgets.token_column import TokenColumn, mark_tokens
 from app.widgets.token_detail import TokenDetail
+from app.widgets.escape_closes import close_on_escape
 from app.window_geometry import fit_to_screen
 
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
@@ -45,6 +46,7 @@ class CompareView(QWidget):
         """`controller` runs the comparisons (the window's own, when it has one; else one for this view)."""
         super().__init__(parent, Qt.WindowType.Window)
         self.setWindowTitle("Compare settings")
+        close_on_escape(self)
         self.setAccessibleName("Compare settings")
         self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self._settings = settings
@@ -58,6 +60,7 @@ class CompareView(QWidget):
         self.prompt.setAccessibleName("Prompt")
         self.prompt.setMaximumHeight(90)
         self.prompt_note = QLabel()
+        self.prompt_note.setTextFormat(Qt.TextFormat.PlainText)
         self.prompt_note.setWordWrap(True)
         if anchor is not None:
             self.prompt.setPlainText(anchor[1].content)
@@ -91,6 +94,7 @@ class CompareView(QWidget):
             bar.addWidget(w)
         bar.addStretch(1)
         self.status = QLabel()
+        self.status.setTextFormat(Qt.TextFormat.PlainText)  # errors quote the user's and the model's text
         self.status.setAccessibleName("Comparison status")
 
         self._columns_box = QWidget()

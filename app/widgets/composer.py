@@ -2,18 +2,47 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 
+def _is_enter(event: QKeyEvent) -> bool:
+    return event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+
+
 class ComposerEdit(QPlainTextEdit):
+    """Enter (and Ctrl+Enter) submits, Shift+Enter starts a new line."""
+
     submitted = Signal()
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
-        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
-        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+        if _is_enter(event) and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
             self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class MessageEdit(ComposerEdit):
+    """The box that edits a sent message: keys as in the composer, and Esc cancels.
+
+    The window's own shortcuts (Esc stops an answer, Ctrl+Enter sends the composer's text) would
+    take these keys before the box sees them: it claims them while it has the focus.
+    """
+
+    cancelled = Signal()
+
+    def event(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.ShortcutOverride and (
+            _is_enter(event) or event.key() == Qt.Key.Key_Escape
+        ):
+            event.accept()  # delivered as a key press to this box, not as the window's shortcut
+            return True
+        return super().event(event)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        if event.key() == Qt.Key.Key_Escape:
+            self.cancelled.emit()
             return
         super().keyPressEvent(event)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from engine import EngineError, list_server_models, split_server_spec
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -105,6 +106,7 @@ class ConnectDialog(QDialog):
         self.server_samples = QRadioButton("The server samples: fast streaming; alternatives and heatmap only")
         (self.server_samples if server_sampling else self.we_sample).setChecked(True)
         self.message = QLabel()
+        self.message.setTextFormat(Qt.TextFormat.PlainText)  # a server's own error text
         self.message.setWordWrap(True)
         self.message.setAccessibleName("Connection status")
 

@@ -80,6 +80,7 @@ def pct(p: float) -> str:
         return "<0.1%"
     if p >= 0.9995:
         return "100%"
+    """A probability as a percentage. "<0.1%" starts like a tag: rich text must get it through html.escape."""
     return f"{p * 100:.1f}%"
 
 
@@ -97,7 +98,7 @@ def token_tooltip(ev: TokenEvent, alternatives: int = 5, character: str | None =
         mark = "▶ " if alt.token_id == ev.token_id else ""
         rows.append(
             f"<tr><td>{mark}<code>{html.escape(visible(alt.text, alt.token_bytes))}</code></td>"
-            f"<td align='right'>&nbsp;{pct(alt.prob)}</td></tr>"
+            f"<td align='right'>&nbsp;{html.escape(pct(alt.prob))}</td></tr>"
         )
     badges = " · forced" if ev.forced else ""
     if ev.rewind is not None:
@@ -108,8 +109,8 @@ def token_tooltip(ev: TokenEvent, alternatives: int = 5, character: str | None =
         badges += f" · bytes of “{html.escape(character)}”" if character else " · part of a character"
     return (
         f"<b><code>{html.escape(visible(ev.token_text, ev.token_bytes))}</code></b>{badges}<br>"
-        f"p {pct(ev.prob)} · sampler {pct(ev.sampler_prob)} · rank {ev.rank + 1}<br>"
-        f"entropy {ev.entropy:.2f} nats · {bits(ev.logprob)}"
+        f"p {html.escape(pct(ev.prob))} · sampler {html.escape(pct(ev.sampler_prob))} · rank {ev.rank + 1}<br>"
+        f"entropy {ev.entropy:.2f} nats · {html.escape(bits(ev.logprob))}"
         f"<table style='margin-top:4px'>{''.join(rows)}</table>"
     )
 

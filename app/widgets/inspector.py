@@ -64,6 +64,7 @@ class Inspector(QWidget):
         self.token_label = QLabel()
         self.token_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.token_label.setAccessibleName("Selected token")
+        self.token_label.setTextFormat(Qt.TextFormat.RichText)  # our markup; every model-derived part is escaped
         self.prev_button = QToolButton()
         self.prev_button.setText("◀")
         self.prev_button.setAccessibleName("Previous token")
@@ -81,6 +82,7 @@ class Inspector(QWidget):
         self.metrics_label = QLabel()
         self.metrics_label.setWordWrap(True)
         self.metrics_label.setAccessibleName("Token statistics")
+        self.metrics_label.setTextFormat(Qt.TextFormat.RichText)  # our markup; every number is escaped
 
         self.table = ProbTable()
         self.branch_button = QPushButton("Branch from here")
@@ -175,7 +177,7 @@ class Inspector(QWidget):
             self.metrics_label.setText("Turn on the token view (Ctrl+H) and click a token, or click the chart below.")
             return
         n = len(self._conv.tokens(self._selected_message())) if self._conv else 0
-        badges = "".join(f" <i>{b}</i>" for b, on in (("forced", ev.forced), ("end of sequence", ev.special),
+        badges = "".join(f" <i>{html.escape(b)}</i>" for b, on in (("forced", ev.forced), ("end of sequence", ev.special),
                                                         (forced_badge(ev), bool(forced_badge(ev)))) if on)
         if ev.token_bytes is not None:  # a piece of a multi-byte character: its bytes, and the character
             tokens = self._conv.tokens(self._selected_message()) if self._conv else []
@@ -185,14 +187,16 @@ class Inspector(QWidget):
             f"<span style='font-size:17px'><b><code>{html.escape(visible(ev.token_text, ev.token_bytes))}</code></b></span>"
             f"&nbsp;&nbsp;token {self._selection.index + 1} of {n} · id {ev.token_id}{badges}"
         )
+        # Every number goes in as text: pct() says "<0.1%", which rich text would read as a tag and drop.
+        esc = html.escape
         sampler = pct(ev.sampler_prob) if math.isfinite(ev.sampler_logprob) else "cut (forced)"
         rest = next((p for p in ev.top_model if p.is_rest), None)
         # A server's top N only: the entropy counts the unreported rest as one outcome, a lower bound.
         entropy = f"≥ {ev.entropy:.2f}" if rest is not None else f"{ev.entropy:.2f}"
         self.metrics_label.setText(
-            f"p(model) <b>{pct(ev.prob)}</b> · p(sampler) <b>{sampler}</b> · rank <b>{ev.rank + 1}</b><br>"
-            f"entropy <b>{entropy}</b> nats · surprisal <b>{bits(ev.logprob)}</b>"
-            + (f"<br>the server reported its top tokens only; the rest hold <b>{pct(rest.prob)}</b>"
+            f"p(model) <b>{esc(pct(ev.prob))}</b> · p(sampler) <b>{esc(sampler)}</b> · rank <b>{ev.rank + 1}</b><br>"
+            f"entropy <b>{esc(entropy)}</b> nats · surprisal <b>{esc(bits(ev.logprob))}</b>"
+            + (f"<br>the server reported its top tokens only; the rest hold <b>{esc(pct(rest.prob))}</b>"
                if rest is not None else "")
             + (f"<br>{html.escape(constraint_summary(ev), quote=False)}" if ev.constraint is not None else "")
         )

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 SETTLE_MS = 150  # stepping through tokens with Alt+arrows asks for the last one only
 WAIT_FOR_ANSWER_MS = 500  # the selected answer is still being written: look again this much later
 COLUMNS = ("Layer", "p(token)", "Rank", "Top tokens")
+EMPTY_TEXT = "Select a token of an answer to see what each layer predicted there."
 
 
 class LayerView(QWidget):
@@ -54,7 +55,7 @@ class LayerView(QWidget):
         self._settle.timeout.connect(self._start)
         follow(self, ((host.model_changed, self._on_model_changed),))  # the host outlives this window
 
-        self.status = QLabel("Select a token of an answer to see what each layer predicted there.")
+        self.status = QLabel(EMPTY_TEXT)
         self.status.setWordWrap(True)
         self.status.setTextFormat(Qt.TextFormat.RichText)
         self.status.setAccessibleName("Layer view status")
@@ -87,11 +88,24 @@ class LayerView(QWidget):
 
     def show_token(self, conv: Conversation | None, message: Message | None, index: int | None) -> None:
         """The token to look at (an answer's token `index`); computed when the view is open."""
+        if conv is not self._conv or message is None or index is None:
+            self._clear()  # another chat, or no token: what is on screen belongs to something no longer selected
         self._conv, self._message, self._index = conv, message, index
         if self.heatmap.indices and message is not None and self._shown and self._shown[0] == message.id:
             self.heatmap.set_selected(index)
         if self.isVisible():
             self._settle.start(SETTLE_MS)
+
+    def _clear(self) -> None:
+        """Nothing on screen: no table, heatmap or attention, and a late result of the last request is dropped."""
+        self._settle.stop()
+        self._generation += 1
+        self._shown = None
+        self.view = None
+        self.table.setRowCount(0)
+        self.heatmap.clear()
+        self.attention.set_attention(None, (), 0)
+        self.status.setText(EMPTY_TEXT)
 
     def showEvent(self, event) -> None:
         super().showEvent(event)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from engine import ImportedSettings, llamacpp_json, parse_llamacpp_json
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDialog,
@@ -41,6 +42,7 @@ class LlamaCppJsonDialog(QDialog):
         self.text = QPlainTextEdit()
         self.text.setAccessibleName("llama.cpp JSON")
         self.notes = QLabel()
+        self.notes.setTextFormat(Qt.TextFormat.PlainText)  # quotes the pasted JSON's keys
         self.notes.setWordWrap(True)
         self.notes.setAccessibleName("llama.cpp JSON notes")
         self.name_edit = QLineEdit()

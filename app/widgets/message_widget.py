@@ -20,7 +20,6 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
-    QPlainTextEdit,
     QPushButton,
     QSizePolicy,
     QVBoxLayout,
@@ -29,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from app.state.conversation import Conversation, Message
 from app.state.versions import elsewhere
+from app.widgets.composer import MessageEdit
 from app.widgets.message_body import MessageBody
 from app.widgets.thinking_block import ThinkingBlock
 from app.widgets.version_note import VersionNote, header_button
@@ -132,8 +132,10 @@ class MessageWidget(QFrame):
         self.body.token_clicked.connect(lambda i: self.token_clicked.emit(self.message, self._content_start + i))
         outer.addWidget(self.body)
 
-        self.editor = QPlainTextEdit(self)
+        self.editor = MessageEdit(self)  # Enter or Ctrl+Enter sends, Shift+Enter a new line, Esc cancels
         self.editor.setAccessibleName("Edit message")
+        self.editor.submitted.connect(lambda: self._submit_edit())
+        self.editor.cancelled.connect(lambda: self._end_edit())
         self.editor.setVisible(False)
         self.editor_buttons = QWidget(self)
         eb = QHBoxLayout(self.editor_buttons)

@@ -107,6 +107,7 @@ class NotebookView(QWidget):
         self.editor.cursorPositionChanged.connect(self._update_versions)
 
         self.version_label = QLabel()
+        self.version_label.setTextFormat(Qt.TextFormat.PlainText)
         self.version_label.setAccessibleName("Version of the part at the cursor")
         self.previous_button = QToolButton(text="‹")
         self.previous_button.setAccessibleName("Previous version")

@@ -27,6 +27,7 @@ from app.experiments import AnswerRecipe, describe_model, recipe_for
 from app.state.conversation import Conversation, Message
 from app.widgets.token_column import CHANGED_COLOR, TokenColumn, mark_tokens, stats_text
 from app.widgets.token_detail import TokenDetail
+from app.widgets.escape_closes import close_on_escape
 from app.window_geometry import fit_to_screen
 
 # Fields "Replay with…" offers; the seed is what a replay keeps, so it is not among them.
@@ -54,6 +55,7 @@ class ReplayView(QWidget):
         super().__init__(parent, Qt.WindowType.Window)
         self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.setWindowTitle("Replay with a change" if with_change else "Replay")
+        close_on_escape(self)
         self.setAccessibleName(self.windowTitle())
         self._conv, self._message = conv, message
         self._experiments = controller or ExperimentController(host)
@@ -91,6 +93,7 @@ class ReplayView(QWidget):
             bar.addWidget(w)
         bar.addStretch(1)
         self.summary = QLabel(f"Seed {self.recipe.sampler.seed}; settings as stored with the answer.")
+        self.summary.setTextFormat(Qt.TextFormat.PlainText)  # token texts and errors are text, never markup
         self.summary.setWordWrap(True)
         self.summary.setAccessibleName("Replay summary")
 

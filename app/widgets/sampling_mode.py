@@ -10,6 +10,7 @@ then fixed, again with the reason. Local models hide the box.
 from __future__ import annotations
 
 from engine import ModelInfo, server_sampler_fields
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from app.engine_host import EngineHost
@@ -42,6 +43,7 @@ class SamplingModeBox(QGroupBox):
         self.server_samples.setAccessibleName("The server samples")
         self.server_samples.setToolTip(SERVER_SAMPLES_TIP)
         self.note = QLabel()
+        self.note.setTextFormat(Qt.TextFormat.PlainText)  # a server's host name
         self.note.setWordWrap(True)
         self.note.setForegroundRole(self.note.foregroundRole().PlaceholderText)
         lay = QVBoxLayout(self)

@@ -144,6 +144,7 @@ class SamplingPanel(QScrollArea):
         col.addWidget(StructuredOutputBox(settings))  # JSON schema / regex / grammar (docs/constraints.md)
 
         self.error_label = QLabel()
+        self.error_label.setTextFormat(Qt.TextFormat.PlainText)  # errors quote what was typed
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #d9534f")
         self.error_label.setAccessibleName("Settings error")

@@ -25,6 +25,7 @@ from app.theme import is_dark
 from app.widgets.heat import HeatLegend
 from app.widgets.message_body import MessageBody
 from app.widgets.token_detail import TokenDetail
+from app.widgets.escape_closes import close_on_escape
 from app.window_geometry import fit_to_screen
 
 MAX_FILE_BYTES = 2 << 20  # a text longer than this would take minutes to score token by token anyway
@@ -36,6 +37,7 @@ class ScoreView(QWidget):
         super().__init__(parent, Qt.WindowType.Window)
         self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.setWindowTitle("Score text")
+        close_on_escape(self)
         self.setAccessibleName("Score text")
         self._experiments = controller or ExperimentController(host)
         self._run: ScoreRun | None = None  # the last scoring started here
@@ -68,6 +70,7 @@ class ScoreView(QWidget):
         bar.addWidget(HeatLegend("surprisal"))
 
         self.summary = QLabel("Each token is read given everything before it (one model step per token).")
+        self.summary.setTextFormat(Qt.TextFormat.RichText)  # our markup; the text and every error are escaped
         self.summary.setWordWrap(True)
         self.summary.setAccessibleName("Score summary")
         self.body = MessageBody(self)
@@ -103,7 +106,7 @@ class ScoreView(QWidget):
             self.text.setPlainText(p.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             text = f"{p.name} is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else str(e)
-            self.summary.setText(f"Could not open the file: {text}")
+            self.summary.setText(html.escape(f"Could not open the file: {text}"))
             return False
         return True
 
@@ -114,7 +117,7 @@ class ScoreView(QWidget):
         try:
             self._run = run = self._experiments.score(self.text.toPlainText())
         except ValueError as e:
-            self.summary.setText(str(e))
+            self.summary.setText(html.escape(str(e)))
             return None
         run.finished.connect(self._on_finished)
         self.score_button.setEnabled(False)
@@ -131,7 +134,7 @@ class ScoreView(QWidget):
         self.score_button.setEnabled(True)
         self.stop_button.setEnabled(False)
         if run.error is not None:
-            self.summary.setText(f"Scoring failed: {run.error}")
+            self.summary.setText(html.escape(f"Scoring failed: {run.error}"))
         elif run.result is not None:
             self.show_result(run.result, run.context_text)
 

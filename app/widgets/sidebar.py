@@ -33,6 +33,9 @@ def _when(ts: float) -> str:
     return time.strftime("%d %b", time.localtime(ts))
 
 
+BUTTON_PADDING = 24  # px beside a button's text, enough for the style's bevel and margins
+
+
 class Sidebar(QWidget):
     new_requested = Signal()
     delete_requested = Signal(int)  # conversation id (the window stops a generation streaming into it first)
@@ -51,7 +54,7 @@ class Sidebar(QWidget):
         self.list.setUniformItemSizes(True)
         # Long titles are elided, not scrolled to.
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.new_button = QPushButton("New chat")
+        self.new_button = QPushButton("New")  # short: the three buttons' row sets the panel's least width
         self.new_button.setAccessibleName("New conversation")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.rename_button = QPushButton("Rename")
@@ -60,6 +63,10 @@ class Sidebar(QWidget):
         self.delete_button = QPushButton("Delete")
         self.delete_button.setAccessibleName("Delete conversation")
 
+        # A push button asks for 80 px whatever its text; these three, so wide, set the panel's least width
+        # (and with it the window's): they may shrink to their text.
+        for button in (self.new_button, self.rename_button, self.delete_button):
+            button.setMinimumWidth(button.fontMetrics().horizontalAdvance(button.text()) + BUTTON_PADDING)
         buttons = QHBoxLayout()
         buttons.addWidget(self.new_button, 1)
         buttons.addWidget(self.rename_button)

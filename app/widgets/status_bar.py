@@ -7,7 +7,7 @@ import resource
 import sys
 
 from engine import GenerationStats, ModelInfo
-from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QPainter, QPaintEvent
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
@@ -27,6 +27,10 @@ def resident_bytes() -> int:
         return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+MESSAGE_PADDING = 24  # px around a status message (QStatusBar's margins and its size grip)
+LABEL_SPACING = 12  # px a permanent widget takes beside its text (the bar's spacing and the label's frame)
+
+
 class ElidedLabel(QLabel):
     """A one-line label that gives up width when the bar has none: it ends in "…" rather than widening the window.
 
@@ -41,6 +45,7 @@ class ElidedLabel(QLabel):
 
     def __init__(self, text: str = "", parent: QWidget | None = None):
         super().__init__(text, parent)
+        self.setTextFormat(Qt.TextFormat.PlainText)  # model names, paths and messages are text, never markup
         self._compact = False
 
     def set_compact(self, compact: bool) -> None:
@@ -64,6 +69,7 @@ class ElidedLabel(QLabel):
 
 
 class StatusBar(QStatusBar):
+    template_shown = Signal()  # the chat template in use was (re)named: the model's or a chosen one
     def __init__(self, host: EngineHost, controller: ChatController, parent: QWidget | None = None):
         super().__init__(parent)
         self._host = host
@@ -94,6 +100,7 @@ class StatusBar(QStatusBar):
         # Which chat template the model's chats use, a warning when it has none (app/template_actions.py).
         self.template_label = ElidedLabel()
         self.template_label.setAccessibleName("Chat template")
+        self._template_warns = False
         self.addPermanentWidget(self.template_label)
         self._labels = (self.model_label, self.server_label, self.speed_label, self.context_label, self.memory_label)
         for w in self._labels:
@@ -129,8 +136,25 @@ class StatusBar(QStatusBar):
         self._on_conversation_changed(None)
 
     def _on_message_changed(self, text: str) -> None:
-        for label in (*self._labels, self.template_label):
-            label.set_compact(bool(text))
+        """A message ("Loaded …", an error) gets room where it needs it, and only there.
+
+        At 1440 px "Loaded SmolLM2…" fits beside every label at its whole width, yet making them all
+        compact squeezed them to "Templa… SmolL…" for the message's seconds. Now they step back only
+        where the message would not fit otherwise, and the template warning never does: it is what a
+        user needs to see after a load.
+        """
+        compact = bool(text) and self._message_width(text) + self._labels_width() > self.width()
+        for label in self._labels:
+            label.set_compact(compact)
+        self.template_label.set_compact(compact and not self._template_warns)
+
+    def _message_width(self, text: str) -> int:
+        return self.fontMetrics().horizontalAdvance(text) + MESSAGE_PADDING
+
+    def _labels_width(self) -> int:
+        """The permanent labels' whole widths, with the bar's spacing between them."""
+        shown = [w for w in (self.template_label, *self._labels) if not w.isHidden()]
+        return sum(QLabel.sizeHint(w).width() + LABEL_SPACING for w in shown)
 
     def _on_load_state(self, state: LoadState) -> None:
         self.progress_label.setVisible(state.loading)
@@ -148,6 +172,9 @@ class StatusBar(QStatusBar):
         self.model_label.setToolTip("\n".join(info.summary_lines()))
         if info.quantization:  # a GGUF file (llama.cpp): its quantization type and its size on disk
             self.model_label.setText(f"{self.model_label.text()} · {info.quantization} · {human_bytes(info.file_bytes)}")
+        # The last answer's speed was another model's: it says nothing about this one.
+        self.speed_label.setText("")
+        self.speed_label.setToolTip("")
         self._update_server()
         self._context.clear()
         self._update_context()
@@ -159,6 +186,10 @@ class StatusBar(QStatusBar):
         self.template_label.setToolTip(tooltip)
         self.template_label.setStyleSheet("color: #c0392b; font-weight: bold" if warn else "")
         self.template_label.setVisible(bool(text))
+        self._template_warns = warn
+        if warn:
+            self.template_label.set_compact(False)  # a warning shows whole, even beside a message
+        self.template_shown.emit()
 
     def _on_load_failed(self, spec: str | None, message: str) -> None:
         self.showMessage(f"Could not load {spec or 'the default model'}: {message}", 15000)

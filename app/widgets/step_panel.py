@@ -29,6 +29,7 @@ class StepPanel(QWidget):
         self.toggle.setAccessibleName("Step mode")
         self.toggle.toggled.connect(loom.set_stepping)
         self.label = QLabel()
+        self.label.setTextFormat(Qt.TextFormat.PlainText)  # it quotes the token the sampler would take
         self.label.setWordWrap(True)
         self.choices = QListWidget()
         self.choices.setAccessibleName("Next token choices")

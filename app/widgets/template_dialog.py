@@ -10,7 +10,10 @@ caller applies the choice and remembers it for the model (app/template_actions.p
 
 from __future__ import annotations
 
+import html
+
 from engine import chat_templates
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QPlainTextEdit, QVBoxLayout, QWidget,
@@ -30,7 +33,7 @@ class TemplateDialog(QDialog):
         mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
         self.has_own = has_own
         self.intro = QLabel(
-            f"How chats with <b>{model_name}</b> are turned into the text the model continues. "
+            f"How chats with <b>{html.escape(model_name)}</b> are turned into the text the model continues. "
             + ("It brings its own template." if has_own else
                "<b>It has no chat template</b>: a plain “User:/Assistant:” transcript is used unless you choose one. "
                "A base model is best used in a notebook (File ▸ New notebook).")
@@ -54,6 +57,7 @@ class TemplateDialog(QDialog):
         self.preview.setAccessibleName("Preview")
         self.preview.setFont(mono)
         self.error_label = QLabel()
+        self.error_label.setTextFormat(Qt.TextFormat.PlainText)  # Jinja errors quote the template's text
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #c0392b")
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)

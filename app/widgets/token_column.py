@@ -11,7 +11,7 @@ import html
 
 from engine import GenerationStats, SamplerSettings, TokenEvent
 from engine import experiments
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QDoubleSpinBox, QFrame, QGridLayout, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget,
@@ -143,6 +143,7 @@ class TokenColumn(QFrame):
         self.body.token_clicked.connect(lambda i: self.token_clicked.emit(self, i))
         lay.addWidget(self.body)
         self.stats_label = QLabel()
+        self.stats_label.setTextFormat(Qt.TextFormat.PlainText)
         self.stats_label.setWordWrap(True)
         self.stats_label.setAccessibleName(f"{title} statistics")
         lay.addWidget(self.stats_label)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 
 from engine import TokenEvent
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QTabWidget, QVBoxLayout, QWidget
 
 from app.widgets.constraint_marks import constraint_summary
@@ -20,6 +21,7 @@ class TokenDetail(QTabWidget):
         super().__init__(parent)
         self.label = QLabel("Click a token to see its alternatives and what each sampler stage did.")
         self.label.setWordWrap(True)
+        self.label.setTextFormat(Qt.TextFormat.RichText)  # our markup; the token, numbers and notes are escaped
         self.table = ProbTable()
         self.stages = StageView()
         alts = QWidget()
@@ -37,7 +39,7 @@ class TokenDetail(QTabWidget):
         if ev is not None:
             self.label.setText(
                 f"{html.escape(where)} <b><code>{html.escape(visible(ev.token_text))}</code></b> · "
-                f"p {html.escape(pct(ev.prob))} · rank {ev.rank + 1} · {bits(ev.logprob)} · entropy {ev.entropy:.2f} nats"
+                f"p {html.escape(pct(ev.prob))} · rank {ev.rank + 1} · {html.escape(bits(ev.logprob))} · entropy {ev.entropy:.2f} nats"
                 + (f"<br><b>{html.escape(ev.rewind.describe(), quote=False)}</b>" if ev.rewind is not None else "")
                 + (f"<br>{html.escape(constraint_summary(ev), quote=False)}" if ev.constraint is not None else "")
             )

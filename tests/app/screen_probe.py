@@ -3,7 +3,10 @@
 Run by tests/app/test_small_screen.py in a subprocess: the screen of Qt's offscreen platform is chosen
 when the application starts (`-platform offscreen:configfile=...`), so each screen size is a process.
 
-    python tests/app/screen_probe.py WIDTH HEIGHT DATA_DIR
+    python tests/app/screen_probe.py WIDTH HEIGHT DATA_DIR [framed]
+
+`framed`: the offscreen platform draws a frame (title bar and borders) around each window, as a window
+manager does; the report then has the frames of the window and of Compare.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ import tempfile
 from pathlib import Path
 
 
-def screen_config(width: int, height: int) -> str:
+def screen_config(width: int, height: int, framed: bool = False) -> str:
     """A config file for Qt's offscreen platform with one screen of width x height."""
-    config = {"synchronousWindowSystemEvents": False, "windowFrameMargins": False,
+    config = {"synchronousWindowSystemEvents": False, "windowFrameMargins": framed,
               "screens": [{"name": "probe", "x": 0, "y": 0, "width": width, "height": height,
                            "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}
     path = Path(tempfile.mkdtemp(prefix="logitlab-screen-")) / "screen.json"
@@ -59,7 +62,17 @@ async def _probe(data_dir: Path) -> dict:
         await asyncio.sleep(0.02)
     free = window.screen().availableGeometry()
     hint = window.minimumSizeHint()
+    from app.experiment_actions import open_compare
+
+    compare = open_compare(window.context)
+    for _ in range(40):  # past the refits after showing (app/window_geometry.py REFIT_AFTER_MS)
+        QApplication.processEvents()
+        await asyncio.sleep(0.025)
+    rect = lambda r: [r.x(), r.y(), r.width(), r.height()]  # noqa: E731
     report = {
+        "frame": rect(window.frameGeometry()),
+        "compare_frame": rect(compare.frameGeometry()),
+        "compare_minimum_hint": [compare.minimumSizeHint().width(), compare.minimumSizeHint().height()],
         "screen": [free.width(), free.height()],
         "size": [window.width(), window.height()],
         "position": [window.x(), window.y()],
@@ -70,6 +83,7 @@ async def _probe(data_dir: Path) -> dict:
         "inspector_min_width": MIN_WIDTH,
         "chat_width": window.chat.width(),
     }
+    compare.close()
     closed = asyncio.get_running_loop().create_future()
     window.closed.connect(lambda: closed.done() or closed.set_result(True))
     window.close()  # saves the layout, as quitting does
@@ -81,7 +95,8 @@ async def _probe(data_dir: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     width, height, data_dir = int(argv[0]), int(argv[1]), Path(argv[2])
-    sys.argv = [sys.argv[0], "-platform", f"offscreen:configfile={screen_config(width, height)}"]
+    framed = argv[3:] == ["framed"]
+    sys.argv = [sys.argv[0], "-platform", f"offscreen:configfile={screen_config(width, height, framed)}"]
     import qasync
     from PySide6.QtWidgets import QApplication
 

@@ -219,7 +219,7 @@ def test_newer_schema_is_left_untouched_and_the_app_runs_without_saving(qtbot, q
     try:
         assert opened.notice is not None and opened.notice.kind == "newer" and opened.store.temporary
         assert "newer version of Logit Lab" in box.text() and str(db) in box.text()
-        assert window.windowTitle().endswith(NOTHING_SAVED)
+        assert NOTHING_SAVED in window.windowTitle()
         assert window.banner.isVisible() and "nothing is saved" in window.banner.label.text()
         assert _moved_aside(db) == []
         send(qtbot, window, "the cat")  # usable, in memory
@@ -257,7 +257,7 @@ def test_unwritable_database_runs_on_a_temporary_one_and_says_so(qtbot, qloop, h
         try:
             assert opened.notice is not None and opened.notice.kind == "unusable" and opened.store.temporary
             assert str(db) in box.text() and "cannot be opened for writing" in box.text()
-            assert window.windowTitle().endswith(NOTHING_SAVED)
+            assert NOTHING_SAVED in window.windowTitle()
             names = [b.objectName() for b in box.buttons()]
             assert "continue_temporary" in names and "quit" in names
             box.findChild(type(box.buttons()[0]), "continue_temporary").click()

@@ -45,10 +45,11 @@ def test_a_layout_saved_on_another_screen_size_is_told_apart():
 
 # -- the window on real (offscreen) screens of 1024x700 and 1440x900 -------------------------------------
 
-def _probe(width: int, height: int, data_dir: Path) -> dict:
+def _probe(width: int, height: int, data_dir: Path, framed: bool = False) -> dict:
     env = {**os.environ, "LOGITLAB_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT)}
     env.pop("QT_QPA_PLATFORM", None)  # the probe picks the offscreen platform with its own screen
-    done = subprocess.run([sys.executable, str(PROBE), str(width), str(height), str(data_dir)], env=env,
+    extra = ["framed"] if framed else []
+    done = subprocess.run([sys.executable, str(PROBE), str(width), str(height), str(data_dir), *extra], env=env,
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -135,3 +136,34 @@ def test_replay_opens_no_larger_than_the_screen(qtbot, window, closing):
         closing(view)
         assert view.width() <= free.width() and view.height() <= free.height(), (view.size(), free)
         view.close()
+
+
+# -- the frame the window manager adds (issue 37 item 3) ---------------------------------------------------
+
+def test_a_framed_window_is_clamped_with_its_frame():
+    from app.window_geometry import Margins, clamp_framed
+
+    small, frame = Rect(0, 0, 1024, 700), Margins(4, 30, 4, 4)
+    # The inside sized to the whole free area: the frame would hang over every edge; now all of it fits.
+    assert clamp_framed(Rect(0, 0, 1024, 700), frame, small) == Rect(4, 30, 1016, 666)
+    # A window that fits with its frame stays as it is.
+    assert clamp_framed(Rect(100, 100, 600, 400), frame, small) == Rect(100, 100, 600, 400)
+    # Its minimum keeps room for the frame, and the title bar stays on the screen.
+    assert clamp_framed(Rect(0, 0, 900, 900), frame, small, Size(900, 800)) == Rect(4, 30, 900, 800)
+
+
+def _inside_screen(frame: list[int], screen: list[int]) -> bool:
+    x, y, width, height = frame
+    return x >= 0 and y >= 0 and x + width <= screen[0] and y + height <= screen[1]
+
+
+@pytest.mark.slow
+def test_with_a_window_manager_frame_the_window_and_compare_fit_1024x700(tmp_path):
+    """The title bar and borders count: the window's status bar and Compare's bottom stay on the screen."""
+    report = _probe(1024, 700, tmp_path / "framed", framed=True)
+    screen = report["screen"]
+    assert report["frame"][3] > report["size"][1], report  # the platform did draw a frame
+    assert _inside_screen(report["frame"], screen), report
+    assert _inside_screen(report["compare_frame"], screen), report
+    # Narrow enough for a 1024-pixel screen with room to spare, the frame's borders included.
+    assert report["minimum_hint"][0] <= 960 and report["compare_minimum_hint"][0] <= 960, report
