@@ -21,6 +21,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
+INT32_MAX = 2**31 - 1  # llama.cpp takes these as C ints: a larger value wraps around and crashes it
+# Each setting's range (lowest, highest), checked by RuntimeSettings itself: the one check the window's
+# dialog and the CLI share. n_batch: llama.cpp allocates a batch of this many tokens up front (2**31 crashed
+# it); 65536 is far beyond what any prompt chunk gains from. n_gpu_layers: more than a model has means all.
+RANGES: dict[str, tuple[int, int]] = {
+    "n_threads": (1, MAX_THREADS),
+    "n_threads_batch": (1, MAX_THREADS),
+    "n_ctx": (1, INT32_MAX),
+    "n_gpu_layers": (-1, 9999),
+    "n_batch": (1, 65536),
+}
 # The default context's KV cache takes at most the smaller of these. 512 MiB: the default model's
 # whole 8k context (23 KB a token: 180 MiB), 16k of Gemma 3 270M's 32k (18 KB a token), 4k for an
 # 8B Llama 3 (128 KB a token; LM Studio's default too). A quarter of the available memory: room for
@@ -65,23 +76,16 @@ class RuntimeSettings:
 
     def __post_init__(self) -> None:
         problems = []
-        for name, low, high in (
-            ("n_threads", 1, MAX_THREADS),
-            ("n_threads_batch", 1, MAX_THREADS),
-            ("n_ctx", 1, None),
-            ("n_gpu_layers", -1, None),
-            ("n_batch", 1, None),
-        ):
+        for name, (low, high) in RANGES.items():
             label = LABELS[name]
             value = getattr(self, name)
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 problems.append(f"{label} ({name}) must be a whole number, got {value!r}")
-            elif value < low or (high is not None and value > high):
-                span = f"from {low} to {high}" if high is not None else f"at least {low}"
+            elif not low <= value <= high:
                 extra = " (-1: all layers)" if name == "n_gpu_layers" else ""
-                problems.append(f"{label} ({name}) must be {span}{extra}, got {value}")
+                problems.append(f"{label} ({name}) must be from {low} to {high:,}{extra}, got {value:,}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -92,6 +96,11 @@ class RuntimeSettings:
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
+
+    @staticmethod
+    def range(name: str) -> tuple[int, int]:
+        """(lowest, highest) value of a field: what the window's spin boxes and the CLI allow."""
+        return RANGES[name]
 
     @staticmethod
     def label(name: str) -> str:

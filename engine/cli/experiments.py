@@ -21,22 +21,23 @@ MAX_SETTINGS_FILE_BYTES = 1 << 20
 
 
 def add_experiment_parsers(sub, add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
-    s = sub.add_parser("score", help="how surprising a text is to the model, token by token (teacher-forced)")
+    s = sub.add_parser("score", help="how surprising a text is to the model, token by token (teacher-forced)",
+                       description="Each token's surprisal and rank (rank 1 is the model's most likely token).")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="the text to score")
-    src.add_argument("--file", help="a UTF-8 text file to score")
+    src.add_argument("-f", "--file", help="a UTF-8 text file to score (its final newline is dropped, as with -f in generate)")
     s.add_argument("--top-n", type=int, default=5, help="alternatives per position")
     s.add_argument("--output", default=None, help="write a JSONL trace here (- = stdout)")
     add_model_args(s)
 
     c = sub.add_parser("compare", help="one prompt under several sampler settings, same seed, aligned tokens")
-    c.add_argument("--prompt", required=True)
+    c.add_argument("-p", "--prompt", required=True)
     c.add_argument("--settings", action="append", required=True, metavar="JSON",
                    help="a JSON file (or inline JSON object) of sampler settings, e.g. {\"temperature\": 0.7}; "
                         "give it 2 or more times")
     c.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    c.add_argument("--seed", type=int, default=None, help="shared seed for columns that set none (default: random)")
-    c.add_argument("--max-new-tokens", type=int, default=64)
+    c.add_argument("-s", "--seed", type=int, default=None, help="shared seed for columns that set none (default: random)")
+    c.add_argument("-n", "--predict", "--n-predict", "--max-new-tokens", dest="max_new_tokens", type=int, default=64)
     c.add_argument("--top-n", type=int, default=5, help="alternatives per token in the trace")
     c.add_argument("--output", default=None, help="write a JSONL trace here (- = stdout)")
     add_model_args(c)
@@ -67,6 +68,8 @@ def load_settings(arg: str):
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{where} is nested too deeply to read; it should hold one flat JSON object") from None
     if not isinstance(data, dict):
         raise ValueError(f"{where} must be a JSON object of sampler fields, e.g. {{\"temperature\": 0.7}}; "
                          f"it holds {type(data).__name__ if data is not None else 'null'}")
@@ -99,24 +102,10 @@ def _non_default(settings) -> dict[str, Any]:
     return {k: v for k, v in settings.to_dict().items() if k == "seed" or v != default[k]}
 
 
-def _read_text(args: argparse.Namespace) -> str:
-    if args.text is not None:
-        return args.text
-    path = Path(args.file)
-    if not path.is_file():
-        raise EngineError(f"file not found: {path}")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise EngineError(f"{path} is not UTF-8 text") from None
-
-
 def cmd_score(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
     from engine.experiments.trace import score_run, write_lines
 
-    text = _read_text(args)
-    if not text.strip():
-        raise ValueError("the text to score is empty")
+    text = args.text  # read and checked before the model loads (engine.cli.input.score_text)
     with load(args) as engine:
         result = engine.score(text, top_n=args.top_n)
         summary = (f"[{len(result.tokens)} tokens scored; perplexity {result.perplexity:.2f}; "

@@ -23,6 +23,20 @@ from engine.runtime_settings import RuntimeSettings
 from engine.sampling.settings import SamplerSettings
 
 STDIN = "-"
+INT32_MAX = 2**31 - 1
+UNTIL_FULL = (-1, -2)  # -n: llama.cpp's "no limit" and "until the context is filled"
+# Every whole-number option of the commands (dest -> lowest, highest), checked before a model loads, so a
+# value no run could use (2**31 tokens, a million beams) is one line instead of a crash or a huge allocation.
+# The runtime settings' ranges (threads, context, GPU layers, batch) are RuntimeSettings' own, shared with
+# the window. Sampler values are SamplerSettings' to check.
+COUNT_RANGES: dict[str, tuple[int, int]] = {
+    "max_new_tokens": (1, INT32_MAX),
+    "top_n": (0, 1000),  # GenerationRequest's range
+    "num_beams": (1, 256),
+    "num_return_sequences": (1, 256),
+    "batch_size": (1, 4096),
+    "position": (1, INT32_MAX),
+}
 
 
 def option_name(dest: str) -> str:
@@ -118,10 +132,23 @@ def check_output_file(path: str, option: str = "--output", not_same_as: str | No
         raise UsageError(f"{option} {path}: is the input file; writing it would destroy the prompts")
 
 
-def check_count(args: argparse.Namespace, dest: str, minimum: int, why: str = "") -> None:
+def check_count(args: argparse.Namespace, dest: str, minimum: int, why: str = "", maximum: int | None = None) -> None:
     value = getattr(args, dest, None)
-    if value is not None and value < minimum:
+    if value is None:
+        return
+    if value < minimum:
         raise UsageError(f"{option_name(dest)} must be at least {minimum}, got {value}{why}")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"{option_name(dest)} must be at most {maximum:,}, got {value:,}{why}")
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """Every whole-number option in COUNT_RANGES that `args` has, within its range."""
+    for dest, (low, high) in COUNT_RANGES.items():
+        if dest == "max_new_tokens" and getattr(args, "command", "") in ("generate", "chat") \
+                and getattr(args, dest, None) in UNTIL_FULL:
+            continue  # llama.cpp's -n -1: as many as the context has room for, decided once the prompt is known
+        check_count(args, dest, low, maximum=high)
 
 
 def check_offload(args: argparse.Namespace, backend: str | None) -> None:
@@ -192,7 +219,8 @@ def sampler_or_error(**values) -> SamplerSettings:
 
 
 def check_args(args: argparse.Namespace, stdin: BinaryIO | None = None) -> None:
-    """Check every value and path in `args`, reading prompt/system files and stdin into `args` in place.
+    """Check every value and path in `args`, reading prompt/system files and stdin into `args` in place, and
+    resolving the sampler settings (`args.sampler`, engine.cli.sampling_args) and the chat template.
 
     Raises UsageError on the first problem; nothing here loads a model.
     """
@@ -203,31 +231,117 @@ def check_args(args: argparse.Namespace, stdin: BinaryIO | None = None) -> None:
         prompt_from_stdin = args.prompt == STDIN or args.prompt_file == STDIN
         args.prompt = resolve_text(args.prompt, args.prompt_file, "--prompt", stdin)
         if args.prompt is None:
-            raise UsageError("give a prompt: --prompt TEXT, --prompt - (standard input) or --prompt-file PATH")
-        check_count(args, "num_beams", 1)
-        check_count(args, "num_return_sequences", 1)
-        if args.num_return_sequences > args.num_beams:
-            raise UsageError(f"--num-return-sequences ({args.num_return_sequences}) cannot exceed "
-                             f"--num-beams ({args.num_beams})")
+            raise UsageError("give a prompt: -p/--prompt TEXT, --prompt - (standard input) or -f/--file PATH")
     if hasattr(args, "system_file"):
         # chat reads its turns from stdin, and stdin can be read only once.
-        args.system = resolve_text(args.system, args.system_file, "--system", stdin,
+        args.system = resolve_text(args.system, args.system_file, "--system-prompt", stdin,
                                    allow_stdin=command != "chat" and not prompt_from_stdin)
-    check_count(args, "max_new_tokens", 1)
-    check_count(args, "top_n", 0)
-    check_count(args, "batch_size", 1)
+    if hasattr(args, "settings_json"):  # generate, chat: the sampler flags, their settings file, the constraint
+        from engine.cli.sampling_args import resolve_sampling
+
+        resolve_sampling(args)
+    check_counts(args)
+    if command == "generate" and args.num_return_sequences > args.num_beams:
+        raise UsageError(f"--num-return-sequences ({args.num_return_sequences}) cannot exceed "
+                         f"--num-beams ({args.num_beams})")
+    if command == "lens":
+        check_count(args, "top_k", 1, maximum=1000)
     if any(s == "" for s in getattr(args, "stop", None) or []):
         raise UsageError("--stop needs a non-empty string (an empty one would stop before the first token)")
     if command == "batch":
         args.prompts = read_prompts(args.input)
         check_output_file(args.output, "--output", not_same_as=args.input)
         sampler_or_error(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    if command in ("score", "compare") and getattr(args, "output", None) not in (None, STDIN):
+    if command in ("score", "compare", "lens") and getattr(args, "output", None) not in (None, STDIN):
         check_output_file(args.output, "--output")
-    runtime_settings_from(args)
+    if command == "score":
+        args.text = score_text(args)
+    if command == "lens" and args.position is not None and not args.chat:
+        # A prompt has at most one token per UTF-8 byte, plus the few (BOS) a tokenizer puts in front: a
+        # position past that is out for any model (nearer ones are checked once the prompt is tokenized).
+        most = len(args.prompt.encode("utf-8")) + 4
+        if args.position > most:
+            raise UsageError(f"--position {args.position} is past the prompt's last token: {args.prompt!r} has at "
+                             f"most {most} tokens (1 is the first predicted token; the default is the next after it)")
+    resolve_chat_template(args)
+    settings = runtime_settings_from(args)
     backend = planned_backend(args)
     check_device(args, backend)
     check_offload(args, backend)
+    check_length_fits(args, settings)
+
+
+def score_text(args: argparse.Namespace) -> str:
+    """`score --text` or `--file` (its final newline dropped, as -f/--prompt-file's); UsageError when empty."""
+    text = args.text if args.text is not None else _strip_final_newline(read_text_file(args.file, "--file"))
+    if not text.strip():
+        raise UsageError("the text to score is empty" + (f" (--file {args.file})" if args.text is None else ""))
+    return text
+
+
+def resolve_chat_template(args: argparse.Namespace) -> None:
+    """--chat-template NAME|TEMPLATE|FILE or --chat-template-file FILE, read and tried on a sample chat now, so a
+    missing file or a broken template is one line before the model loads; `args.chat_template` becomes the
+    choice to use (a built-in's name, or the template's text)."""
+    choice = getattr(args, "chat_template", None)
+    path = getattr(args, "chat_template_file", None)
+    if choice is None and path is None:
+        return
+    if choice is not None and path is not None:
+        raise UsageError("give either --chat-template or --chat-template-file, not both")
+    from engine.chat_templates import BUILTIN_TEMPLATES, ChatTemplateError, check_template, resolve_template
+
+    option = "--chat-template-file" if path is not None else "--chat-template"
+    if path is not None:
+        text = read_text_file(path, option)
+    else:
+        looks_like_path = "{{" not in choice and "{%" not in choice and choice.strip().lower() not in BUILTIN_TEMPLATES
+        if looks_like_path and ("/" in choice or "\\" in choice or Path(choice).suffix in (".jinja", ".j2", ".txt")):
+            text = read_text_file(choice, option)  # "no such file" in one line, not "not a built-in"
+        else:
+            try:
+                text, name = resolve_template(choice)
+            except ChatTemplateError as e:
+                raise UsageError(f"{option}: {e}") from None
+            if name:
+                return  # a built-in: used by name, so the model says "ChatML (built-in)"
+    try:
+        check_template(text)
+    except ChatTemplateError as e:
+        raise UsageError(f"{option}: {e}") from None
+    args.chat_template = text
+    args.chat_template_file = None
+
+
+def check_length_fits(args: argparse.Namespace, settings: RuntimeSettings) -> None:
+    """--max-new-tokens (-n) that no context can hold: longer than -c, or than a GGUF file's own context."""
+    max_new = getattr(args, "max_new_tokens", None)
+    if max_new is None or max_new < 1:
+        return
+    if settings.n_ctx is not None:
+        if max_new >= settings.n_ctx:
+            raise UsageError(f"-n/--max-new-tokens {max_new:,} does not fit a context of {settings.n_ctx:,} tokens "
+                             "(-c/--ctx-size) with the prompt; ask for fewer tokens or a larger context")
+        return
+    trained = _gguf_context_length(args)
+    if trained and max_new >= trained:
+        raise UsageError(f"-n/--max-new-tokens {max_new:,} does not fit the model's context of {trained:,} tokens "
+                         "with the prompt; ask for fewer (-n -1: as many as fit)")
+
+
+def _gguf_context_length(args: argparse.Namespace) -> int:
+    """The context length a GGUF model's header states (0 when the model is no GGUF file or it cannot tell)."""
+    from engine.sources import resolve_spec
+
+    try:
+        path = resolve_spec(args.model).path
+        if path is None or not str(path).endswith(".gguf") or not Path(path).is_file():
+            return 0
+        from engine.backends.llamacpp.gguf_header import read_header
+
+        return max(0, int(read_header(Path(path)).context_length or 0))
+    except Exception:  # noqa: BLE001 - an unreadable file is the load's to report, in its words
+        return 0
 
 
 def read_prompts(path: str) -> list[str]:

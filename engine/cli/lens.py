@@ -24,7 +24,7 @@ DEFAULT_TOP_K = 5
 
 def add_lens_parser(sub, add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("lens", help="what each layer predicts for a token of the prompt (logit lens)")
-    p.add_argument("--prompt", required=True, help="the text whose token is looked at")
+    p.add_argument("-p", "--prompt", required=True, help="the text whose token is looked at")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--position", type=int, default=None, metavar="N",
                    help="index of the predicted token among the prompt's tokens (default: the next token after it)")

@@ -15,81 +15,19 @@ import sys
 from dataclasses import fields
 from typing import TextIO
 
-from engine.backends.select import BACKENDS
 from engine.cli.input import bad_utf8, check_args, runtime_settings_from
-from engine.cli.sampling_args import add_sampler_flags, constraint_from_args, sampler_fields, with_settings_json
+from engine.cli.options import EXIT_USAGE, RANK_HELP, OneLineParser, add_model_args, add_sampling_args
+from engine.cli.sampling_args import resolve_sampling
 from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.cli.models import LIBRARY_COMMANDS, add_library_parsers
 from engine.cli.lens import add_lens_parser, cmd_lens
 from engine.errors import EngineError
 from engine.events import Done, TokenEvent
-from engine.sampling.settings import STAGE_NAMES, SamplerSettings
+from engine.sampling.settings import SamplerSettings
 
-EXIT_USAGE = 2
 EXIT_FAILED = 1  # the run started but did not finish (a server failed mid-answer): what arrived was printed
-USER_BACKENDS = [b for b in BACKENDS if b != "mock"]  # mock is for tests
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (what is wrong, where to look) instead of the usage block."""
-
-    def error(self, message: str):
-        self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="a model folder, a .gguf file, a hub id or a server URL http://host:port/v1[#model] (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--backend", default="auto", choices=USER_BACKENDS,
-                   help="runtime (default: a URL -> remote, a .gguf -> llamacpp when installed, else MLX on Apple Silicon, else torch)")
-    p.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:N, mps (default: CUDA when usable, else cpu)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--trust-remote-code", action="store_true", help="run model code shipped in the model folder")
-    p.add_argument("--offload", default=None, metavar="POLICY",
-                   help='torch: stream weights, e.g. "weights=0,50 cache=100" (GPU%%,CPU%%; disk = rest) or "auto"')
-    p.add_argument("--n-ctx", "--ctx-size", dest="n_ctx", type=int, default=None, metavar="TOKENS",
-                   help="llamacpp: the context to allocate (default: the file's, lowered if its KV cache would not fit in memory)")
-    p.add_argument("--threads", dest="n_threads", type=int, default=None, metavar="N",
-                   help="llamacpp: CPU threads (default: one fewer than the CPUs, at most the physical cores, "
-                        "so a busy core elsewhere does not stall every token)")
-    p.add_argument("--threads-batch", dest="n_threads_batch", type=int, default=None, metavar="N",
-                   help="llamacpp: CPU threads while reading the prompt (default: as --threads)")
-    p.add_argument("--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=int, default=None, metavar="N",
-                   help="llamacpp: layers on the GPU, -1 for all (default: all on a GPU build; see also --offload)")
-    p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
-                   help="render chats with this template instead of the model's own: a built-in (chatml, llama3, "
-                        "gemma, mistral, phi3, transcript) or a Jinja template file, as llama.cpp's --chat-template")
-    batch_help = "llamacpp: prompt tokens per model call (default: 512)"
-    try:
-        p.add_argument("--batch-size", "--n-batch", dest="n_batch", type=int, default=None, metavar="TOKENS", help=batch_help)
-    except argparse.ArgumentError:  # `batch` has its own --batch-size (prompts per batch)
-        p.add_argument("--n-batch", dest="n_batch", type=int, default=None, metavar="TOKENS", help=batch_help)
-
-
-def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    d = SamplerSettings()
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=d.top_k, help="0 = off")
-    p.add_argument("--top-p", type=float, default=d.top_p)
-    p.add_argument("--min-p", type=float, default=d.min_p)
-    p.add_argument("--typical-p", type=float, default=d.typical_p)
-    p.add_argument("--repetition-penalty", type=float, default=d.repetition_penalty)
-    p.add_argument("--presence-penalty", type=float, default=d.presence_penalty)
-    p.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty)
-    p.add_argument("--xtc-probability", type=float, default=d.xtc_probability)
-    p.add_argument("--xtc-threshold", type=float, default=d.xtc_threshold)
-    add_sampler_flags(p)  # DRY, top-nσ, dynamic temperature, mirostat, adaptive-p, smoothing, logit bias, banned strings
-    p.add_argument("--order", default=",".join(d.order), help=f"sampler stage order, comma-separated from: {','.join(STAGE_NAMES)}")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable); its text is not printed")
-    p.add_argument("--system", default=None, help="system prompt (chat; generate --chat)")
-    p.add_argument("--system-file", default=None, metavar="PATH", help="read the system prompt from a UTF-8 file")
-    p.add_argument("--show-probs", action="store_true", help="print every token with its probability and top alternatives")
-    p.add_argument("--top-n", type=int, default=5, help="alternatives shown with --show-probs")
-    p.add_argument("--server-sampling", action="store_true",
-                   help="a model on a server (--model http://host:port/v1): let the server sample (streaming) "
-                        "instead of sampling here from its top-N log-probs")
+UNTIL_FULL = (-1, -2)  # -n: llama.cpp's "no limit" and "until the context is filled"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,41 +35,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="continue a prompt and stream the text")
-    g.add_argument("--prompt", default=None, help='the text to continue; "-" reads it from standard input')
-    g.add_argument("--prompt-file", default=None, metavar="PATH", help="read the prompt from a UTF-8 file (for long prompts)")
+    g.add_argument("-p", "--prompt", default=None, help='the text to continue; "-" reads it from standard input')
+    g.add_argument("-f", "--file", "--prompt-file", dest="prompt_file", default=None, metavar="FILE",
+                   help="read the prompt from a UTF-8 file (for long prompts; its final newline is dropped, as llama.cpp's -f)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--num-beams", type=int, default=1, help="beam search with N beams (deterministic; ignores sampling options)")
     g.add_argument("--num-return-sequences", type=int, default=1, help="with --num-beams: how many beams to print")
-    _add_model_args(g)
-    _add_sampling_args(g)
+    add_model_args(g)
+    add_sampling_args(g)
     c = sub.add_parser("chat", help="interactive multi-turn chat (/help for commands)")
-    _add_model_args(c)
-    _add_sampling_args(c)
+    add_model_args(c)
+    add_sampling_args(c)
     i = sub.add_parser("info", help="print what the model is")
-    _add_model_args(i)
-    add_batch_parser(sub, _add_model_args)
-    add_experiment_parsers(sub, _add_model_args)
+    add_model_args(i)
+    add_batch_parser(sub, add_model_args)
+    add_experiment_parsers(sub, add_model_args)
     add_library_parsers(sub)
-    add_lens_parser(sub, _add_model_args)
+    add_lens_parser(sub, add_model_args)
     return parser
 
 
 def sampler_from_args(args: argparse.Namespace) -> SamplerSettings:
-    return SamplerSettings(**with_settings_json(args, dict(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        typical_p=args.typical_p,
-        repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty,
-        xtc_probability=args.xtc_probability,
-        xtc_threshold=args.xtc_threshold,
-        seed=args.seed,
-        order=tuple(s.strip() for s in args.order.split(",") if s.strip()),
-        **sampler_fields(args),
-    )))
+    """The sampler settings the command line, its --settings-json file and the defaults make (also fills in
+    `max_new_tokens`, `stop`, `top_n` and `constraint` in `args`)."""
+    resolve_sampling(args)
+    return args.sampler
 
 
 def _load(args: argparse.Namespace):
@@ -163,8 +91,9 @@ def _load(args: argparse.Namespace):
 
 
 def format_token_line(event: TokenEvent) -> str:
+    """One token for --show-probs; its rank counts from 1 (the model's most likely token), as everywhere."""
     alts = ", ".join(f"{a.text!r} {a.prob:.3f}" for a in event.top_model if a.token_id != event.token_id)
-    return f"{event.token_text!r:>16} p={event.prob:.3f} rank={event.rank} H={event.entropy:.2f} | {alts}"
+    return f"{event.token_text!r:>16} p={event.prob:.3f} rank={event.rank + 1} H={event.entropy:.2f} | {alts}"
 
 
 def stream_to(out: TextIO, engine, request, show_probs: bool) -> Done:
@@ -180,6 +109,24 @@ def stream_to(out: TextIO, engine, request, show_probs: bool) -> Done:
     raise AssertionError("unreachable")
 
 
+def fit_length(engine, request, max_new_tokens: int):
+    """`request` with its answer length: `max_new_tokens`, or with -n -1 (llama.cpp's "no limit") every
+    token the context has room for after the prompt."""
+    if max_new_tokens not in UNTIL_FULL:
+        return request
+    from dataclasses import replace
+
+    from engine.decode import prompt_ids_for
+    from engine.errors import ContextLengthError
+
+    prompt = len(prompt_ids_for(engine.tokenizer, request))
+    room = engine.info.context_length - prompt
+    if room < 1:
+        raise ContextLengthError(f"the prompt has {prompt} tokens and fills the model's context of "
+                                 f"{engine.info.context_length}; nothing is left to generate")
+    return replace(request, max_new_tokens=room)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.request import GenerationRequest
 
@@ -187,14 +134,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.num_beams > 1:
         return cmd_beams(args)
     with _load(args) as engine:
-        common = dict(sampler=sampler, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), top_n=args.top_n)
+        common = dict(sampler=sampler, max_new_tokens=max(args.max_new_tokens, 1), stop=tuple(args.stop), top_n=args.top_n,
+                      ignore_eos=args.ignore_eos)
         common["server_sampling"] = args.server_sampling  # remote models only (docs/remote.md)
-        common["constraint"] = constraint_from_args(args)  # --json-schema / --regex / --grammar
+        common["constraint"] = args.constraint  # --json-schema / --grammar / --regex, or the settings file's
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
             request = GenerationRequest(messages=tuple(messages), **common)
         else:
             request = GenerationRequest(prompt=args.prompt, **common)
+        request = fit_length(engine, request, args.max_new_tokens)
         done = stream_to(sys.stdout, engine, request, args.show_probs)
         if args.show_probs:
             print(done.stats.text)
@@ -301,10 +250,11 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
                 else:
                     print(f"unknown command /{cmd}; /help lists them", file=sys.stderr)
                 continue
-            request = session.request(text, sampler=sampler, max_new_tokens=max_new, stop=tuple(args.stop), top_n=args.top_n,
-                                      server_sampling=args.server_sampling)
+            request = session.request(text, sampler=sampler, max_new_tokens=max(max_new, 1), stop=tuple(args.stop),
+                                      top_n=args.top_n, server_sampling=args.server_sampling, ignore_eos=args.ignore_eos)
             print("assistant> ", end="", flush=True)
             try:
+                request = fit_length(engine, request, max_new)
                 done = stream_to(sys.stdout, engine, request, show_probs)
             except KeyboardInterrupt:
                 print("\n(stopped)")
@@ -319,8 +269,11 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from engine.cli.info import chat_template_line
+
     with _load(args) as engine:
         print("\n".join(engine.info.summary_lines()))
+        print(chat_template_line(engine.tokenizer))
     return 0
 
 
@@ -331,11 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in LIBRARY_COMMANDS:  # no model is loaded: the model options' checks do not apply
             return LIBRARY_COMMANDS[args.command](args)
         # Before anything heavy is imported: a typo is answered in a fraction of the model's load time.
-        check_args(args)
-        if args.command in ("generate", "chat"):
-            sampler_from_args(args)
-            if constraint_from_args(args) is not None and args.command == "chat":
-                raise ValueError("--json-schema, --regex and --grammar apply to `generate` (add --chat for a chat turn)")
+        check_args(args)  # the sampler, --settings-json and the constraint too
+        if args.command == "chat" and args.constraint is not None:
+            raise ValueError("--json-schema, --grammar and --regex apply to `generate` (add --chat for a chat turn)")
         from engine.quiet import quiet_third_party
 
         quiet_third_party()
@@ -344,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         return commands[args.command](args)
     except (EngineError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except RecursionError:  # input nested deeper than the parsers can follow: refused in words, never a traceback
+        print("error: the input is nested too deeply to read (a JSON schema, grammar or settings file?)", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from engine.library.entry import LibraryEntry
+from engine.errors import EngineError, UsageError
+from engine.library.entry import LibraryEntry, printable
 from engine.library.progress import CancelToken, DownloadProgress, format_bytes
 
 EXIT_CANCELLED = 130
+EXIT_FAILED = 1
 BAR_WIDTH = 24
 LINE_EVERY_S = 2.0  # not a terminal (a log file): one line this often instead of a redrawn bar
 
@@ -32,6 +34,9 @@ def add_library_parsers(sub) -> None:
     p = sub.add_parser("pull", help="download a model: org/name, org/name:Q4_K_M, org/name/file.gguf or a .gguf URL")
     p.add_argument("what", help="a hub id (org/name, org/name:QUANT, org/name/file.gguf) or an http(s) address of a .gguf file")
     p.add_argument("--sha256", default=None, metavar="HEX", help="the file's SHA-256, checked after download (a .gguf address)")
+    p.add_argument("--if-exists", choices=("refuse", "keep-both", "replace"), default="refuse",
+                   help="when a .gguf address's file name is already in the models folder: refuse (default), "
+                        "keep both (the new file gets a number) or replace it")
 
 
 def _params(n: int) -> str:
@@ -61,7 +66,7 @@ def format_table(entries: list[LibraryEntry]) -> list[str]:
     for row, entry in zip(rows, [None, *entries]):
         line = "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
         if entry is not None:
-            line += f"\n    {entry.problem and 'cannot be opened: ' + entry.problem or 'open: --model ' + _quote(entry.spec)}"
+            line += f"\n    {entry.problem and 'cannot be opened: ' + entry.problem or 'open: --model ' + _quote(printable(entry.spec))}"
         lines.append(line)
     return lines
 
@@ -136,16 +141,27 @@ def cmd_pull(args: argparse.Namespace) -> int:
         logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     bar = TerminalBar(sys.stderr)
     try:
-        result = pull(args.what, progress=bar, cancel=CancelToken(), expected_sha256=args.sha256)
+        result = pull(args.what, progress=bar, cancel=CancelToken(), expected_sha256=args.sha256,
+                      if_exists=args.if_exists)
     except KeyboardInterrupt:
         bar.end()
         print("cancelled (a .gguf address resumes where it stopped when pulled again)", file=sys.stderr)
         return EXIT_CANCELLED
+    except UsageError:
+        bar.end()
+        raise  # what was typed cannot be downloaded: the usage error's status (2)
+    except (EngineError, OSError) as e:
+        # The network or the hub failed (unreachable, refused, cut off, no such file there): the command was
+        # fine and may work when pulled again, so this is a failure (1), not a usage error (2).
+        bar.end()
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except BaseException:
         bar.end()  # the error message starts on a line of its own
         raise
     bar.end()
-    print(f"downloaded to {result.path}\nopen it with: logitlab-cli chat --model {_quote(result.spec)}", file=sys.stderr)
+    print(f"downloaded to {printable(str(result.path))}\nopen it with: logitlab-cli chat --model "
+          f"{_quote(printable(result.spec))}", file=sys.stderr)
     print(result.spec)
     return 0
 

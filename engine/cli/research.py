@@ -20,11 +20,12 @@ def add_batch_parser(sub, add_model_args) -> None:
     b.add_argument("--input", required=True, help="text file, one prompt per line")
     b.add_argument("--output", required=True, help="JSON-lines file: one record per prompt")
     b.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
-    b.add_argument("--max-new-tokens", type=int, default=64)
-    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    b.add_argument("-n", "--predict", "--n-predict", "--max-new-tokens", dest="max_new_tokens", type=int, default=64)
+    # Greedy unless asked: a batch is for reproducible records (the research API's generate, transformers' knobs).
+    b.add_argument("--temp", "--temperature", dest="temperature", type=float, default=0.0, help="0 = greedy (the default here)")
     b.add_argument("--top-k", type=int, default=0)
     b.add_argument("--top-p", type=float, default=1.0)
-    b.add_argument("--seed", type=int, default=None)
+    b.add_argument("-s", "--seed", type=int, default=None)
     b.add_argument("--batch-size", type=int, default=16)
     add_model_args(b)
 

@@ -1,148 +1,344 @@
-"""CLI flags for the sampler stages beyond the classic ones (DRY, top-nσ, dynamic temperature, mirostat,
-adaptive-p, smoothing, logit bias, banned strings), named after `SamplerSettings`' fields (llama.cpp
-server's names) and checked by `SamplerSettings` itself, so the messages are the same everywhere.
+"""CLI flags for every sampler setting, under llama.cpp's names (`--temp`, `--repeat-penalty`, `-s`, `-l`, ...)
+with our older long names kept as aliases, and the value the flags, --settings-json and the defaults make.
+
+Every sampler flag defaults to None ("not given"): the settings are the defaults of `SamplerSettings`
+(the engine's single source, shared with the window), then what a --settings-json file says, then what
+was typed, so a flag typed with the default's value still overrides the file. `SamplerSettings` checks
+the result itself, so the messages are the same everywhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.cli.input import read_text_file
 from engine.constraints.spec import Constraint, ConstraintError
-from engine.sampling.llamacpp_json import parse_llamacpp_json
-from engine.sampling.settings import SamplerSettings
+from engine.errors import UsageError
+from engine.sampling.llamacpp_json import LLAMACPP_DEFAULT_SEED, parse_llamacpp_json
+from engine.sampling.settings import STAGE_NAMES, SamplerSettings
 
-# flag -> (field, type, help); defaults come from SamplerSettings.
-_SIMPLE: tuple[tuple[str, str, type, str], ...] = (
-    ("--penalty-last-n", "penalty_last_n", int, "how many recent tokens the penalties look at; -1 = all"),
-    ("--dynatemp-range", "dynatemp_range", float, "dynamic temperature: vary it by up to this much with the entropy (0 = off)"),
-    ("--dynatemp-exponent", "dynatemp_exponent", float, "dynamic temperature: how the entropy maps to it (1 = linear)"),
-    ("--top-n-sigma", "top_n_sigma", float, "keep tokens within N standard deviations of the top logit (<= 0 = off)"),
-    ("--dry-multiplier", "dry_multiplier", float, "DRY: penalty for extending a repeat (0 = off)"),
-    ("--dry-base", "dry_base", float, "DRY: the penalty grows as base ** (repeat length - allowed length)"),
-    ("--dry-allowed-length", "dry_allowed_length", int, "DRY: repeats up to this long are free"),
-    ("--dry-penalty-last-n", "dry_penalty_last_n", int, "DRY: how many recent tokens to scan; -1 = all, 0 = off"),
-    ("--mirostat", "mirostat", int, "mirostat version: 0 = off, 1 or 2"),
-    ("--mirostat-tau", "mirostat_tau", float, "mirostat: target surprise in bits"),
-    ("--mirostat-eta", "mirostat_eta", float, "mirostat: learning rate"),
-    ("--adaptive-target", "adaptive_target", float, "adaptive-p: favour tokens near this probability (< 0 = off)"),
-    ("--adaptive-decay", "adaptive_decay", float, "adaptive-p: moving-average decay, 0 to 0.99"),
-    ("--smoothing-factor", "smoothing_factor", float, "quadratic sampling: how hard to smooth (0 = off)"),
-    ("--smoothing-curve", "smoothing_curve", float, "quadratic sampling: 1 = plain quadratic, more = steeper tail"),
+DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_TOP_N = 5  # alternatives shown per token
+MAX_TOKEN_ID = 2**31 - 1  # llama_token is int32; a larger id can be no model's token
+MAX_SETTINGS_FILE_BYTES = 1 << 20
+MAX_JSON_DEPTH = 64  # a settings object is a few levels deep; Python's parser recurses once per level
+
+# (flags, SamplerSettings field, type, help). The first flag is llama.cpp's name, the others aliases.
+SAMPLER_FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
+    (("--temp", "--temperature"), "temperature", float, "temperature; 0 = greedy"),
+    (("--top-k",), "top_k", int, "keep the K most likely tokens; 0 = off"),
+    (("--top-p",), "top_p", float, "keep the most likely tokens up to this probability mass; 1 = off"),
+    (("--min-p",), "min_p", float, "drop tokens below this share of the top token's probability; 0 = off"),
+    (("--typical", "--typical-p"), "typical_p", float, "locally typical sampling; 1 = off"),
+    (("--repeat-penalty", "--repetition-penalty"), "repetition_penalty", float, "penalize repeated tokens; 1 = off"),
+    (("--repeat-last-n", "--penalty-last-n"), "penalty_last_n", int,
+     "how many recent tokens the penalties look at; -1 = all"),
+    (("--presence-penalty",), "presence_penalty", float, "presence penalty; 0 = off"),
+    (("--frequency-penalty",), "frequency_penalty", float, "frequency penalty; 0 = off"),
+    (("--xtc-probability",), "xtc_probability", float, "XTC: chance to remove the top choices; 0 = off"),
+    (("--xtc-threshold",), "xtc_threshold", float, "XTC: tokens above this probability count as top choices"),
+    (("--top-nsigma", "--top-n-sigma"), "top_n_sigma", float,
+     "keep tokens within N standard deviations of the top logit; <= 0 = off"),
+    (("--dynatemp-range",), "dynatemp_range", float, "dynamic temperature: vary it by up to this much; 0 = off"),
+    (("--dynatemp-exp", "--dynatemp-exponent"), "dynatemp_exponent", float,
+     "dynamic temperature: how the entropy maps to it; 1 = linear"),
+    (("--dry-multiplier",), "dry_multiplier", float, "DRY: penalty for extending a repeat; 0 = off"),
+    (("--dry-base",), "dry_base", float, "DRY: the penalty grows as base ** (repeat length - allowed length)"),
+    (("--dry-allowed-length",), "dry_allowed_length", int, "DRY: repeats up to this long are free"),
+    (("--dry-penalty-last-n",), "dry_penalty_last_n", int, "DRY: how many recent tokens to scan; -1 = all, 0 = off"),
+    (("--mirostat",), "mirostat", int, "mirostat version: 0 = off, 1 or 2"),
+    (("--mirostat-ent", "--mirostat-tau"), "mirostat_tau", float, "mirostat: target surprise in bits"),
+    (("--mirostat-lr", "--mirostat-eta"), "mirostat_eta", float, "mirostat: learning rate"),
+    (("--adaptive-target",), "adaptive_target", float, "adaptive-p: favour tokens near this probability; < 0 = off"),
+    (("--adaptive-decay",), "adaptive_decay", float, "adaptive-p: moving-average decay, 0 to 0.99"),
+    (("--smoothing-factor",), "smoothing_factor", float, "quadratic sampling: how hard to smooth; 0 = off"),
+    (("--smoothing-curve",), "smoothing_curve", float, "quadratic sampling: 1 = plain quadratic, more = steeper tail"),
 )
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"'}
+# llama.cpp's TOKEN_ID(+/-)BIAS: 15043+1, 15043-1, 15043-inf
+_LLAMACPP_BIAS = re.compile(r"\s*(\d+)\s*([+-])\s*(\S.*)")
 
 
 def add_sampler_flags(p: argparse.ArgumentParser) -> None:
-    """The flags for every SamplerSettings field that has no older flag of its own."""
+    """Every sampler flag, the answer length and stop strings, the constraint flags and --settings-json."""
     d = SamplerSettings()
-    for flag, dest, kind, help_ in _SIMPLE:
-        p.add_argument(flag, dest=dest, type=kind, default=getattr(d, dest), help=f"{help_} (default: {getattr(d, dest)})")
+    p.add_argument("-n", "--predict", "--n-predict", "--max-new-tokens", dest="max_new_tokens", type=int, default=None,
+                   metavar="N", help=f"tokens to generate at most; -1 = until the context is full "
+                                     f"(default: {DEFAULT_MAX_NEW_TOKENS})")
+    for flags, dest, kind, help_ in SAMPLER_FLAGS:
+        p.add_argument(*flags, dest=dest, type=kind, default=None, metavar="N", help=f"{help_} (default: {getattr(d, dest)})")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--samplers", default=None, metavar="NAMES",
+                       help="sampler stage order, llama.cpp's names separated by ';' "
+                            "(e.g. 'penalties;top_k;top_p;min_p;temperature')")
+    order.add_argument("--sampler-seq", "--sampling-seq", dest="sampler_seq", default=None, metavar="CHARS",
+                       help="sampler stage order as llama.cpp's letters, e.g. edskypmxt")
+    order.add_argument("--order", default=None, metavar="NAMES",
+                       help=f"sampler stage order in our names, comma-separated from: {','.join(STAGE_NAMES)}")
+    p.add_argument("-s", "--seed", type=int, default=None, help="random seed; -1 = a random one (default)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-text token (run to -n)")
+    p.add_argument("-r", "--reverse-prompt", "--stop", dest="stop", action="append", default=[], metavar="TEXT",
+                   help="stop when the answer would contain TEXT (repeatable); the text is not printed")
     p.add_argument("--dry-sequence-breaker", dest="dry_sequence_breakers", action="append", default=None,
                    metavar="TEXT", help='DRY: a text that ends a repeat (repeatable; replaces the default \\n : " *; '
                                         '"none" for no breakers; \\n and \\t are understood)')
-    p.add_argument("--logit-bias", dest="logit_bias", action="append", default=[], metavar="ID=BIAS",
-                   help='add BIAS to a token\'s logit: ID=BIAS for a token id, "text"=BIAS for every token of the '
-                        "text (repeatable; BIAS -inf or false bans)")
+    p.add_argument("-l", "--logit-bias", dest="logit_bias", action="append", default=[], metavar="TOKEN_ID(+/-)BIAS",
+                   help="add BIAS to a token's logit, as llama.cpp: 15043+1, 15043-1, 15043-inf bans it; also "
+                        'ID=BIAS, and "text"=BIAS for every token of the text (repeatable)')
     p.add_argument("--banned-string", dest="banned_strings", action="append", default=[], metavar="TEXT",
                    help="a phrase the answer must not contain: the generation steps back and avoids it (repeatable)")
     c = p.add_mutually_exclusive_group()
-    c.add_argument("--json-schema", default=None, metavar="FILE",
-                   help="the answer must be JSON valid against this JSON Schema file (constrained generation)")
+    c.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help="the answer must be JSON valid against this JSON Schema, given as text, e.g. '{\"type\": \"object\"}'")
+    c.add_argument("-jf", "--json-schema-file", default=None, metavar="FILE", help="as --json-schema, read from a file")
+    c.add_argument("--grammar", default=None, metavar="GRAMMAR",
+                   help="the answer must follow this grammar, given as text: llama.cpp GBNF (root ::= ...) or Lark (start: ...)")
+    c.add_argument("--grammar-file", default=None, metavar="FILE", help="as --grammar, read from a file")
     c.add_argument("--regex", default=None, metavar="PATTERN", help="the whole answer must match this regular expression")
-    c.add_argument("--grammar", default=None, metavar="FILE",
-                   help="the answer must follow this grammar file: llama.cpp GBNF (root ::= ...) or Lark (start: ...)")
     p.add_argument("--settings-json", default=None, metavar="FILE",
-                   help="sampler settings as llama.cpp server JSON (or a SillyTavern preset); a sampling flag "
-                        "given with a value other than its default overrides the file")
+                   help="sampler settings as llama.cpp server JSON (or a SillyTavern preset): n_predict, stop, "
+                        "ignore_eos, n_probs, grammar and json_schema become the options of the same meaning; "
+                        "flags typed here override the file")
 
 
-def sampler_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The fields the flags of `add_sampler_flags` set, as SamplerSettings keyword arguments.
+@dataclass(frozen=True)
+class FromSettingsJson:
+    """What a --settings-json file holds, beyond the sampler settings: values of the CLI's own options."""
+
+    base: SamplerSettings
+    max_new_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    top_n: int | None = None
+    constraint: Constraint | None = None
+
+
+def resolve_sampling(args: argparse.Namespace) -> None:
+    """Set `args.sampler`, and fill `max_new_tokens`, `stop`, `ignore_eos`, `top_n` and `constraint` in `args`
+    from the flags, the --settings-json file and the defaults. Idempotent (the file is read and noted once).
 
     Raises:
-        ValueError: a --logit-bias that is not ID=BIAS or "text"=BIAS.
+        UsageError: any value or file that cannot be used, in one line.
     """
-    out: dict[str, Any] = {dest: getattr(args, dest) for _, dest, _, _ in _SIMPLE}
+    if getattr(args, "sampler", None) is not None:
+        return
+    from_file = _read_settings_json(args.settings_json) if getattr(args, "settings_json", None) else None
+    base = from_file.base if from_file else SamplerSettings()
+    given = _given_fields(args, base)
+    try:
+        args.sampler = base.with_(**given)
+    except (TypeError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    if args.max_new_tokens is None:
+        args.max_new_tokens = (from_file and from_file.max_new_tokens) or DEFAULT_MAX_NEW_TOKENS
+    if not args.stop and from_file:
+        args.stop = list(from_file.stop)
+    if from_file and from_file.ignore_eos:
+        args.ignore_eos = True
+    if hasattr(args, "top_n") and args.top_n is None:
+        args.top_n = from_file.top_n if from_file and from_file.top_n is not None else DEFAULT_TOP_N
+    args.constraint = constraint_from_args(args)
+    if args.constraint is None and from_file is not None:
+        args.constraint = from_file.constraint
+
+
+def _given_fields(args: argparse.Namespace, base: SamplerSettings) -> dict[str, Any]:
+    """The SamplerSettings fields the command line set (nothing for a flag not typed)."""
+    out: dict[str, Any] = {dest: getattr(args, dest) for _, dest, _, _ in SAMPLER_FLAGS if getattr(args, dest) is not None}
+    if args.seed is not None:
+        out["seed"] = None if args.seed in (-1, LLAMACPP_DEFAULT_SEED) else args.seed  # llama.cpp's "random"
     breakers = args.dry_sequence_breakers
     if breakers is not None:
         out["dry_sequence_breakers"] = () if breakers == ["none"] else tuple(_unescape(b) for b in breakers)
-    out["logit_bias"] = tuple(parse_logit_bias(v) for v in args.logit_bias)
-    out["banned_strings"] = tuple(_unescape(b) for b in args.banned_strings)
+    if args.logit_bias:
+        out["logit_bias"] = tuple(parse_logit_bias(v) for v in args.logit_bias)
+    if args.banned_strings:
+        out["banned_strings"] = tuple(_unescape(b) for b in args.banned_strings)
+    order = _order_from_args(args, {**{"mirostat": base.mirostat, "adaptive_target": base.adaptive_target}, **out})
+    if order is not None:
+        out["order"] = order
     return out
+
+
+def _order_from_args(args: argparse.Namespace, values: dict[str, Any]) -> tuple[str, ...] | None:
+    if args.order is not None:
+        return tuple(s.strip() for s in args.order.split(",") if s.strip())
+    if args.samplers is not None:
+        option, samplers = "--samplers", [s.strip() for s in re.split(r"[;,]", args.samplers) if s.strip()]
+    elif args.sampler_seq is not None:
+        option, samplers = "--sampler-seq", args.sampler_seq.strip()
+    else:
+        return None
+    # llama.cpp's own rules for its names and for mirostat / adaptive-p (engine.sampling.llamacpp_json).
+    try:
+        imported = parse_llamacpp_json({"samplers": samplers, "mirostat": values["mirostat"],
+                                        "adaptive_target": values["adaptive_target"]})
+    except ValueError as e:
+        raise UsageError(f"{option} {getattr(args, option[2:].replace('-', '_'))!r}: {e}") from None
+    if imported.ignored:
+        raise UsageError(f"{option}: unknown stages: {'; '.join(imported.ignored)}; llama.cpp's names are "
+                         "penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature, adaptive_p")
+    for note in imported.notes:
+        print(f"note: {option}: {note}", file=sys.stderr)
+    return imported.sampler.order
 
 
 def constraint_from_args(args: argparse.Namespace) -> Constraint | None:
-    """The constraint --json-schema / --regex / --grammar ask for (checked now, before a model loads), or None.
+    """The constraint -j/--json-schema, -jf/--json-schema-file, --grammar, --grammar-file or --regex asks for
+    (checked now, before a model loads), or None.
+
+    --json-schema and --grammar take the text itself, as llama.cpp's do. An older command line that gave
+    them a file's path still works: a value that is no schema or grammar but names a file is read, with a note.
 
     Raises:
-        ValueError: a file that cannot be read, or a schema, regex or grammar that cannot work (its words).
+        UsageError: a file that cannot be read, or a schema, regex or grammar that cannot work (its words).
     """
     if getattr(args, "regex", None) is not None:
-        return Constraint.regex(args.regex)
-    for flag, kind in (("json_schema", "json_schema"), ("grammar", "gbnf")):
-        path = getattr(args, flag, None)
-        if path:
-            try:
-                text = Path(path).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as e:
-                raise ValueError(f"--{flag.replace('_', '-')} {path}: cannot read it ({e})") from None
-            try:
-                return Constraint(kind, text)
-            except ConstraintError as e:
-                raise ValueError(f"--{flag.replace('_', '-')} {path}: {e}") from None
+        return _constraint("--regex", "regex", args.regex)
+    for option, kind in (("json_schema", "json_schema"), ("grammar", "gbnf")):
+        flag = "--" + option.replace("_", "-")
+        text = getattr(args, option, None)
+        path = getattr(args, option + "_file", None)
+        if path is not None:
+            return _constraint(f"{flag}-file {path}", kind, read_text_file(path, f"{flag}-file"))
+        if text is not None:
+            if _looks_like_a_path(text, kind):
+                print(f"note: {flag} takes the {'schema' if kind == 'json_schema' else 'grammar'} itself, as llama.cpp's "
+                      f"does; read it from the file {text} (use {flag}-file for a file)", file=sys.stderr)
+                return _constraint(f"{flag} {text}", kind, read_text_file(text, flag))
+            return _constraint(flag, kind, text)
     return None
 
 
-def with_settings_json(args: argparse.Namespace, flags: dict[str, Any]) -> dict[str, Any]:
-    """`flags` (SamplerSettings keyword arguments from the command line) over the --settings-json file's settings.
+def _looks_like_a_path(text: str, kind: str) -> bool:
+    if "\n" in text or not text.strip() or len(text) > 4096:
+        return False
+    if kind == "json_schema":
+        try:
+            json.loads(text)
+            return False
+        except (ValueError, RecursionError):
+            pass
+    elif "::=" in text:
+        return False
+    try:
+        return Path(text).expanduser().is_file()
+    except OSError:
+        return False
 
-    A flag whose value is the settings' default gives way to the file. Fields of the file that are not
-    read are named on stderr.
 
-    Raises:
-        ValueError: the file cannot be read, or what it holds is refused (its words).
+def _constraint(where: str, kind: str, text: str) -> Constraint:
+    try:
+        return Constraint.regex(text) if kind == "regex" else Constraint(kind, text)
+    except ConstraintError as e:
+        raise UsageError(f"{where}: {e}") from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply to read") from None
+
+
+# Fields of llama.cpp's server JSON that are options of the CLI rather than sampler settings.
+_CLI_FIELDS = ("ignore_eos", "n_probs", "grammar", "json_schema")
+
+
+def _read_settings_json(path: str) -> FromSettingsJson:
+    """A --settings-json file: its sampler settings, and the fields the CLI has options for.
+
+    Notes about how fields were read, and every field not used, go to stderr (the ignored ones on one line).
     """
-    path = getattr(args, "settings_json", None)
-    if not path:
-        return flags
+    where = f"--settings-json {path}"
+    p = Path(path).expanduser()
+    if p.is_file() and p.stat().st_size > MAX_SETTINGS_FILE_BYTES:
+        raise UsageError(f"{where}: larger than 1 MiB; it should hold one JSON object of settings")
+    text = read_text_file(path, "--settings-json")
+    data = _load_json(text, where)
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: expected a JSON object of settings like {{\"temperature\": 0.8, \"top_k\": 40}}, "
+                         f"got {type(data).__name__}")
+    cli = {k: data.pop(k) for k in _CLI_FIELDS if k in data}
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"--settings-json {path}: cannot read it ({e})") from None
+        imported = parse_llamacpp_json(data)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{where}: {e}") from None
+    ignored = list(imported.ignored)
+    ignore_eos = cli.get("ignore_eos") is True
+    if "ignore_eos" in cli and not isinstance(cli["ignore_eos"], bool):
+        ignored.append(f"ignore_eos={cli['ignore_eos']!r} (not true or false)")
+    top_n = cli.get("n_probs")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0):
+        ignored.append(f"n_probs={top_n!r} (not a count)")
+        top_n = None
+    constraint = None
+    if cli.get("json_schema") not in (None, {}):  # llama.cpp's default {} means none
+        schema = cli["json_schema"]
+        constraint = _constraint(f"{where}: json_schema", "json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+    elif isinstance(cli.get("grammar"), str) and cli["grammar"].strip():
+        constraint = _constraint(f"{where}: grammar", "gbnf", cli["grammar"])
+    for line in imported.notes:
+        print(f"note: {where}: {line}", file=sys.stderr)
+    if ignored:
+        print(f"note: {where}: not used here: {', '.join(ignored)}", file=sys.stderr)
+    return FromSettingsJson(imported.sampler, imported.max_new_tokens, imported.stop or (), ignore_eos, top_n, constraint)
+
+
+def _load_json(text: str, where: str) -> Any:
+    if _nesting(text) > MAX_JSON_DEPTH:
+        raise UsageError(f"{where}: nested more than {MAX_JSON_DEPTH} levels deep; settings are a flat JSON object")
     try:
-        imported = parse_llamacpp_json(text)
-    except ValueError as e:
-        raise ValueError(f"--settings-json {path}: {e}") from None
-    if not getattr(args, "settings_json_noted", False):  # the CLI builds the settings twice (check, then run)
-        args.settings_json_noted = True
-        for line in imported.notes:
-            print(f"note: {line}", file=sys.stderr)
-        if imported.ignored:
-            print(f"note: --settings-json {path}: not used here: {', '.join(imported.ignored)}", file=sys.stderr)
-    defaults, base = SamplerSettings(), imported.sampler
-    out: dict[str, Any] = {}
-    for name, value in flags.items():
-        default = getattr(defaults, name)
-        given = tuple(value) if isinstance(value, list) else value
-        out[name] = getattr(base, name) if given == default else value
-    return out
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{where}: this is not JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply to read; settings are a flat JSON object") from None
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of [ and { in JSON text, outside strings (before the recursive parser sees it)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def parse_logit_bias(value: str) -> tuple[int | str, float]:
-    """ID=BIAS or "text"=BIAS (the last '=' separates); BIAS may be -inf or false (ban).
+    """llama.cpp's TOKEN_ID+BIAS / TOKEN_ID-BIAS (15043+1, 15043-inf), or ID=BIAS, or "text"=BIAS (the last '='
+    separates); BIAS may be -inf or false (ban).
 
     Raises:
-        ValueError: in words the user can act on.
+        UsageError: in words the user can act on.
     """
-    example = 'e.g. --logit-bias 15043=-5 or --logit-bias \'"hello"=2\''
+    example = "e.g. --logit-bias 15043+1, 15043-inf (ban), 15043=-5 or '\"hello\"=2'"
     key, sep, bias_text = value.rpartition("=")
-    if not sep or not key:
-        raise ValueError(f"--logit-bias needs ID=BIAS or \"text\"=BIAS ({example}), got {value!r}")
+    if not sep:
+        m = _LLAMACPP_BIAS.fullmatch(value)
+        if m is None:
+            raise UsageError(f"--logit-bias needs TOKEN_ID+BIAS, TOKEN_ID-BIAS, ID=BIAS or \"text\"=BIAS ({example}), "
+                             f"got {value!r}")
+        key, sign, bias_text = m.groups()
+        bias_text = ("-" if sign == "-" else "") + bias_text.strip()
+    elif not key:
+        raise UsageError(f"--logit-bias needs TOKEN_ID+BIAS, ID=BIAS or \"text\"=BIAS ({example}), got {value!r}")
     raw = bias_text.strip().lower()
     if raw in ("false", "-inf", "-infinity"):
         bias = -math.inf
@@ -150,11 +346,17 @@ def parse_logit_bias(value: str) -> tuple[int | str, float]:
         try:
             bias = float(raw)
         except ValueError:
-            raise ValueError(f"--logit-bias {value!r}: the bias must be a number, -inf or false, got {bias_text!r}") from None
+            raise UsageError(f"--logit-bias {value!r}: the bias must be a number, -inf or false, got {bias_text!r}") from None
+        if not math.isfinite(bias):
+            raise UsageError(f"--logit-bias {value!r}: the bias must be a finite number, or -inf or false to ban the token")
     if len(key) >= 2 and key[0] == key[-1] == '"':
         return _unescape(key[1:-1]), bias
     if key.strip().lstrip("+-").isdigit():
-        return int(key), bias
+        token = int(key)
+        if not 0 <= token <= MAX_TOKEN_ID:
+            raise UsageError(f"--logit-bias {value!r}: token id {key.strip()} is not a token id of any model "
+                             f"(0 to {MAX_TOKEN_ID:,}); quote a text to bias its tokens: '\"{key.strip()}\"={bias_text}'")
+        return token, bias
     return _unescape(key), bias  # unquoted text: the shell ate the quotes
 
 

@@ -68,7 +68,7 @@ def test_cli_chat_holds_a_three_turn_conversation(capsys, monkeypatch):
         (["generate", "--prompt", "x", "--temperature", "-1"], "temperature must be >= 0"),
         (["generate", "--prompt", "x", "--top-p", "1.5"], "top_p must be in (0, 1]"),
         (["generate", "--prompt", "x", "--top-k", "-3"], "top_k must be >= 0"),
-        (["generate", "--prompt", "x", "--max-new-tokens", "9000"], "context length is 8192"),
+        (["generate", "--prompt", "x", "--max-new-tokens", "9000"], "does not fit the model's context of 8,192 tokens"),
     ],
 )
 def test_cli_bad_input_is_one_clear_line(capsys, argv, needle):

@@ -53,7 +53,7 @@ CASES = [
     (["generate", "--prompt", "x", "--num-beams", "-5"], "--num-beams must be at least 1, got -5"),
     (["generate", "--prompt", "x", "--num-beams", "2", "--num-return-sequences", "3"], "cannot exceed --num-beams"),
     (["generate", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-    (["chat", "--max-new-tokens", "-1"], "--max-new-tokens must be at least 1"),
+    (["chat", "--max-new-tokens", "-3"], "--max-new-tokens must be at least 1"),  # -1: llama.cpp's "no limit"
     (["generate", "--prompt", "x", "--backend", "torch", "--offload", "foo"], "--offload 'foo'"),
     (["generate", "--prompt", "x", "--temperature", "-1"], "temperature must be >= 0"),
     (["generate", "--prompt", "x", "--top-p", "7"], "top_p must be in (0, 1]"),
@@ -68,7 +68,7 @@ CASES = [
     (["generate", "--prompt-file", "{dir}"], "is a folder, not a text file"),
     (["generate", "--prompt-file", "{latin1}"], "not valid UTF-8 (byte 0xe9 on line 1)"),
     (["chat", "--system", "-"], "chat reads its turns from standard input"),
-    (["chat", "--system-file", "{dir}/nope.txt"], "--system-file"),
+    (["chat", "--system-file", "{dir}/nope.txt"], "--system-prompt-file"),
     (["generate", "--prompt", "x", "--model", "{dir}/no-such-model"], "--model: model not found"),
     (["generate", "--prompt", "x", "--model", "http://127.0.0.1:9/v1", "--device", "cuda"], "runs on remote"),
     (["batch", "--input", "{prompts}", "--output", "{dir}/missing/out.jsonl"], "does not exist; create it first"),

@@ -12,7 +12,7 @@ def test_settings_check_themselves_and_say_every_problem():
         RuntimeSettings(n_threads=0, n_gpu_layers=-2, n_batch="64")  # type: ignore[arg-type]
     message = str(err.value)
     assert "threads (n_threads) must be from 1 to 512, got 0" in message
-    assert "GPU layers (n_gpu_layers) must be at least -1 (-1: all layers), got -2" in message
+    assert "GPU layers (n_gpu_layers) must be from -1 to 9,999 (-1: all layers), got -2" in message
     assert "batch size (n_batch) must be a whole number, got '64'" in message
     with pytest.raises(ValueError, match="whole number"):
         RuntimeSettings(n_ctx=True)  # type: ignore[arg-type]
@@ -93,8 +93,8 @@ def test_cli_flags_reach_the_model_and_bad_values_are_one_line(capsys, tiny_gguf
     out = capsys.readouterr().out
     assert "1 decode thread, 2 for prompts" in out and "context length: 64" in out
     for flags, needle in [(["--threads", "0"], "threads (n_threads) must be from 1 to 512"),
-                          (["--n-gpu-layers", "-3"], "GPU layers (n_gpu_layers) must be at least -1"),
-                          (["--batch-size", "0"], "batch size (n_batch) must be at least 1")]:
+                          (["--n-gpu-layers", "-3"], "GPU layers (n_gpu_layers) must be from -1 to 9,999"),
+                          (["--batch-size", "0"], "batch size (n_batch) must be from 1 to 65,536")]:
         assert cli.main([*base, *flags]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
