@@ -14,9 +14,15 @@ Why: llama.cpp's threads meet at a barrier after every graph node (hundreds
 per token) and wait there by spinning; when one of them shares its core with
 another program, every barrier waits for the scheduler to give it a slice,
 and decode falls from ~130 to 5-17 tok/s on a 2-core machine. The last
-lines print the engine's default (engine.backends.llamacpp.threads) and
+lines print the engine's static default (engine.backends.llamacpp.threads) and
 `busy_ratio_default=X.XX` (decode tok/s with the busy program / alone, at
 the default thread count).
+
+Then the engine's own choice: the model loaded without a thread count, so
+each answer runs on the cores free at its start (engine/cpu_load.py), idle
+and beside the busy program, against 1 and 2 fixed threads; the first-token
+time is the chat prompt's cold prefill. The last line is
+`auto_idle_tok_s=... auto_busy_tok_s=... chosen_idle=N chosen_busy=N`.
 """
 
 from __future__ import annotations
@@ -69,16 +75,35 @@ class BusyProgram:
         self.proc.wait()
 
 
-def measure(backend, prompt_ids: list[int], long_ids: list[int], tokens: int, repeats: int) -> dict[str, float]:
-    alone_d, alone_p, busy_d, busy_p = [], [], [], []
+def first_token_s(backend, prompt_ids: list[int]) -> float:
+    """A cold prefill of the chat prompt: what the first token waits for."""
+    from engine.backends.base import prefill
+
+    backend.trim_cache(0)
+    t0 = time.perf_counter()
+    prefill(backend, prompt_ids)
+    return time.perf_counter() - t0
+
+
+def measure(backend, prompt_ids: list[int], long_ids: list[int], tokens: int, repeats: int,
+            settle_s: float = 0.0) -> dict[str, float]:
+    """Median figures alone and busy; `settle_s`: a pause after the busy program starts and after it ends, so a
+    backend that chooses its threads from the measured load sees the new situation (engine.cpu_load.WINDOW_S)."""
+    runs: dict[str, list[float]] = {k: [] for k in ("decode", "prompt", "first", "threads",
+                                                    "decode_busy", "prompt_busy", "first_busy", "threads_busy")}
     for _ in range(repeats):
-        alone_d.append(decode_rate(backend, prompt_ids, tokens))
-        alone_p.append(prompt_rate(backend, long_ids))
+        time.sleep(settle_s)
+        runs["first"].append(first_token_s(backend, prompt_ids))
+        runs["decode"].append(decode_rate(backend, prompt_ids, tokens))
+        runs["threads"].append(backend.n_threads)
+        runs["prompt"].append(prompt_rate(backend, long_ids))
         with BusyProgram():
-            busy_d.append(decode_rate(backend, prompt_ids, tokens))
-            busy_p.append(prompt_rate(backend, long_ids))
-    med = statistics.median
-    return {"decode": med(alone_d), "decode_busy": med(busy_d), "prompt": med(alone_p), "prompt_busy": med(busy_p)}
+            time.sleep(settle_s)
+            runs["first_busy"].append(first_token_s(backend, prompt_ids))
+            runs["decode_busy"].append(decode_rate(backend, prompt_ids, tokens))
+            runs["threads_busy"].append(backend.n_threads)
+            runs["prompt_busy"].append(prompt_rate(backend, long_ids))
+    return {k: statistics.median(v) for k, v in runs.items()}
 
 
 def main() -> None:
@@ -113,10 +138,30 @@ def main() -> None:
         print(f"{n:>7} | {r['decode']:>12.1f} {r['decode_busy']:>8.1f} {r['decode_busy'] / r['decode']:>6.2f} | "
               f"{r['prompt']:>12.0f} {r['prompt_busy']:>8.0f} {r['prompt_busy'] / r['prompt']:>6.2f}", flush=True)
     chosen = default_threads()
-    print(f"engine default: {chosen} thread{'s' * (chosen > 1)} (decode and prompt)")
+    print(f"engine static default: {chosen} thread{'s' * (chosen > 1)} (decode and prompt)")
     if chosen in rows:
         r = rows[chosen]
         print(f"busy_ratio_default={r['decode_busy'] / r['decode']:.2f}")
+
+    # The engine's own choice per answer: no thread count given.
+    from engine.cpu_load import WINDOW_S
+
+    backend = LlamaCppBackend(source.path, spec=source.spec, display_name=source.name, n_ctx=2048)
+    prompt_ids = backend.tokenizer.chat_ids([{"role": "user", "content": PROMPT}])
+    long_ids = (backend.tokenizer.encode(PROMPT + " ") * (args.prompt_tokens // 8 + 1))[: args.prompt_tokens]
+    auto = measure(backend, prompt_ids, long_ids, args.tokens, args.repeats, settle_s=WINDOW_S + 0.3)
+    backend.close()
+    print(f"\n{'case':>5} | {'chosen':>6} {'auto tok/s':>10} {'1 thread':>9} {'2 threads':>9} | "
+          f"{'first token ms: auto':>20} {'1':>6} {'2':>6}")
+    for case, key in (("idle", ""), ("busy", "_busy")):
+        fixed = [rows.get(n) for n in (1, 2)]
+        rates = [f"{r['decode' + key]:>9.1f}" if r else f"{'-':>9}" for r in fixed]
+        firsts = [f"{r['first' + key] * 1000:>6.0f}" if r else f"{'-':>6}" for r in fixed]
+        print(f"{case:>5} | {auto['threads' + key]:>6.0f} {auto['decode' + key]:>10.1f} {rates[0]} {rates[1]} | "
+              f"{auto['first' + key] * 1000:>20.0f} {firsts[0]} {firsts[1]}")
+    print(f"auto_idle_tok_s={auto['decode']:.1f} auto_busy_tok_s={auto['decode_busy']:.1f} "
+          f"chosen_idle={auto['threads']:.0f} chosen_busy={auto['threads_busy']:.0f}")
+    print(f"load: {Path('/proc/loadavg').read_text().strip() if Path('/proc/loadavg').exists() else 'unknown'}")
 
 
 if __name__ == "__main__":

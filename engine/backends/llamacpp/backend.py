@@ -27,6 +27,7 @@ from engine.backends.llamacpp.placement import layers_as_asked, plan_gpu_layers
 from engine.backends.llamacpp.runner import LlamaCppRunner
 from engine.backends.llamacpp.threads import default_threads
 from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
+from engine.cpu_load import ThreadsPerAnswer
 from engine.errors import ContextLengthError, ModelLoadError
 from engine.model_info import ModelInfo
 from engine.offload.auto import free_cpu_bytes
@@ -80,6 +81,9 @@ class LlamaCppBackend(CachedTokens):
             raise ValueError("give either n_gpu_layers or offload, not both: both say which layers run on the GPU")
         self.n_threads = n_threads or default_threads()
         self.n_threads_batch = n_threads_batch or self.n_threads  # as llama.cpp: the prompt's follow the decode's
+        # Not asked for: chosen again for each answer from the cores free then (engine/cpu_load.py).
+        self._threads_per_answer = ThreadsPerAnswer(fallback=self.n_threads) if not n_threads else None
+        self._batch_threads_follow = not n_threads_batch
         n_batch = n_batch or N_BATCH
         n_layers = int(header.arch_value("block_count", 0) or 0)
         per_token = kv_bytes_per_token(header)
@@ -239,6 +243,7 @@ class LlamaCppBackend(CachedTokens):
         The llama_decode calls that finished stay cached; the one stopped leaves nothing behind.
         `cancelled` is polled from a helper thread.
         """
+        self._choose_threads()  # every answer's prompt comes this way (engine.backends.base.prefill)
         with self._abort.watching(cancelled):
             try:
                 return self.forward(token_ids)
@@ -246,6 +251,17 @@ class LlamaCppBackend(CachedTokens):
                 if e.code == ABORTED and self._abort.tripped:
                     return None
                 raise
+
+    def _choose_threads(self) -> None:
+        """llama.cpp's threads for the answer about to start: every core other programs leave free now."""
+        if self._threads_per_answer is None or not self.ctx:
+            return
+        n = self._threads_per_answer.now()
+        batch = n if self._batch_threads_follow else self.n_threads_batch
+        if (n, batch) != (self.n_threads, self.n_threads_batch):
+            llama_cpp.llama_set_n_threads(self.ctx, n, batch)
+            log.debug("llama.cpp: %d decode threads, %d prompt threads for this answer", n, batch)
+            self.n_threads, self.n_threads_batch = n, batch
 
     def forward_during(self, token_ids: Sequence[int], work: Callable[[], T]) -> tuple[np.ndarray, T]:
         """`forward` on this thread, `work()` on a helper thread meanwhile (OverlappedForward).

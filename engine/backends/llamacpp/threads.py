@@ -23,49 +23,18 @@ every physical core is used. On an idle machine this costs one core's share
 between a few and a hundred tokens a second.
 `n_threads` / `n_threads_batch` override it (the prompt's follows the decode's
 when only that is given, as in llama.cpp).
+
+That static count is where a model starts; when the user chose no count, each answer then runs on the
+cores free at its start (engine/cpu_load.py: every physical core when the machine is idle, fewer beside
+busy programs), so an idle machine is not left a core short.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
 # No llama_cpp import here: the window can show the default without loading llama.cpp.
+from engine.cpu_load import physical_cores, usable_cpus
 
-
-def physical_cores() -> int:
-    """Physical cores this process may run on: llama.cpp's matmuls gain nothing from SMT siblings."""
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        allowed = []
-    if allowed:
-        cores = set()
-        for cpu in allowed:
-            try:
-                with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/core_cpus_list") as f:
-                    cores.add(f.read().strip())
-            except OSError:
-                cores.add(str(cpu))
-        return max(1, len(cores))
-    if sys.platform == "darwin":
-        import subprocess
-
-        try:
-            out = subprocess.run(["sysctl", "-n", "hw.perflevel0.physicalcpu"], capture_output=True, text=True)
-            if out.returncode == 0 and out.stdout.strip().isdigit():
-                return int(out.stdout)  # performance cores: efficiency cores slow a matmul down
-        except OSError:
-            pass
-    return max(1, (os.cpu_count() or 2) // 2)
-
-
-def usable_cpus() -> int:
-    """Logical CPUs this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS, Windows
-        return max(1, os.cpu_count() or 1)
+__all__ = ["choose_threads", "default_threads", "physical_cores", "usable_cpus"]
 
 
 def choose_threads(physical: int, logical: int) -> int:
