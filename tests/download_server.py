@@ -24,6 +24,11 @@ class Served:
     honour_range: bool = True
     delay_s: float = 0.0  # pause between 64 KiB pieces: a slow server, so a test can watch progress and cancel
     extra_headers: dict[str, str] = field(default_factory=dict)
+    unframed: bool = False  # neither Content-Length nor chunked: the body ends when the connection closes
+    content_length: int | None = None  # a Content-Length to state instead of the true one (a lie), and send that many
+    range_start_shift: int = 0  # a 206 that starts this many bytes away from the asked offset (and says so)
+    total_override: int | None = None  # a 206 answers as if the file had this size (a resume answered with another)
+    redirect_to: str | None = None  # answer 302 with this Location (a loop, a file:// address)
 
 
 class DownloadServer:
@@ -62,6 +67,12 @@ class DownloadServer:
                     if body:
                         self.wfile.write(b"not found")
                     return
+                if served.redirect_to is not None:
+                    self.send_response(302)
+                    self.send_header("Location", served.redirect_to)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 data, start = served.data, 0
                 rng = self.headers.get("Range")
                 if rng and served.honour_range:
@@ -72,8 +83,12 @@ class DownloadServer:
                         self.send_header("Content-Length", "0")
                         self.end_headers()
                         return
+                    start = max(0, start + served.range_start_shift)
+                    if served.total_override is not None:
+                        data = data[: served.total_override]  # consistent with itself, not with the first answer
+                    total = len(data)
                     self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{total}")
                 else:
                     self.send_response(200)
                 self.send_header("Accept-Ranges", "bytes")
@@ -85,12 +100,24 @@ class DownloadServer:
                 for k, v in served.extra_headers.items():
                     self.send_header(k, v)
                 chunk = data[start:]
+                if served.content_length is not None and not rng:
+                    chunk = chunk[: served.content_length]  # the lie's length, as a server that believes it
                 if served.chunked:
                     self.send_header("Transfer-Encoding", "chunked")
+                elif served.unframed:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
                 else:
                     self.send_header("Content-Length", str(len(chunk)))
                 self.end_headers()
                 if not body:
+                    return
+                if served.unframed:
+                    cut = served.drop_after if served.drop_after is not None else len(chunk)
+                    served.drop_after = None
+                    self.wfile.write(chunk[:cut])
+                    self.wfile.flush()
+                    self.connection.shutdown(2)  # the end of the body is the end of the connection
                     return
                 if served.drop_after is not None:
                     cut, served.drop_after = served.drop_after, None

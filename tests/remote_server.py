@@ -110,14 +110,16 @@ class Reply:
         trickle: after the events, send one byte every `trickle` seconds and never complete a line.
         gap: seconds between streamed events.
         raw: bytes sent as the body as they are (with `content_type`), e.g. a JSON document to a stream request.
+        endless: bytes sent again and again, as fast as the client reads, until it hangs up (an endless body).
     """
 
     def __init__(self, body=None, status: int = 200, *, events: list | None = None, cut: bool = False,
                  hang: bool = False, trickle: float = 0.0, gap: float = 0.0, raw: bytes | None = None,
-                 content_type: str = "application/json", headers: dict | None = None):
+                 content_type: str = "application/json", headers: dict | None = None, endless: bytes | None = None):
         self.body, self.status, self.events, self.cut, self.hang = body, status, events, cut, hang
         self.trickle, self.gap, self.raw, self.content_type = trickle, gap, raw, content_type
         self.headers = headers or {}
+        self.endless = endless
 
 
 class FakeServer:
@@ -156,6 +158,18 @@ class FakeServer:
                 reply = handler(method, self.path, body)
                 if reply.hang:
                     fake.closing.wait(60)
+                    self.close_connection = True
+                    return
+                if reply.endless is not None:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", reply.content_type)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    try:
+                        while not fake.closing.is_set():
+                            self._chunk(reply.endless)
+                    except OSError:  # the client hung up, as it should
+                        pass
                     self.close_connection = True
                     return
                 if reply.events is None and not reply.trickle:

@@ -19,6 +19,7 @@ from app.state.observable import Signal
 from app.state.store import Store
 
 FOLDERS_KEY = "library_folders"
+RECENT_SOURCE = library.SOURCE_NAMES["recent"]  # a row found only because it was opened from elsewhere
 DEFAULT_SPEC = "default"  # the recent list's name for the default model
 
 
@@ -66,7 +67,8 @@ def row_for(entry: library.LibraryEntry, recent_backend: str | None = None) -> L
         quantization=f.quantization, size=library.format_bytes(entry.file_bytes) if entry.file_bytes else "",
         context=f"{f.context_length:,}" if f.context_length else "", memory=memory,
         backend=recent_backend if recent_backend not in (None, "auto") else entry.backend,
-        spec=entry.spec, path=str(entry.path), problem=entry.problem, recent=recent_backend is not None, fit=entry.fit,
+        spec=entry.spec, path=library.printable(str(entry.path)), problem=entry.problem, recent=recent_backend is not None,
+        fit=entry.fit,
     )
 
 
@@ -78,6 +80,17 @@ def _default_path() -> str:
         return str(default_model_path())
     except EngineError:
         return ""
+
+
+def _local_path(spec: str) -> Path | None:
+    """The file or folder a recent spec names on this machine; None for hub ids, servers and what is gone."""
+    if not spec or spec == DEFAULT_SPEC or spec.lower().startswith(("http://", "https://")):
+        return None
+    try:
+        path = Path(spec).expanduser()
+        return path if path.is_absolute() and path.exists() else None
+    except (OSError, ValueError):
+        return None
 
 
 def _recent_only_row(spec: str, backend: str) -> LibraryRow:
@@ -115,9 +128,15 @@ class ModelLibraryState:
         self.store.put_setting(FOLDERS_KEY, [str(p) for p in self.folders() if p != Path(folder)])
         self.changed.emit()
 
-    def locations(self) -> list[library.Location]:
-        """Where the next scan looks: every known store, then the user's folders."""
-        return library.default_locations(extra_folders=self.folders())
+    def locations(self, recent: Sequence[dict[str, str]] = ()) -> list[library.Location]:
+        """Where the next scan looks: every known store, the user's folders, then the recent models that are
+        files or folders elsewhere (so their rows have facts too; one already found elsewhere is listed there)."""
+        out = library.default_locations(extra_folders=self.folders())
+        for item in recent:
+            path = _local_path(item.get("spec", ""))
+            if path is not None:
+                out.append(library.Location("recent", path))
+        return out
 
     # -- rows ------------------------------------------------------------------------------------
 
@@ -129,7 +148,16 @@ class ModelLibraryState:
         """Recent models first (in the order they were used), then the rest of the scan; filtered by `query`."""
         entries = list(self.scan.entries) if self.scan else []
         by_spec = {e.spec: e for e in entries}
-        by_path = {e.path.resolve(): e for e in entries if e.path.exists()}
+        # A hub id opened recently is the hub cache's folder model of that repository (its spec is the snapshot's
+        # path when refs/main names another commit).
+        by_spec |= {e.name: e for e in entries if e.source == "huggingface" and e.format == "safetensors"
+                    and e.name not in by_spec}
+        by_path = {}
+        for e in entries:
+            try:
+                by_path[e.path.resolve()] = e
+            except (OSError, RuntimeError):
+                continue
         out, used = [], set()
         for item in recent:
             spec, backend = item.get("spec", ""), item.get("backend", "auto")
@@ -154,12 +182,23 @@ class ModelLibraryState:
         except OSError:
             return None
 
-    def summary(self) -> str:
-        """"12 models in 4 places · scanned in 40 ms · this machine: 32.0 GB memory, 20.1 GB available"."""
+    def summary(self, recent: Sequence[dict[str, str]] = (), query: str = "") -> str:
+        """What the table lists, counted as it lists it: "3 models (2 found in 4 places, 1 opened recently) ·
+        scanned in 40 ms · this machine: 32.0 GB memory, 20.1 GB available"; with a search, how many match."""
         if self.scan is None:
             return "Looking for models…"
         s = self.scan
-        count = len(s.entries)
-        return (f"{count} model{'s' * (count != 1)} in {len(s.searched)} place{'s' * (len(s.searched) != 1)} · "
-                f"scanned in {s.seconds * 1000:.0f} ms · this machine: {library.format_bytes(s.machine.total_bytes)} memory, "
-                f"{library.format_bytes(s.machine.available_bytes)} available")
+        every = self.rows(recent)
+        listed = len(every)
+        only_recent = sum(1 for r in every if not r.path or r.source == RECENT_SOURCE)
+        found = listed - only_recent
+        places = len({loc.path for loc in s.searched if loc.source != "recent"})
+        detail = f"{found} found in {places} place{'s' * (places != 1)}"
+        if only_recent:
+            detail += f", {only_recent} opened recently"
+        head = f"{listed} model{'s' * (listed != 1)} ({detail})"
+        if query.strip():
+            shown = len(self.rows(recent, query))
+            head = f"{shown} of {head} match “{query.strip()}”"
+        return (f"{head} · scanned in {s.seconds * 1000:.0f} ms · this machine: "
+                f"{library.format_bytes(s.machine.total_bytes)} memory, {library.format_bytes(s.machine.available_bytes)} available")

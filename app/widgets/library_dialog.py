@@ -6,7 +6,8 @@ worker threads and comes back through `asyncio.wrap_future`; download
 progress hops to the event loop with `call_soon_threadsafe` (qasync's rule:
 worker threads never touch widgets). Closing the dialog cancels a download
 under way; what arrived of a .gguf address is kept and the next download of
-it resumes.
+it resumes. A .gguf address whose file name is already taken in the models
+folder asks first: replace it, keep both, or cancel.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QColor
@@ -25,6 +27,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
+    QMessageBox,
     QProgressBar,
     QPushButton,
     QTableWidget,
@@ -140,7 +143,7 @@ class LibraryDialog(QDialog):
         if self.scanning is not None and not self.scanning.done():
             return self.scanning
         self.rescan_button.setEnabled(False)
-        pending = asyncio.wrap_future(self._pool.submit(library.scan, self.state.locations()))
+        pending = asyncio.wrap_future(self._pool.submit(library.scan, self.state.locations(self._recent())))
         self.scanning = asyncio.ensure_future(self._scanned(pending, select_spec))
         return self.scanning
 
@@ -180,7 +183,7 @@ class LibraryDialog(QDialog):
                 elif field == "memory" and row.fit in FIT_COLOURS:
                     item.setForeground(FIT_COLOURS[row.fit])
                 self.table.setItem(r, c, item)
-        self.summary.setText(self.state.summary())
+        self.summary.setText(self.state.summary(self._recent(), self.search.text()))
         if chosen is not None:
             self.select(chosen.spec)
         self._update_open()
@@ -213,6 +216,10 @@ class LibraryDialog(QDialog):
         text = self.source.text().strip()
         if not text or (self.downloading is not None and not self.downloading.done()):
             return None
+        if_exists = self._if_exists(text)
+        if if_exists is None:
+            self.progress_text.setText("Nothing was downloaded.")
+            return None
         loop = asyncio.get_running_loop()
         cancel = self._cancel = library.CancelToken()
 
@@ -221,9 +228,34 @@ class LibraryDialog(QDialog):
 
         self._set_downloading(True)
         self.progress_text.setText(f"Starting the download of {text}…")
-        pending = asyncio.wrap_future(self._pool.submit(library.pull, text, progress=progress, cancel=cancel))
+        pending = asyncio.wrap_future(self._pool.submit(library.pull, text, progress=progress, cancel=cancel,
+                                                        if_exists=if_exists))
         self.downloading = asyncio.ensure_future(self._downloaded(pending, text))
         return self.downloading
+
+    def _if_exists(self, text: str) -> str | None:
+        """"refuse" when nothing is in the way; else what the user chose ("replace", "keep-both"; None: cancel)."""
+        try:
+            target = library.url_target(text)
+        except EngineError:  # not something to download: the download itself says so, in its words
+            return "refuse"
+        if target is None or not target.exists():
+            return "refuse"
+        return self.ask_if_exists(target)
+
+    def ask_if_exists(self, target: Path) -> str | None:
+        """Ask what to do with a file of the same name already in the models folder (tests replace this)."""
+        box = QMessageBox(QMessageBox.Icon.Question, "A file with this name exists",
+                          f"{library.printable(target.name)} is already in {library.printable(str(target.parent))} "
+                          "(another download with the same file name?).", parent=self)
+        box.setInformativeText("Keep both gives the new file a number; Replace deletes the file that is there.")
+        keep = box.addButton("Keep both", QMessageBox.ButtonRole.AcceptRole)
+        replace = box.addButton("Replace", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(keep)
+        box.exec()
+        clicked = box.clickedButton()
+        return "keep-both" if clicked is keep else "replace" if clicked is replace else None
 
     async def _downloaded(self, pending: asyncio.Future, text: str) -> None:
         try:
@@ -238,7 +270,8 @@ class LibraryDialog(QDialog):
         finally:
             self._set_downloading(False)
         self.progress.setValue(self.progress.maximum())
-        self.progress_text.setText(f"Downloaded {text} to {result.path}. Select it and press Open.")
+        self.progress_text.setText(f"Downloaded {library.printable(text)} to {library.printable(str(result.path))}. "
+                                   "Select it and press Open.")
         await self.rescan(select_spec=result.spec)
 
     def cancel_download(self) -> None:

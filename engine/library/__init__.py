@@ -7,7 +7,7 @@ worker thread (both block).
 """
 
 from engine.library.discovery import ScanResult, scan
-from engine.library.entry import LibraryEntry, ModelFacts
+from engine.library.entry import SOURCE_NAMES, LibraryEntry, ModelFacts, printable
 from engine.library.errors import (
     ChecksumMismatchError,
     DiskFullError,
@@ -18,9 +18,11 @@ from engine.library.errors import (
 from engine.library.locations import Location, default_locations
 from engine.library.memory import MachineMemory
 from engine.library.progress import CancelToken, DownloadProgress, format_bytes
-from engine.library.pull import PullResult, pull
+from engine.library.pull import IF_EXISTS_CHOICES, PullResult, pull, url_target
 
 __all__ = [
+    "IF_EXISTS_CHOICES",
+    "SOURCE_NAMES",
     "CancelToken",
     "ChecksumMismatchError",
     "DiskFullError",
@@ -36,6 +38,8 @@ __all__ = [
     "ScanResult",
     "default_locations",
     "format_bytes",
+    "printable",
     "pull",
     "scan",
+    "url_target",
 ]

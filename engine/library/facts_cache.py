@@ -16,11 +16,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from engine.library.entry import ModelFacts
+from engine.library.safe_read import Unreadable, read_json
 
 log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_ROWS = 5000  # beyond this, rows for files the latest scan did not see are dropped
+MAX_FILE_BYTES = 64 * 2**20  # ~300 bytes a row: far above MAX_ROWS rows
 
 
 class FactsCache:
@@ -32,11 +34,12 @@ class FactsCache:
         self._dirty = False
         if path is not None:
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = read_json(path, MAX_FILE_BYTES, "facts cache")
                 if isinstance(data, dict) and data.get("version") == VERSION and isinstance(data.get("files"), dict):
                     self._rows = data["files"]
-            except (OSError, ValueError):
-                pass  # missing or damaged: start empty, it is only a cache
+            except Unreadable as e:  # missing or damaged: start empty, it is only a cache
+                if path.exists():
+                    log.warning("the model library's cache %s %s; starting it again", path, e)
 
     @staticmethod
     def default_path() -> Path:
@@ -50,12 +53,15 @@ class FactsCache:
 
     def get(self, real_path: str, st: os.stat_result) -> tuple[ModelFacts, str] | None:
         row = self._rows.get(real_path)
-        if not row or row.get("key") != self._key(st):
+        if not isinstance(row, dict) or row.get("key") != self._key(st):
             return None
         try:
-            return ModelFacts(**row["facts"]), str(row.get("problem", ""))
+            facts = ModelFacts(**row["facts"])
         except (TypeError, KeyError):
             return None
+        if not all(isinstance(v, (int, str)) for v in vars(facts).values()):  # a damaged row: read the header again
+            return None
+        return facts, str(row.get("problem", ""))
 
     def put(self, real_path: str, st: os.stat_result, facts: ModelFacts, problem: str) -> None:
         self._rows[real_path] = {"key": self._key(st), "facts": asdict(facts), "problem": problem}

@@ -64,12 +64,22 @@ def gguf_facts(path: Path) -> tuple[ModelFacts, str]:
     # The first part's header lists only its own tensors; the parts share one quantization, so the
     # count scales with the bytes (an estimate for split models, exact for the usual single file).
     parameters = header.parameter_count * weight_bytes // max(1, header.file_bytes)
-    facts = ModelFacts(
-        architecture=header.architecture,
-        parameters=parameters,
-        quantization=header.quantization,
-        context_length=header.context_length,
-        weight_bytes=weight_bytes,
-        kv_bytes_per_token=kv_bytes_per_token(header),
-    )
+    try:
+        facts = ModelFacts(
+            architecture=header.architecture[:200],
+            parameters=parameters,
+            quantization=header.quantization,
+            context_length=header.context_length,
+            weight_bytes=weight_bytes,
+            kv_bytes_per_token=kv_bytes_per_token(header),
+        )
+    except (ValueError, TypeError, OverflowError, ZeroDivisionError) as e:  # a text where a number belongs
+        return ModelFacts(weight_bytes=weight_bytes), f"{path} has a GGUF header with unusable values ({e})"
     return facts, ""
+
+
+def display_name(path: Path) -> str:
+    """A GGUF file's name in the library: its stem without the split suffix; a file named just "model"
+    (Jan's models/<id>/model.gguf) is named by its folder."""
+    stem = split_part(path)[0]
+    return path.parent.name if stem.lower() == "model" and path.parent.name else stem

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from engine.library.safe_read import Unreadable, read_small_text
 from engine.library.walk import find_models
 
 log = logging.getLogger(__name__)
 
 REPO_PREFIX = "models--"
+MAX_REF_BYTES = 256  # refs/main holds one commit hash
 
 
 @dataclass(frozen=True)
@@ -43,20 +45,37 @@ def repo_id_of(folder_name: str) -> str:
 def current_snapshot(repo: Path) -> tuple[Path | None, bool]:
     """(the snapshot folder to list, whether refs/main names it)."""
     snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
     try:
-        commit = (repo / "refs" / "main").read_text(encoding="utf-8").strip()
-    except OSError:
+        commit = read_small_text(ref, MAX_REF_BYTES, "commit reference").strip()
+    except Unreadable as e:
+        if ref.exists() or ref.is_symlink():  # a missing ref is usual (a download by commit); anything else is said
+            log.warning("%s %s; listing the newest snapshot instead", ref, e)
         commit = ""
-    if commit and (snapshots / commit).is_dir():
+    if commit and "/" not in commit and "\\" not in commit and commit not in (".", "..") and (snapshots / commit).is_dir():
         return snapshots / commit, True
     try:
         with os.scandir(snapshots) as it:
-            folders = [Path(e.path) for e in it if e.is_dir()]
+            folders = [Path(e.path) for e in it if _is_dir(e)]
     except OSError:
         return None, False
     if not folders:
         return None, False
-    return max(folders, key=lambda p: p.stat().st_mtime), False
+    return max(folders, key=_mtime), False
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _mtime(folder: Path) -> float:
+    try:
+        return folder.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def cached_models(cache: Path) -> list[CachedModel]:
@@ -64,7 +83,7 @@ def cached_models(cache: Path) -> list[CachedModel]:
     out: list[CachedModel] = []
     try:
         with os.scandir(cache) as it:
-            repos = sorted((Path(e.path) for e in it if e.name.startswith(REPO_PREFIX) and e.is_dir()), key=lambda p: p.name)
+            repos = sorted((Path(e.path) for e in it if e.name.startswith(REPO_PREFIX) and _is_dir(e)), key=lambda p: p.name)
     except OSError:
         return out
     for repo in repos:

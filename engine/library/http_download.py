@@ -9,8 +9,19 @@ sends the whole file again, so the part is restarted.
 
 The checksum is the one the caller gives, else one the server publishes:
 `Repr-Digest: sha-256=:<base64>:` (RFC 9530), `Digest: SHA-256=<base64>`,
-`X-Checksum-Sha256`, or an ETag that is a SHA-256 (how the Hugging Face hub
-names large files).
+`X-Checksum-Sha256`, `X-Linked-Etag` (the hub's redirect to its CDN) or an
+ETag that is a SHA-256 (how the Hugging Face hub names large files).
+
+A file gets its name only when it is verifiably whole. Its length comes from
+the server (Content-Length, Content-Range's total, the hub's `X-Linked-Size`,
+which must agree with each other and across resumes); a body that ends
+without any of them (a connection closed early looks the same as the end) is
+checked with one more request for the bytes after it (`416 */size` confirms
+the size, `206` means there is more). Without a checksum that same check is
+made after every download, so a server whose Content-Length is too short is
+caught too. A 206 that starts elsewhere than asked is never appended; a
+body longer than the size is refused. Redirects: at most `MAX_REDIRECTS`,
+and only to http(s).
 """
 
 from __future__ import annotations
@@ -37,7 +48,9 @@ RETRIES = 5  # resumptions per call after a dropped connection
 RETRY_PAUSE_S = 0.5
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 30.0
+MAX_REDIRECTS = 10
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,15 @@ class _Attempt:
 
     total: int | None
     published_sha256: str
+    framed: bool = False  # the body's end is marked (Content-Length or chunked), not just a closed connection
+
+
+@dataclass
+class _Expected:
+    """What the server said about the whole file, kept across resumes: a later answer must agree."""
+
+    total: int | None = None
+    sha256: str = ""
 
 
 def published_sha256(headers: httpx.Headers) -> str:
@@ -65,15 +87,49 @@ def published_sha256(headers: httpx.Headers) -> str:
     return ""
 
 
-def _total_from(response: httpx.Response, offset: int) -> int | None:
-    if response.status_code == 206:
-        _, _, total = response.headers.get("content-range", "").rpartition("/")
-        if total.strip().isdigit():
-            return int(total)
-    length = response.headers.get("content-length")
-    if length and length.isdigit():
-        return int(length) + (offset if response.status_code == 206 else 0)
+def _all_headers(response: httpx.Response) -> list[httpx.Headers]:
+    """The final response's headers, then the redirects' (the hub says X-Linked-Size/-Etag on its redirect)."""
+    return [response.headers, *(r.headers for r in reversed(response.history))]
+
+
+def _published(response: httpx.Response) -> str:
+    return next((sha for sha in map(published_sha256, _all_headers(response)) if sha), "")
+
+
+def _linked_size(response: httpx.Response) -> int | None:
+    for headers in _all_headers(response):
+        value = headers.get("x-linked-size", "").strip()
+        if value.isdigit():
+            return int(value)
     return None
+
+
+def _content_range(response: httpx.Response) -> tuple[int, int | None] | None:
+    """(first byte, total or None) of a 206's Content-Range; None when it has none that parses."""
+    m = _CONTENT_RANGE.match(response.headers.get("content-range", ""))
+    if not m:
+        return None
+    return int(m[1]), None if m[3] == "*" else int(m[3])
+
+
+def _total_from(response: httpx.Response, offset: int, what: str) -> int | None:
+    """The whole file's size as this response states it (every statement must agree); None when it does not say."""
+    said: dict[str, int] = {}
+    if response.status_code == 206:
+        rng = _content_range(response)
+        if rng is not None and rng[1] is not None:
+            said["Content-Range"] = rng[1]
+    length = response.headers.get("content-length", "").strip()
+    if length.isdigit():
+        said["Content-Length"] = int(length) + (offset if response.status_code == 206 else 0)
+    linked = _linked_size(response)
+    if linked is not None:
+        said["X-Linked-Size"] = linked
+    if len(set(said.values())) > 1:
+        stated = ", ".join(f"{k} {v:,}" for k, v in said.items())
+        raise DownloadError(f"the server contradicts itself about the size of {what} ({stated}): the download "
+                            "cannot be checked, so it was not kept; try again later or another address")
+    return next(iter(said.values()), None)
 
 
 def _http_error(url: str, response: httpx.Response) -> DownloadError:
@@ -118,8 +174,9 @@ def download_url(
     meter = RateMeter()
     own_client = client is None
     client = client or httpx.Client(
-        follow_redirects=True, timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        follow_redirects=True, max_redirects=MAX_REDIRECTS, timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
     )
+    expected = _Expected()
     try:
         failures = 0
         while True:
@@ -127,8 +184,19 @@ def download_url(
             offset = part.stat().st_size if part.exists() else 0
             try:
                 attempt, digest = _fetch(client, url, part, offset, cancel, meter, progress, target.name,
-                                         free_space, reserve_bytes)
+                                         free_space, reserve_bytes, expected)
+                if not _confirmed_whole(client, url, part, attempt, expected, expected_sha256, target.name):
+                    raise _Dropped("the server has more bytes")  # resume from where the body ended
                 break
+            except httpx.TooManyRedirects:
+                raise DownloadError(f"{url} redirects in a loop (more than {MAX_REDIRECTS} redirects): the address "
+                                    "or the server is misconfigured") from None
+            except httpx.UnsupportedProtocol as e:
+                where = str(e.request.url) if _has_request(e) else "an address"
+                raise DownloadError(f"{url} redirected the download to {where[:200]}, which is not an http(s) "
+                                    "address: refused") from None
+            except httpx.InvalidURL as e:
+                raise DownloadError(f"{url} redirected the download to an invalid address ({e})") from None
             except (httpx.TransportError, _Dropped) as e:
                 received = (part.stat().st_size if part.exists() else 0) - offset
                 if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)) and offset == 0 and received <= 0:
@@ -144,12 +212,12 @@ def download_url(
                 log.warning("download of %s dropped (%s); resuming", url, type(e).__name__)
                 time.sleep(RETRY_PAUSE_S)
         size = part.stat().st_size
-        if attempt.total is not None and size != attempt.total:
+        if expected.total is None or size != expected.total:  # _confirmed_whole said so; never named unchecked
             raise DownloadInterrupted(
-                f"the download of {target.name} ended at {format_bytes(size)} of {format_bytes(attempt.total)}; "
-                "pull again to resume"
+                f"the download of {target.name} ended at {format_bytes(size)}"
+                f"{' of ' + format_bytes(expected.total) if expected.total else ''}; pull again to resume"
             )
-        want = (expected_sha256 or attempt.published_sha256).lower()
+        want = (expected_sha256 or expected.sha256).lower()
         got = digest.hexdigest()
         if want and got != want:
             part.unlink(missing_ok=True)
@@ -165,28 +233,111 @@ def download_url(
             client.close()
 
 
+def _has_request(e: httpx.HTTPError) -> bool:
+    try:
+        e.request  # noqa: B018 - httpx raises RuntimeError when the error has no request
+        return True
+    except RuntimeError:
+        return False
+
+
+class _TooLong(Exception):
+    """The body runs past the size the server stated."""
+
+
 class _Dropped(Exception):
     """The body ended before Content-Length said it would (a dropped connection on some servers)."""
 
 
+def _agree(expected: _Expected, attempt: _Attempt, part: Path, what: str) -> None:
+    """Remember what the first answer said about the whole file; a later answer that differs is a changed file
+    (or a lying server): the part is deleted, since bytes of two different files must never be joined."""
+    changed = []
+    if attempt.total is not None:
+        if expected.total is not None and attempt.total != expected.total:
+            changed.append(f"its size was {expected.total:,} bytes, now {attempt.total:,}")
+        expected.total = expected.total if expected.total is not None else attempt.total
+    if attempt.published_sha256:
+        if expected.sha256 and attempt.published_sha256 != expected.sha256:
+            changed.append("its published SHA-256 changed")
+        expected.sha256 = expected.sha256 or attempt.published_sha256
+    if changed:
+        part.unlink(missing_ok=True)
+        raise DownloadError(f"the server's answers about {what} disagree ({'; '.join(changed)}): the part received "
+                            "was deleted; pull again to start over")
+
+
+def _confirmed_whole(client: httpx.Client, url: str, part: Path, attempt: _Attempt, expected: _Expected,
+                     given_sha256: str | None, what: str) -> bool:
+    """True when `part` is the whole file as far as the server can tell; False when the server has more bytes
+    (the caller resumes); DownloadError when it cannot be made to agree."""
+    size = part.stat().st_size
+    if expected.total is not None and size != expected.total:
+        return False  # short: resume (a longer part was refused while writing)
+    if expected.total is not None and attempt.framed and (given_sha256 or expected.sha256):
+        return True  # the length was stated and the checksum will prove the bytes
+    # The length was not stated (a body ended by a closed connection), or nothing will prove the bytes: ask the
+    # server for what comes after them. 416 "*/size" confirms the size, 206 says there is more.
+    with client.stream("GET", url, headers={"Range": f"bytes={size}-", "Accept-Encoding": "identity"}) as probe:
+        if probe.status_code == 206:
+            rng = _content_range(probe)
+            if rng is not None and rng[1] is not None:
+                _agree(expected, _Attempt(rng[1], ""), part, what)
+            return False
+        if probe.status_code == 416:
+            rng = probe.headers.get("content-range", "").rpartition("/")[2].strip()
+            if rng.isdigit():
+                _agree(expected, _Attempt(int(rng), ""), part, what)
+                if int(rng) == size:
+                    return True
+                part.unlink(missing_ok=True)
+                raise DownloadError(f"{what} came out {size:,} bytes long where the server says {int(rng):,}: "
+                                    "the part was deleted; pull again")
+        elif probe.status_code == 200:
+            length = probe.headers.get("content-length", "").strip()
+            if length.isdigit():
+                _agree(expected, _Attempt(int(length), ""), part, what)
+                return int(length) == size
+    if expected.total is not None and (attempt.framed or given_sha256 or expected.sha256):
+        return True  # the server cannot say more than it did; the stated length matched (and a checksum follows)
+    raise DownloadInterrupted(
+        f"the download of {what} ended after {format_bytes(size)} without the server saying the file's size, and "
+        "it cannot confirm it: the part is kept, but the file cannot be known to be whole (pull again to retry, or "
+        "give its --sha256)"
+    )
+
+
 def _fetch(client: httpx.Client, url: str, part: Path, offset: int, cancel: CancelToken, meter: RateMeter,
-           progress: ProgressFn | None, what: str, free_space: FreeSpaceFn, reserve: int) -> tuple[_Attempt, "hashlib._Hash"]:
+           progress: ProgressFn | None, what: str, free_space: FreeSpaceFn, reserve: int,
+           expected: _Expected) -> tuple[_Attempt, "hashlib._Hash"]:
     """One GET from `offset`: append to `part`; return what the response said and the SHA-256 so far."""
     headers = {"Range": f"bytes={offset}-", "Accept-Encoding": "identity"} if offset else {"Accept-Encoding": "identity"}
     with client.stream("GET", url, headers=headers) as response:
         if response.status_code == 416 and offset:
             _, _, total = response.headers.get("content-range", "").rpartition("/")
             if total.strip() == str(offset):  # the part is already whole (an earlier run stopped before renaming)
-                return _Attempt(offset, published_sha256(response.headers)), _hash_existing(part, offset)
+                attempt = _Attempt(offset, _published(response), framed=True)
+                _agree(expected, attempt, part, what)
+                return attempt, _hash_existing(part, offset)
             part.unlink(missing_ok=True)  # the file changed on the server: start over
             raise _Dropped("range not satisfiable")
         if response.status_code >= 400:
             raise _http_error(url, response)
+        if offset and response.status_code == 206:
+            rng = _content_range(response)
+            if rng is None or rng[0] != offset:  # bytes from elsewhere must never be appended to the part
+                log.info("%s answered a resume from byte %s with bytes from %s; starting again", url, offset,
+                         "an unstated place" if rng is None else rng[0])
+                part.unlink(missing_ok=True)
+                raise _Dropped("a resume answered from the wrong offset")
         if offset and response.status_code != 206:
             log.info("%s ignored the Range request; starting again from the first byte", url)
             offset = 0
-        total = _total_from(response, offset)
-        attempt = _Attempt(total, published_sha256(response.headers))
+        total = _total_from(response, offset, what)
+        framed = "content-length" in response.headers or "chunked" in response.headers.get("transfer-encoding", "").lower()
+        attempt = _Attempt(total, _published(response), framed)
+        _agree(expected, attempt, part, what)
+        total = expected.total
         if total is not None:
             check_space(part.parent, total - offset, free_space, reserve, what)
         h = _hash_existing(part, offset) if offset else hashlib.sha256()
@@ -199,6 +350,8 @@ def _fetch(client: httpx.Client, url: str, part: Path, offset: int, cancel: Canc
                 # and cancel is seen after each network read.
                 for chunk in response.iter_bytes():
                     cancel.check(what)
+                    if total is not None and done + len(chunk) > total:  # never grow the part past the file
+                        raise _TooLong(f"the server sent more than the {total:,} bytes it said {what} has")
                     f.write(chunk)
                     h.update(chunk)
                     done += len(chunk)
@@ -215,6 +368,9 @@ def _fetch(client: httpx.Client, url: str, part: Path, offset: int, cancel: Canc
             if is_disk_full(e):
                 raise disk_full_error(part.parent, f"the download of {what}") from e
             raise
+        except _TooLong as e:
+            part.unlink(missing_ok=True)
+            raise DownloadError(f"{e}: the part was deleted; pull again (if it happens again, the server is broken)") from None
         if total is not None and done < total:
             raise _Dropped(f"{done} of {total} bytes")
     return attempt, h

@@ -121,7 +121,22 @@ def _record_ref(cache: Path, repo: HubRepo) -> None:
         log.warning("cannot record %s's %s in the hub cache: %s", repo.repo_id, repo.revision, e)
 
 
+def _delete(path: Path) -> None:
+    blob = path.resolve()
+    path.unlink(missing_ok=True)
+    if blob != path:
+        blob.unlink(missing_ok=True)
+
+
 def _verify(path: Path, expected: HubFile) -> None:
+    """The file is whole: the size the hub's metadata gives, and its SHA-256 where the hub publishes one."""
+    size = path.stat().st_size
+    if expected.size and size != expected.size:
+        _delete(path)
+        raise DownloadError(
+            f"{expected.name} came out {size:,} bytes long, but the hub lists it at {expected.size:,}: it was "
+            "deleted; pull again"
+        )
     if not expected.sha256:
         return
     h = hashlib.sha256()
@@ -129,10 +144,7 @@ def _verify(path: Path, expected: HubFile) -> None:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     if h.hexdigest() != expected.sha256:
-        blob = path.resolve()
-        path.unlink(missing_ok=True)
-        if blob != path:
-            blob.unlink(missing_ok=True)
+        _delete(path)
         raise ChecksumMismatchError(
             f"{expected.name} is damaged: its SHA-256 is {h.hexdigest()[:16]}…, the hub publishes "
             f"{expected.sha256[:16]}…. It was deleted; pull again"

@@ -16,11 +16,12 @@ single GGUF file to open, so they are not listed.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.library.safe_read import Unreadable, is_regular_file, read_json
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +64,22 @@ def blob_path(root: Path, digest: str) -> Path:
 def read_manifest(path: Path, root: Path, name: str) -> OllamaModel | None:
     """The model in one manifest file; None when it holds no GGUF layer (a safetensors import, an adapter)."""
     try:
-        if path.stat().st_size > MAX_MANIFEST_BYTES:
-            return OllamaModel(name, path, f"{path} is too large to be an Ollama manifest")
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        layers = manifest["layers"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return OllamaModel(name, path, f"cannot read the Ollama manifest {path}: {e}")
-    for layer in layers if isinstance(layers, list) else []:
+        manifest = read_json(path, MAX_MANIFEST_BYTES, "Ollama manifest")
+    except Unreadable as e:
+        return OllamaModel(name, path, f"the Ollama manifest {path} {e}")
+    layers = manifest.get("layers") if isinstance(manifest, dict) else None
+    if not isinstance(layers, list):
+        return OllamaModel(name, path, f"the Ollama manifest {path} has no list of layers")
+    for layer in layers:
         if isinstance(layer, dict) and layer.get("mediaType") == MODEL_LAYER and isinstance(layer.get("digest"), str):
-            blob = blob_path(root, layer["digest"])
-            if not blob.is_file():
+            digest = layer["digest"]
+            if "/" in digest or "\\" in digest or "\0" in digest or len(digest) > 200:  # must name a file in blobs/
+                return OllamaModel(name, path, f"the Ollama manifest {path} names a blob that is not a digest")
+            blob = blob_path(root, digest)
+            if not blob.exists():
                 return OllamaModel(name, blob, f"Ollama's manifest for {name} names {blob.name}, which is missing")
+            if not is_regular_file(blob):
+                return OllamaModel(name, blob, f"Ollama's blob {blob.name} for {name} is not a regular file")
             return OllamaModel(name, blob)
     log.debug("%s has no GGUF layer; not listed", path)
     return None
@@ -87,10 +93,10 @@ def ollama_models(root: Path) -> list[OllamaModel]:
             for model in _children(Path(namespace.path)):
                 for tag in _children(Path(model.path)):
                     try:
-                        if not tag.is_file():
+                        if tag.is_dir():
                             continue
                     except OSError:
-                        continue
+                        pass  # read_manifest says what is wrong with it
                     name = display_name(host.name, namespace.name, model.name, tag.name)
                     entry = read_manifest(Path(tag.path), root, name)
                     if entry is not None:

@@ -12,6 +12,13 @@ Forms understood:
   (`engine.sources.default_model.models_dir`), which the library lists.
 
 Hub downloads go into the Hugging Face cache through huggingface_hub.
+
+A .gguf address lands under the name its address ends with. When a file of
+that name is already in the folder (another model that happens to share a
+file name), `if_exists` decides: "refuse" (the default: say so and name the
+choices), "keep-both" (the new one gets the first free "name (2).gguf"), or
+"replace". `url_target` tells a window which file that would be, so it can
+ask first.
 """
 
 from __future__ import annotations
@@ -19,11 +26,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 from urllib.parse import unquote, urlsplit
 
 from engine.errors import UsageError
 from engine.library.disk import RESERVE_BYTES, FreeSpaceFn, free_bytes
+from engine.library.entry import printable
 from engine.library.errors import DownloadError
 from engine.library.gguf_facts import split_part
 from engine.library.http_download import download_url
@@ -34,6 +42,10 @@ _REPO = r"[A-Za-z0-9][\w.-]*/[\w.-]+"
 HUB_FORM = re.compile(rf"^(?P<repo>{_REPO})(?::(?P<tag>[\w.-]+)|/(?P<file>.+\.gguf))?$", re.IGNORECASE)
 HUB_HOSTS = {"huggingface.co", "hf.co", "www.huggingface.co"}
 HUB_PATH = re.compile(rf"^/(?P<repo>{_REPO})/(?:resolve|blob)/(?P<rev>[^/]+)/(?P<file>.+)$")
+IfExists = Literal["refuse", "keep-both", "replace"]
+IF_EXISTS_CHOICES: tuple[str, ...] = get_args(IfExists)
+MAX_NAME_BYTES = 255  # a file name's limit on common file systems
+_UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f/\\]")
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,53 @@ def parse_pull(text: str) -> PullRequest:
         raise UsageError(f"{text!r} is not something to download: give a hub id (org/name, org/name:Q4_K_M, "
                          "org/name/file.gguf) or an http(s) address of a .gguf file")
     return PullRequest("hub", m["repo"], m["file"] or "", tag=m["tag"] or "")
+
+
+def url_file_name(url: str) -> str:
+    """The file name a .gguf address lands under; UsageError when it is not a usable name."""
+    name = Path(unquote(urlsplit(url).path)).name
+    if (not name or name.startswith(".") or _UNSAFE_NAME.search(name) or len(name.encode("utf-8", "replace")) > MAX_NAME_BYTES
+            or not name.lower().endswith(".gguf")):
+        raise UsageError(f"{printable(url)!r} does not end in a usable .gguf file name (control characters, "
+                         "slashes, a leading dot or a name over 255 bytes are refused)")
+    return name
+
+
+def _numbered(path: Path, n: int) -> Path:
+    """"name (n).gguf"; a split model's part keeps its -0000k-of-0000N suffix last, as llama.cpp looks for it."""
+    stem, part, total = split_part(path)
+    suffix = f"-{part:05d}-of-{total:05d}{path.suffix}" if total > 1 else path.suffix
+    return path.with_name(f"{stem} ({n}){suffix}")
+
+
+def url_target(text: str, models_folder: Path | None = None) -> Path | None:
+    """Where `pull(text)` would write a .gguf address (None for a hub download, which the hub cache keys by
+    repository and commit, so names never collide)."""
+    req = parse_pull(text)
+    if req.kind != "url":
+        return None
+    from engine.sources.default_model import models_dir
+
+    return (models_folder or models_dir()) / url_file_name(req.url)
+
+
+def _choose_target(target: Path, if_exists: IfExists) -> Path:
+    """The path to download to, given what is already there."""
+    if if_exists not in IF_EXISTS_CHOICES:
+        raise UsageError(f"if_exists must be one of {', '.join(IF_EXISTS_CHOICES)}, not {if_exists!r}")
+    if not target.exists() or if_exists == "replace":
+        return target
+    if if_exists == "keep-both":
+        for n in range(2, 1000):
+            candidate = _numbered(target, n)
+            if not candidate.exists():  # its .part, if there is one, is an earlier try of the same: resumed
+                return candidate
+        raise DownloadError(f"too many files named like {printable(target.name)} in {printable(str(target.parent))}")
+    raise DownloadError(
+        f"{printable(str(target))} already exists (another download with the same file name?); nothing was "
+        "downloaded. Keep both (the new file gets a number) or replace it: --if-exists keep-both or "
+        "--if-exists replace"
+    )
 
 
 def _models(files: list[HubFile]) -> dict[str, list[HubFile]]:
@@ -114,16 +173,18 @@ def pull(
     expected_sha256: str | None = None,
     free_space: FreeSpaceFn = free_bytes,
     reserve_bytes: int = RESERVE_BYTES,
+    if_exists: IfExists = "refuse",
 ) -> PullResult:
-    """Download what `text` names (see the module docstring); return what to open. Blocking: call it off the UI thread."""
+    """Download what `text` names (see the module docstring); return what to open. Blocking: call it off the UI thread.
+
+    `if_exists` ("refuse", "keep-both", "replace") decides what happens when a .gguf address's file name is
+    already taken in the models folder.
+    """
     req = parse_pull(text)
     cancel = cancel or CancelToken()
     common = dict(progress=progress, cancel=cancel, free_space=free_space, reserve_bytes=reserve_bytes)
     if req.kind == "url":
-        from engine.sources.default_model import models_dir
-
-        name = Path(unquote(urlsplit(req.url).path)).name
-        target = (models_folder or models_dir()) / name
+        target = _choose_target(url_target(text, models_folder), if_exists)
         path = download_url(req.url, target, expected_sha256=expected_sha256, **common)
         return PullResult(str(path), path)
     repo = repo_files(req.repo_id, req.revision)

@@ -55,21 +55,17 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def check_gguf_header(path: Path) -> None:
-    """Fail fast with a clear message on a file that is not GGUF at all."""
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise ModelLoadError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
-
-
 def converted_dir_for(path: Path) -> Path:
     return cache_root() / "converted" / f"{path.stem}-{file_sha256(path)[:16]}"
 
 
 def ensure_converted(path: Path, progress=None) -> Path:
     """Return the converted folder for GGUF `path`, converting it first if needed."""
-    check_gguf_header(path)
+    # The whole header is checked (a regular file; lying counts refused at once) before the file is hashed, so
+    # a broken or hostile file is refused in words instead of being read end to end first.
+    from engine.backends.llamacpp.gguf_header import read_header
+
+    read_header(path)
     target = converted_dir_for(path)
     if (target / COMPLETE_MARKER).is_file():
         return target

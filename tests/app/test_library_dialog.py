@@ -51,11 +51,13 @@ def test_the_library_lists_the_home_recent_models_first_and_search_filters(qtbot
     remember_model(window.store, "org/some-model", "torch")
     dialog = _open_library(qtbot, window)
     assert _names(dialog)[:2] == ["org/some-model", "http://127.0.0.1:9/v1#served"]  # recent first, newest first
-    assert {"Tiny-Q8_0", "tiny:latest", "cut"} <= set(_names(dialog))
-    row = dialog.rows[_names(dialog).index("Tiny-Q8_0")]
+    assert {"pub/Tiny-GGUF", "tiny:latest", "cut"} <= set(_names(dialog))  # LM Studio's publisher/repo
+    row = dialog.rows[_names(dialog).index("pub/Tiny-GGUF")]
     assert (row.source, row.architecture, row.quantization, row.context) == ("LM Studio", "llama", "F32", "512")
     assert row.backend and "fits" in row.memory
-    assert "3 models in" in dialog.summary.text()
+    # Counted as listed: 5 rows, 3 of them found on disk, 2 only in the recent list (issue 37: "1 model in 1
+    # place" was said while 2 rows showed).
+    assert dialog.summary.text().startswith("5 models (3 found in ") and ", 2 opened recently)" in dialog.summary.text()
 
     dialog.select(dialog.rows[_names(dialog).index("cut")].spec)
     assert not dialog.open_button.isEnabled()  # a file that cannot be read is listed, with why, but not opened
@@ -63,6 +65,7 @@ def test_the_library_lists_the_home_recent_models_first_and_search_filters(qtbot
 
     qtbot.keyClicks(dialog.search, "ollama")
     assert _names(dialog) == ["tiny:latest"]
+    assert dialog.summary.text().startswith("1 of 5 models")
     dialog.search.clear()
     assert len(_names(dialog)) == 5
 
@@ -115,6 +118,38 @@ def test_a_failed_download_is_one_sentence_in_the_dialog(qtbot, window, home):
         task = dialog.start_download()
         qtbot.waitUntil(task.done, timeout=15000)
     assert "HTTP 404" in dialog.progress_text.text() and dialog.download_button.isEnabled()
+
+
+def test_a_recent_model_opened_from_elsewhere_has_its_facts(qtbot, window, home, tmp_path):
+    elsewhere = put_gguf(tmp_path / "elsewhere" / "mine.gguf", n_ctx=384)
+    remember_model(window.store, str(elsewhere), "llamacpp")
+    dialog = _open_library(qtbot, window)
+    row = dialog.rows[0]
+    assert row.spec == str(elsewhere) and row.recent and row.backend == "llamacpp"
+    assert (row.architecture, row.context, row.quantization) == ("llama", "384", "F32")  # not an empty row
+    assert dialog.summary.text().startswith("1 model (0 found in ") and "1 opened recently" in dialog.summary.text()
+
+
+def test_a_download_whose_file_name_is_taken_asks_first(qtbot, window, home, tmp_path, monkeypatch):
+    first = put_gguf(tmp_path / "a.gguf", seed=1).read_bytes()
+    second = put_gguf(tmp_path / "b.gguf", seed=2).read_bytes()
+    models = home / "logitlab-models"
+    models.mkdir()
+    (models / "tiny.gguf").write_bytes(first)
+    asked = []
+    with DownloadServer() as server:
+        server.files["/other/tiny.gguf"] = Served(second)
+        dialog = _open_library(qtbot, window)
+        dialog.source.setText(server.url("/other/tiny.gguf"))
+        monkeypatch.setattr(dialog, "ask_if_exists", lambda target: asked.append(target) or None)
+        assert dialog.start_download() is None  # cancelled at the question: nothing sent
+        assert asked == [models / "tiny.gguf"] and server.requests == []
+        monkeypatch.setattr(dialog, "ask_if_exists", lambda target: "keep-both")
+        task = dialog.start_download()
+        qtbot.waitUntil(lambda: task.done() and dialog.scanning.done(), timeout=15000)
+    assert (models / "tiny.gguf").read_bytes() == first
+    assert (models / "tiny (2).gguf").read_bytes() == second
+    assert dialog.selected_row().spec == str(models / "tiny (2).gguf")
 
 
 def qtbot_left():

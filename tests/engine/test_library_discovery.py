@@ -71,14 +71,16 @@ def test_every_store_in_a_linux_home_is_found_with_facts_from_the_header(tmp_pat
     result = _scan(locations, tmp_path)
     names = _by_name(result)
     assert {(e.name, e.source) for e in result.entries} == {
-        ("Tiny-Q8", "lmstudio"), ("Old", "lmstudio"), ("gpt4all-tiny", "gpt4all"), ("model", "jan"),
+        # LM Studio names publisher/repo; Jan's models/<id>/model.gguf is named by its folder.
+        ("bartowski/Tiny-GGUF", "lmstudio"), ("old/repo", "lmstudio"), ("gpt4all-tiny", "gpt4all"),
+        ("tiny-jan", "jan"), ("new-jan", "jan"),
         ("tiny:latest", "ollama"), ("tiny-F32", "huggingface"), ("Org/tiny-llama", "huggingface"),
         ("org_repo_cached", "llamacpp"), ("downloaded", "logitlab"), ("my-model", "folder"),
     }
     assert sum(1 for e in result.entries if e.source == "jan") == 2  # old ~/jan and the new data folder
 
     reader = GGUFReader(str(tiny))
-    entry = names["Tiny-Q8"]
+    entry = names["bartowski/Tiny-GGUF"]
     assert entry.problem == ""
     assert entry.format == "gguf" and entry.backend == "llamacpp"
     assert entry.facts.architecture == "llama"

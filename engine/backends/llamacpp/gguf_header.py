@@ -13,6 +13,13 @@ Layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor
 count, u64 key/value count; the key/values; the tensor records (name, u32
 n_dims, u64 dims[n_dims], u32 ggml type, u64 offset); padding to
 `general.alignment` (32); the tensor data.
+
+Every count the header declares is checked against the file and against
+sane maxima before any loop runs over it: a sparse 64 GB file of zeros whose
+counts "fit" the file would otherwise be walked 13 bytes at a time (an empty
+key and a one-byte value per key/value: ~85 minutes). Keys must be distinct
+(llama.cpp refuses duplicates too), so such a walk ends at the second key.
+Only regular files are opened (a FIFO named .gguf would block the open).
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from __future__ import annotations
 import functools
 import math
 import mmap
+import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +45,19 @@ _STRING, _ARRAY = 8, 9
 _U32, _U64, _TYPE_OFFSET = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<IQ")
 _DIMS = [struct.Struct(f"<{n}Q") for n in range(9)]  # a tensor record's dimensions, by their count
 MAX_ARRAY_KEPT = 64  # arrays longer than this (vocabularies, merges) are skipped, only their length kept
+# Sane maxima, far above any real model (real headers: ~30-60 keys; a few hundred to ~14k tensors for the
+# largest unmerged mixtures of experts; vocabularies up to ~262k strings), low enough that a lying header
+# costs well under a second to refuse.
+MAX_KV = 65_536
+MAX_TENSORS = 262_144
+MAX_ARRAY_ITEMS_WALKED = 1 << 22  # strings or nested arrays stepped over one by one, over the whole header
+MAX_ARRAY_NESTING = 4
+MAX_KEY_BYTES = 1 << 16
+MAX_STRING_KEPT = 64 << 20  # a longer string value is stepped over and kept as "" (an embedded tokenizer.json is ~10 MB)
+MAX_ALIGNMENT = 1 << 20
+_MIN_KV_BYTES = 8 + 4 + 1  # key length (an empty key), value type, the smallest value
+_MIN_TENSOR_BYTES = 8 + 4 + 4 + 8  # name length (an empty name), n_dims 0, ggml type, offset
+_ITEM_MIN_BYTES = {_STRING: 8, _ARRAY: 12}
 
 
 _Truncated = Truncated  # the file ends inside the header
@@ -89,10 +111,15 @@ def file_type_name(file_type: Any) -> str:
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
+class _Corrupt(ValueError):
+    """The header declares something no real file has (caught in _parse and said as a corrupt header)."""
+
+
 class _Cursor:
     def __init__(self, buf: mmap.mmap | bytes):
         self.buf = buf
         self.pos = 0
+        self.items_left = MAX_ARRAY_ITEMS_WALKED  # items of string/nested arrays this header may still make us walk
 
     def take(self, fmt: str) -> Any:
         size = struct.calcsize(fmt)
@@ -102,13 +129,23 @@ class _Cursor:
         self.pos += size
         return value
 
-    def string(self) -> str:
+    def string(self, max_kept: int = MAX_STRING_KEPT) -> str:
         n = self.take("<Q")
         if self.pos + n > len(self.buf):
             raise _Truncated
+        if n > max_kept:  # never copy gigabytes a length field claims
+            self.pos += n
+            return ""
         raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         return raw.decode("utf-8", errors="replace")
+
+    def key(self) -> str:
+        n = self.take("<Q")
+        if n > MAX_KEY_BYTES:
+            raise _Corrupt(f"a key claims {n:,} bytes")
+        self.pos -= 8
+        return self.string()
 
     def skip_string(self) -> None:
         n = self.take("<Q")
@@ -121,15 +158,16 @@ class _Cursor:
         # gguf_strings steps over them all at once (exactly where the walk string by string ends).
         self.pos = skip_strings(self.buf, self.pos, count)
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, depth: int = 0) -> Any:
         if vtype in _SCALARS:
             return self.take(_SCALARS[vtype])
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
             item_type, count = self.take("<I"), self.take("<Q")
+            self._check_array(item_type, count, depth)
             if count <= MAX_ARRAY_KEPT:
-                return [self.value(item_type) for _ in range(count)]
+                return [self.value(item_type, depth + 1) for _ in range(count)]
             if item_type in _SCALARS:  # fixed-size items: jump over them
                 self.pos += count * struct.calcsize(_SCALARS[item_type])
                 if self.pos > len(self.buf):
@@ -138,9 +176,26 @@ class _Cursor:
                 self.skip_strings(count)
             else:
                 for _ in range(count):
-                    self.value(item_type)
+                    self.value(item_type, depth + 1)
             return count
         raise ValueError(f"unknown GGUF value type {vtype}")
+
+    def _check_array(self, item_type: int, count: int, depth: int) -> None:
+        """Before any loop over an array: its items must fit in what is left of the file, and the walk stay short."""
+        if item_type == _ARRAY and depth + 1 >= MAX_ARRAY_NESTING:
+            raise _Corrupt(f"arrays nested more than {MAX_ARRAY_NESTING} deep")
+        if item_type in _SCALARS:
+            if self.pos + count * struct.calcsize(_SCALARS[item_type]) > len(self.buf):
+                raise _Truncated
+            return
+        least = _ITEM_MIN_BYTES.get(item_type)
+        if least is None:
+            raise ValueError(f"unknown GGUF value type {item_type}")
+        if self.pos + count * least > len(self.buf):
+            raise _Truncated
+        self.items_left -= count
+        if self.items_left < 0:
+            raise _Corrupt(f"its arrays hold more than {MAX_ARRAY_ITEMS_WALKED:,} strings or arrays in all")
 
 
 KV_BYTES_PER_VALUE = 2  # the cache is float16 (llama.cpp's default type_k/type_v)
@@ -215,7 +270,10 @@ def read_header(path: Path) -> GGUFHeader:
     """Parse and check `path`'s header; raise ModelLoadError saying what is wrong."""
     path = Path(path)
     try:
-        size = path.stat().st_size
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the open, a device never end
+            raise ModelLoadError(f"{path} is not a regular file ({_kind_of(st.st_mode)}), so not a GGUF model")
+        size = st.st_size
         with path.open("rb") as f:
             if size < 24 or f.read(4) != MAGIC:
                 raise ModelLoadError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
@@ -223,6 +281,25 @@ def read_header(path: Path) -> GGUFHeader:
                 return _parse(buf, path, size)
     except OSError as e:
         raise ModelLoadError(f"cannot read {path}: {e}") from e
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def _check_counts(n_tensors: int, n_kv: int, size: int, path: Path) -> None:
+    """The declared counts against sane maxima and against the bytes the smallest records would need."""
+    if n_kv > MAX_KV or n_tensors > MAX_TENSORS:
+        raise _Corrupt(f"it declares {n_kv:,} keys and {n_tensors:,} tensors (at most {MAX_KV:,} and "
+                       f"{MAX_TENSORS:,} are plausible)")
+    least = 24 + n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_BYTES
+    if least > size:
+        raise ModelLoadError(f"{path} is truncated: its GGUF header declares {n_kv:,} keys and {n_tensors:,} tensors, "
+                             f"at least {least:,} bytes, but the file has {size:,} (an interrupted download?)")
 
 
 def _parse(buf: mmap.mmap, path: Path, size: int) -> GGUFHeader:
@@ -233,11 +310,12 @@ def _parse(buf: mmap.mmap, path: Path, size: int) -> GGUFHeader:
         if version not in (2, 3):
             raise ModelLoadError(f"{path} is GGUF version {version}; llama.cpp reads versions 2 and 3")
         n_tensors, n_kv = cur.take("<Q"), cur.take("<Q")
-        if n_tensors > size or n_kv > size:  # counts that cannot fit: garbage, not a header
-            raise ModelLoadError(f"{path} has a corrupt GGUF header (tensor or key counts out of range)")
+        _check_counts(n_tensors, n_kv, size, path)  # before any loop: counts that cannot be are garbage, not a header
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
-            key = cur.string()
+            key = cur.key()
+            if key in metadata:
+                raise _Corrupt(f"the key {key[:80]!r} appears twice")
             metadata[key] = cur.value(cur.take("<I"))
         elements, furthest, unknown, cur.pos = _tensor_records(buf, cur.pos, n_tensors, path)
     except _Truncated:
@@ -247,6 +325,9 @@ def _parse(buf: mmap.mmap, path: Path, size: int) -> GGUFHeader:
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0:
         alignment = DEFAULT_ALIGNMENT
+    if alignment > MAX_ALIGNMENT or alignment & (alignment - 1):
+        raise ModelLoadError(f"{path} has a corrupt GGUF header: general.alignment {alignment} is not a power of "
+                             f"two up to {MAX_ALIGNMENT:,}")
     data_offset = -(-cur.pos // alignment) * alignment
     data_end = data_offset + furthest if furthest >= 0 else 0
     if data_end > size:

@@ -26,7 +26,7 @@ from engine.backends.remote.errors import UnsupportedByServerError
 from engine.backends.remote.options import ConnectionOptions, clean_spec, options_for
 from engine.backends.remote.probe import ServerCapabilities, probe
 from engine.backends.remote.step import next_token_top
-from engine.backends.remote.tokenizer import RemoteTokenizer
+from engine.backends.remote.tokenizer import MissingTokenizer, RemoteTokenizer
 from engine.model_info import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class RemoteBackend(CachedTokens):
     def __init__(self, client: ServerClient, caps: ServerCapabilities, tokenizer: RemoteTokenizer | None, spec: str):
         self.client = client
         self.caps = caps
-        self.tokenizer = tokenizer  # None: the server has no tokenize endpoint (server sampling on text only)
+        self.server_tokenizer = tokenizer  # None: the server has no tokenize endpoint (server sampling on text only)
         self.top_n = min(caps.max_top_logprobs, MAX_TOP_N)
         self._tokens: list[int] = []
         self.retokenized = 0  # times a text-only server read our tokens differently (see `_prompt`)
@@ -79,6 +79,14 @@ class RemoteBackend(CachedTokens):
         log.info("connected to %s: %s (%s)", options.host, caps.model, ", ".join(caps.labels()))
         return cls(client, caps, tokenizer, clean_spec(spec))  # credentials in the URL are never shown or stored
 
+    @property
+    def tokenizer(self) -> RemoteTokenizer | MissingTokenizer:
+        """The server's tokenizer; on a server without a tokenize endpoint, one whose every use says so in words
+        (code here asks `server_tokenizer`, which is None there)."""
+        if self.server_tokenizer is None:
+            return MissingTokenizer(self.client.options.host)
+        return self.server_tokenizer
+
     # --- the Backend protocol ------------------------------------------------------
 
     def _cut_cache(self, keep: int) -> bool:
@@ -94,7 +102,7 @@ class RemoteBackend(CachedTokens):
         """
         self.require_we_sample()
         self._tokens.extend(int(t) for t in token_ids)
-        top = next_token_top(self.client, self.caps.model, self._prompt(), self.top_n, self.tokenizer, self.caps.kind)
+        top = next_token_top(self.client, self.caps.model, self._prompt(), self.top_n, self.server_tokenizer, self.caps.kind)
         high = max([i for i, _, _ in top] + self._tokens[-1:], default=0)
         if high >= self._vocab:
             self._vocab = (high // VOCAB_ROUND + 1) * VOCAB_ROUND
@@ -154,9 +162,9 @@ class RemoteBackend(CachedTokens):
     def _prompt(self) -> str | list[int]:
         if self.caps.token_prompts:
             return list(self._tokens)
-        assert self.tokenizer is not None
-        text = self.tokenizer.text_for(self._tokens)
-        again = self.tokenizer.encode(text)  # the round-trip check (cached: the next step's prefix)
+        assert self.server_tokenizer is not None
+        text = self.server_tokenizer.text_for(self._tokens)
+        again = self.server_tokenizer.encode(text)  # the round-trip check (cached: the next step's prefix)
         if again != self._tokens:
             # The server will read this text as other tokens (e.g. "\n" + "\n" becomes "\n\n"). It cannot be
             # told otherwise, so continue from its reading of the same text; the answer's text is unchanged.

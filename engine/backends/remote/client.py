@@ -17,6 +17,11 @@ thread), the event, so a cancel (Ctrl-C, Stop) returns within
 trickles in byte by byte ends after the timeout (httpx's read timeout
 restarts on every byte and would never fire). A stream is read on a helper
 thread too: the timeout then runs from one complete event to the next.
+
+Sizes: a server's answer is read up to `MAX_RESPONSE_BYTES` and a streamed
+event up to `MAX_EVENT_BYTES`, then refused in words (an endless /v1/models
+body would otherwise be buffered until memory runs out). An address httpx
+cannot use (`InvalidURL`) is said in words too, never with its credentials.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import contextvars
 import json
 import logging
 import queue
+import re
 import socket
 import threading
 import time
@@ -50,6 +56,9 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 BACKOFF_S = 0.25  # first wait; doubles each retry
 MAX_BACKOFF_S = 4.0
 CANCEL_POLL_S = 0.05  # how often a waiting request looks at its cancel event
+MAX_RESPONSE_BYTES = 64 * 2**20  # a whole answer (a model list, a completion with every prompt position's top N)
+MAX_EVENT_BYTES = 16 * 2**20  # one streamed line (one token's event, with its alternatives)
+_NEWLINES = re.compile(r"\r\n|\r|\n")
 
 T = TypeVar("T")
 _CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("logitlab_remote_cancel", default=None)
@@ -100,9 +109,11 @@ class ServerClient:
             t0 = time.perf_counter()
             try:
                 response = _watching(cancel, self.options.timeout_s, self.options.host,
-                                     lambda: self._http.request(method, url, json=body))
+                                     lambda: self._bounded(method, url, body))
             except httpx.HTTPError as e:
                 raise self._transport_error(e) from None
+            except httpx.InvalidURL as e:
+                raise self._invalid_url(e) from None
             if response.status_code in RETRY_STATUSES and attempt + 1 < attempts:
                 wait = _retry_after(response) or min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S)
                 log.info("%s %s answered %d; retrying in %.2f s", method, _path(url), response.status_code, wait)
@@ -121,6 +132,32 @@ class ServerClient:
                     "is this an OpenAI-compatible server (the URL usually ends in /v1)?"
                 ) from None
         raise AssertionError("unreachable")
+
+    def _bounded(self, method: str, url: str, body: dict | None) -> httpx.Response:
+        """The response with its body read up to MAX_RESPONSE_BYTES (ServerResponseError past that)."""
+        with self._http.stream(method, url, json=body) as response:
+            declared = response.headers.get("content-length", "").strip()
+            if declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
+                raise self._too_large(url, int(declared))
+            pieces, size = [], 0
+            for piece in response.iter_bytes():
+                size += len(piece)
+                if size > MAX_RESPONSE_BYTES:
+                    raise self._too_large(url, size)
+                pieces.append(piece)
+        # The body as read (already decoded): the headers that described the encoded one are left out.
+        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+        return httpx.Response(response.status_code, headers=headers, content=b"".join(pieces), request=response.request)
+
+    def _too_large(self, url: str, size: int) -> ServerResponseError:
+        return ServerResponseError(
+            f"{self.options.host} answered {_path(url)} with more than {MAX_RESPONSE_BYTES // 2**20} MiB "
+            f"({size:,} bytes so far): no answer of the OpenAI API is that large, so it was refused"
+        )
+
+    def _invalid_url(self, e: Exception) -> ServerResponseError:
+        # httpx's message may quote the address; the base URL holds no credentials, but say only the host.
+        return ServerResponseError(f"the server address {self.options.host!r} cannot be used: {type(e).__name__}")
 
     # --- streaming ------------------------------------------------------------
 
@@ -145,7 +182,7 @@ class ServerClient:
                     if response.status_code >= 400:
                         response.read()
                         return
-                    for line in response.iter_lines():
+                    for line in _bounded_lines(response, MAX_EVENT_BYTES):
                         if stop.is_set():
                             return
                         lines.put(line)
@@ -174,6 +211,11 @@ class ServerClient:
                     break
                 if isinstance(item, httpx.HTTPError):
                     raise self._transport_error(item, streaming=True) from None
+                if isinstance(item, httpx.InvalidURL):
+                    raise self._invalid_url(item) from None
+                if isinstance(item, _LineTooLong):
+                    raise ServerResponseError(f"{host} streamed an event longer than {MAX_EVENT_BYTES // 2**20} MiB "
+                                              "without ending it: the answer was refused there") from None
                 if isinstance(item, BaseException):
                     raise item
                 if not item.startswith("data:"):
@@ -261,6 +303,32 @@ class ServerClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+class _LineTooLong(Exception):
+    """A streamed line ran past MAX_EVENT_BYTES without a line break."""
+
+
+def _bounded_lines(response: httpx.Response, limit: int) -> Iterator[str]:
+    """The body's lines (any of \\r\\n, \\n, \\r ends one), each at most `limit` characters: _LineTooLong past that.
+
+    A line's pieces are kept in a list until its end arrives, so a line sent a byte at a time costs linear time.
+    """
+    parts: list[str] = []
+    size = 0
+    for text in response.iter_text():
+        pieces = _NEWLINES.split(text)
+        if len(pieces) > 1:
+            parts.append(pieces[0])
+            yield "".join(parts)
+            yield from pieces[1:-1]
+            parts, size = [], 0
+        parts.append(pieces[-1])
+        size += len(pieces[-1])
+        if size > limit:
+            raise _LineTooLong
+    if size:
+        yield "".join(parts)
 
 
 def _watching(cancel: threading.Event | None, timeout: float, host: str, call: Callable[[], T]) -> T:

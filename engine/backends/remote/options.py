@@ -64,9 +64,34 @@ class ConnectionOptions:
         return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
+def _cut_credentials(text: str) -> None:
+    """ValueError when the URL's credentials hold an unencoded '/', '#' or '?': those end the host part, so the
+    rest of the password would be read as the path or the model name (and end up in a message). Said with the
+    credentials hidden."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return
+    end = min((i for i in (rest.find(c) for c in "/#?") if i >= 0), default=len(rest))
+    if "@" in rest[:end] or "@" not in rest[end:]:
+        return  # credentials (if any) are whole, or the '@' belongs to a model name after the host
+    authority = rest[:end]
+    user, colon, after = authority.partition(":")
+    if not colon or (after.isdigit() and "@" not in rest[end:].partition("#")[0]):
+        return  # host:port, then an '@' in the model name ("http://host:8000/v1#org/model@v2")
+    host = rest[rest.rfind("@") + 1 :]
+    raise ValueError(
+        f"the server URL's password (or user name) holds a '/', '#' or '?', which end the host part of an address: "
+        f"write them percent-encoded (/ as %2F, # as %23, ? as %3F), as in {scheme}://user:<password, encoded>@{host}"
+        " (the credentials are not shown here)"
+    )
+
+
 def split_credentials(spec: str) -> tuple[str, str | None]:
-    """(`spec` without credentials, "user:password" as written in its URL or None). Never echoes them."""
+    """(`spec` without credentials, "user:password" as written in its URL or None). Never echoes them.
+
+    ValueError (without the credentials) when they hold an unencoded '/', '#' or '?'."""
     text = spec.strip()
+    _cut_credentials(text)
     url, sep, model = text.partition("#")
     parts = urlsplit(url)
     if "@" not in parts.netloc:

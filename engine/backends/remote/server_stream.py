@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from engine.backends.remote.errors import RequestCancelledError, ServerError, UnsupportedByServerError
+from engine.backends.remote.errors import RequestCancelledError, ServerError, ServerResponseError, UnsupportedByServerError
 from engine.backends.remote.server_constraint import constraint_fields
 from engine.backends.remote.server_params import server_parameters
 from engine.backends.remote.step import chosen_tokens, id_from_text, parse_alternatives, position_entries, text_of
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 SERVER_STAGE_NOTE = "sampled by the server: only its top-N log-probs are visible, not what each of its stages did"
 CHAT_TOP_LOGPROBS_MAX = 20  # the OpenAI chat API's ceiling, which servers copy
+EXTRA_TOKENS = 16  # tokens a choice may stream past max_tokens (a stop string's or template's tail) before it is cut
 
 
 def check_server_sampling(backend, request: GenerationRequest) -> dict:
@@ -50,7 +51,7 @@ def check_server_sampling(backend, request: GenerationRequest) -> dict:
         )
     if request.ignore_eos and backend.caps.kind not in ("vllm", "sglang"):
         raise UnsupportedByServerError(f"a {backend.caps.kind} server cannot be told to ignore end-of-sequence")
-    if (request.prompt_ids is not None or request.assistant_prefix) and backend.tokenizer is None and not backend.caps.token_prompts:
+    if (request.prompt_ids is not None or request.assistant_prefix) and backend.server_tokenizer is None and not backend.caps.token_prompts:
         raise UnsupportedByServerError(
             f"{backend.client.options.host} has no tokenize endpoint and takes no token-id prompts, so it can only "
             "answer from text: start from a message or a text prompt instead of token ids or a partial answer"
@@ -80,19 +81,22 @@ def server_choice_events(
     Raises:
         ServerError: the request failed before any token arrived (e.g. the server refused `n`).
     """
-    tok, host = backend.tokenizer, backend.client.options.host
+    tok, host = backend.server_tokenizer, backend.client.options.host
     t0 = time.perf_counter()
     path, body, prompt_len, seed = _request(backend, request)
     if n > 1:
         body["n"] = n
-    choices = [_Choice() for _ in range(n)]
+    choices = [_Choice(_asked(body), request.max_new_tokens + EXTRA_TOKENS) for _ in range(n)]
     ended: str | None = None  # "cancelled" or "error": the run ended for every choice at once
     error: str | None = None
     stream = backend.client.stream_events(path, body, cancel=cancel)
     try:
         for chunk in stream:
-            usage = chunk.get("usage") or {}
-            prompt_len = usage.get("prompt_tokens", prompt_len) or prompt_len
+            if not isinstance(chunk, dict):
+                raise ServerResponseError(f"{host} streamed an event that is not a JSON object: {repr(chunk)[:60]}")
+            usage = chunk.get("usage") if isinstance(chunk.get("usage"), dict) else {}
+            given = usage.get("prompt_tokens")
+            prompt_len = given if isinstance(given, int) and not isinstance(given, bool) and given > 0 else prompt_len
             listed = chunk.get("choices")
             real = isinstance(listed, list) and bool(listed)
             for choice in listed if real else [{}]:  # a usage chunk has no choices
@@ -119,6 +123,15 @@ def server_choice_events(
     for i, c in enumerate(choices):
         if ended is not None or i == 0 or c.answered:
             yield i, c.done(t0, now, prompt_len, seed, ended, error, host)
+
+
+def _asked(body: dict) -> int:
+    """How many alternatives per token the request asks for (0: none), whichever API's field says it."""
+    for key in ("top_logprobs", "logprobs"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return 0
 
 
 def _request(backend, request: GenerationRequest) -> tuple[str, dict, int, int | None]:
@@ -153,7 +166,9 @@ def _request(backend, request: GenerationRequest) -> tuple[str, dict, int, int |
 class _Choice:
     """One choice of a streamed completion: its tokens so far, how it ended, and what the server said."""
 
-    def __init__(self) -> None:
+    def __init__(self, asked: int = 0, max_tokens: int = 0) -> None:
+        self.asked = asked  # alternatives per token asked for: more is refused (checks.alternatives_count)
+        self.max_tokens = max_tokens  # 0: no limit
         self.texts: list[str] = []
         self.token_texts: list[str] = []
         self.ids: list[int] = []
@@ -171,8 +186,14 @@ class _Choice:
             return
         piece = choice.get("text")
         if piece is None:
-            piece = (choice.get("delta") or {}).get("content") or ""
-        tokens = _tokens_of(choice.get("logprobs"), tok)
+            delta = choice.get("delta")
+            piece = (delta.get("content") if isinstance(delta, dict) else None) or ""
+        if not isinstance(piece, str):
+            raise ServerResponseError(f"the server streamed a text that is not a string: {repr(piece)[:60]}")
+        tokens = _tokens_of(choice.get("logprobs"), tok, self.asked)
+        if self.max_tokens and (tokens or piece) and len(self.ids) + max(len(tokens), 1) > self.max_tokens:
+            raise ServerResponseError(f"the server streamed more than the {self.max_tokens - EXTRA_TOKENS:,} tokens "
+                                      "asked for: the answer was cut there")
         if not tokens and piece:
             tokens = [(_id(None, piece, tok), piece, math.nan, [])]  # a server that sent no log-probs
         for k, (tid, token_text, lp, alts) in enumerate(tokens):
@@ -204,7 +225,7 @@ class _Choice:
 
 
 def _completion_prompt(backend, request: GenerationRequest) -> tuple[str | list[int], int]:
-    tok = backend.tokenizer
+    tok = backend.server_tokenizer
     if request.prompt is not None and not request.assistant_prefix:
         return request.prompt, 0
     if tok is None and request.messages is not None:
@@ -226,16 +247,17 @@ def _id(given, text: str, tok, cached_only: bool = True) -> int:
     return id_from_text(text, tok, cached_only)
 
 
-def _tokens_of(logprobs, tok) -> list[tuple[int, str, float, list[tuple[int, str, float]]]]:
+def _tokens_of(logprobs, tok, asked: int | None = None) -> list[tuple[int, str, float, list[tuple[int, str, float]]]]:
     """(id, text, logprob, alternatives) per streamed token. Ids of texts come from the tokenizer's memory
-    only (-1 when unseen): asking the server now would end the stream on llama-cpp-python."""
+    only (-1 when unseen): asking the server now would end the stream on llama-cpp-python. Ids, log-probs and
+    the alternatives' count are checked (checks.py): a ServerResponseError otherwise."""
     if not logprobs:
         return []
     chosen = chosen_tokens(logprobs)
     entries = position_entries(logprobs)
     out = []
     for i, (given, text, lp) in enumerate(chosen):
-        alts = parse_alternatives(entries[i], tok, cached_only=True) if i < len(entries) and entries[i] else []
+        alts = parse_alternatives(entries[i], tok, cached_only=True, asked=asked) if i < len(entries) and entries[i] else []
         out.append((_id(given, text, tok), text_of(text, tok), lp, alts))
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from engine.backends.remote import checks
 from engine.backends.remote.client import ServerClient
 from engine.backends.remote.errors import ServerError, ServerResponseError
 from engine.backends.remote.tokenizer import RemoteTokenizer
@@ -19,24 +20,32 @@ log = logging.getLogger(__name__)
 
 
 def parse_alternatives(
-    entry, tokenizer: RemoteTokenizer | None, cached_only: bool = False
+    entry, tokenizer: RemoteTokenizer | None, cached_only: bool = False, asked: int | None = None
 ) -> list[tuple[int, str, float]]:
-    """One position's alternatives as (id, text, logprob); id -1 when the text is not a single token."""
+    """One position's alternatives as (id, text, logprob); id -1 when the text is not a single token.
+
+    Ids, log-probs and (when `asked` is given) the count are checked before use (engine/backends/remote/checks.py):
+    a ServerResponseError quoting the impossible value otherwise.
+    """
     out: list[tuple[int, str, float]] = []
     if isinstance(entry, dict) and "top_logprobs" in entry and isinstance(entry["top_logprobs"], list):
         entry = entry["top_logprobs"]  # chat/llama.cpp style: a content item
+    if isinstance(entry, (list, dict)):
+        checks.alternatives_count(len(entry), asked)
     if isinstance(entry, list):
         for alt in entry:
-            tid = alt.get("id")
+            if not isinstance(alt, dict):
+                raise ServerResponseError(f"the server gave an alternative that is not an object: {repr(alt)[:60]}")
             text = str(alt.get("token", ""))
-            if tid is None:
-                tid = id_from_text(text, tokenizer, cached_only)
-            out.append((int(tid), text_of(text, tokenizer), float(alt["logprob"])))
+            tid = alt.get("id")
+            tid = id_from_text(text, tokenizer, cached_only) if tid is None else checks.token_id(tid)
+            out.append((tid, text_of(text, tokenizer), checks.logprob(alt.get("logprob"), text)))
     elif isinstance(entry, dict):
+        lps = {str(text): checks.logprob(lp, str(text)) for text, lp in entry.items()}  # before any request
         if tokenizer is not None and not cached_only:
-            tokenizer.learn_ids([t for t in entry if not t.startswith("token_id:")])  # one request for the new ones
-        for text, lp in entry.items():
-            out.append((id_from_text(text, tokenizer, cached_only), text_of(text, tokenizer), float(lp)))
+            tokenizer.learn_ids([t for t in lps if not t.startswith("token_id:")])  # one request for the new ones
+        for text, lp in lps.items():
+            out.append((id_from_text(text, tokenizer, cached_only), text_of(text, tokenizer), lp))
     out.sort(key=lambda t: -t[2])
     return out
 
@@ -49,7 +58,7 @@ def text_of(text: str, tokenizer: RemoteTokenizer | None) -> str:
     if not text.startswith("token_id:") or tokenizer is None:
         return text
     try:
-        return tokenizer.token_text(int(text[len("token_id:") :]))
+        return tokenizer.token_text(checks.token_id(text[len("token_id:") :]))
     except (ValueError, ServerError) as e:
         log.debug("no text for %s: %s", text, e)
         return text
@@ -58,7 +67,7 @@ def text_of(text: str, tokenizer: RemoteTokenizer | None) -> str:
 def id_from_text(text: str, tokenizer: RemoteTokenizer | None, cached_only: bool = False) -> int:
     """A token's id from its reported text ("token_id:123" from vLLM); -1 when unknown."""
     if text.startswith("token_id:"):
-        return int(text[len("token_id:") :])
+        return checks.token_id(text[len("token_id:") :])
     if tokenizer is None:
         return -1
     tid = tokenizer.id_of(text, cached_only)
@@ -67,17 +76,33 @@ def id_from_text(text: str, tokenizer: RemoteTokenizer | None, cached_only: bool
 
 def position_entries(logprobs: dict) -> list:
     """Per generated position, the raw alternatives entry, in either format."""
-    if logprobs.get("content") is not None:
-        return list(logprobs["content"])
-    return list(logprobs.get("top_logprobs") or [])
+    if not isinstance(logprobs, dict):
+        raise ServerResponseError(f"the server gave log-probs that are not an object: {repr(logprobs)[:60]}")
+    listed = logprobs.get("content") if logprobs.get("content") is not None else logprobs.get("top_logprobs") or []
+    if not isinstance(listed, list):
+        raise ServerResponseError(f"the server gave per-token log-probs that are not a list: {repr(listed)[:60]}")
+    return listed
 
 
 def chosen_tokens(logprobs: dict) -> list[tuple[int | None, str, float]]:
-    """Per generated position: (id if given, token text, logprob)."""
+    """Per generated position: (id if given, token text, logprob; nan when the server gave none), checked."""
+    if not isinstance(logprobs, dict):
+        raise ServerResponseError(f"the server gave log-probs that are not an object: {repr(logprobs)[:60]}")
     if logprobs.get("content") is not None:
-        return [(c.get("id"), str(c.get("token", "")), float(c["logprob"])) for c in logprobs["content"]]
-    return [(None, str(t), float(lp) if lp is not None else float("nan"))
-            for t, lp in zip(logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [])]
+        out = []
+        for c in position_entries(logprobs):
+            if not isinstance(c, dict):
+                raise ServerResponseError(f"the server gave a token that is not an object: {repr(c)[:60]}")
+            token = str(c.get("token", ""))
+            tid = c.get("id")
+            lp = c.get("logprob")
+            out.append((None if tid is None else checks.token_id(tid), token,
+                        float("nan") if lp is None else checks.logprob(lp, token)))
+        return out
+    tokens, lps = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
+    if not isinstance(tokens, list) or not isinstance(lps, list):
+        raise ServerResponseError("the server gave tokens or token log-probs that are not lists")
+    return [(None, str(t), checks.logprob(lp, str(t)) if lp is not None else float("nan")) for t, lp in zip(tokens, lps)]
 
 
 def next_token_top(
@@ -102,7 +127,7 @@ def next_token_top(
         doc = client.post_json("/completions", body)
     try:
         entries = position_entries(doc["choices"][0]["logprobs"])
-        return [t for t in parse_alternatives(entries[0], tokenizer) if t[0] >= 0]
+        return [t for t in parse_alternatives(entries[0], tokenizer, asked=n) if t[0] >= 0]
     except (KeyError, IndexError, TypeError, AttributeError):
         raise ServerResponseError(f"{client.options.host} answered a completion without log-probs") from None
 

@@ -274,6 +274,31 @@ class RemoteTokenizer(Tokenizer):
         return self.encode(self.chat_text(messages, add_generation_prompt))
 
 
+class NoTokenizeEndpointError(UnsupportedByServerError, AttributeError):
+    """A use of the tokenizer of a server that has none. An AttributeError too, so `getattr(tok, name, default)`
+    (code asking whether a tokenizer has an optional feature) still gets its default."""
+
+
+class MissingTokenizer:
+    """What `RemoteBackend.tokenizer` is on a server without a tokenize endpoint: any use says so in words.
+
+    Generic code (scoring a text, comparing settings, the decode loop) asks the backend's tokenizer for ids; on
+    such a server there is none, and `None` would end in an AttributeError traceback instead of a sentence.
+    """
+
+    def __init__(self, host: str):
+        self._host = host
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy, pickle and friends probing for protocol methods
+            raise AttributeError(name)
+        raise NoTokenizeEndpointError(
+            f"{self._host} has no tokenize endpoint, so text cannot be turned into its token ids here: scoring, "
+            "compare and our own sampling need them. Use server sampling (logitlab-cli --server-sampling; in the "
+            "window, tick “The server samples”) or a server with a tokenize endpoint (llama.cpp, vLLM, SGLang)"
+        )
+
+
 def require_tokenizer(tokenizer: Tokenizer | None, what: str) -> Tokenizer:
     if tokenizer is None:
         raise UnsupportedByServerError(f"{what} needs the server's tokenizer, and this server has no tokenize endpoint")
