@@ -28,10 +28,12 @@ from app.experiments import model_reasoning_format
 from app.notebook import Prompt, prompt_for, prompt_ids
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
+from app.state.model_match import other_model_notice
 from app.state.model_record import model_record
 from app.state.observable import Signal
 from app.state.servers import server_samples
 from app.state.settings import SettingsState
+from app.state.store import is_busy
 from app.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ TOP_N = 20  # alternatives recorded per token (and per sampler stage)
 
 
 SAVE_RETRY_S = 10.0  # how often saving is tried again after a write failed
+BUSY_RETRY_S = 0.25  # ... and while another connection holds the database's write lock (it is let go soon)
 SAVE_ERRORS = (sqlite3.Error, OSError)  # what a failed write raises
 
 
@@ -76,7 +79,10 @@ class ChatController:
         self.save_error: str | None = None  # the last write failure, until a retry succeeds
         self._unsaved: dict[int, tuple[Conversation, Message]] = {}  # answers whose rows may lag behind memory
         self._retry: asyncio.TimerHandle | None = None
+        self._retry_due = 0.0  # loop time the retry above runs at (qasync's handles do not say)
         self._interrupted_by: str | None = None  # a signal asked the app to quit
+        self._save_busy = False  # the last failed write met another connection's write lock (not a real failure)
+        self.notice = Signal()  # (str) something the user should know about an answer that goes on anyway
         # What an answer runs on, given the loaded engine: the loom's step mode wraps it (app/loom_controller.py).
         self.engine_for_run: Callable[[Any], Any] = lambda engine: engine
 
@@ -106,7 +112,7 @@ class ChatController:
         text = text.strip()
         if not text:
             return None
-        self._check_idle()
+        await self._ready()
         conv = self.library.current or self.library.new()
         path = conv.path()
         user = conv.add_message(path[-1] if path else None, "user", text)
@@ -114,7 +120,7 @@ class ChatController:
 
     async def regenerate(self, message: Message | None = None) -> Message | None:
         """A new sibling of an assistant answer (default: the last one shown)."""
-        self._check_idle()
+        await self._ready()
         conv = self._conv()
         if message is None:
             path = conv.path()
@@ -131,7 +137,7 @@ class ChatController:
         text = text.strip()
         if not text or user_message.role != "user":
             return None
-        self._check_idle()
+        await self._ready()
         conv = self._conv()
         parent = None if user_message.parent_id is None else conv.messages[user_message.parent_id]
         edited = conv.add_message(parent, "user", text)
@@ -141,16 +147,17 @@ class ChatController:
         """Generate more of a cut-off answer, in place."""
         if not message.can_continue:
             raise ValueError("only an answer cut off by the length limit, Stop or a crash can be continued")
-        self._check_idle()
+        await self._ready()
         conv = self._conv()
         assert message.parent_id is not None
         prefix = list(conv.tokens(message))
+        self._tell_other_model(message)
         await self._run(conv, message, conv.messages[message.parent_id], prefix, ())
         return message
 
     async def branch(self, message: Message, index: int, token_id: int) -> Message:
         """Cut `message` before token `index`, force `token_id` there, and generate on (a new sibling)."""
-        self._check_idle()
+        await self._ready()
         conv = self._conv()
         tokens = conv.tokens(message)
         if not message.is_assistant or not 0 <= index < len(tokens):
@@ -158,6 +165,8 @@ class ChatController:
         assert message.parent_id is not None
         parent = conv.messages[message.parent_id]
         kept = list(tokens[:index])
+        if kept:
+            self._tell_other_model(message)
         sibling = conv.add_message(parent, "assistant", branch_index=index)
         conv.set_tokens(sibling, kept, "".join(t.text for t in kept))
         await self._run(conv, sibling, parent, kept, (token_id,))
@@ -165,7 +174,7 @@ class ChatController:
 
     async def answer_after(self, parent: Message) -> Message:
         """A new answer after `parent`, whatever its role: a notebook continues its text after any part."""
-        self._check_idle()
+        await self._ready()
         return await self._answer(self._conv(), parent)
 
     def stop(self) -> None:
@@ -192,6 +201,9 @@ class ChatController:
             await asyncio.sleep(0.01)
         if self.busy:
             log.error("the generation did not stop within %g s; closing without its last tokens", timeout_s)
+        # Another connection holding the write lock: wait for it here, on the loop, so the last tokens are written.
+        if not await self.library.store.wait_writable(cancelled=lambda: loop.time() > deadline):
+            log.error("the database stayed locked by another connection; closing may leave the last tokens unsaved")
         self.flush_now()
         if self._retry is not None:
             self._retry.cancel()
@@ -223,17 +235,38 @@ class ChatController:
             self._save_failed(e)
             return False
 
+    async def _save_waiting(self, conv: Conversation, message: Message, write: Callable[[], Any]) -> bool:
+        """`_save`, waiting on the event loop while another connection holds the write lock (until Stop)."""
+        while not self._save(conv, message, write):
+            if not self._save_busy or self._stop_requested:
+                return False
+            await asyncio.sleep(BUSY_RETRY_S)
+        return True
+
     def _save_failed(self, error: BaseException) -> None:
+        self._save_busy = is_busy(error)
+        if self._save_busy:
+            # Not a failure: another connection holds the lock for a while. What was not written stays in
+            # memory and is written as soon as the lock is free; the store tells the window (status bar).
+            log.info("the database is busy; trying again in %g s", BUSY_RETRY_S)
+            self.save_error = describe_error(error)
+            self._schedule_retry(BUSY_RETRY_S)
+            return
         self.save_error = describe_error(error)
         log.error("saving failed: %s", self.save_error)
         self.save_failed.emit(self.save_error)
         self._schedule_retry()
 
-    def _schedule_retry(self) -> None:
-        if self._retry is not None:
-            return
+    def _schedule_retry(self, delay_s: float | None = None) -> None:
+        delay_s = SAVE_RETRY_S if delay_s is None else delay_s  # read when called: tests shorten it
         try:
-            self._retry = asyncio.get_running_loop().call_later(SAVE_RETRY_S, self._retry_tick)
+            loop = asyncio.get_running_loop()
+            if self._retry is not None:
+                if self._retry_due - loop.time() <= delay_s:
+                    return
+                self._retry.cancel()  # a busy database is retried sooner than a failed one
+            self._retry = loop.call_later(delay_s, self._retry_tick)
+            self._retry_due = loop.time() + delay_s
         except RuntimeError:  # no loop (quitting): the next write or close tries again
             pass
 
@@ -245,6 +278,9 @@ class ChatController:
         """Write again what could not be written (tokens, text, finish and stats); True when nothing is left."""
         if not self._unsaved and self.save_error is None:
             return True
+        if self._save_busy and not self.library.store.can_write_now():
+            self._schedule_retry(BUSY_RETRY_S)  # still locked elsewhere: try again soon, without waiting now
+            return False
         try:
             for conv, message in list(self._unsaved.values()):
                 if conv.deleted:
@@ -276,6 +312,22 @@ class ChatController:
     def _check_idle(self) -> None:
         if self.busy:
             raise Busy("a generation is running; stop it first")
+
+    async def _ready(self) -> None:
+        """Idle, and the database takes writes: while another connection holds its write lock this waits on
+        the event loop (the window stays live and says so), rather than in SQLite's busy wait on the UI thread."""
+        self._check_idle()
+        store = self.library.store
+        if not store.can_write_now():
+            await store.wait_writable()
+            self._check_idle()  # another action may have started while this one waited
+
+    def _tell_other_model(self, message: Message) -> None:
+        """Continuing another model's tokens on the loaded one: say so (its token ids may mean other tokens)."""
+        engine = self.host.engine
+        text = other_model_notice(message.model, model_record(engine.info)) if engine is not None else None
+        if text:
+            self.notice.emit(text)
 
     async def _answer(self, conv: Conversation, user: Message) -> Message:
         answer = conv.add_message(user, "assistant")
@@ -326,7 +378,7 @@ class ChatController:
             request_doc = {**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n, "server_sampling": by_server,
                            "reasoning": thinking.to_dict()}  # how the answer's view reads its thinking
             model_doc = model_record(info)
-            if not self._save(conv, message, lambda: conv.update_message(
+            if not await self._save_waiting(conv, message, lambda: conv.update_message(
                     message, request=request_doc, model=model_doc, finish_reason=None)):
                 # Nothing could be written: generating more would only pile up in memory.
                 self._save(conv, message, lambda: conv.update_message(message, finish_reason="cancelled"))
@@ -340,7 +392,14 @@ class ChatController:
             async for batch in stream.batches():
                 conv.append_tokens(message, [replace(ev, index=offset + ev.index) for ev in batch])
                 if not write_failed and loop.time() - last_flush >= self.flush_interval_s:
+                    if self.library.store.busy and not self.library.store.can_write_now():
+                        last_flush = loop.time()  # still locked elsewhere: ask again later, without waiting at all
+                        continue
                     if not self._save(conv, message, conv.flush):
+                        if self._save_busy:
+                            # Another connection holds the lock: the tokens wait in memory, the answer goes on.
+                            last_flush = loop.time()
+                            continue
                         # Saving failed: stop cleanly. What streamed stays in memory and on screen.
                         write_failed = True
                         stream.cancel()

@@ -15,8 +15,10 @@ from engine import experiments
 
 from app.action_context import ActionContext
 from app.experiments import trace_lines
+from app.state.atomic_file import atomic_text_file, write_text_atomic
 from app.state.conversation import Message
 from app.state.export import to_json, to_markdown
+from app.state.json_safe import json_safe
 from app.widgets.compare_view import CompareView
 from app.widgets.file_dialogs import save_file
 from app.widgets.replay_view import ReplayView
@@ -87,8 +89,9 @@ def export_conversation(ctx: ActionContext, kind: str, path: str | Path | None =
         path = save_file(ctx.parent, ctx.store, EXPORTS_FOLDER, "Export conversation", name + suffix)
         if path is None:
             return None
-    text = to_markdown(conv) if kind == "markdown" else to_json(conv)
-    out = _write(ctx, Path(path), "Could not export the conversation", lambda p: p.write_text(text, encoding="utf-8"))
+    # Built inside the write: whatever fails is one dialog, and a file is written whole or not at all.
+    out = _write(ctx, Path(path), "Could not export the conversation",
+                 lambda p: write_text_atomic(p, to_markdown(conv) if kind == "markdown" else to_json(conv)))
     if out is not None:
         ctx.notify(f"Exported to {out}", 6000)
     return out
@@ -105,8 +108,14 @@ def export_trace(ctx: ActionContext, path: str | Path | None = None) -> Path | N
         if path is None:
             return None
     written: list[int] = []
-    out = _write(ctx, Path(path), "Could not export the trace",
-                 lambda p: written.append(experiments.write_trace(p, trace_lines(conv, answer, ctx.host.engine))))
+
+    def write(p: Path) -> None:
+        # A token ban in the settings (a bias of -inf) is written as standard JSON (app/state/json_safe.py).
+        lines = [json_safe(line) for line in trace_lines(conv, answer, ctx.host.engine)]
+        with atomic_text_file(p) as f:
+            written.append(experiments.write_lines(f, lines))
+
+    out = _write(ctx, Path(path), "Could not export the trace", write)
     if out is not None:
         ctx.notify(f"Trace of {written[0] - 2} tokens written to {out}", 6000)
     return out
@@ -119,7 +128,7 @@ def _write(ctx: ActionContext, out: Path, title: str, write: Callable[[Path], ob
         return None
     try:
         write(out)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, TypeError) as e:  # TypeError: a value JSON cannot hold (nothing is left written)
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         if isinstance(e, FileNotFoundError):
             reason += f": the folder {out.parent} does not exist"

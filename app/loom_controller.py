@@ -33,6 +33,7 @@ from app.engine_host import describe_error
 from app.experiments import model_reasoning_format
 from app.notebook import prompt_for
 from app.state.conversation import Conversation, Message
+from app.state.model_match import other_model_notice
 from app.state.model_record import model_record
 from app.state.observable import Signal
 from app.state.servers import server_samples
@@ -179,6 +180,9 @@ class LoomController:
         base = {**options.to_dict(), "max_new_tokens": max_new_tokens, "top_n": TOP_N, "server_sampling": by_server,
                 "reasoning": thinking.to_dict()}
         model = model_record(engine.info)
+        other = other_model_notice(message.model, model) if kept else None  # app/state/model_match.py
+        if other:
+            self.notice.emit(other)
         children = []
         for row in range(n):
             child = conv.add_message(question, "assistant", branch_index=index, model=model,

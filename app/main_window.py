@@ -35,7 +35,7 @@ from app.state.library import Library
 from app.state.recovery import DatabaseNotice
 from app.state.servers import ApiKeys
 from app.state.settings import Selection, SettingsState, ViewOptions
-from app.state.store import Store
+from app.state.store import BUSY_TEXT, Store
 from app.theme import Theme, app_icon
 from app.widgets.banner import Banner
 from app.widgets.chat_pane import ChatPane
@@ -172,6 +172,8 @@ class MainWindow(QMainWindow):
         self.sidebar.delete_requested.connect(self.delete_conversation)
         self.selection.changed.connect(self._on_selection_changed)
         self.controller.error.connect(lambda text: self.status.showMessage(f"Generation failed: {text}", 15000))
+        self.controller.notice.connect(lambda text: self.status.showMessage(text[:1].upper() + text[1:], 15000))
+        store.busy_changed.connect(self._on_database_busy)
         self.controller.busy_changed.connect(self._on_busy_changed)
         self.controller.save_failed.connect(self._on_save_failed)
         self.controller.saved.connect(self._on_saved)
@@ -406,6 +408,7 @@ class MainWindow(QMainWindow):
             self.host.model_changed.disconnect(self._on_model_changed)
             self.models.detach()
             self.store.damaged.disconnect(self._on_damage_read)
+            self.store.busy_changed.disconnect(self._on_database_busy)
             self.status.detach()
             self.templates.detach()
             event.accept()
@@ -481,6 +484,13 @@ class MainWindow(QMainWindow):
             "Try again",
             self.controller.retry_saving,
         )
+
+    def _on_database_busy(self, busy: bool) -> None:
+        # Another connection holds the write lock: writes wait in memory (app/state/store.py); say so until free.
+        if busy:
+            self.status.showMessage(BUSY_TEXT[:1].upper() + BUSY_TEXT[1:])
+        elif self.status.currentMessage().lower() == BUSY_TEXT.lower():
+            self.status.clearMessage()
 
     def _on_saved(self) -> None:
         self.banner.clear("saving")

@@ -48,6 +48,9 @@ class Message:
     stats: dict[str, Any] | None = None  # GenerationStats of the last run on it
     tokens: list[TokenEvent] | None = field(default=None, repr=False)  # None until loaded
     generating: bool = False
+    # Stored fields that could not be read (a wrong type, from an older version's import): they read as None,
+    # and this says which and why, for the view to show instead of failing (app/state/message_fields.py).
+    unreadable: str | None = None
 
     @property
     def is_assistant(self) -> bool:
@@ -72,6 +75,7 @@ class Message:
             request=row.request,
             model=row.model,
             stats=row.stats,
+            unreadable=row.unreadable,
         )
 
 

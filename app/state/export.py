@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from app import __version__
 from app.state.conversation import Conversation, Message
+from app.state.json_safe import dumps
 from app.state.records import token_to_json
 
 JSON_FORMAT = "logitlab.conversation/1"
@@ -88,5 +88,6 @@ def to_json_dict(conv: Conversation) -> dict[str, Any]:
 
 
 def to_json(conv: Conversation) -> str:
-    # allow_nan=False: the records already map -inf to null, so this only guards against regressions.
-    return json.dumps(to_json_dict(conv), ensure_ascii=False, indent=1, allow_nan=False)
+    """Standard JSON: token log-probs of -inf are null, a banned token's bias is `false`, any other
+    non-finite number a string such as "-inf" (app/state/json_safe.py)."""
+    return dumps(to_json_dict(conv), ensure_ascii=False, indent=1)

@@ -20,16 +20,19 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine import TokenEvent, reasoning
 
+from app.state.atomic_file import write_text_atomic
 from app.state.conversation import Conversation, Message
-from app.state.records import alternatives_json, token_from_row
+from app.state.json_safe import dumps as json_dumps
+from app.state.loom_import import FORMAT, VERSION, LoomImportError, import_loom_file, import_tree, read_loom_file
+from app.state.records import alternatives_json
 
-FORMAT = "logitlab-loom"
-VERSION = 1
 SHORT_CHARS = 32
+MAX_EXPORT_DEPTH = 200  # levels of the "tree" summary written; deeper forks are in the answers (the import reads those)
 
 
 @dataclass(eq=False)
@@ -50,7 +53,10 @@ class LoomNode:
 
     @property
     def depth(self) -> int:
-        return 0 if self.parent is None else self.parent.depth + 1
+        n, node = 0, self.parent
+        while node is not None:  # a loop: an imported tree may be thousands of forks deep
+            n, node = n + 1, node.parent
+        return n
 
     @property
     def is_fork(self) -> bool:
@@ -85,10 +91,13 @@ class LoomNode:
         return text if len(text) <= limit else text[: limit - 1] + "…"
 
     def walk(self):
-        """This node and every node below it, depth first, children in order."""
-        yield self
-        for c in self.children:
-            yield from c.walk()
+        """This node and every node below it, depth first, children in order (a stack, not recursion:
+        an imported tree may be thousands of forks deep)."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children))
 
     def find(self, message_id: int, index: int) -> "LoomNode | None":
         """The node holding token `index` of answer `message_id`."""
@@ -143,12 +152,11 @@ def _split(node: LoomNode, at: int) -> None:
     node.ends = []
 
 
-def _recompute(node: LoomNode) -> None:
-    base = node.parent.path_logprob if node.parent is not None else 0.0
-    node.path_logprob = base + sum(t.logprob for t in node.tokens if math.isfinite(t.logprob))
-    node.children.sort(key=lambda c: -c.branch_prob)  # likeliest branch first
-    for c in node.children:
-        _recompute(c)
+def _recompute(top: LoomNode) -> None:
+    for node in top.walk():  # parents before children: each adds its run to its parent's path
+        base = node.parent.path_logprob if node.parent is not None else 0.0
+        node.path_logprob = base + sum(t.logprob for t in node.tokens if math.isfinite(t.logprob))
+        node.children.sort(key=lambda c: -c.branch_prob)  # likeliest branch first
 
 
 def representative(conv: Conversation, node: LoomNode) -> Message:
@@ -173,21 +181,30 @@ def _token_json(ev: TokenEvent) -> dict[str, Any]:
     }
 
 
-def _token_from_json(d: dict[str, Any], index: int) -> TokenEvent:
-    return token_from_row((
-        index, int(d["token_id"]), str(d["text"]), str(d.get("token_text", d["text"])), d.get("logprob"),
-        d.get("sampler_logprob"), int(d.get("rank", 0)), float(d.get("entropy", 0.0)), int(bool(d.get("forced"))),
-        int(bool(d.get("special"))), json.dumps(d.get("alternatives") or {"m": [], "s": []}),
-    ))
+def _node_json(root: LoomNode) -> dict[str, Any]:
+    """The tree as nested JSON, built without recursion and cut at `MAX_EXPORT_DEPTH` levels (a node whose
+    children were left out says how many): JSON readers refuse documents nested much deeper."""
 
+    def one(node: LoomNode) -> dict[str, Any]:
+        return {
+            "start": node.start, "text": node.text(), "token_ids": [t.token_id for t in node.tokens],
+            "logprobs": [t.logprob if math.isfinite(t.logprob) else None for t in node.tokens],
+            "path_logprob": node.path_logprob, "unexplored_mass": node.unexplored_mass,
+            "answers": node.message_ids, "children": [],
+        }
 
-def _node_json(node: LoomNode) -> dict[str, Any]:
-    return {
-        "start": node.start, "text": node.text(), "token_ids": [t.token_id for t in node.tokens],
-        "logprobs": [t.logprob if math.isfinite(t.logprob) else None for t in node.tokens],
-        "path_logprob": node.path_logprob, "unexplored_mass": node.unexplored_mass,
-        "answers": node.message_ids, "children": [_node_json(c) for c in node.children],
-    }
+    top = one(root)
+    stack = [(root, top, 0)]
+    while stack:
+        node, doc, level = stack.pop()
+        if node.children and level >= MAX_EXPORT_DEPTH:
+            doc["children_left_out"] = len(node.children)
+            continue
+        for c in node.children:
+            child = one(c)
+            doc["children"].append(child)
+            stack.append((c, child, level + 1))
+    return top
 
 
 def _prompt_messages(conv: Conversation, question: Message, answers: list[Message]) -> list[dict[str, str]]:
@@ -216,44 +233,13 @@ def export_tree(conv: Conversation, message: Message) -> dict[str, Any]:
     }
 
 
-class LoomImportError(ValueError):
-    """The file is not a loom tree this version can read."""
+def write_loom_file(path: str | Path, conv: Conversation, message: Message) -> None:
+    """Export `message`'s tree to `path` as standard JSON (a banned token's bias is `false`, other non-finite
+    numbers strings such as "-inf": app/state/json_safe.py), written whole or not at all."""
+    text = json_dumps(export_tree(conv, message), ensure_ascii=False, indent=1)
+    write_text_atomic(path, text)
 
 
-def import_tree(library, doc: Any) -> tuple[Conversation, Message]:
-    """A new conversation holding an exported tree: its prompt, then every answer as a branch.
-
-    Returns the conversation and its question (the answers' parent). Raises LoomImportError in words.
-    """
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise LoomImportError("this file is not a Logit Lab loom tree (its \"format\" is not \"logitlab-loom\")")
-    if not isinstance(doc.get("version"), int) or doc["version"] > VERSION:
-        raise LoomImportError(f"this loom tree has version {doc.get('version')!r}; this Logit Lab reads version {VERSION}")
-    messages, answers = doc.get("messages"), doc.get("answers")
-    if not isinstance(messages, list) or not isinstance(answers, list) or not answers:
-        raise LoomImportError("this loom tree has no prompt or no answers")
-    try:
-        parsed = [[_token_from_json(t, i) for i, t in enumerate(a["tokens"])] for a in answers]
-    except (KeyError, TypeError, ValueError) as e:
-        raise LoomImportError(f"a token of this loom tree cannot be read ({type(e).__name__}: {e})") from None
-    system = next((m.get("content", "") for m in messages if isinstance(m, dict) and m.get("role") == "system"), "")
-    conv = library.new(system_prompt=system)
-    parent = None
-    for m in messages:
-        if isinstance(m, dict) and m.get("role") in ("user", "assistant"):
-            parent = conv.add_message(parent, m["role"], str(m.get("content", "")))
-            if parent.is_assistant:
-                conv.update_message(parent, finish_reason="eos")
-    if parent is None or parent.role != "user":
-        raise LoomImportError("this loom tree's prompt does not end with a user message")
-    question = parent
-    for a, tokens in zip(answers, parsed):
-        answer = conv.add_message(question, "assistant", branch_index=a.get("branch_index"), request=a.get("request"),
-                                  model=a.get("model"))
-        conv.set_tokens(answer, tokens, "".join(t.text for t in tokens))
-        stats = a.get("stats") if isinstance(a.get("stats"), dict) else ({"seed": a["seed"]} if a.get("seed") is not None else None)
-        conv.update_message(answer, finish_reason=a.get("finish_reason") or "length", stats=stats)
-    conv.flush()
-    if doc.get("title"):
-        conv.set_title(str(doc["title"]))
-    return conv, question
+# The import lives in app/state/loom_import.py (it checks a whole file before writing any of it).
+__all__ = ["FORMAT", "VERSION", "LoomImportError", "LoomNode", "answer_group", "build_tree", "export_tree",
+           "import_loom_file", "import_tree", "read_loom_file", "representative", "write_loom_file"]

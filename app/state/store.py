@@ -4,6 +4,15 @@ One connection, used from the UI thread only; WAL so that the frequent small
 commits made while tokens stream are cheap and a crash leaves the database
 at the last commit (at most the last batch of tokens is lost).
 
+Another connection (a second Logit Lab on the same file, a script) can hold
+SQLite's write lock. SQLite's busy wait would then block the UI thread, so
+this connection waits at most `BUSY_TIMEOUT_S` per write: a write that meets
+the lock raises `DatabaseBusy` (callers keep what they meant to write and try
+again from the event loop, `wait_writable`), a setting is kept in memory and
+written once the lock is free, and `busy_changed` tells the window, which says
+so in its status bar. Opening and closing wait longer (`OPEN_TIMEOUT_S`): no
+window is waiting then, and at close nothing may be lost.
+
 Reads never fail on damage: what can be read is returned, and `damaged`
 says what could not be (and a marker file asks the next start to repair the
 file, app/state/recovery.py). Writes raise `sqlite3.Error`; the controller
@@ -25,12 +34,16 @@ from typing import Any
 
 from engine import TokenEvent
 
+from app.state.message_fields import is_int, is_number, readable_fields
 from app.state.observable import Signal
 from app.state.records import token_from_row, token_row
 from app.state.row_reader import ROW_ERRORS, count_rows, read_past_damage
 
 log = logging.getLogger(__name__)
 
+BUSY_TIMEOUT_S = 0.1  # the longest one write blocks the UI thread when another connection holds the lock
+OPEN_TIMEOUT_S = 10.0  # opening and closing: no window to keep responsive, and nothing may be lost
+BUSY_TEXT = "database is busy (another Logit Lab?) - waiting"
 SCHEMA_VERSION = 2  # 2: conversations.mode ("chat" | "notebook")
 MODES = ("chat", "notebook")
 MEMORY = ":memory:"
@@ -124,6 +137,9 @@ class MessageRow:
     request: dict[str, Any] | None
     model: dict[str, Any] | None
     stats: dict[str, Any] | None
+    # Fields that were stored with a wrong type (an older version's import wrote a list as `model`, text as
+    # `stats`...): read as None, and this says which and why, so the window can say it rather than fail.
+    unreadable: str | None = None
 
 
 _MESSAGE_COLUMNS = (
@@ -139,9 +155,31 @@ def _loads(text: str | None) -> Any:
 
 
 def message_from_row(r: tuple[Any, ...]) -> MessageRow:
+    """A `messages` row as typed values. A field of the wrong type (app/state/message_fields.py) reads as None,
+    with `unreadable` saying why: the message still shows, and nothing downstream meets a list for a mapping."""
     if r[3] not in ("user", "assistant"):
         raise ValueError(f"unknown role {r[3]!r}")
-    return MessageRow(*r[:9], _loads(r[9]), _loads(r[10]), _loads(r[11]))
+    if not is_int(r[0]) or not is_int(r[1]) or (r[2] is not None and not is_int(r[2])):
+        raise ValueError(f"message {r[0]!r} has no usable id")
+    raw: dict[str, Any] = {"finish_reason": r[7], "branch_index": r[8]}
+    notes: list[str] = []
+    for name, text in (("request", r[9]), ("model", r[10]), ("stats", r[11])):
+        try:
+            raw[name] = _loads(text)
+        except (ValueError, RecursionError) as e:  # not JSON, or JSON nested past what the parser takes
+            raw[name] = None
+            notes.append(f"{name} is not readable JSON ({type(e).__name__})")
+    fields, problem = readable_fields(raw)
+    if problem:
+        notes.append(problem)
+    content = r[4] if isinstance(r[4], str) else ("" if r[4] is None else str(r[4]))
+    created = float(r[5]) if is_number(r[5]) else 0.0
+    active = r[6] if is_int(r[6]) else None
+    unreadable = "; ".join(notes) or None
+    if unreadable:
+        log.warning("message %s: %s (left out)", r[0], unreadable)
+    return MessageRow(r[0], r[1], r[2], r[3], content, created, active, fields["finish_reason"],
+                      fields["branch_index"], fields["request"], fields["model"], fields["stats"], unreadable)
 
 
 def conversation_from_row(r: tuple[Any, ...]) -> ConversationRow:
@@ -150,6 +188,22 @@ def conversation_from_row(r: tuple[Any, ...]) -> ConversationRow:
     if len(r) > 6 and r[6] not in MODES:
         raise ValueError(f"unknown conversation mode {r[6]!r}")
     return ConversationRow(*r)
+
+
+class DatabaseBusy(sqlite3.OperationalError):
+    """Another connection holds the database's write lock: nothing was written; try again in a moment."""
+
+
+def is_busy(error: BaseException) -> bool:
+    """A write failed because another connection holds the lock (SQLITE_BUSY / SQLITE_LOCKED)."""
+    if isinstance(error, DatabaseBusy):
+        return True
+    if not isinstance(error, sqlite3.OperationalError):
+        return False
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "database is locked" in str(error) or "database table is locked" in str(error)
 
 
 class NewerSchemaError(sqlite3.DatabaseError):
@@ -170,7 +224,12 @@ class Store:
         self.path = str(path)
         self.damaged = Signal()  # (str) a read met damage: what could not be read
         self.damage_seen: list[str] = []
-        self._conn = sqlite3.connect(self.path, isolation_level=None)  # explicit transactions only
+        self.busy_changed = Signal()  # (bool) another connection holds the write lock / it is free again
+        self.busy = False
+        self._deferred_settings: dict[str, str] = {}  # key -> JSON: settings written while the lock was held elsewhere
+        # Explicit transactions only. Opening waits long for a lock held elsewhere (no window yet); every
+        # later write waits at most BUSY_TIMEOUT_S, then raises DatabaseBusy (see the module doc).
+        self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=OPEN_TIMEOUT_S)
         try:
             # Before anything writes: a newer app's database is never touched (no WAL switch, no schema).
             version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
@@ -188,6 +247,7 @@ class Store:
                     self._conn.execute(statement)
                 _migrate(self._conn)
                 self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._set_busy_timeout(BUSY_TIMEOUT_S)
         except BaseException:
             self._conn.close()
             raise
@@ -199,11 +259,77 @@ class Store:
 
     # -- plumbing --------------------------------------------------------------------------
 
+    def _set_busy_timeout(self, seconds: float) -> None:
+        self._conn.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+
+    def _set_busy(self, busy: bool) -> None:
+        if busy != self.busy:
+            self.busy = busy
+            log.info("%s", BUSY_TEXT if busy else "the database's write lock is free again")
+            self.busy_changed.emit(busy)
+
+    def _begin(self) -> None:
+        # IMMEDIATE: take the write lock now, so a lock held elsewhere shows here (one bounded wait), never
+        # halfway through a transaction.
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            if is_busy(e):
+                self._set_busy(True)
+                raise DatabaseBusy(BUSY_TEXT) from e
+            raise
+
+    def _write(self, sql: str, params: Any = (), many: bool = False) -> sqlite3.Cursor:
+        """Run one writing statement; a lock held elsewhere raises DatabaseBusy (nothing written)."""
+        try:
+            cur = self._conn.executemany(sql, params) if many else self._conn.execute(sql, params)
+        except sqlite3.OperationalError as e:
+            if is_busy(e):
+                self._set_busy(True)
+                raise DatabaseBusy(BUSY_TEXT) from e
+            raise
+        if self._depth == 0:
+            self._set_busy(False)
+        return cur
+
+    def can_write_now(self) -> bool:
+        """Whether a write could start at once (another connection holds no write lock); never waits."""
+        if self._conn is None or self._depth or self.temporary:
+            return True  # closed (writes say so themselves), inside our own transaction, or in memory: no lock to wait for
+        self._set_busy_timeout(0)
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error as e:
+            if not is_busy(e):
+                return True  # not the lock (a read-only or full database): the write itself says what is wrong
+            self._set_busy(True)
+            return False
+        finally:
+            self._set_busy_timeout(BUSY_TIMEOUT_S)
+        self._set_busy(False)
+        try:
+            self.write_deferred()
+        except sqlite3.Error as e:  # taken again in between, or a real failure: the settings stay in memory
+            log.info("settings kept in memory for now: %s", e)
+        return True
+
+    async def wait_writable(self, poll_s: float = 0.1, cancelled=lambda: False) -> bool:
+        """Wait on the event loop (never blocking it) until a write can start; False if `cancelled()` first."""
+        import asyncio
+
+        while not self.can_write_now():
+            if cancelled():
+                return False
+            await asyncio.sleep(poll_s)
+        return True
+
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """Group writes into one commit (nested uses join the outer one)."""
+        """Group writes into one commit (nested uses join the outer one). Raises DatabaseBusy, having written
+        nothing, when another connection holds the write lock for longer than `BUSY_TIMEOUT_S`."""
         if self._depth == 0:
-            self._conn.execute("BEGIN")
+            self._begin()
         self._depth += 1
         try:
             yield
@@ -216,6 +342,7 @@ class Store:
         if self._depth == 0:
             try:
                 self._conn.execute("COMMIT")
+                self._set_busy(False)
             except sqlite3.Error:
                 # A failed COMMIT (disk full, I/O error) can leave the transaction open: end it, so the
                 # next write starts clean and a retry can succeed.
@@ -235,13 +362,18 @@ class Store:
                 log.warning("checkpointing %s failed: %s", self.path, e)
 
     def close(self) -> None:
-        """Checkpoint and close; the last connection's close removes the WAL file."""
+        """Write what waited for the lock, checkpoint and close; the last connection's close removes the WAL."""
         if self._conn is not None:
             if self._conn.in_transaction:
                 try:
                     self._conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
+            try:
+                self._set_busy_timeout(OPEN_TIMEOUT_S)  # closing: wait for a lock held elsewhere, lose nothing
+                self.write_deferred()
+            except sqlite3.Error as e:
+                log.warning("settings could not be written before closing %s: %s", self.path, e)
             self.checkpoint()
             try:
                 self._conn.close()
@@ -268,6 +400,8 @@ class Store:
         self.damaged.emit(text)
 
     def get_setting(self, key: str, default: Any = None) -> Any:
+        if key in self._deferred_settings:  # written while the lock was held elsewhere: not on disk yet
+            return json.loads(self._deferred_settings[key])
         try:
             row = self._conn.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
             return default if row is None else json.loads(row[0])
@@ -276,10 +410,27 @@ class Store:
             return default
 
     def put_setting(self, key: str, value: Any) -> None:
-        self._conn.execute(
-            "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (key, json.dumps(without_url_credentials(value))),
-        )
+        """Save a setting. While another connection holds the write lock it is kept in memory (read back from
+        there) and written with the next write that gets through, or at close."""
+        self._deferred_settings[key] = json.dumps(without_url_credentials(value))  # a value JSON refuses raises here
+        try:
+            self.write_deferred()
+        except DatabaseBusy:
+            pass  # kept; the window says the database is busy
+
+    def write_deferred(self) -> None:
+        """Write the settings that waited for the lock (raises DatabaseBusy while it is still held)."""
+        if not self._deferred_settings or self._conn is None:
+            return
+        pending = dict(self._deferred_settings)
+        with self.transaction():
+            self._conn.executemany(
+                "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                list(pending.items()),
+            )
+        for k, v in pending.items():
+            if self._deferred_settings.get(k) is v:
+                del self._deferred_settings[k]
 
     def presets(self) -> dict[str, dict[str, Any]]:
         read = read_past_damage(self._conn, "presets", "name, sampler_json", lambda r: (str(r[0]), json.loads(r[1])))
@@ -288,14 +439,14 @@ class Store:
         return dict(sorted(read.rows, key=lambda item: item[0].lower()))
 
     def save_preset(self, name: str, sampler: dict[str, Any]) -> None:
-        self._conn.execute(
+        self._write(
             "INSERT INTO presets(name, sampler_json) VALUES (?, ?) "
             "ON CONFLICT(name) DO UPDATE SET sampler_json = excluded.sampler_json",
             (name, json.dumps(sampler)),
         )
 
     def delete_preset(self, name: str) -> None:
-        self._conn.execute("DELETE FROM presets WHERE name = ?", (name,))
+        self._write("DELETE FROM presets WHERE name = ?", (name,))
 
     # -- conversations ---------------------------------------------------------------------
 
@@ -303,7 +454,7 @@ class Store:
         if mode not in MODES:
             raise ValueError(f"a conversation is a chat or a notebook, not {mode!r}")
         now = time.time()
-        cur = self._conn.execute(
+        cur = self._write(
             "INSERT INTO conversations(title, system_prompt, created, updated, mode) VALUES (?, ?, ?, ?, ?)",
             (title, system_prompt, now, now, mode),
         )
@@ -318,13 +469,13 @@ class Store:
             raise ValueError(f"cannot update conversation fields {sorted(bad)}")
         fields["updated"] = time.time()
         sets = ", ".join(f"{k} = ?" for k in fields)
-        self._conn.execute(f"UPDATE conversations SET {sets} WHERE id = ?", (*fields.values(), conversation_id))
+        self._write(f"UPDATE conversations SET {sets} WHERE id = ?", (*fields.values(), conversation_id))
 
     def touch_conversation(self, conversation_id: int) -> None:
-        self._conn.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
+        self._write("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
 
     def delete_conversation(self, conversation_id: int) -> None:
-        self._conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        self._write("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     def conversation(self, conversation_id: int) -> ConversationRow | None:
         try:
@@ -375,7 +526,7 @@ class Store:
         model: dict[str, Any] | None = None,
     ) -> MessageRow:
         now = time.time()
-        cur = self._conn.execute(
+        cur = self._write(
             "INSERT INTO messages(conversation_id, parent_id, role, content, created, branch_index, request_json, model_json) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -408,7 +559,7 @@ class Store:
                 raise ValueError(f"cannot update message field {key!r}")
         if cols:
             sets = ", ".join(f"{c} = ?" for c in cols)
-            self._conn.execute(f"UPDATE messages SET {sets} WHERE id = ?", (*vals, message_id))
+            self._write(f"UPDATE messages SET {sets} WHERE id = ?", (*vals, message_id))
 
     def messages(self, conversation_id: int) -> list[MessageRow]:
         """The conversation's messages that can be read (damage is reported through `damaged`)."""
@@ -431,10 +582,11 @@ class Store:
     # -- token records ---------------------------------------------------------------------
 
     def write_tokens(self, message_id: int, events: Iterable[TokenEvent]) -> None:
-        self._conn.executemany(
+        self._write(
             "INSERT OR REPLACE INTO tokens(message_id, idx, token_id, text, token_text, logprob, sampler_logprob, "
             "rank, entropy, forced, special, top_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (token_row(message_id, ev) for ev in events),
+            many=True,
         )
 
     def tokens(self, message_id: int) -> list[TokenEvent]:
@@ -455,7 +607,7 @@ class Store:
         if table not in ("conversations", "messages", "tokens", "settings", "presets"):
             raise ValueError(f"unknown table {table!r}")
         marks = ", ".join("?" * len(columns))
-        self._conn.executemany(f"INSERT OR REPLACE INTO {table}({', '.join(columns)}) VALUES ({marks})", rows)
+        self._write(f"INSERT OR REPLACE INTO {table}({', '.join(columns)}) VALUES ({marks})", rows, many=True)
 
     def token_count(self, message_id: int) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM tokens WHERE message_id = ?", (message_id,)).fetchone()[0])

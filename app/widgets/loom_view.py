@@ -12,7 +12,6 @@ and draws.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from PySide6.QtWidgets import (
 
 from app.loom_controller import ExpandSettings, LoomController
 from app.state.conversation import Conversation, Message
-from app.state.loom_tree import LoomNode, answer_group, build_tree, export_tree, import_tree, representative
+from app.state.loom_tree import LoomNode, answer_group, build_tree, import_loom_file, representative, write_loom_file
 from app.state.settings import Selection
 from app.widgets.fmt import pct
 from app.widgets.heat import heat_color
@@ -334,14 +333,10 @@ class LoomView(QWidget):
         focus = self._focus_message()
         if self._conv is None or focus is None:
             raise ValueError("no answer to export: open a conversation with an answer")
-        Path(path).write_text(json.dumps(export_tree(self._conv, focus), ensure_ascii=False, indent=1), encoding="utf-8")
+        write_loom_file(path, self._conv, focus)  # standard JSON, whole or not at all (app/state/loom_tree.py)
 
     def import_from(self, path: str | Path) -> None:
-        try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{Path(path).name} cannot be read as JSON ({e})") from None
-        import_tree(self._library, doc)
+        import_loom_file(self._library, path)  # checks the whole file, then one transaction (app/state/loom_import.py)
 
     def _on_export_clicked(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export the loom tree", "loom.json", "JSON (*.json)")
