@@ -3,6 +3,9 @@
 Run as a child process by the hostile-file tests: the app must still start after
 a hostile import, and on a database an older version left poisoned rows in.
 Prints `STARTED <conversations> <messages shown>` and exits 0 when it did.
+
+`start_window.py FILE...` first imports each FILE through the Loom tab's Import…
+button (the file dialog answered with it) and prints `IMPORT <the tab's status line>`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ async def main() -> int:
 
     session = open_session("light")
     window = session.window
+    for path in sys.argv[1:]:
+        from PySide6.QtWidgets import QFileDialog
+
+        QFileDialog.getOpenFileName = staticmethod(lambda *_a, _p=path, **_k: (_p, ""))
+        window.loom_view.import_button.click()
+        await asyncio.sleep(0.05)
+        print("IMPORT " + window.loom_view.status.text().replace("\n", "\\n"), flush=True)
     shown = 0
     rows = window.library.summaries()
     for row in rows:

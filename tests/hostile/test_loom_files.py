@@ -163,11 +163,11 @@ def test_poisoned_rows_read_as_typed_values_with_a_reason(tmp_path):
         store.close()
 
 
-def _start_window(data_dir: Path) -> subprocess.CompletedProcess:
+def _start_window(data_dir: Path, *imports: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "LOGITLAB_DATA_DIR": str(data_dir), "LOGITLAB_LOG_DIR": str(data_dir / "logs"),
            "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(HERE / "start_window.py")], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=180)
+    return subprocess.run([sys.executable, str(HERE / "start_window.py"), *map(str, imports)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
 
 
 @pytest.mark.slow
@@ -181,24 +181,30 @@ def test_the_window_starts_on_a_database_with_poisoned_rows(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_window_starts_after_hostile_imports(tmp_path):
-    """The six cases that used to leave a chat the window could not draw, and then some: after each import
-    attempt the database holds only what it held, and the real window opens on it."""
+def test_hostile_files_through_the_import_button_then_the_window_starts_again(tmp_path):
+    """The six cases that used to leave a chat the window could not draw, and the ones that escaped the
+    button: each imported through the real Loom tab's Import… button is one status line, nothing of it is
+    stored, and the real window opens on the database again afterwards."""
     data = tmp_path / "data"
     data.mkdir()
     store = Store(data / DB_NAME)
-    library = Library(store)
-    conv = library.new()
+    conv = Library(store).new()
     conv.add_message(None, "user", "before")
-    before = stored(data / DB_NAME)
-    for case in ("request is a list", "model is a string", "stats hold text for a number", "branch index is a string",
-                 "entropy is NaN", "token id is 2**63", "deep nesting (parser)", "finish reason is a number"):
-        path = tmp_path / "hostile.json"
-        path.write_bytes(CORPUS[case]())
-        with pytest.raises(LoomImportError):
-            import_loom_file(library, path)
     store.close()
-    assert stored(data / DB_NAME) == before
-    out = _start_window(data)
+    before = stored(data / DB_NAME)
+    cases = ("request is a list", "model is a string", "stats hold text for a number", "branch index is a string",
+             "stats are a string", "request is a string", "entropy is NaN", "token id is 2**63",
+             "deep nesting (parser)", "finish reason is a number", "not UTF-8")
+    files = []
+    for n, case in enumerate(cases):
+        files.append(tmp_path / f"hostile-{n}.json")
+        files[-1].write_bytes(CORPUS[case]())
+    out = _start_window(data, *files)
     assert out.returncode == 0 and "STARTED 1 1" in out.stdout, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    said = [line[len("IMPORT "):] for line in out.stdout.splitlines() if line.startswith("IMPORT ")]
+    assert len(said) == len(cases)
+    assert all(s.startswith("Loom: ") and "Imported" not in s and "\\n" not in s for s in said), said
+    assert stored(data / DB_NAME)["messages"] == before["messages"] and stored(data / DB_NAME)["tokens"] == []
+    again = _start_window(data)  # and the next start too
+    assert again.returncode == 0 and "STARTED 1 1" in again.stdout, again.stderr[-3000:]
