@@ -6,7 +6,14 @@ import logging
 from dataclasses import replace
 
 from engine.backends.base import Backend
-from engine.backends.select import choose_backend, open_direct, open_folder, opens_spec_directly, runtime_refusal
+from engine.backends.select import (
+    choose_backend,
+    open_direct,
+    open_folder,
+    opens_spec_directly,
+    require_installed,
+    runtime_refusal,
+)
 from engine.runtime_settings import RuntimeSettings
 from engine.sources import ProgressCallback, materialize, resolve_spec
 from engine.sources.hub import revision_of
@@ -63,6 +70,7 @@ def load_model(
     name = choose_backend(backend, source.kind)
     if (why := runtime_refusal(name, list(runtime.load_kwargs()))) is not None:
         raise ValueError(why)
+    require_installed(name, source.name)  # before a download or conversion that would need it
     if opens_spec_directly(name):
         return open_direct(name, source, progress, offload, runtime.load_kwargs())
     folder = materialize(source, progress)

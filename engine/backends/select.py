@@ -15,6 +15,8 @@ import platform
 import sys
 from typing import TYPE_CHECKING
 
+from engine.errors import ModelLoadError
+
 if TYPE_CHECKING:
     from engine.backends.base import Backend
 
@@ -33,6 +35,27 @@ def mlx_available() -> bool:
 
 def llamacpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
+
+
+def torch_available() -> bool:
+    """Whether the torch extra is installed (torch and transformers; the default install runs GGUF files without)."""
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
+    except (ImportError, ValueError):  # a package present but broken counts as missing
+        return False
+
+
+class BackendNotInstalledError(ModelLoadError):
+    """The backend a model needs is an optional part of the install that is not installed here."""
+
+
+def require_installed(backend: str, model_name: str) -> None:
+    """Raise BackendNotInstalledError, saying what to install, when `backend` cannot run here for want of it."""
+    if backend == "torch" and not torch_available():
+        raise BackendNotInstalledError(
+            f"{model_name} runs on torch (Hugging Face models do), which is not installed: add it with "
+            "pip install 'logitlab[torch]' (from a clone: pip install -e '.[torch]'), then open the model again"
+        )
 
 
 def offload_refusal(backend: str | None) -> str | None:
@@ -130,7 +153,9 @@ def choose_backend(requested: str | None = None, source_kind: str | None = None)
         raise ValueError("the remote backend needs a server URL such as http://127.0.0.1:8000/v1")
     if name == "llamacpp":
         if not llamacpp_available():
-            raise ValueError("the llamacpp backend needs llama-cpp-python: pip install 'logitlab[gguf]'")
+            raise ValueError(
+                "the llamacpp backend needs llama-cpp-python, part of the plain install: pip install logitlab"
+            )
         if source_kind not in (None, "default", "gguf"):
             raise ValueError("the llamacpp backend runs .gguf files; this model is not one")
     if name == "mlx" and not mlx_available():
@@ -144,7 +169,7 @@ def choose_backend(requested: str | None = None, source_kind: str | None = None)
             return "llamacpp"
         log.info(
             "llama-cpp-python is not installed, so this GGUF file is converted to float32 for %s "
-            "(larger and slower); pip install 'logitlab[gguf]' runs it natively",
+            "(larger and slower); pip install llama-cpp-python==0.3.36 runs it natively",
             "mlx" if is_apple_silicon() and mlx_available() else "torch",
         )
     if is_apple_silicon() and mlx_available():
