@@ -36,7 +36,7 @@ def test_models_lists_every_store_with_what_to_open(home, tmp_path, capsys, monk
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert lines[0].split() == ["NAME", "SOURCE", "ARCH", "PARAMS", "QUANT", "SIZE", "CONTEXT", "MEMORY", "BACKEND"]
-    assert any(line.startswith("Tiny-Q8_0") and "LM Studio" in line and "512" in line for line in lines)
+    assert any(line.startswith("pub/Tiny-GGUF") and "LM Studio" in line and "512" in line for line in lines)
     blob_line = next(i for i, line in enumerate(lines) if line.startswith("tiny:latest"))
     assert lines[blob_line + 1].strip().startswith(f"open: --model {home / '.ollama' / 'models' / 'blobs'}/sha256-")
     assert any(line.startswith("Default-Q4") and "Logit Lab" in line for line in lines)  # the default model
