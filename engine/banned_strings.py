@@ -47,8 +47,13 @@ class BannedStringGuard:
 
     @property
     def held_from(self) -> int:
-        """Index of the first token whose text has not all been released (= tokens fed if none)."""
-        return self._token_at(self._released) if self._released < len(self._text) else len(self._starts)
+        """Index of the first token whose text has not all been released (= tokens fed if none).
+
+        Tokens at the end that produced no text yet (the detokenizer holds an unfinished character) count
+        as held: the text they complete is theirs, so a banned phrase in it steps back to them."""
+        if self._released < len(self._text):
+            return self._token_at(self._released)
+        return bisect.bisect_left(self._starts, len(self._text))
 
     def feed(self, index: int, piece: str) -> tuple[str, Ban | None]:
         """Token `index` added `piece` to the text.
