@@ -189,6 +189,41 @@ def test_json_depth_is_measured_outside_strings_in_linear_time():
     assert time.perf_counter() - t < 2.0
 
 
+def test_json_depth_agrees_with_the_parsed_document():
+    """Oracle: the depth of what json.loads builds, on random documents whose strings hold brackets, quotes and
+    backslashes (both the fast route, without escaped quotes, and the regex route)."""
+    import random
+
+    from engine.library.safe_read import json_depth
+
+    rng = random.Random(7)
+
+    def build(n):
+        if n == 0:
+            return rng.choice(["a[b", "c]{", 1, 'q"}', None, "\\", "]]"])
+        if rng.random() < 0.5:
+            return [build(n - 1) for _ in range(rng.randint(0, 3))]
+        return {f"k{i}[": build(n - 1) for i in range(rng.randint(0, 3))}
+
+    def depth(o):
+        if isinstance(o, list):
+            return 1 + max(map(depth, o), default=0)
+        if isinstance(o, dict):
+            return 1 + max(map(depth, o.values()), default=0)
+        return 0
+
+    for _ in range(500):
+        doc = build(rng.randint(0, 7))
+        raw = json.dumps(doc).encode()
+        assert json_depth(raw) == depth(doc), raw
+        plain = json.dumps(doc).replace('\\"', "").encode()  # no escaped quote: the fast route
+        try:
+            parsed = json.loads(plain)
+        except ValueError:
+            continue
+        assert json_depth(plain) == depth(parsed), plain
+
+
 @pytest.mark.slow
 def test_an_uncreatable_cache_folder_costs_the_cache_not_the_listing(tmp_path, tiny, monkeypatch):
     blocker = tmp_path / "a-file"
