@@ -73,3 +73,21 @@ def test_llamacpp_sets_the_threads_before_each_answer(tiny_gguf):
         assert int(llama_cpp.llama_n_threads(fixed.ctx)) == 1
     finally:
         fixed.close()
+
+
+def test_torch_on_the_cpu_sets_its_threads_before_each_answer(tiny_llama_folder):
+    torch = pytest.importorskip("torch")
+    from engine.backends.base import prefill
+    from engine.backends.torch.backend import TorchBackend
+
+    before = torch.get_num_threads()
+    backend = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny", device="cpu")
+    try:
+        counts = iter([1, 2, 1])
+        backend._threads_per_answer.now = lambda: next(counts)
+        for expected in (1, 2, 1):
+            prefill(backend, [1, 2, 3])
+            assert torch.get_num_threads() == expected
+    finally:
+        backend.close()
+        torch.set_num_threads(before)

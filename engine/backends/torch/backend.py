@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from engine.backends.base import CachedTokens, process_peak_rss_bytes
+from engine.cpu_load import ThreadsPerAnswer
 from engine.backends.torch.compat import with_cache
 from engine.backends.torch.compile import CompiledDecodeStep, compile_wanted, relative_logit_error
 from engine.backends.torch.foreground import foreground_step
@@ -95,8 +96,10 @@ class TorchBackend(CachedTokens):
         from transformers import AutoModelForCausalLM
 
         self.device = pick_device(device)
+        self._threads_per_answer = None  # on the CPU: threads chosen for each answer (engine/cpu_load.py)
         if self.device.type == "cpu":
             torch.set_num_threads(usable_cores())
+            self._threads_per_answer = ThreadsPerAnswer(fallback=usable_cores())
         self.dtype = pick_dtype(dtype, self.device)
         self.tokenizer = Tokenizer.from_folder(folder, trust_remote_code)
         self.offload = None  # OffloadHandle when weights are streamed (engine.offload)
@@ -153,6 +156,15 @@ class TorchBackend(CachedTokens):
         )
 
     # --- the Backend protocol -------------------------------------------------
+
+    def trim_cache(self, keep: int) -> int:
+        # Every answer's prompt starts here (engine.backends.base.prefill): its CPU threads are the cores
+        # other programs leave free now (torch's count is per process; changed only when it differs).
+        if self._threads_per_answer is not None:
+            n = self._threads_per_answer.now()
+            if n != torch.get_num_threads():
+                torch.set_num_threads(n)
+        return super().trim_cache(keep)
 
     def _cut_cache(self, keep: int) -> bool:
         if self._cache is None:
