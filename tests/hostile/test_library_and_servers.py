@@ -652,3 +652,41 @@ def test_an_at_sign_in_a_model_name_is_not_taken_for_credentials():
 
     assert parse_spec("http://127.0.0.1:8080/v1#org/model@v2") == ("http://127.0.0.1:8080/v1", "org/model@v2")
     assert parse_spec("http://localhost/v1#m@x") == ("http://localhost/v1", "m@x")
+
+
+def test_a_hub_file_shorter_than_the_hubs_metadata_is_deleted_not_named(tmp_path, monkeypatch):
+    """config.json has no published SHA-256 (the hub keeps small files in git): its size is the only check."""
+    from download_server import DownloadServer, add_hub_repo
+    from engine.library.errors import DownloadError
+    from engine.library.pull import pull
+    from library_layouts import safetensors_bytes, tiny_llama_tensors
+
+    config = json.dumps(TINY_CONFIG).encode()
+    with DownloadServer() as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.base_url)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        add_hub_repo(server, "org/tiny", {"config.json": config,
+                                          "model.safetensors": safetensors_bytes(tiny_llama_tensors())})
+        for path, served in server.files.items():
+            if path.endswith("/config.json"):
+                served.data = config[:40]  # the hub's server sends less than its own metadata lists
+        with pytest.raises(DownloadError, match=f"came out 40 bytes long, but the hub lists it at {len(config):,}"):
+            pull("org/tiny", cache_dir=tmp_path / "hub", free_space=PLENTY)
+    assert not list((tmp_path / "hub").rglob("config.json"))
+
+
+@pytest.mark.slow
+def test_opening_a_lying_sparse_gguf_as_a_model_is_refused_at_once(tmp_path):
+    """The llama.cpp backend and the GGUF -> safetensors conversion (torch, MLX) read the header before anything
+    else (the conversion used to hash the whole file first)."""
+    from engine.errors import ModelLoadError
+    from engine.sources.gguf_convert import ensure_converted
+
+    path = sparse_file(tmp_path / "liar.gguf", gguf_header(100, 60_000))
+    with pytest.raises(ModelLoadError, match="appears twice"):
+        within(10, ensure_converted, path)
+    pytest.importorskip("llama_cpp")
+    from engine.backends.llamacpp import LlamaCppBackend
+
+    with pytest.raises(ModelLoadError, match="corrupt GGUF header"):
+        within(10, LlamaCppBackend, path, spec=str(path), display_name="liar")
