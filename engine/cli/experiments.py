@@ -25,7 +25,10 @@ def add_experiment_parsers(sub, add_model_args: Callable[[argparse.ArgumentParse
                        description="Each token's surprisal and rank (rank 1 is the model's most likely token).")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="the text to score")
-    src.add_argument("-f", "--file", help="a UTF-8 text file to score (its final newline is dropped, as with -f in generate)")
+    src.add_argument("-f", "--file", help="a UTF-8 text file to score (its final newline is dropped, as with -f in generate); "
+                                          'a .jsonl file holds one item per line -- "a text", {"text": ...} or '
+                                          '{"context": ..., "continuation": ...}, optionally with "id" -- all scored on '
+                                          "one model context, one trace run per item")
     s.add_argument("--top-n", type=int, default=5, help="alternatives per position")
     s.add_argument("--output", default=None, help="write a JSONL trace here (- = stdout)")
     add_model_args(s)
@@ -105,6 +108,8 @@ def _non_default(settings) -> dict[str, Any]:
 def cmd_score(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
     from engine.experiments.trace import score_run, write_lines
 
+    if getattr(args, "items", None) is not None:  # --file X.jsonl
+        return cmd_score_batch(args, load)
     text = args.text  # read and checked before the model loads (engine.cli.input.score_text)
     with load(args) as engine:
         result = engine.score(text, top_n=args.top_n)
@@ -118,6 +123,28 @@ def cmd_score(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any
         for t in result.tokens:
             alts = ", ".join(f"{a.text!r} {a.prob:.3f}" for a in t.top if a.token_id != t.token_id)
             print(f"{t.token_text!r:>16} {t.surprisal_bits:6.2f} bits rank={t.rank + 1:<5} | {alts}")
+        print(summary)
+    return 0
+
+
+def cmd_score_batch(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
+    """`score --file X.jsonl`: every item on one scoring context; a trace run per item, or a line per item."""
+    from engine.experiments.batch_score import item_fields, score_items
+    from engine.experiments.trace import score_run, write_lines
+
+    with load(args) as engine:
+        results = engine.call(lambda b: score_items(b, args.items, top_n=args.top_n)).result()
+        summary = f"[{len(results)} items, {sum(len(r.tokens) for r in results)} tokens scored]"
+        if args.output is not None:
+            with _output(args.output) as out:
+                for i, (item, r) in enumerate(zip(args.items, results)):
+                    write_lines(out, score_run(r, model=engine.info, **item_fields(item, i)))
+            print(summary, file=sys.stderr)
+            return 0
+        for i, (item, r) in enumerate(zip(args.items, results)):
+            name = f"item {i}" + (f" ({item.id})" if item.id is not None else "")
+            print(f"{name}: {len(r.tokens)} tokens, total log-prob {r.total_logprob:.3f}, "
+                  f"perplexity {r.perplexity:.2f}")
         print(summary)
     return 0
 

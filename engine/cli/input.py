@@ -255,7 +255,8 @@ def check_args(args: argparse.Namespace, stdin: BinaryIO | None = None) -> None:
     if command in ("score", "compare", "lens") and getattr(args, "output", None) not in (None, STDIN):
         check_output_file(args.output, "--output")
     if command == "score":
-        args.text = score_text(args)
+        args.items = score_batch_items(args)  # --file X.jsonl: one text per line (engine/experiments/batch_score.py)
+        args.text = score_text(args) if args.items is None else None
     if command == "lens" and args.position is not None and not args.chat:
         # A prompt has at most one token per UTF-8 byte, plus the few (BOS) a tokenizer puts in front: a
         # position past that is out for any model (nearer ones are checked once the prompt is tokenized).
@@ -269,6 +270,18 @@ def check_args(args: argparse.Namespace, stdin: BinaryIO | None = None) -> None:
     check_device(args, backend)
     check_offload(args, backend)
     check_length_fits(args, settings)
+
+
+def score_batch_items(args: argparse.Namespace) -> list | None:
+    """`score --file X.jsonl`: its items, read and checked now (UsageError naming the line); None for one text."""
+    from engine.experiments.batch_score import is_batch_file, read_items
+
+    if not is_batch_file(getattr(args, "file", None)):
+        return None
+    try:
+        return read_items(args.file)
+    except ValueError as e:
+        raise UsageError(f"--file {e}") from None
 
 
 def score_text(args: argparse.Namespace) -> str:

@@ -16,6 +16,7 @@ from engine.experiments.compare import (
     run_column,
     with_shared_seed,
 )
+from engine.experiments.batch_score import ScoreItem, pair_ids, read_items, score_items, score_on_runner
 from engine.experiments.replay import TokenDiff, changed_fields, replay_settings, token_diff
 from engine.experiments.score import ScoredToken, ScoreResult, score, score_ids, score_step_by_step, text_ids
 from engine.experiments.trace import (
@@ -36,6 +37,7 @@ __all__ = [
     "ColumnStats",
     "CompareColumn",
     "CompareResult",
+    "ScoreItem",
     "ScoreResult",
     "ScoredToken",
     "TokenDiff",
@@ -48,11 +50,15 @@ __all__ = [
     "first_divergence",
     "generation_run",
     "read_trace",
+    "pair_ids",
+    "read_items",
     "repeated_ngrams",
     "replay_settings",
     "run_column",
     "score",
     "score_ids",
+    "score_items",
+    "score_on_runner",
     "score_step_by_step",
     "score_run",
     "text_ids",

@@ -155,6 +155,19 @@ def scored_line(t: ScoredToken) -> dict[str, Any]:
     }
 
 
+def scored_from_line(d: dict[str, Any]) -> ScoredToken:
+    """Inverse of `scored_line`."""
+    return ScoredToken(
+        index=int(d["index"]),
+        token_id=int(d["token_id"]),
+        token_text=d["token_text"],
+        logprob=_lp_in(d["logprob"]),
+        rank=int(d["rank"]),
+        entropy=float(d["entropy"]),
+        top=_probs_in(d["top_model"]),
+    )
+
+
 def stats_line(stats: GenerationStats | None, **extra: Any) -> dict[str, Any]:
     d: dict[str, Any] = {"type": "end"}
     if stats is not None:
@@ -252,8 +265,21 @@ class TraceRun:
     end: dict[str, Any] | None = None
 
     def events(self) -> list[TokenEvent]:
-        """Token lines of a generation run as `TokenEvent`s."""
+        """Token lines as `TokenEvent`s: a generation run's as written, a score run's numbered from 0
+        (as `ScoreResult.events()`: no sampler was involved)."""
+        kind = self.header.get("kind")
+        if kind == "score":
+            return [t.as_event(i) for i, t in enumerate(self.scored_tokens())]
+        if kind not in (None, "generation"):
+            raise ValueError(f"a trace run of kind {kind!r} has no token events (known kinds: generation, score)")
         return [event_from_line(d) for d in self.tokens]
+
+    def scored_tokens(self) -> list[ScoredToken]:
+        """Token lines of a score run as `ScoredToken`s; ValueError naming the kind for another run."""
+        kind = self.header.get("kind")
+        if kind != "score":
+            raise ValueError(f"scored_tokens() reads a score run; this run's kind is {kind!r}")
+        return [scored_from_line(d) for d in self.tokens]
 
 
 def read_trace(source: str | Path | Iterable[str]) -> list[TraceRun]:

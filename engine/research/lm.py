@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from engine.research.constrained import ConstrainedSample, allowed_mask, constra
 from engine.research.trie import TokenTrie
 from engine.constraints import Constraint
 from engine.sampling import SamplerChain, SamplerSettings
+
+if TYPE_CHECKING:
+    from engine.experiments.score import ScoreResult
 
 
 MIN_SHARED_PREFIX = 8  # tokens: below this, running the prefix separately costs more than it saves
@@ -173,6 +177,45 @@ class LanguageModel:
 
     def clear_cache(self) -> None:
         self.trie.clear()
+
+    # --- teacher-forced scoring of many texts (engine/experiments/batch_score.py) ----
+
+    def score(self, texts: Sequence[str], *, top_n: int = 10) -> list["ScoreResult"]:
+        """Each text's per-token log-probs, ranks, entropies and total (`ScoreResult`), one per text, in order.
+
+        All texts run on this model's one batch runner (one context, made at load), each as its own
+        sequence; the numbers equal `Engine.score`'s within float32 rounding. A server model (no
+        all-positions runner) goes step by step.
+        """
+        from engine.experiments.batch_score import ScoreItem
+
+        if isinstance(texts, str):
+            raise TypeError("score takes a list of texts; for one text write score([text])")
+        return self._score_items([ScoreItem(text=t) for t in texts], top_n)
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], *, top_n: int = 10) -> list["ScoreResult"]:
+        """Score each continuation after its context: `[(context, continuation), ...]` -> one `ScoreResult` each.
+
+        Only the continuation's tokens are scored (`result.total_logprob` is log p(continuation | context));
+        the two parts are tokenized separately, so no token straddles them.
+        """
+        from engine.experiments.batch_score import ScoreItem
+
+        items = []
+        for i, pair in enumerate(pairs):
+            if isinstance(pair, str) or len(pair) != 2:
+                raise ValueError(f"pair {i} must be (context, continuation), got {pair!r:.60}")
+            items.append(ScoreItem(context=pair[0], continuation=pair[1]))
+        return self._score_items(items, top_n)
+
+    def _score_items(self, items, top_n: int) -> list["ScoreResult"]:
+        from engine.experiments.batch_score import item_ids, score_on_runner
+        from engine.experiments.score import score_step_by_step
+
+        ids = [item_ids(self.tokenizer, item) for item in items]
+        if not hasattr(self.runner, "position_logits"):  # a server: one request per position
+            return [score_step_by_step(self.backend, i, context=c, top_n=top_n) for i, c in ids]
+        return score_on_runner(self.backend, self.runner, ids, top_n=top_n)
 
     # --- sampling on top of the cache -------------------------------------------
 

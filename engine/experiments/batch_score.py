@@ -1,0 +1,230 @@
+"""Many texts (or context/continuation pairs) scored on one runner: one model context for the whole batch.
+
+`Engine.score` builds a scoring context per call (a llama.cpp context of the
+text's length and room for 256 rows of logits: 30-140 ms before the first
+token is computed) and tears it down again. Here one runner with every
+position's logits (`position_logits`: the research API's batch runner, or one
+`PositionRunners` runner sized for the longest text) scores every item in turn,
+so that cost is paid once per batch. Each item is its own sequence on the
+runner (its cache cleared before it), so no item sees another's tokens, and
+the per-position numbers come from the same `_Scorer` as `score_ids`: the
+results equal `Engine.score`'s within float32 rounding (a context of another
+size may round differently; tests/engine/test_batch_score.py bounds it).
+
+Why not several texts in one forward: llama.cpp computes a batch that mixes
+sequences wrongly once it holds enough tokens (engine/backends/llamacpp/runner.py),
+and on the CPU its per-token cost is flat from 20 to 250 tokens per forward,
+so packing would buy nothing there but wrong numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.backends.base import Backend
+from engine.backends.chunks import positions_per_chunk
+from engine.capabilities import PositionRunners
+from engine.experiments.score import (
+    ScoredToken,
+    ScoreResult,
+    _checked_ids,
+    _Scorer,
+    score_step_by_step,
+    text_ids,
+)
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+MAX_SCORE_FILE_BYTES = 256 << 20  # a JSONL of texts to score; beyond this it is likely the wrong file
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    """One thing to score: a whole text, or a continuation after a context (only its tokens are scored).
+
+    `id` is whatever the caller names the item by (a JSONL line's "id"); it travels to the output.
+    """
+
+    text: str | None = None
+    context: str | None = None
+    continuation: str | None = None
+    id: Any = None
+
+    def __post_init__(self) -> None:
+        if self.text is not None:
+            if self.context is not None or self.continuation is not None:
+                raise ValueError("give either a text or a context and a continuation, not both")
+            if not isinstance(self.text, str) or not self.text:
+                raise ValueError("the text to score is empty" if self.text == "" else "the text must be a string")
+        else:
+            if not isinstance(self.continuation, str) or not self.continuation:
+                raise ValueError("a continuation (non-empty text) is needed when no text is given")
+            if self.context is not None and not isinstance(self.context, str):
+                raise ValueError("the context must be a string")
+
+
+def pair_ids(tokenizer: Tokenizer, context: str, continuation: str) -> tuple[list[int], int]:
+    """Token ids of `context` + `continuation` and how many lead ids are context (not scored).
+
+    Each part is tokenized on its own (lm-eval-harness's way), so the continuation's tokens are the ones
+    a model would be asked to produce after the context, never merged across the boundary. An empty
+    context scores the continuation as `text_ids` scores a whole text.
+    """
+    if not context:
+        return text_ids(tokenizer, continuation)
+    ctx, n_ctx = text_ids(tokenizer, context)
+    cont = tokenizer.encode(continuation, add_special_tokens=False)
+    if not cont:
+        raise ValueError(f"the continuation {continuation[:40]!r} has no tokens")
+    return ctx + list(cont), len(ctx)
+
+
+def item_ids(tokenizer: Tokenizer, item: ScoreItem) -> tuple[list[int], int]:
+    if item.text is not None:
+        return text_ids(tokenizer, item.text)
+    return pair_ids(tokenizer, item.context or "", item.continuation or "")
+
+
+def score_on_runner(
+    backend: Backend,
+    runner: Any,
+    items: Sequence[tuple[Sequence[int], int]],
+    *,
+    top_n: int = 10,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> list[ScoreResult]:
+    """Score each (token_ids, context) in turn on `runner` (it has `position_logits`); one result per item.
+
+    A cancelled run returns the items scored so far (the one in progress with the positions it reached).
+    Raises ValueError / ContextLengthError for a bad item before any is run, naming it.
+    """
+    checked = []
+    for i, (ids, context) in enumerate(items):
+        try:
+            checked.append((_checked_ids(backend, ids, context), context))
+        except ValueError as e:  # ContextLengthError is one
+            raise type(e)(f"item {i}: {e}" if len(items) > 1 else str(e)) from None
+    chunk = positions_per_chunk(backend.info.vocab_size)
+    results: list[ScoreResult] = []
+    for ids, context in checked:
+        if cancelled():
+            break
+        scorer = _Scorer(backend.tokenizer, ids, top_n)
+        before = runner.forward_calls
+        scored: list[ScoredToken] = []
+        blocks = runner.position_logits(ids[:-1], first=context - 1, chunk=chunk)
+        try:
+            for block in blocks:  # (n, V): one forward each
+                for row in block:
+                    scored.append(scorer(context + len(scored), row))
+                if cancelled():
+                    break
+        finally:
+            blocks.close()  # the runner clears its cache for the next item
+        results.append(ScoreResult(tuple(ids), context, tuple(scored), 0, runner.forward_calls - before))
+    return results
+
+
+def score_items(
+    backend: Backend,
+    items: Sequence[ScoreItem | str],
+    *,
+    top_n: int = 10,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> list[ScoreResult]:
+    """Score every item on one scoring context of `backend`; call it on the backend's worker thread.
+
+    A backend with a position runner gets one runner sized for the longest item, used for all of them;
+    others (a server, the mock) go step by step, item after item.
+    """
+    ids = [item_ids(backend.tokenizer, ScoreItem(text=it) if isinstance(it, str) else it) for it in items]
+    if not ids:
+        return []
+    if not isinstance(backend, PositionRunners):
+        return [score_step_by_step(backend, i, context=c, top_n=top_n, cancelled=cancelled) for i, c in ids]
+    longest = max(len(i) for i, _ in ids)
+    runner = backend.position_runner(longest)
+    try:
+        return score_on_runner(backend, runner, ids, top_n=top_n, cancelled=cancelled)
+    finally:
+        close = getattr(runner, "close", None)  # llama.cpp: its scoring context
+        if close is not None:
+            close()
+
+
+# --- the CLI's batch file: one JSON item per line ------------------------------------------------
+
+
+def is_batch_file(path: str | None) -> bool:
+    """`score --file X.jsonl` reads one item per line (anything else is one text)."""
+    return path is not None and path != "-" and Path(path).suffix.lower() == ".jsonl"
+
+
+def parse_item(line: str, where: str) -> ScoreItem:
+    """One JSONL line: a JSON string (a text), or {"text": ...} or {"context": ..., "continuation": ...},
+    with an optional "id"; ValueError naming `where` otherwise."""
+    try:
+        d = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} is not JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise ValueError(f"{where} is nested too deeply to read") from None
+    if isinstance(d, str):
+        d = {"text": d}
+    if not isinstance(d, dict):
+        raise ValueError(f'{where} must be a JSON string or an object with "text" or "context"/"continuation"')
+    unknown = sorted(set(d) - {"text", "context", "continuation", "id"})
+    if unknown:
+        raise ValueError(f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; "
+                         'expected "text", or "context" and "continuation", and optionally "id"')
+    if "text" not in d and "continuation" not in d:
+        raise ValueError(f'{where} has neither "text" nor "continuation"')
+    try:
+        return ScoreItem(text=d.get("text"), context=d.get("context"), continuation=d.get("continuation"),
+                         id=d.get("id"))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def read_items(path: str | Path) -> list[ScoreItem]:
+    """Every item of a JSONL batch file (blank lines skipped); ValueError naming the file and line."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ValueError(f"{path} is a folder, not a JSONL file of texts")
+    try:
+        size = p.stat().st_size
+        if size > MAX_SCORE_FILE_BYTES:
+            raise ValueError(f"{path} is {size >> 20} MiB; a batch to score is at most "
+                             f"{MAX_SCORE_FILE_BYTES >> 20} MiB (split it)")
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ValueError(f"{path} cannot be read ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start} cannot be read)") from None
+    items = [parse_item(line, f"{path} line {n}") for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not items:
+        raise ValueError(f"{path} holds no texts to score (one JSON item per line)")
+    return items
+
+
+def item_fields(item: ScoreItem, index: int) -> dict[str, Any]:
+    """What an item's trace header carries so a reader can match it to its input line."""
+    d: dict[str, Any] = {"item": index}
+    if item.id is not None:
+        d["id"] = item.id
+    if item.text is not None:
+        d["text"] = item.text
+    else:
+        d["context_text"] = item.context or ""
+        d["continuation"] = item.continuation
+    return d
