@@ -41,7 +41,9 @@ class Engine:
         try:
             engine.wait_ready()
         except BaseException:
-            engine.close()
+            # Ctrl-C while loading: a load cannot be interrupted, so its thread is left to finish (and
+            # release the model) on its own rather than holding the caller for the rest of the load.
+            engine.close(timeout=0, cancel=True)
             raise
         return engine
 
@@ -166,11 +168,17 @@ class Engine:
         request = prompt if isinstance(prompt, GenerationRequest) else GenerationRequest(prompt=prompt, **request_kwargs)
         return self.call(lambda b: compare(b, request, list(settings), seed=seed, cancel=cancel)).result()
 
-    def close(self) -> None:
-        self._worker.close()
+    def close(self, timeout: float | None = 10.0, *, cancel: bool = False) -> bool:
+        """Release the model after queued work (waiting at most `timeout` s); True when its thread has ended.
+
+        `cancel=True` (Ctrl-C, closing the window) cancels queued and running work and waits at most
+        `engine.worker.CANCEL_WAIT_S`; a load still under way is left to finish, then released.
+        """
+        return self._worker.close(timeout, cancel=cancel)
 
     def __enter__(self) -> "Engine":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        # Leaving on an error or Ctrl-C: whatever is still queued or running is not wanted any more.
+        self.close(cancel=exc_type is not None)

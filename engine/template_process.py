@@ -15,10 +15,11 @@ its limit gets the process killed; the next render starts a new one.
 The child is a plain `python -c` (not multiprocessing's spawn, which runs
 the parent's main script again in the child: a user's script without the
 `__main__` guard would run twice) that imports only jinja2 and the renderer.
-It bounds itself too, for when the parent is gone and cannot kill it: before
-each render its CPU-time limit is set to the time it has used plus the
-render's limit (the kernel ends it with SIGXCPU past that), and on Linux its
-address space may grow by at most `MEMORY_LIMIT_BYTES` over its start.
+It bounds itself too, for when the parent is gone and cannot kill it: each
+render sets an alarm that ends the process (SIGALRM's default action, which
+needs no Python code to run) a little after the parent would have killed it,
+and on Linux its address space may grow by at most `MEMORY_LIMIT_BYTES` over
+its start.
 
 Where no child process can be started (no `fork` allowed, a frozen app
 without the `RENDERER_FLAG` dispatch), templates render in this process with
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import pickle
 import queue
@@ -48,9 +48,10 @@ GRACE_S = 1.0  # the child's own trace limit fires first; this much later the pa
 START_TIMEOUT_S = 60.0  # imports on a loaded two-core machine: starting is not the template's doing
 MEMORY_LIMIT_BYTES = 1 << 30  # the address space a render may add to the child (Linux)
 RENDERER_FLAG = "--logitlab-template-renderer"  # a frozen app's executable started as the renderer
-_CPU_SLACK_S = 2  # the child's own CPU limit sits this far past the render's limit (whole seconds)
+_ORPHAN_SLACK_S = 2.0  # the child's own alarm goes off this long after the parent would have killed it
 _HEADER = struct.Struct(">Q")  # every message: its length, then a pickle
 _READY = ("ready", None)
+_CLOSING = "the chat template's render was stopped: the engine is closing"
 _EOF = ("eof", None)
 
 # The child: the engine package without its __init__ (which imports the whole engine, numpy and all):
@@ -66,6 +67,10 @@ _CHILD_CODE = (
 
 class RendererUnavailable(Exception):
     """No renderer process could be started here; render in this process instead."""
+
+
+class _Closed(Exception):
+    """`close()` killed the renderer while it was starting."""
 
 
 class Outcome:
@@ -189,7 +194,10 @@ class TemplateRenderer:
         except Exception as e:  # noqa: BLE001 - an unpicklable variable is the caller's mistake, said in words
             return Outcome(error=f"the chat's variables cannot be passed to the template renderer ({type(e).__name__}: {e})")
         with self._render_lock:
-            child = self._ready_child()
+            try:
+                child = self._ready_child()
+            except _Closed:
+                return Outcome(error=_CLOSING)
             child.max_answer_bytes = 4 * max_chars + 4096  # UTF-8 of max_chars characters, and the pickle's frame
             try:
                 child.send(payload)
@@ -209,7 +217,7 @@ class TemplateRenderer:
         with self._render_lock:
             try:
                 self._ready_child()
-            except RendererUnavailable:
+            except (RendererUnavailable, _Closed):
                 pass
 
     def close(self) -> None:
@@ -243,6 +251,8 @@ class TemplateRenderer:
                 kind, detail = "timeout", f"it did not start within {START_TIMEOUT_S:g} s"
             if (kind, detail) != _READY:
                 self._kill()
+                if self._closing:  # killed by close() while it started: nothing is wrong with this system
+                    raise _Closed()
                 self._give_up(detail if isinstance(detail, str) else f"it stopped while starting (exit status {child.process.returncode})")
             child.ready = True
         return child
@@ -268,9 +278,9 @@ class TemplateRenderer:
         # The process ended mid-render: killed by close(), its own CPU limit, memory, or a crash.
         code = self._kill()
         if self._closing:
-            return Outcome(error="the chat template's render was stopped: the engine is closing")
-        if code == -getattr(signal, "SIGXCPU", 24):
-            return Outcome(overtime=True)  # its own CPU limit: ran out of time
+            return Outcome(error=_CLOSING)
+        if code == -getattr(signal, "SIGALRM", 14):
+            return Outcome(overtime=True)  # its own alarm: ran out of time
         return Outcome(error=f"the chat template's renderer stopped while rendering it ({_exit_words(code)}; "
                              "it may have needed too much memory)")
 
@@ -294,8 +304,9 @@ def _exit_words(code: int | None) -> str:
 
 def serve(stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
     """The renderer process: render each request with the in-process limits and answer, until stdin closes."""
-    if hasattr(signal, "SIGINT"):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this process ends
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it decides when this process ends
+    if hasattr(signal, "SIGALRM"):
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # `_limit_time`: the alarm ends the process
     if stdout is None:
         # Our answers own fd 1: anything else that prints (a library warning) goes to stderr instead.
         stdout = os.fdopen(os.dup(1), "wb")
@@ -316,8 +327,10 @@ def serve(stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None
         if raw is None:  # the parent is gone or closed the pipe
             return
         template, variables, time_limit_s, max_chars = pickle.loads(raw)
-        _limit_cpu(time_limit_s)
-        _write(stdout, _render_one(render_in_this_process, template, variables, time_limit_s, max_chars))
+        _limit_time(time_limit_s)
+        answer = _render_one(render_in_this_process, template, variables, time_limit_s, max_chars)
+        _limit_time(None)
+        _write(stdout, answer)
 
 
 def _write(stream: BinaryIO, message: tuple[str, Any]) -> None:
@@ -339,19 +352,12 @@ def _render_one(render, template: str, variables: dict, time_limit_s: float, max
         return ("error", f"the model's chat template failed ({type(e).__name__}: {e})")
 
 
-def _limit_cpu(time_limit_s: float) -> None:
-    """The kernel ends this process (SIGXCPU) once this render's CPU time passes its limit, even with no parent left."""
-    try:
-        import resource
-
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        soft = int(math.ceil(usage.ru_utime + usage.ru_stime + time_limit_s)) + _CPU_SLACK_S
-        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
-        if hard != resource.RLIM_INFINITY:
-            soft = min(soft, hard)
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
-    except (ImportError, ValueError, OSError):  # Windows, or a lower hard limit already set
-        pass
+def _limit_time(time_limit_s: float | None) -> None:
+    """The kernel ends this process (SIGALRM, whose default is to terminate) this long after a render starts,
+    even with no parent left to kill it and a C call holding the GIL; None cancels the alarm."""
+    if hasattr(signal, "setitimer"):  # not on Windows
+        seconds = 0.0 if time_limit_s is None else time_limit_s + GRACE_S + _ORPHAN_SLACK_S
+        signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 def _limit_memory() -> None:

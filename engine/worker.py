@@ -9,14 +9,20 @@ as values (mlx-lm `server.py` style) and are re-raised by the consumer.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from engine import background_threads
 from engine.backends.base import Backend
+from engine.background_threads import BackgroundThread
 from engine.capabilities import MissingCapabilityError, OwnEvents
 from engine.decode import generate_events
 from engine.events import Done, Event
@@ -27,6 +33,14 @@ T = TypeVar("T")
 
 # Receives TokenEvent / Done, or the exception that ended the generation.
 EventCallback = Callable[["Event | BaseException"], None]
+
+# How long closing with `cancel=True` (Ctrl-C, the window closing) waits for the thread before leaving it:
+# a cancelled generation stops before its next token, well within this; a load or a connection that
+# cannot be interrupted is left to finish on its own (the thread then releases the model itself).
+CANCEL_WAIT_S = 0.5
+
+# Every worker whose thread may still run, so that interpreter exit can stop them (see `stop_all`).
+_live_workers: "weakref.WeakSet[ModelWorker]" = weakref.WeakSet()
 
 
 def events_for(backend: Backend, request: GenerationRequest, cancel: threading.Event):
@@ -62,7 +76,13 @@ class ModelWorker:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self.ready: Future[Backend] = Future()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, args=(loader,), name=name, daemon=True)
+        self._cancelled = False  # closed with cancel=True: queued and running work ends early
+        self._handles: set[GenerationHandle] = set()  # generations queued or running (cancelled on close)
+        self._lock = threading.Lock()
+        # A daemon: a load that cannot be interrupted must not keep the process alive after Ctrl-C; and
+        # stoppable, so that it is never left inside a backend while the interpreter exits (`stop_all`).
+        self._thread = BackgroundThread(functools.partial(self._run, loader), name=name)
+        _live_workers.add(self)
         self._thread.start()
 
     def _run(self, loader: Callable[[], Backend]) -> None:
@@ -72,6 +92,11 @@ class ModelWorker:
             self.ready.set_exception(e)
             return
         self.ready.set_result(backend)
+        # A chat is what usually follows a load: its template renders in the renderer process, started
+        # now in the background so that the first send does not wait for it.
+        from engine import template_process
+
+        template_process.prestart()
         while (job := self._jobs.get()) is not None:
             job()
         try:
@@ -87,6 +112,8 @@ class ModelWorker:
         fut: Future[T] = Future()
 
         def job() -> None:
+            if self._cancelled:
+                fut.cancel()
             if not fut.set_running_or_notify_cancel():
                 return
             try:
@@ -102,8 +129,14 @@ class ModelWorker:
         handle = GenerationHandle()
 
         def job() -> None:
-            deliver(lambda: events_for(self.ready.result(), request, handle.cancel_event), handle, on_event)
+            try:
+                deliver(lambda: events_for(self.ready.result(), request, handle.cancel_event), handle, on_event)
+            finally:
+                with self._lock:
+                    self._handles.discard(handle)
 
+        with self._lock:
+            self._handles.add(handle)
         self._put(job)
         return handle
 
@@ -112,13 +145,68 @@ class ModelWorker:
             raise RuntimeError("the model worker is closed")
         self._jobs.put(job)
 
-    def close(self, timeout: float | None = 10.0) -> None:
-        """Finish queued work, release the model, end the thread."""
-        if self._closed:
-            return
-        self._closed = True
-        self._jobs.put(None)
-        self._thread.join(timeout)
+    def close(self, timeout: float | None = 10.0, *, cancel: bool = False) -> bool:
+        """End the thread after queued work and release the model; True when the thread has ended.
+
+        `cancel=True` (Ctrl-C, the window closing) cancels every queued and running generation and
+        call first, and waits at most `min(timeout, CANCEL_WAIT_S)`: a thread still busy after that (a
+        load, a connection, a forward that cannot be interrupted) is left to finish as a daemon, and
+        releases the model itself when it does. Called again, it waits again (and may cancel).
+        """
+        if cancel:
+            self._cancel_all()
+            timeout = CANCEL_WAIT_S if timeout is None else min(timeout, CANCEL_WAIT_S)
+        if not self._closed:
+            self._closed = True
+            self._jobs.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        ended = not self._thread.is_alive()
+        if not ended and cancel:
+            log.info("the model thread is still busy (loading or inside a call); leaving it to end on its own")
+        return ended
+
+    @property
+    def busy(self) -> bool:
+        """Whether the thread still runs (loading, working, or releasing the model)."""
+        return self._thread.is_alive()
+
+    def _cancel_all(self) -> None:
+        self._cancelled = True
+        with self._lock:
+            handles = list(self._handles)
+        for handle in handles:
+            handle.cancel()
+
+
+def stop_all(timeout: float = background_threads.EXIT_WAIT_S) -> bool:
+    """End every model worker (and every other engine background thread) of this process; True when all ended.
+
+    Queued and running work is cancelled first and gets `CANCEL_WAIT_S` to end (a generation stops
+    before its next token); a thread still busy after that (a load, a call without a cancel, a
+    forward) is stopped at its next Python line (`engine.background_threads`), waiting at most
+    `timeout` s in all. Run at interpreter exit, so that no thread is left inside a backend's native
+    code while the interpreter and the libraries' globals are torn down: that is how a process ends
+    in `terminate called without an active exception`.
+    """
+    deadline = time.monotonic() + timeout
+    workers = list(_live_workers)
+    for worker in workers:
+        worker._cancel_all()
+        worker.close(timeout=0)
+    cancel_deadline = min(deadline, time.monotonic() + CANCEL_WAIT_S)
+    for worker in workers:
+        if worker.ready.done():  # a load has nothing to cancel: it is stopped right away below
+            worker._thread.join(max(0.0, cancel_deadline - time.monotonic()))
+    return background_threads.stop_all(max(0.0, deadline - time.monotonic()))
+
+
+def busy_workers() -> list[str]:
+    """The names of worker threads still running (for a caller deciding how to exit)."""
+    return [worker._thread.name for worker in list(_live_workers) if worker.busy]
+
+
+atexit.register(stop_all)
 
 
 def deliver(make_events: Callable[[], Iterable[Event]], handle: GenerationHandle, on_event: EventCallback) -> None:

@@ -95,13 +95,9 @@ def warm_renderer():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("template", "killed"),
-    [(GIL_HOG, False), (ONE_C_CALL, True), (FILTER_LOOP, True)],
-    ids=["issue-sum-of-batches", "one-long-c-call", "loop-inside-a-filter"],
-)
-def test_a_template_the_trace_cannot_stop_ends_after_its_limit_and_this_process_stays_responsive(warm_renderer, template, killed):
-    pid = warm_renderer.pid
+@pytest.mark.parametrize("template", [GIL_HOG, ONE_C_CALL, FILTER_LOOP],
+                         ids=["issue-sum-of-batches", "one-long-c-call", "loop-inside-a-filter"])
+def test_a_template_the_trace_cannot_stop_ends_after_its_limit_and_this_process_stays_responsive(warm_renderer, template):
     with _Ticker() as ticker:
         error, took = _render_with_deadline(template, LIMIT_S, wait_s=30)
     assert isinstance(error, ChatTemplateError), error
@@ -114,8 +110,6 @@ def test_a_template_the_trace_cannot_stop_ends_after_its_limit_and_this_process_
     text = render_chat_template(CHATML, {"messages": MESSAGES, "add_generation_prompt": True})
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert time.monotonic() - t0 < 10
-    # Stopped from outside: the renderer process was killed and a new one rendered it.
-    assert warm_renderer.pid is not None and (warm_renderer.pid != pid) == killed
 
 
 @pytest.mark.slow
@@ -146,13 +140,11 @@ def test_variables_that_cannot_be_copied_are_refused_in_words(warm_renderer):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/limits is Linux's")
-def test_the_renderer_is_held_to_a_memory_and_a_cpu_limit(warm_renderer):
-    render_chat_template("{{ 1 }}", {})  # a render sets the CPU limit
+def test_the_renderer_is_held_to_a_memory_limit(warm_renderer):
     limits = Path(f"/proc/{warm_renderer.pid}/limits").read_text().splitlines()
     address_space = next(line for line in limits if line.startswith("Max address space")).split()
-    cpu_time = next(line for line in limits if line.startswith("Max cpu time")).split()
     assert address_space[3] != "unlimited"
-    assert cpu_time[3] != "unlimited" and int(cpu_time[3]) < 60
+    assert int(address_space[3]) < 8 << 30  # what it had at start, plus MEMORY_LIMIT_BYTES
 
 
 def test_a_closed_renderer_ends_the_render_waiting_on_it_at_once(warm_renderer):
@@ -191,7 +183,8 @@ def test_the_renderer_does_not_outlive_the_process_that_started_it(tmp_path, how
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     child = int(proc.stdout.split()[0])
-    deadline = time.monotonic() + (1 + template_process._CPU_SLACK_S + 3 if how.startswith("SIGKILL") else 3)
+    # Mid-render, its own alarm ends it: the render's limit, the grace and the slack after it.
+    deadline = time.monotonic() + (1 + template_process.GRACE_S + template_process._ORPHAN_SLACK_S + 3 if how.startswith("SIGKILL") else 3)
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child), f"the renderer {child} outlived its parent ({how})"

@@ -281,6 +281,8 @@ class TorchBackend(CachedTokens):
         return process_peak_rss_bytes()
 
     def close(self) -> None:
+        if self.compiled is not None:  # a build still under way ends now, not minutes after its model
+            self.compiled.close()
         self._reset()
         if self.offload is not None:
             self.offload.close()
