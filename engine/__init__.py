@@ -19,6 +19,7 @@ from engine.errors import (
     ModelLoadError,
     ModelNotFoundError,
     RemoteCodeRefusedError,
+    TokenIdError,
 )
 from engine.events import ConstraintStep, Done, GenerationStats, Rewind, StageSnapshot, TokenEvent, TokenProb
 from engine.constraints import KIND_LABELS as CONSTRAINT_KINDS, Constraint, ConstraintError
@@ -41,7 +42,7 @@ from engine.servers import (
     split_server_credentials,
     split_server_spec,
 )
-from engine.sampling.settings import DEFAULT_ORDER, STAGE_NAMES, SamplerSettings
+from engine.sampling.settings import DEFAULT_ORDER, DEFAULT_SAMPLER, STAGE_NAMES, SamplerSettings
 from engine.sampling.llamacpp_json import ImportedSettings, llamacpp_json, parse_llamacpp_json
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "ChatSession",
     "ContextLengthError",
     "DEFAULT_ORDER",
+    "DEFAULT_SAMPLER",
     "DefaultModelMissingError",
     "Done",
     "Engine",
@@ -73,6 +75,7 @@ __all__ = [
     "ServerInfo",
     "StageSnapshot",
     "TokenEvent",
+    "TokenIdError",
     "TokenProb",
     "default_model_path",
     "download_default_model",

@@ -31,7 +31,7 @@ from engine.sampling import Pick, SamplerChain
 from engine.sampling.grammar import constraint_step, grammar_stage
 from engine.stopping import StopStringMatcher
 from engine.top_n import reported_view
-from engine.tokenizer import StreamDetokenizer, Tokenizer, partial_token_bytes
+from engine.tokenizer import StreamDetokenizer, Tokenizer, check_token_ids, partial_token_bytes, vocabulary_size
 
 # Step mode: shown a sampled token's event, returns the token to take instead (None: the sampler's pick).
 Chooser = Callable[[TokenEvent], "int | None"]
@@ -44,8 +44,16 @@ MAX_REWINDS = 256
 
 
 def prompt_ids_for(tokenizer: Tokenizer, request: GenerationRequest) -> list[int]:
-    """The full token sequence the model continues, assistant prefix included."""
+    """The full token sequence the model continues, assistant prefix included.
+
+    Every id the request brings (prompt ids, the answer's prefix, forced tokens: from a file, the API or a
+    branch) is checked against the vocabulary here, before any of them reaches the model or the detokenizer.
+    """
+    n_vocab = vocabulary_size(tokenizer)
+    check_token_ids(request.assistant_prefix, n_vocab, "answer token id")
+    check_token_ids(request.forced_tokens, n_vocab, "forced token id")
     if request.prompt_ids is not None:
+        check_token_ids(request.prompt_ids, n_vocab, "prompt token id")
         ids = list(request.prompt_ids)
     elif request.messages is not None:
         ids = tokenizer.chat_ids(request.messages, add_generation_prompt=True)
@@ -102,17 +110,19 @@ def generate_events(
     error: str | None = None
     t_first = t_last = None
     reused = 0
+    # Step mode: time spent waiting for the person to choose is not the model's: kept out of the speeds.
+    waited_first = waited_after = 0.0
 
     def done() -> Done:
         now = time.perf_counter()
-        decode_s = (t_last - t_first) if (t_first is not None and t_last is not None) else 0.0
+        decode_s = (t_last - t_first - waited_after) if (t_first is not None and t_last is not None) else 0.0
         return Done(
             GenerationStats(
                 finish_reason=finish,
                 prompt_tokens=len(prompt),
                 reused_tokens=reused,
                 generated_tokens=len(generated),
-                time_to_first_token_s=(t_first - t0) if t_first is not None else 0.0,
+                time_to_first_token_s=(t_first - t0 - waited_first) if t_first is not None else 0.0,
                 decode_tokens_per_s=(len(generated) - 1) / decode_s if decode_s > 0 else 0.0,
                 total_s=now - t0,
                 peak_memory_bytes=backend.peak_memory_bytes(),
@@ -172,7 +182,14 @@ def generate_events(
         pick: Pick | None = None
         if choose is not None and forced is None:
             pick = choice.report(request.top_n)
+            asked = time.perf_counter()
             chosen = choose(_event(tok, step, pick, ""))
+            if t_first is None:
+                waited_first += time.perf_counter() - asked
+            else:
+                waited_after += time.perf_counter() - asked
+            if chosen is not None:
+                check_token_ids([chosen], vocabulary_size(tok), "chosen token id")
             if cancel.is_set():
                 finish = "cancelled"
                 break
@@ -294,7 +311,8 @@ def _event(
     stages = None
     if pick.stages is not None:
         stages = tuple(
-            StageSnapshot(s.name, s.survivors, s.mass_kept, s.entropy, probs(s.top)) for s in pick.stages
+            StageSnapshot(s.name, s.survivors, s.mass_kept, s.entropy, probs(s.top), removed=s.removed)
+            for s in pick.stages
         )
     token_text = tok.token_text(pick.token_id)
     return TokenEvent(

@@ -45,3 +45,7 @@ class RemoteCodeRefusedError(ModelLoadError):
     def __init__(self, message: str, files: tuple[str, ...] = ()):
         super().__init__(message)
         self.files = files
+
+
+class TokenIdError(EngineError, ValueError):
+    """A token id (from a file, the API, a server or step mode) is not in the model's vocabulary."""

@@ -57,6 +57,7 @@ class StageSnapshot:
     entropy: float
     top: tuple[TokenProb, ...]
     note: str = ""  # what the view should say about where this came from, e.g. "top 20 from server"
+    removed: tuple[int, ...] = ()  # shown candidates this stage removed (engine.sampling.pick.StageStats)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from engine.constraints.spec import Constraint, ConstraintError
+from engine.errors import TokenIdError
 from engine.sampling.settings import SamplerSettings
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
+
+_WHAT = {
+    "messages": 'e.g. [{"role": "user", "content": "Hi"}]',
+    "prompt_ids": "token ids, e.g. [1, 2, 3]",
+    "stop": 'texts, e.g. ["\\n\\n"]',
+    "assistant_prefix": "token ids",
+    "forced_tokens": "token ids",
+}
 
 
 @dataclass(frozen=True)
@@ -43,17 +54,39 @@ class GenerationRequest:
         given = [x is not None for x in (self.prompt, self.messages, self.prompt_ids)]
         if sum(given) != 1:
             raise ValueError("give exactly one of prompt, messages or prompt_ids")
+        if self.prompt is not None and not isinstance(self.prompt, str):
+            raise TypeError(f"prompt must be text (str), got {type(self.prompt).__name__}")
+        if not isinstance(self.sampler, SamplerSettings):
+            hint = " (build it with SamplerSettings(**settings) or SamplerSettings.from_dict(settings))" \
+                if isinstance(self.sampler, Mapping) else ""
+            raise TypeError(f"sampler must be an engine.SamplerSettings, got {type(self.sampler).__name__}{hint}")
         for name in ("messages", "prompt_ids", "stop", "assistant_prefix", "forced_tokens"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, tuple):
+            if value is None:
+                continue
+            # A text or a mapping would be split into characters or keys by tuple(): say what is wanted instead.
+            if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+                raise TypeError(f"{name} must be a list, got {type(value).__name__}: {_WHAT[name]}")
+            if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
+        for name in ("prompt_ids", "assistant_prefix", "forced_tokens"):
+            for t in getattr(self, name) or ():
+                if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                    raise TypeError(f"{name} must hold token ids (whole numbers, 0 or more), got {t!r}")
+                if t < 0:
+                    raise TokenIdError(f"{name} holds token id {int(t)}; token ids are 0 or more")
+        if any(not isinstance(x, str) or not x for x in self.stop):
+            raise TypeError(f"stop must be a list of non-empty texts, got {list(self.stop)!r}")
+        for name in ("record_stages", "ignore_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise ConstraintError(f"constraint must be an engine.constraints.Constraint, got {type(self.constraint).__name__}")
         if not isinstance(self.server_sampling, bool):
             raise ValueError(f"server_sampling must be True or False, got {self.server_sampling!r}")
-        if not isinstance(self.top_n, int) or not 0 <= self.top_n <= 1000:
+        if isinstance(self.top_n, bool) or not isinstance(self.top_n, int) or not 0 <= self.top_n <= 1000:
             raise ValueError(f"top_n must be an integer in [0, 1000], got {self.top_n!r}")
         if self.messages is not None:
             for m in self.messages:

@@ -12,7 +12,11 @@ import re
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
+
+import numpy as np
 from typing import Any
+
+from engine.errors import TokenIdError
 
 REPLACEMENT = "\ufffd"
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte-fallback pieces
@@ -25,6 +29,42 @@ FALLBACK_TEMPLATE = (
     "{% else %}Assistant: {{ m['content'] }}\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
 )
+
+
+def check_token_ids(ids: Iterable[Any], n_vocab: int, what: str = "token id") -> None:
+    """Refuse any id that is not in [0, n_vocab): the one check every id entering the engine goes through.
+
+    Ids come from files (an imported loom tree), the Python API, servers and step mode; llama.cpp
+    aborts the whole process (std::out_of_range) on an id past its vocabulary, and a negative or
+    huge id indexes the wrong row elsewhere. `n_vocab` <= 0 means the size is unknown: only
+    non-integers and negative ids are refused then.
+
+    Raises:
+        TokenIdError: naming the first bad id and the vocabulary's range.
+    """
+    limit = int(n_vocab) if n_vocab and n_vocab > 0 else None
+    where = f"this model's vocabulary (0..{limit - 1})" if limit else "a vocabulary (ids are 0 or more)"
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise TokenIdError(f"{what} {t!r} is not an integer; token ids are whole numbers in {where}")
+        if t < 0 or (limit is not None and t >= limit):
+            raise TokenIdError(f"{what} {int(t)} is outside {where}")
+
+
+def check_token_array(ids: np.ndarray, n_vocab: int, what: str = "token id") -> None:
+    """`check_token_ids` for an integer array, without a Python loop over a long prompt."""
+    if ids.size and (ids.min() < 0 or (n_vocab > 0 and ids.max() >= n_vocab)):
+        bad = ids[(ids < 0) | (ids >= n_vocab)] if n_vocab > 0 else ids[ids < 0]
+        check_token_ids([int(bad[0])], n_vocab, what)
+
+
+def vocabulary_size(tokenizer: Any) -> int:
+    """How many ids `tokenizer` can turn into text (0 when it cannot say)."""
+    count = getattr(tokenizer, "token_count", None)
+    try:
+        return int(count()) if callable(count) else int(getattr(tokenizer, "vocab_size", 0) or 0)
+    except (TypeError, ValueError, AttributeError, NotImplementedError):
+        return 0
 
 
 class Tokenizer:
@@ -55,7 +95,9 @@ class Tokenizer:
         return list(self.hf(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=False)
+        ids = list(ids)
+        check_token_ids(ids, self.token_count())
+        return self.hf.decode(ids, skip_special_tokens=False)
 
     def token_text(self, token_id: int) -> str:
         """The surface text of one token (memoised: the UI asks for the same ids again and again)."""
@@ -74,13 +116,18 @@ class Tokenizer:
         """
         raw = self._bytes_cache.get(token_id)
         if raw is None:
+            if self.hf is not None:  # a subclass without `hf` (the remote tokenizer) checks its own
+                check_token_ids([token_id], self.token_count())
             raw = self._piece_bytes(int(token_id))
             self._bytes_cache[token_id] = raw
         return raw
 
     def token_count(self) -> int:
         """How many token ids the vocabulary has, added tokens included (`ByteVocabulary`)."""
-        return len(self.hf)
+        n = self.__dict__.get("_token_count")
+        if n is None:  # len() of a fast tokenizer walks its added tokens: once is enough
+            n = self.__dict__["_token_count"] = len(self.hf)
+        return n
 
     def special_token_ids(self) -> frozenset[int]:
         """Added tokens flagged special (<|im_start|>, <|endoftext|>, ...) and the named special tokens."""

@@ -52,7 +52,8 @@ def alternatives_json(ev: TokenEvent) -> str:
         # A stage's note ("top 20 from server") is a sixth field, only when there is one: older records
         # have five, and a local model's stages stay as small as before.
         doc["st"] = [
-            [s.stage, s.survivors, s.mass_kept, s.entropy, _probs_out(s.top), *([s.note] if s.note else [])]
+            [s.stage, s.survivors, s.mass_kept, s.entropy, _probs_out(s.top),
+             *([s.note] if s.note or s.removed else []), *([list(s.removed)] if s.removed else [])]
             for s in ev.stages
         ]
     if ev.constraint is not None:  # structured output: what the constraint did here (docs/constraints.md)
@@ -89,8 +90,9 @@ def token_from_row(row: tuple[Any, ...]) -> TokenEvent:
     stages = None
     if "st" in doc:
         stages = tuple(
-            StageSnapshot(str(name), int(surv), float(mass), float(ent), _probs_in(top_rows), str(note[0]) if note else "")
-            for name, surv, mass, ent, top_rows, *note in doc["st"]
+            StageSnapshot(str(name), int(surv), float(mass), float(ent), _probs_in(top_rows), str(rest[0]) if rest else "",
+                          tuple(int(t) for t in rest[1]) if len(rest) > 1 else ())  # a 7th field: the shown tokens cut
+            for name, surv, mass, ent, top_rows, *rest in doc["st"]
         )
     return TokenEvent(
         index=int(idx),

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.constraints.limits import on_deep_stack
 from engine.constraints.spec import Constraint, ConstraintError
 from engine.constraints.vocabulary import byte_tokenizer, ll_tokenizer
 
@@ -47,12 +48,32 @@ class ConstraintRun:
     # --- the mask ---------------------------------------------------------------------
 
     def allowed(self, scores: np.ndarray) -> np.ndarray:
-        """(V,) bool: which tokens the constraint allows next (`scores` tells the candidates' ids)."""
-        return self._mask.allowed(scores)
+        """(V,) bool: which tokens the constraint allows next (`scores` tells the candidates' ids).
+
+        None at all when the grammar engine has given up (then `failure` says why): llguidance's mask
+        allows only the end of text then, which would end the answer as if it were complete.
+        """
+        allowed = self._mask.allowed(scores)
+        self._check_engine()
+        if self.failure is not None:
+            allowed[:] = False
+        return allowed
 
     def fast_forward(self) -> int | None:
         """The next token the grammar forces (llguidance's fast-forward), or None (ask the mask)."""
-        return self._mask.forced() if self.constraint.fast_forward else None
+        if not self.constraint.fast_forward:
+            return None
+        forced = self._mask.forced()
+        self._check_engine()
+        return None if self.failure else forced
+
+    def _check_engine(self, limits_only: bool = False) -> None:
+        """The grammar engine gave up: say so in words, once. `limits_only`: only when one of its own limits
+        stopped it (a token it refuses puts it in an error state too; that is a dead end, said by `accept`)."""
+        if self.failure is None:
+            why = self._mask.engine_error()
+            if why and (not limits_only or is_engine_limit(why)):
+                self.failure = engine_failure(why, len(self._log_kept), self.constraint.label)
 
     def record(self, log_kept: float) -> None:
         """The log mass the mask kept at the step being picked (committed by `accept`)."""
@@ -64,8 +85,10 @@ class ConstraintRun:
             return
         why = self._mask.consume(int(token))
         if why:
-            self.failure = (f"dead end: {why} (it was given as a branch or in step mode, or the stages after "
-                            "the grammar removed every token it allows)")
+            self._check_engine(limits_only=True)
+            if self.failure is None:
+                self.failure = (f"dead end: {why} (it was given as a branch or in step mode, or the stages after "
+                                "the grammar removed every token it allows)")
             return
         self._log_kept.append(self._pending)
         self._pending = 0.0
@@ -101,7 +124,8 @@ class ConstraintRun:
         if self.is_accepting():
             return "complete"
         if finish_reason == "length":
-            return "stopped at the length limit inside the grammar: the answer is not complete yet"
+            return ("stopped at the length limit inside the grammar: the answer is not complete yet "
+                    "(the grammar wants more text than the answer's length allows)")
         if finish_reason == "cancelled":
             return "cancelled inside the grammar: the answer is not complete"
         return f"ended ({finish_reason}) inside the grammar: the answer is not complete"
@@ -134,8 +158,11 @@ class VocabularyMask:
         ff = self._m.compute_ff_tokens()
         return int(ff[0]) if ff else None
 
+    def engine_error(self) -> str:
+        return str(self._m.get_error()) if self._m.is_error() else ""
+
     def consume(self, token: int) -> str:
-        if token >= self._n or not self._m.consume_token(token):
+        if token < 0 or token >= self._n or not self._m.consume_token(token):
             return f"the constraint does not allow token {token} here"
         self._consumed += 1
         return ""
@@ -185,6 +212,9 @@ class CandidateMask:
     def forced(self) -> int | None:
         return None  # only the server's N tokens are known: no token can be spliced without them
 
+    def engine_error(self) -> str:
+        return str(self._m.get_error()) if self._m.is_error() else ""
+
     def consume(self, token: int) -> str:
         if token in self._eos:
             if not self._m.is_accepting():
@@ -230,14 +260,51 @@ def start_run(constraint: Constraint, tok: Any, n_vocab: int, reports_top_n: int
     from engine.capabilities import ByteVocabulary
 
     if reports_top_n:
-        matcher = LLMatcher(byte_tokenizer(), constraint.grammar, log_level=0)
+        matcher = on_deep_stack(lambda: LLMatcher(byte_tokenizer(), constraint.grammar, log_level=0))
         mask: VocabularyMask | CandidateMask = CandidateMask(matcher, tok, reports_top_n)
     else:
         if not isinstance(tok, ByteVocabulary):
             raise ConstraintError("a constraint needs the model's vocabulary as bytes, and this model's tokenizer cannot list it")
         ll = ll_tokenizer(tok, n_vocab)
-        matcher = LLMatcher(ll, constraint.grammar, log_level=0)
+        # Built on a deep stack: llguidance parses the grammar again here, recursively (engine.constraints.limits).
+        matcher = on_deep_stack(lambda: LLMatcher(ll, constraint.grammar, log_level=0))
         mask = VocabularyMask(matcher, ll.vocab_size)
     if matcher.is_error():
-        raise ConstraintError(f"the {constraint.label} cannot be used with this model: {matcher.get_error()}")
+        raise ConstraintError(f"the {constraint.label} cannot be used with this model: "
+                              f"{_first_line(matcher.get_error())}")
     return ConstraintRun(constraint, mask)
+
+
+def _first_line(message: str) -> str:
+    """llguidance's message without its parser dump (`<state>` ...) or backtrace."""
+    head = str(message).split("<state>")[0].split("<backtrace>")[0].strip()
+    return head.splitlines()[0].strip() if head else "no reason given"
+
+
+_LIMITS = ("Too many items", "items; max is", "symbols.len()", "NoExtension")
+
+
+def is_engine_limit(message: str) -> bool:
+    """Whether llguidance stopped at a limit of its own (not at a token the grammar refuses)."""
+    return _first_line(message).startswith(_LIMITS[3]) or any(k in _first_line(message) for k in _LIMITS[:3])
+
+
+def engine_failure(message: str, tokens: int, label: str = "grammar") -> str:
+    """Why the grammar engine gave up after `tokens` tokens of the answer, in words a user can act on."""
+    first = _first_line(message)
+    at = f"after {tokens} token{'s' if tokens != 1 else ''}"
+    if first.startswith("NoExtension"):  # llguidance's stop reason: no byte can extend the text
+        if tokens == 0:
+            return (f"the {label} allows no answer at all: no text matches it (check that every rule can end "
+                    "and that its character classes are not empty)")
+        return f"dead end: the {label} allows nothing after this text ({at}): it cannot go on and cannot end here"
+    if "Too many items" in first:
+        return (f"the grammar forces a text longer than the grammar engine can look ahead ({at}): a rule that only "
+                "calls itself, with no way to end (root ::= \"ab\" root), or a repeat of thousands (\"a\"{100000}) "
+                f"does this; give it a way to end or make the forced part shorter (llguidance: {first})")
+    if "items; max is" in first:
+        return (f"the grammar has too many alternatives at one place for the grammar engine ({at}); write a long "
+                f"list of alternatives as a choice list or a regular expression (llguidance: {first})")
+    if "symbols.len()" in first:
+        return f"the grammar is too big for the grammar engine ({at}); make it smaller (llguidance: {first})"
+    return f"the grammar engine stopped ({at}): {first}"

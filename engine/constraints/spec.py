@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from engine.constraints.limits import ConstraintTooBig, check_choice_count, check_size, on_deep_stack
 from engine.errors import EngineError
 
 ConstraintKind = Literal["json_schema", "json", "regex", "lark", "gbnf", "choice"]
@@ -118,24 +119,51 @@ class Constraint:
 
 
 def compile_grammar(kind: str, text: str) -> str:
-    """The llguidance grammar for `text` of `kind`, validated; ConstraintError naming where it fails."""
-    from llguidance import LLMatcher, grammar_from
+    """The llguidance grammar for `text` of `kind`, validated; ConstraintError naming where it fails.
 
+    Its size is checked first (`engine.constraints.limits`: past a limit llguidance can crash the
+    process), and it is built on a thread with a deep stack.
+    """
     label = KIND_LABELS[kind]
+    try:
+        check_size(kind, text, label)
+    except ConstraintTooBig as e:
+        raise ConstraintError(str(e)) from None
     if kind == "json_schema":
         _check_json_schema_text(text)
     elif kind == "choice":
         _check_choices(text)
     elif kind in ("regex", "lark", "gbnf") and not text.strip():
         raise ConstraintError(f"the {label} is empty")
+    return on_deep_stack(_build, kind, text, label)
+
+
+def _build(kind: str, text: str, label: str) -> str:
+    from llguidance import LLMatcher, grammar_from
+
     try:
-        grammar = grammar_from("json_schema", "{}") if kind == "json" else grammar_from(kind, text)
+        if kind == "json":
+            grammar = grammar_from("json_schema", "{}")
+        elif kind == "choice":
+            # One regular expression, not one grammar alternative per option: the lexer takes any number
+            # of alternatives, the parser at most 2,000 at one place (past that it fails mid-answer).
+            grammar = grammar_from("regex", "|".join(_regex_literal(o) for o in json.loads(text)))
+        else:
+            grammar = grammar_from(kind, text)
     except ValueError as e:  # GBNF that does not convert; says the line and the place
         raise ConstraintError(f"the {label} cannot be read: {_strip(str(e))}") from None
     failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if failed:
         raise ConstraintError(f"the {label} cannot be used: {_tidy(kind, messages[0])}")
     return grammar
+
+
+_REGEX_SPECIAL = frozenset("\\.+*?()|[]{}^$#&-~")  # what Rust's regex_syntax::escape escapes
+
+
+def _regex_literal(text: str) -> str:
+    """`text` as a Rust regular expression that matches exactly it."""
+    return "".join("\\" + c if c in _REGEX_SPECIAL else c for c in text)
 
 
 def _check_json_schema_text(text: str) -> None:
@@ -155,7 +183,12 @@ def _check_choices(text: str) -> None:
     except json.JSONDecodeError as e:
         raise ConstraintError(f"the choice list is not a JSON list of texts: {e.msg} at column {e.colno}") from None
     if not isinstance(options, list) or not options or not all(isinstance(o, str) and o for o in options):
-        raise ConstraintError(f'the choice list must be a non-empty list of non-empty texts, e.g. ["yes", "no"]; got {text!r}')
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ConstraintError(f'the choice list must be a non-empty list of non-empty texts, e.g. ["yes", "no"]; got {shown!r}')
+    try:
+        check_choice_count(len(options))
+    except ConstraintTooBig as e:
+        raise ConstraintError(str(e)) from None
 
 
 def _strip(message: str) -> str:

@@ -2,7 +2,8 @@
 
 - `generate(inputs, ...)`: batch generation, prompt + generated ids as one array.
 - `next_token_logprobs_sync(ids)` / `await next_token_logprobs(ids)`: full-vocabulary
-  normalized logprobs, cached in a token trie; concurrent async requests that
+  normalized logprobs, cached in a token trie (rows and KV states within one byte budget,
+  least recently used out first: `cache_budget_bytes`); concurrent async requests that
   arrive within `batch_window_s` run as one batch, identical ones once.
 - `sample` / `batch_sample`: ancestral sampling built on the cached logprobs.
 - `beam_search(...)`, `agenerate(...)`.
@@ -23,13 +24,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.research.batch_generate import check_rows_fit, generate_batch
+from engine.research.batch_generate import as_rows, check_rows_fit, generate_batch
 from engine.research.beam import BeamResult, beam_search
 from engine.capabilities import BatchRunners, LayerLens, require
 from engine.research.constrained import ConstrainedSample, allowed_mask, constrained_sample, run_for
 from engine.research.trie import TokenTrie
 from engine.constraints import Constraint
 from engine.sampling import SamplerChain, SamplerSettings
+from engine.tokenizer import check_token_ids, vocabulary_size
 
 if TYPE_CHECKING:
     from engine.experiments.score import ScoreResult
@@ -43,11 +45,13 @@ def _normalize(logits: np.ndarray) -> np.ndarray:
     return (logits - m - np.log(np.exp(logits - m).sum(axis=-1, keepdims=True))).astype(np.float32)
 
 
-def _check_ids(token_ids: Sequence[int]) -> tuple[int, ...]:
-    ids = tuple(int(t) for t in token_ids)
+def _check_ids(token_ids: Sequence[int], n_vocab: int = 0) -> tuple[int, ...]:
+    """`token_ids` as a tuple of ints, each checked against the vocabulary (TokenIdError in words)."""
+    ids = tuple(token_ids)
     if not ids:
         raise ValueError("token_ids is empty: at least one token is needed to predict the next one")
-    return ids
+    check_token_ids(ids, n_vocab)
+    return tuple(int(t) for t in ids)
 
 
 class LanguageModel:
@@ -55,16 +59,22 @@ class LanguageModel:
         self,
         backend,
         *,
-        kv_budget_bytes: int = 1 << 30,
+        cache_budget_bytes: int = 1 << 30,
+        kv_budget_bytes: int | None = None,
         max_batch_size: int = 32,
         batch_window_s: float = 0.005,
     ):
         self.backend = backend
         self.tokenizer = backend.tokenizer
         self.context_length = int(getattr(backend.info, "context_length", 0) or 0)  # 0: unknown, unchecked
+        # The ids a caller may pass: the tokenizer's vocabulary, within the model's logits.
+        sizes = [n for n in (vocabulary_size(self.tokenizer), int(getattr(backend.info, "vocab_size", 0) or 0)) if n > 0]
+        self.n_vocab = min(sizes) if sizes else 0
         self.runner = require(backend, BatchRunners, "the research API").batch_runner()
         self._states = self.runner.supports_row_states()
-        self.trie = TokenTrie(kv_budget_bytes, self.runner.state_nbytes)
+        # One byte budget for everything cached (logprob rows, KV states, the tree), least recently used
+        # out first; `kv_budget_bytes` caps the KV states within it.
+        self.trie = TokenTrie(cache_budget_bytes, self.runner.state_nbytes, kv_budget_bytes)
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="logitlab-research")
@@ -87,7 +97,7 @@ class LanguageModel:
 
     def batch_next_token_logprobs_sync(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
         """(B, V) normalized logprobs; cached prefixes are free, the rest is one forward per chunk."""
-        keys = [_check_ids(ids) for ids in batch]
+        keys = [_check_ids(ids, self.n_vocab) for ids in batch]
         check_rows_fit(keys, 0, self.context_length)
         out: dict[tuple[int, ...], np.ndarray] = {}
         todo = []
@@ -135,7 +145,7 @@ class LanguageModel:
 
     async def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
         """Awaitable; requests arriving within `batch_window_s` of each other share one forward."""
-        key = _check_ids(token_ids)
+        key = _check_ids(token_ids, self.n_vocab)
         check_rows_fit([key], 0, self.context_length)  # here, not in the batch: one bad row must not fail the others
         hit = self.trie.cached_logprobs(key)
         if hit is not None:
@@ -228,7 +238,7 @@ class LanguageModel:
         seed: int | None = None,
     ) -> tuple[list[int], float]:
         """Ancestral sampling through the trie; returns (generated ids, their total log-prob under the model)."""
-        ids = list(_check_ids(prompt_ids))
+        ids = list(_check_ids(prompt_ids, self.n_vocab))
         check_rows_fit([ids], max_tokens, self.context_length)
         chain = SamplerChain(SamplerSettings(temperature=temperature, seed=seed))
         eos, out, total = set(eos_token_ids), [], 0.0
@@ -250,7 +260,7 @@ class LanguageModel:
         seed: int | None = None,
     ) -> list[tuple[list[int], float]]:
         """`sample` for many prompts, one batched forward per step across the still-running rows."""
-        prompts = [list(_check_ids(p)) for p in prompt_ids_list]
+        prompts = [list(_check_ids(p, self.n_vocab)) for p in prompt_ids_list]
         check_rows_fit(prompts, max_tokens, self.context_length)
         chains = [SamplerChain(SamplerSettings(temperature=temperature, seed=None if seed is None else seed + i)) for i in range(len(prompts))]
         outs: list[list[int]] = [[] for _ in prompts]
@@ -276,12 +286,13 @@ class LanguageModel:
     def allowed_tokens(self, constraint: Constraint, prefix_ids: Sequence[int] = ()) -> np.ndarray:
         """(V,) bool: the tokens `constraint` allows after `prefix_ids` (the tokens generated under it so far)."""
         n_vocab = int(self.backend.info.vocab_size)
+        check_token_ids(prefix_ids, self.n_vocab)
         return allowed_mask(run_for(constraint, self.tokenizer, n_vocab, prefix_ids), n_vocab)
 
     def sample_constrained(self, prompt_ids: Sequence[int], constraint: Constraint, max_tokens: int,
                            temperature: float = 1.0, seed: int | None = None) -> ConstrainedSample:
         """Ancestral sampling masked by `constraint`, with the log mass kept as the sample's log weight."""
-        ids = list(_check_ids(prompt_ids))
+        ids = list(_check_ids(prompt_ids, self.n_vocab))
         check_rows_fit([ids], max_tokens, self.context_length)
         return constrained_sample(self.next_token_logprobs_sync, self.tokenizer, int(self.backend.info.vocab_size),
                                   ids, constraint, max_tokens, SamplerSettings(temperature=temperature, seed=seed))
@@ -298,7 +309,7 @@ class LanguageModel:
         index of a predicted token: 1..len(token_ids). MissingCapabilityError on a model without
         the layer view (a server).
         """
-        ids = _check_ids(token_ids)
+        ids = _check_ids(token_ids, self.n_vocab)
         lens = require(self.backend, LayerLens, "the layer view")
         where = len(ids) if position is None else int(position)
         capture = lens.layer_capture(ids, [where], top_k=top_k)[0]
@@ -314,6 +325,8 @@ class LanguageModel:
 
     def generate_with_logprobs(self, inputs, **kwargs) -> tuple[np.ndarray, np.ndarray]:
         """`generate` plus the (batch, max_new_tokens) model logprobs of the generated tokens (NaN after a stop)."""
+        for row in as_rows(inputs):
+            check_token_ids(row, self.n_vocab)
         return generate_batch(self.runner, inputs, pad_id=self.runner.pad_id, context_length=self.context_length, **kwargs)
 
     async def agenerate(self, inputs, **kwargs) -> np.ndarray:
@@ -324,7 +337,7 @@ class LanguageModel:
     def beam_search(self, prompt_ids: Sequence[int], *, num_beams: int = 4, max_new_tokens: int = 32,
                     length_penalty: float = 1.0, early_stopping: bool | str = False,
                     num_return_sequences: int = 1) -> list[BeamResult]:
-        return beam_search(self.runner, _check_ids(prompt_ids), num_beams=num_beams, max_new_tokens=max_new_tokens,
+        return beam_search(self.runner, _check_ids(prompt_ids, self.n_vocab), num_beams=num_beams, max_new_tokens=max_new_tokens,
                            length_penalty=length_penalty, early_stopping=early_stopping,
                            num_return_sequences=num_return_sequences,
                            eos_token_ids=sorted(self.tokenizer.eos_token_ids), pad_id=self.runner.pad_id,

@@ -93,6 +93,9 @@ class GrammarStage:
         if self.run.failure:
             return self.run.failure
         if not keep.any():
+            if self.run.state()[0] == 0:  # nothing read yet: no text at all matches it
+                return (f"the {self.run.constraint.label} allows no answer at all: no text matches it "
+                        "(check that every rule can end and that its character classes are not empty)")
             return "dead end: the constraint allows no token of this model here (the grammar cannot go on)"
         return ("dead end: every token the constraint allows here was removed by an earlier stage "
                 "(logit bias or banned strings); loosen them or move the grammar stage first")

@@ -30,6 +30,9 @@ class StageStats:
             stage, of the tokens that survive it (1.0 for reshaping stages).
         entropy: entropy (nats) of the distribution after this stage.
         top: top-N (token_id, logprob) after this stage, most likely first.
+        removed: the tokens worth showing (the model's top N, the chosen one, and any an earlier
+            stage listed) that this stage removed: a view can say "cut" (or "banned", for a
+            logit bias of -inf) for them even where `top` is cut at N and says nothing.
     """
 
     name: str
@@ -37,6 +40,7 @@ class StageStats:
     mass_kept: float
     entropy: float
     top: TopList
+    removed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +105,16 @@ class Choice:
         if self._steps is not None:
             recorded = []
             dist = model  # the distribution entering the next stage
+            watched = dict.fromkeys([t for t, _ in model.top(top_n)] + [token])  # the rows a view shows
             for name, ids, vals in self._steps:
                 if vals is None:  # the stage changed nothing
                     recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, dist.top(top_n)))
                     continue
                 after = Dist(vals, ids)
-                recorded.append(StageStats(name, after.count, mass_kept(dist, after), after.entropy, after.top(top_n)))
+                top = after.top(top_n)
+                removed = tuple(t for t in watched if dist.score(t) != -math.inf and after.score(t) == -math.inf)
+                recorded.append(StageStats(name, after.count, mass_kept(dist, after), after.entropy, top, removed))
+                watched.update(dict.fromkeys(t for t, _ in top))
                 dist = after
         if self._final is None:  # greedy
             best = self._best

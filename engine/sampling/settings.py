@@ -48,6 +48,17 @@ DRY_BREAKER_MAX_CHARS = 40  # llama.cpp truncates longer breakers; we refuse the
 
 LogitBias = tuple[tuple[int | str, float], ...]
 
+# Bounds on values that are finite but would push the float32 arithmetic past its range (a logit divided by
+# temperature 1e-45 is infinite, a bias of 1e308 is infinite in float32, 2 ** (2 * mirostat_tau) overflows):
+# llama.cpp takes them as given and samples from NaNs; we refuse them in words. Each bound is far beyond
+# any setting that still changes what is sampled (a bias of 1000 nats already decides alone).
+MIN_TEMPERATURE = 1e-3  # below it (and above 0) a temperature acts as greedy; 0 says greedy exactly
+MAX_TEMPERATURE = 1000.0
+MAX_LOGIT_BIAS = 1000.0
+PENALTY_RANGE = (0.01, 100.0)  # repetition penalty; 1 = off
+MAX_SHAPE = 100.0  # smoothing factor and curve, dynatemp exponent, DRY multiplier and base
+MAX_MIROSTAT_TAU = 100.0  # bits of surprise; a vocabulary of 262k tokens has at most 18
+
 
 @dataclass(frozen=True)
 class SamplerSettings:
@@ -176,6 +187,10 @@ def normalize_logit_bias(value: Any, errors: list[str]) -> LogitBias:
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias) or bias == math.inf:
             errors.append(f"logit_bias for {key!r} must be a number, or false / -inf to ban the token, got {bias!r}")
             continue
+        if bias != -math.inf and abs(bias) > MAX_LOGIT_BIAS:
+            errors.append(f"logit_bias for {key!r} must be between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g} "
+                          f"(or false / -inf to ban the token), got {bias!r}")
+            continue
         out.append((key, float(bias)))
     return tuple(out)
 
@@ -209,10 +224,16 @@ def validate(s: SamplerSettings) -> list[str]:
     e: list[str] = []
     if _finite("temperature", s.temperature, e) and s.temperature < 0:
         e.append(f"temperature must be >= 0 (0 = greedy), got {s.temperature}")
-    if _finite("dynatemp_range", s.dynatemp_range, e) and s.dynatemp_range < 0:
-        e.append(f"dynatemp_range must be >= 0 (0 = off), got {s.dynatemp_range}")
-    if _finite("dynatemp_exponent", s.dynatemp_exponent, e) and s.dynatemp_exponent <= 0:
-        e.append(f"dynatemp_exponent must be > 0 (1 = linear), got {s.dynatemp_exponent}")
+    elif isinstance(s.temperature, (int, float)) and 0 < s.temperature < MIN_TEMPERATURE:
+        e.append(f"temperature {s.temperature:g} is so close to 0 that it only overflows the arithmetic; "
+                 f"use 0 for greedy, or at least {MIN_TEMPERATURE:g}")
+    elif isinstance(s.temperature, (int, float)) and s.temperature > MAX_TEMPERATURE:
+        e.append(f"temperature must be at most {MAX_TEMPERATURE:g} (past it every token is equally likely), "
+                 f"got {s.temperature:g}")
+    if _finite("dynatemp_range", s.dynatemp_range, e) and not 0 <= s.dynatemp_range <= MAX_TEMPERATURE:
+        e.append(f"dynatemp_range must be in [0, {MAX_TEMPERATURE:g}] (0 = off), got {s.dynatemp_range:g}")
+    if _finite("dynatemp_exponent", s.dynatemp_exponent, e) and not 0 < s.dynatemp_exponent <= MAX_SHAPE:
+        e.append(f"dynatemp_exponent must be in (0, {MAX_SHAPE:g}] (1 = linear), got {s.dynatemp_exponent:g}")
     if _integer("top_k", s.top_k, e) and s.top_k < 0:
         e.append(f"top_k must be >= 0 (0 = off), got {s.top_k}")
     if _finite("top_p", s.top_p, e) and not 0 < s.top_p <= 1:
@@ -221,19 +242,22 @@ def validate(s: SamplerSettings) -> list[str]:
         e.append(f"min_p must be in [0, 1], got {s.min_p}")
     if _finite("typical_p", s.typical_p, e) and not 0 < s.typical_p <= 1:
         e.append(f"typical_p must be in (0, 1], got {s.typical_p}")
-    _finite("top_n_sigma", s.top_n_sigma, e)  # <= 0 is off, as in llama.cpp
-    if _finite("repetition_penalty", s.repetition_penalty, e) and s.repetition_penalty <= 0:
-        e.append(f"repetition_penalty must be > 0 (1 = off), got {s.repetition_penalty}")
+    if _finite("top_n_sigma", s.top_n_sigma, e) and s.top_n_sigma > MAX_TEMPERATURE:  # <= 0 is off, as in llama.cpp
+        e.append(f"top_n_sigma must be at most {MAX_TEMPERATURE:g} (past it every token is kept; <= 0 is off), "
+                 f"got {s.top_n_sigma:g}")
+    if _finite("repetition_penalty", s.repetition_penalty, e) and not PENALTY_RANGE[0] <= s.repetition_penalty <= PENALTY_RANGE[1]:
+        e.append(f"repetition_penalty must be between {PENALTY_RANGE[0]:g} and {PENALTY_RANGE[1]:g} (1 = off), "
+                 f"got {s.repetition_penalty:g}")
     if _finite("presence_penalty", s.presence_penalty, e) and not -2 <= s.presence_penalty <= 2:
         e.append(f"presence_penalty must be in [-2, 2], got {s.presence_penalty}")
     if _finite("frequency_penalty", s.frequency_penalty, e) and not -2 <= s.frequency_penalty <= 2:
         e.append(f"frequency_penalty must be in [-2, 2], got {s.frequency_penalty}")
     if _integer("penalty_last_n", s.penalty_last_n, e) and s.penalty_last_n < -1:
         e.append(f"penalty_last_n must be >= -1 (-1 = whole history), got {s.penalty_last_n}")
-    if _finite("dry_multiplier", s.dry_multiplier, e) and s.dry_multiplier < 0:
-        e.append(f"dry_multiplier must be >= 0 (0 = off), got {s.dry_multiplier}")
-    if _finite("dry_base", s.dry_base, e) and s.dry_base < 1:
-        e.append(f"dry_base must be >= 1 (the penalty grows as base ** repeat length), got {s.dry_base}")
+    if _finite("dry_multiplier", s.dry_multiplier, e) and not 0 <= s.dry_multiplier <= MAX_SHAPE:
+        e.append(f"dry_multiplier must be in [0, {MAX_SHAPE:g}] (0 = off), got {s.dry_multiplier:g}")
+    if _finite("dry_base", s.dry_base, e) and not 1 <= s.dry_base <= MAX_SHAPE:
+        e.append(f"dry_base must be in [1, {MAX_SHAPE:g}] (the penalty grows as base ** repeat length), got {s.dry_base:g}")
     if _integer("dry_allowed_length", s.dry_allowed_length, e) and s.dry_allowed_length < 0:
         e.append(f"dry_allowed_length must be >= 0, got {s.dry_allowed_length}")
     if _integer("dry_penalty_last_n", s.dry_penalty_last_n, e) and s.dry_penalty_last_n < -1:
@@ -248,8 +272,8 @@ def validate(s: SamplerSettings) -> list[str]:
         e.append(f"xtc_threshold must be in (0, 0.5], got {s.xtc_threshold}")
     if _integer("mirostat", s.mirostat, e) and s.mirostat not in (0, 1, 2):
         e.append(f"mirostat must be 0 (off), 1 or 2 (the version), got {s.mirostat}")
-    if _finite("mirostat_tau", s.mirostat_tau, e) and s.mirostat_tau <= 0:
-        e.append(f"mirostat_tau (the target surprise, in bits) must be > 0, got {s.mirostat_tau}")
+    if _finite("mirostat_tau", s.mirostat_tau, e) and not 0 < s.mirostat_tau <= MAX_MIROSTAT_TAU:
+        e.append(f"mirostat_tau (the target surprise, in bits) must be in (0, {MAX_MIROSTAT_TAU:g}], got {s.mirostat_tau:g}")
     if _finite("mirostat_eta", s.mirostat_eta, e) and not 0 < s.mirostat_eta <= 1:
         e.append(f"mirostat_eta (the learning rate) must be in (0, 1], got {s.mirostat_eta}")
     if _finite("adaptive_target", s.adaptive_target, e) and s.adaptive_target > 1:
@@ -259,10 +283,10 @@ def validate(s: SamplerSettings) -> list[str]:
     if isinstance(s.mirostat, int) and s.mirostat and isinstance(s.adaptive_target, (int, float)) and s.adaptive_target >= 0:
         e.append("mirostat and adaptive-p cannot both be on (each steers the picks toward its own target, and "
                  "llama.cpp runs only mirostat then); turn one off: mirostat 0 or adaptive_target -1")
-    if _finite("smoothing_factor", s.smoothing_factor, e) and s.smoothing_factor < 0:
-        e.append(f"smoothing_factor must be >= 0 (0 = off), got {s.smoothing_factor}")
-    if _finite("smoothing_curve", s.smoothing_curve, e) and s.smoothing_curve < 1:
-        e.append(f"smoothing_curve must be >= 1 (1 = plain quadratic), got {s.smoothing_curve}")
+    if _finite("smoothing_factor", s.smoothing_factor, e) and not 0 <= s.smoothing_factor <= MAX_SHAPE:
+        e.append(f"smoothing_factor must be in [0, {MAX_SHAPE:g}] (0 = off), got {s.smoothing_factor:g}")
+    if _finite("smoothing_curve", s.smoothing_curve, e) and not 1 <= s.smoothing_curve <= MAX_SHAPE:
+        e.append(f"smoothing_curve must be in [1, {MAX_SHAPE:g}] (1 = plain quadratic), got {s.smoothing_curve:g}")
     _strings("banned_strings", s.banned_strings, e, "phrases the answer must not contain")
     if s.seed is not None and _integer("seed", s.seed, e) and not 0 <= s.seed < 2**63:
         e.append(f"seed must be in [0, 2**63), got {s.seed}")
@@ -275,3 +299,9 @@ def validate(s: SamplerSettings) -> list[str]:
     if len(set(s.order)) != len(s.order):
         e.append(f"sampler stage order names a stage twice: {list(s.order)}")
     return e
+
+
+# The settings an answer uses unless told otherwise, in the window (its default preset) and the CLI: llama.cpp's
+# own (common/common.h `common_params_sampling`: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no
+# repetition penalty). `SamplerSettings()` itself is every stage off: the model's distribution as it is.
+DEFAULT_SAMPLER = SamplerSettings(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)

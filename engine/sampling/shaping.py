@@ -32,6 +32,9 @@ from engine.sampling.stages import (
 )
 
 
+_MIN_DYNAMIC_TEMPERATURE = np.float32(1e-6)
+
+
 def make_temperature_ext(t: float, delta: float, exponent: float) -> Stage:
     """Temperature, made dynamic by `delta` (llama.cpp `llama_sampler_init_temp_ext`).
 
@@ -60,7 +63,9 @@ def make_temperature_ext(t: float, delta: float, exponent: float) -> Stage:
             z, ed = exp_sums(vals, m, entropy=True, all_finite=True)
             normalized = np.float32(max(math.log(z) - ed / z, 0.0) / math.log(n))
         dyn = np.float32(lo + (hi - lo) * np.float32(normalized**exp32))
-        if dyn <= 0:  # llama.cpp: keep only the (first) top token
+        # llama.cpp keeps only the (first) top token at a temperature <= 0; one so small that the logits would
+        # overflow when divided by it (a tiny entropy to a large exponent) is that too.
+        if dyn < _MIN_DYNAMIC_TEMPERATURE:
             out = np.full_like(scores, NEG_INF)
             best = int(np.argmax(scores))
             out[best] = scores[best]

@@ -49,7 +49,7 @@ def survivors_distribution(chain: SamplerChain, x: np.ndarray, history=EMPTY) ->
         ({"top_k": 2.5}, "top_k must be an integer, got 2.5"),
         ({"min_p": 1.1}, "min_p must be in [0, 1]"),
         ({"typical_p": 0.0}, "typical_p must be in (0, 1]"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0 (1 = off)"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be between 0.01 and 100 (1 = off)"),
         ({"penalty_last_n": -2}, "penalty_last_n must be >= -1"),
         ({"xtc_threshold": 0.7}, "xtc_threshold must be in (0, 0.5]"),
         ({"seed": -1}, "seed must be in [0, 2**63)"),

@@ -21,7 +21,7 @@ from typing import Any
 import llama_cpp
 
 from engine.chat_template import render_chat_template
-from engine.tokenizer import FALLBACK_TEMPLATE
+from engine.tokenizer import FALLBACK_TEMPLATE, check_token_ids
 
 
 class LlamaCppTokenizer:
@@ -74,6 +74,7 @@ class LlamaCppTokenizer:
         ids = list(ids)
         if not ids:
             return b""
+        check_token_ids(ids, self.vocab_size)  # llama.cpp aborts the process (std::out_of_range) on a bad id
         arr = (llama_cpp.llama_token * len(ids))(*ids)
         size = max(64, 8 * len(ids))
         while True:
@@ -90,6 +91,7 @@ class LlamaCppTokenizer:
         """The bytes one token contributes: a byte-fallback token gives one byte of a UTF-8 character."""
         raw = self._bytes_cache.get(token_id)
         if raw is None:
+            check_token_ids([token_id], self.vocab_size)
             # A buffer per call: the UI thread tokenizes while the worker thread decodes.
             buf = ctypes.create_string_buffer(64)
             n = llama_cpp.llama_token_to_piece(self._v(), token_id, buf, len(buf), 0, True)
@@ -130,6 +132,7 @@ class LlamaCppTokenizer:
 
     def token_str(self, token_id: int) -> str:
         """The vocabulary entry itself (e.g. 'Ġthe', '<0x0A>'), for special-token lookups."""
+        check_token_ids([token_id], self.vocab_size)
         raw = llama_cpp.llama_vocab_get_text(self._v(), token_id)
         return raw.decode("utf-8", errors="replace") if raw else ""
 
