@@ -475,7 +475,7 @@ def _first_alternative(doc: dict) -> dict:
 
 def test_an_endless_model_list_is_refused_at_a_size_limit(servers):
     from engine.backends.remote import RemoteBackend
-    from engine.backends.remote.client import MAX_RESPONSE_BYTES
+    from engine.backends.remote.bounded import MAX_RESPONSE_BYTES
     from engine.backends.remote.errors import ServerResponseError
     from remote_server import Reply
 

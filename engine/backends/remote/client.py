@@ -31,7 +31,6 @@ import contextvars
 import json
 import logging
 import queue
-import re
 import socket
 import threading
 import time
@@ -40,6 +39,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from engine.backends.remote.bounded import MAX_EVENT_BYTES, MAX_RESPONSE_BYTES, LineTooLong, bounded_lines
 from engine.backends.remote.errors import (
     RequestCancelledError,
     ServerAuthError,
@@ -56,9 +56,6 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 BACKOFF_S = 0.25  # first wait; doubles each retry
 MAX_BACKOFF_S = 4.0
 CANCEL_POLL_S = 0.05  # how often a waiting request looks at its cancel event
-MAX_RESPONSE_BYTES = 64 * 2**20  # a whole answer (a model list, a completion with every prompt position's top N)
-MAX_EVENT_BYTES = 16 * 2**20  # one streamed line (one token's event, with its alternatives)
-_NEWLINES = re.compile(r"\r\n|\r|\n")
 
 T = TypeVar("T")
 _CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("logitlab_remote_cancel", default=None)
@@ -182,7 +179,7 @@ class ServerClient:
                     if response.status_code >= 400:
                         response.read()
                         return
-                    for line in _bounded_lines(response, MAX_EVENT_BYTES):
+                    for line in bounded_lines(response, MAX_EVENT_BYTES):
                         if stop.is_set():
                             return
                         lines.put(line)
@@ -213,7 +210,7 @@ class ServerClient:
                     raise self._transport_error(item, streaming=True) from None
                 if isinstance(item, httpx.InvalidURL):
                     raise self._invalid_url(item) from None
-                if isinstance(item, _LineTooLong):
+                if isinstance(item, LineTooLong):
                     raise ServerResponseError(f"{host} streamed an event longer than {MAX_EVENT_BYTES // 2**20} MiB "
                                               "without ending it: the answer was refused there") from None
                 if isinstance(item, BaseException):
@@ -303,32 +300,6 @@ class ServerClient:
 
     def close(self) -> None:
         self._http.close()
-
-
-class _LineTooLong(Exception):
-    """A streamed line ran past MAX_EVENT_BYTES without a line break."""
-
-
-def _bounded_lines(response: httpx.Response, limit: int) -> Iterator[str]:
-    """The body's lines (any of \\r\\n, \\n, \\r ends one), each at most `limit` characters: _LineTooLong past that.
-
-    A line's pieces are kept in a list until its end arrives, so a line sent a byte at a time costs linear time.
-    """
-    parts: list[str] = []
-    size = 0
-    for text in response.iter_text():
-        pieces = _NEWLINES.split(text)
-        if len(pieces) > 1:
-            parts.append(pieces[0])
-            yield "".join(parts)
-            yield from pieces[1:-1]
-            parts, size = [], 0
-        parts.append(pieces[-1])
-        size += len(pieces[-1])
-        if size > limit:
-            raise _LineTooLong
-    if size:
-        yield "".join(parts)
 
 
 def _watching(cancel: threading.Event | None, timeout: float, host: str, call: Callable[[], T]) -> T:
