@@ -1,14 +1,61 @@
-"""Batch generation (FlexLLMGen `OptLM.generate` shape): one batched forward per step for all rows."""
+"""Batch generation (FlexLLMGen `OptLM.generate` shape): one batched forward per step for all rows.
+
+The output is one (B, W + max_new_tokens) array: each prompt right-aligned in the first W columns, then
+what the row generated. Every cell that holds no token is `PAD` (-1), never a token id: a real pad id
+would read as text (SmolLM2's pad id 2 is its `<|im_end|>`, an end-of-sequence token). A row stops at the
+model's end-of-sequence tokens by default (kept, then `PAD`); `Generation.lengths` says how many tokens
+each row generated.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from engine.decode import check_context
 from engine.errors import ContextLengthError
 from engine.sampling import SamplerChain, SamplerSettings
+
+
+PAD = -1  # an output cell without a token (before a short prompt, after a stop): no token has this id
+
+
+@dataclass(frozen=True)
+class Generation:
+    """`LanguageModel.generate_output`: the ids, the model's log-probs of the generated tokens, per-row lengths.
+
+    Attributes:
+        sequences: (B, prompt_width + max_new_tokens) int64; prompts right-aligned, `PAD` (-1) where no token is.
+        logprobs: (B, max_new_tokens) float32 model log-probs of the generated tokens; NaN after a row stopped.
+        lengths: (B,) how many tokens each row generated, its stop token included.
+        prompt_width: columns before the generated ones (the longest prompt).
+    """
+
+    sequences: np.ndarray
+    logprobs: np.ndarray
+    lengths: np.ndarray
+    prompt_width: int
+
+    @classmethod
+    def from_arrays(cls, sequences: np.ndarray, logprobs: np.ndarray) -> "Generation":
+        lengths = (~np.isnan(logprobs)).sum(axis=1).astype(np.int64)  # a generated token's log-prob is a number
+        return cls(sequences, logprobs, lengths, sequences.shape[1] - logprobs.shape[1])
+
+    def generated(self, row: int) -> list[int]:
+        """The ids row `row` generated, its stop token included, no padding."""
+        start = self.prompt_width
+        return [int(t) for t in self.sequences[row, start : start + int(self.lengths[row])]]
+
+
+def stop_ids(stop: int | Iterable[int] | None, eos_token_ids: Iterable[int]) -> set[int]:
+    """The ids that end a row: `stop` when given (`()`: none, run to max_new_tokens), else end-of-sequence."""
+    if stop is None:
+        return {int(t) for t in eos_token_ids}
+    if isinstance(stop, (int, np.integer)):
+        return {int(stop)}
+    return {int(t) for t in stop}
 
 
 def as_rows(inputs: np.ndarray | Sequence[Sequence[int]]) -> list[list[int]]:
@@ -40,11 +87,14 @@ def generate_batch(
     seed: int | None = None,
     pad_id: int = 0,
     context_length: int = 0,
+    eos_token_ids: Iterable[int] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """(B, prompt_len + max_new_tokens) ids and (B, max_new_tokens) model logprobs of the generated tokens.
 
-    Prompts are left-padded with `pad_id`. A row that emits a `stop` token id keeps it and is padded after it; the
-    loop ends early once every row has stopped. Row r samples with seed
+    Prompts are right-aligned after `PAD` (-1) cells. A row that emits a stop id (`stop`, or by default one of
+    `eos_token_ids`; `stop=()` never stops) keeps it and has `PAD` after it; the loop ends early once every
+    row has stopped. `pad_id` is what the runner is fed for a stopped row (a real id; its output is ignored).
+    Row r samples with seed
     `seed + r`, so a row's tokens do not depend on which other rows share the batch.
     Every row is checked against `context_length` (the model's; 0 = unchecked) before any forward pass.
     """
@@ -56,10 +106,10 @@ def generate_batch(
     base_seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**62)
     chains = [SamplerChain(settings.with_(seed=base_seed + r)) for r in range(len(rows))]
     width = max(len(r) for r in rows)
-    out = np.full((len(rows), width + max_new_tokens), pad_id, dtype=np.int64)
+    out = np.full((len(rows), width + max_new_tokens), PAD, dtype=np.int64)
     for i, r in enumerate(rows):
         out[i, width - len(r) : width] = r
-    stops = set() if stop is None else {int(stop)} if isinstance(stop, (int, np.integer)) else set(map(int, stop))
+    stops = stop_ids(stop, eos_token_ids)
     logprobs = np.full((len(rows), max_new_tokens), np.nan, dtype=np.float32)  # NaN where a row had stopped
     done = np.zeros(len(rows), dtype=bool)
     logits = runner.start(rows)  # (B, V)

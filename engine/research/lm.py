@@ -1,6 +1,9 @@
 """`LanguageModel`: the research interface over a loaded torch or MLX backend.
 
-- `generate(inputs, ...)`: batch generation, prompt + generated ids as one array.
+- `generate(inputs, ...)`: batch generation, prompt + generated ids as one array (rows end at
+  end-of-sequence; -1 where no token is); `generate_output` adds each row's length.
+- `score(texts)` / `score_pairs([(context, continuation), ...])`: teacher-forced per-token log-probs,
+  ranks and totals, every text on the one batch runner (engine/experiments/batch_score.py).
 - `next_token_logprobs_sync(ids)` / `await next_token_logprobs(ids)`: full-vocabulary
   normalized logprobs, cached in a token trie (rows and KV states within one byte budget,
   least recently used out first: `cache_budget_bytes`); concurrent async requests that
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.research.batch_generate import as_rows, check_rows_fit, generate_batch
+from engine.research.batch_generate import Generation, as_rows, check_rows_fit, generate_batch
 from engine.research.beam import BeamResult, beam_search
 from engine.capabilities import BatchRunners, LayerLens, require
 from engine.research.constrained import ConstrainedSample, allowed_mask, constrained_sample, run_for
@@ -318,16 +321,26 @@ class LanguageModel:
     # --- batch generation and beams ---------------------------------------------
 
     def generate(self, inputs, max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0,
-                 top_k: int = 0, top_p: float = 1.0, stop: int | None = None, seed: int | None = None) -> np.ndarray:
-        """(batch, prompt_len + max_new_tokens) prompt and generated ids; see `generate_batch`."""
+                 top_k: int = 0, top_p: float = 1.0, stop: int | Sequence[int] | None = None,
+                 seed: int | None = None) -> np.ndarray:
+        """(batch, prompt_len + max_new_tokens) prompt and generated ids, -1 (`PAD`) where a cell holds no token.
+
+        A row ends at the model's end-of-sequence tokens (kept) unless `stop` names other ids; `stop=()`
+        runs every row to `max_new_tokens`. `generate_output` also gives each row's length; see `generate_batch`.
+        """
         return self.generate_with_logprobs(inputs, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                            temperature=temperature, top_k=top_k, top_p=top_p, stop=stop, seed=seed)[0]
+
+    def generate_output(self, inputs, **kwargs) -> Generation:
+        """`generate` as a `Generation`: the ids, the generated tokens' log-probs, and each row's length."""
+        return Generation.from_arrays(*self.generate_with_logprobs(inputs, **kwargs))
 
     def generate_with_logprobs(self, inputs, **kwargs) -> tuple[np.ndarray, np.ndarray]:
         """`generate` plus the (batch, max_new_tokens) model logprobs of the generated tokens (NaN after a stop)."""
         for row in as_rows(inputs):
             check_token_ids(row, self.n_vocab)
-        return generate_batch(self.runner, inputs, pad_id=self.runner.pad_id, context_length=self.context_length, **kwargs)
+        return generate_batch(self.runner, inputs, pad_id=self.runner.pad_id, context_length=self.context_length,
+                              eos_token_ids=self.tokenizer.eos_token_ids, **kwargs)
 
     async def agenerate(self, inputs, **kwargs) -> np.ndarray:
         """`generate` on the model thread; the event loop keeps running meanwhile."""

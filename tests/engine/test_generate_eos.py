@@ -1,0 +1,56 @@
+"""`LanguageModel.generate` ends rows at end-of-sequence by default, says each row's length, and pads with -1."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from engine.backends.llamacpp import LlamaCppBackend  # noqa: E402
+from engine.research.batch_generate import PAD  # noqa: E402
+from engine.research.lm import LanguageModel  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_gguf):
+    model = LanguageModel(LlamaCppBackend(tiny_gguf, spec="tiny", display_name="tiny"))
+    yield model
+    model.close()
+
+
+def test_rows_stop_at_end_of_sequence_by_default_with_lengths_and_no_token_padding(lm, monkeypatch):
+    prompts = [lm.tokenizer.encode("Once upon a time"), lm.tokenizer.encode("x")]
+    free = lm.generate_output(prompts, max_new_tokens=8, stop=())  # no stop: every row runs 8 tokens
+    assert free.lengths.tolist() == [8, 8]
+    eos = free.generated(0)[2]  # make row 0's third token an end-of-sequence token
+    monkeypatch.setattr(lm.tokenizer, "eos_token_ids", frozenset({eos}))
+
+    out = lm.generate_output(prompts, max_new_tokens=8)
+    assert out.generated(0) == free.generated(0)[:3]  # the end-of-sequence token kept, nothing after it
+    assert out.lengths[0] == 3
+    w = out.prompt_width
+    assert (out.sequences[0, w + 3 :] == PAD).all() and np.isnan(out.logprobs[0, 3:]).all()
+    assert out.sequences[1, : w - len(prompts[1])].tolist() == [PAD] * (w - len(prompts[1]))  # left of the prompt
+    assert PAD < 0  # no token has it: a pad cell never reads as text
+    assert (lm.generate(prompts, max_new_tokens=8) == out.sequences).all()
+
+
+def test_the_default_model_stops_at_im_end(default_model_folder):
+    """The defect as a user met it: the chat answer ran past <|im_end|> into an invented next turn."""
+    from engine.sources import resolve_spec
+
+    source = resolve_spec(None)
+    lm = LanguageModel(LlamaCppBackend(source.path, spec="default", display_name=source.name))
+    try:
+        im_end = lm.tokenizer.encode("<|im_end|>", add_special_tokens=False)
+        assert len(im_end) == 1 and im_end[0] in lm.tokenizer.eos_token_ids
+        prompt = lm.tokenizer.encode("<|im_start|>user\nSay hello in two words.<|im_end|>\n<|im_start|>assistant\n",
+                                     add_special_tokens=False)
+        out = lm.generate_output([prompt], max_new_tokens=48)
+        n = int(out.lengths[0])
+        assert n < 48 and out.generated(0)[-1] == im_end[0]
+        assert (out.sequences[0, out.prompt_width + n :] == PAD).all()
+        assert im_end[0] not in out.generated(0)[:-1]
+    finally:
+        lm.close()
