@@ -198,7 +198,7 @@ class ModelLibraryState:
             detail += f", {only_recent} opened recently"
         head = f"{listed} model{'s' * (listed != 1)} ({detail})"
         if query.strip():
-            shown = len(self.rows(recent, query))
+            shown = sum(1 for r in every if r.matches(query))
             head = f"{shown} of {head} match “{query.strip()}”"
         return (f"{head} · scanned in {s.seconds * 1000:.0f} ms · this machine: "
                 f"{library.format_bytes(s.machine.total_bytes)} memory, {library.format_bytes(s.machine.available_bytes)} available")
