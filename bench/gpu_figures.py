@@ -52,8 +52,13 @@ PROMPT = (
 LOOM_PROMPT = "Tell me a short story about a lighthouse keeper and a storm."
 
 
-def save_default_tokenizer(folder: Path) -> None:
-    """The default model's tokenizer (and chat template) as Hugging Face files, read from its GGUF file."""
+def save_default_tokenizer(folder: Path, saved: Path | None = None) -> None:
+    """The default model's tokenizer (and chat template) as Hugging Face files, read from its GGUF file, or
+    copied from `saved` (a folder an earlier --save-tokenizer wrote, for a machine without the default model)."""
+    if saved is not None:
+        for item in saved.iterdir():
+            (folder / item.name).write_bytes(item.read_bytes())
+        return
     from transformers import AutoTokenizer
 
     from engine.sources.default_model import default_model_path
@@ -190,7 +195,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                     help="the compiled decode step (auto: on for CUDA); waited for up to --compile-wait s")
     ap.add_argument("--compile-wait", type=float, default=240.0)
     ap.add_argument("--out", default=None, help="folder for the models (default: a temporary one, removed after)")
+    ap.add_argument("--tokenizer", default=None, help="a folder --save-tokenizer wrote (default: the default model's)")
+    ap.add_argument("--save-tokenizer", default=None, metavar="DIR",
+                    help="write the default model's tokenizer to DIR and stop (to carry to a GPU machine)")
     args = ap.parse_args(argv)
+    if args.save_tokenizer:
+        Path(args.save_tokenizer).mkdir(parents=True, exist_ok=True)
+        save_default_tokenizer(Path(args.save_tokenizer))
+        print(f"wrote the default model's tokenizer to {args.save_tokenizer}")
+        return {}
     if args.quick:
         args.shapes, args.tokens, args.rounds = TINY.name, 16, 1
         args.loom_n, args.loom_tokens, args.repeats = 2, 8, 1
@@ -205,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         root = Path(args.out) if args.out else Path(tmp)
         tokenizer_folder = root / "tokenizer"
         tokenizer_folder.mkdir(parents=True, exist_ok=True)
-        save_default_tokenizer(tokenizer_folder)
+        save_default_tokenizer(tokenizer_folder, Path(args.tokenizer) if args.tokenizer else None)
         for shape in shapes:
             folder = root / shape.name
             folder.mkdir(parents=True, exist_ok=True)
