@@ -303,7 +303,12 @@ def test_ctrl_c_in_the_cli_exits_within_a_second(serve, mode):
 
     server = serve(handler)
     root = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, "-m", "engine", "generate", "--model", server.url, "--prompt", PROMPT]
+    # Started from a background shell (`pytest ... &`), this process ignores SIGINT and a child would
+    # inherit that (Python installs its KeyboardInterrupt handler only where SIGINT is not ignored):
+    # the child puts Python's handler back first, as a CLI started from a terminal has it.
+    restore_sigint = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                      "sys.argv[0] = 'engine'; runpy.run_module('engine', run_name='__main__', alter_sys=True)")
+    cmd = [sys.executable, "-c", restore_sigint, "generate", "--model", server.url, "--prompt", PROMPT]
     if mode != "we-sample":
         cmd.append("--server-sampling")
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
