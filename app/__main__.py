@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QApplication
 
 from app import __version__
 from app.paths import DATA_DIR_ENV
-from app.platform_check import check_linux_desktop_libraries
+from app.platform_check import check_linux_desktop_libraries, no_display_message
 from engine import BACKENDS
 
 log = logging.getLogger("app")
@@ -72,6 +72,9 @@ def run(argv: list[str] | None = None) -> int:
     from app.logs import setup_logging
 
     setup_logging(args.verbose)  # the user's log file (Help ▸ Show log file), plus stderr when there is one
+    if (message := no_display_message()) is not None:  # Qt would abort with a message about its xcb plugin
+        log.error("%s", message)
+        return 1
     check_linux_desktop_libraries()  # before Qt: one line naming missing X11 packages (Linux)
     if args.data_dir:
         os.environ[DATA_DIR_ENV] = args.data_dir

@@ -1,4 +1,9 @@
-"""Before Qt starts on Linux: are the system libraries of Qt's xcb (X11) platform plugin there?
+"""Before Qt starts on Linux: is there a display, and are the system libraries of Qt's xcb (X11) plugin there?
+
+Without a display (a server, an ssh session without X forwarding) Qt tries
+the xcb plugin anyway and aborts with a message about a missing platform
+plugin (or libxcb-cursor0), which sends people installing packages they do
+not need. `no_display_message` says there is no display instead.
 
 PySide6's wheels carry Qt but not the X11 helper libraries its xcb plugin
 links against. On a minimal Debian/Ubuntu some are missing (libxcb-cursor0
@@ -61,6 +66,38 @@ def uses_xcb(environ: Mapping[str, str]) -> bool:
     if not platform:
         return not (environ.get("XDG_SESSION_TYPE") == "wayland" and environ.get("WAYLAND_DISPLAY"))
     return not platform.startswith(NON_XCB_PLATFORMS)
+
+
+# Platforms that draw without a window system (no DISPLAY or WAYLAND_DISPLAY needed).
+HEADLESS_PLATFORMS = ("offscreen", "minimal", "eglfs", "linuxfb", "vnc", "vkkhrdisplay")
+
+
+def _platform_has_display(platform: str, environ: Mapping[str, str]) -> bool:
+    """Whether Qt's platform plugin `platform` (one entry of QT_QPA_PLATFORM) has what it needs to show a window."""
+    if platform.startswith(HEADLESS_PLATFORMS):
+        return True
+    if platform.startswith("wayland"):
+        return bool(environ.get("WAYLAND_DISPLAY") or environ.get("WAYLAND_SOCKET"))
+    if platform.startswith("xcb"):
+        return bool(environ.get("DISPLAY")) or "display=" in platform
+    return True  # a plugin we do not know: let Qt decide
+
+
+def no_display_message(environ: Mapping[str, str] | None = None, platform: str | None = None) -> str | None:
+    """On Linux, when no platform Qt would try can reach a display: one line saying so; else None."""
+    environ = os.environ if environ is None else environ
+    platform = sys.platform if platform is None else platform
+    if not platform.startswith("linux"):
+        return None
+    choices = [p.strip().lower() for p in environ.get("QT_QPA_PLATFORM", "").split(";") if p.strip()]
+    if not choices:  # Qt's own default: Wayland in a Wayland session, else X11
+        choices = ["wayland", "xcb"]
+    if any(_platform_has_display(p, environ) for p in choices):
+        return None
+    return (
+        "Logit Lab cannot open its window: there is no display (neither DISPLAY nor WAYLAND_DISPLAY is set). "
+        "Start it from a desktop session, or over ssh with X forwarding (ssh -X); logitlab-cli works without one."
+    )
 
 
 def missing_xcb_packages(lookup: Callable[[str], bool] | None = None) -> list[str]:

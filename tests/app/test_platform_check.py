@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app import platform_check
-from app.platform_check import XCB_LIBRARIES, check_linux_desktop_libraries, library_loads, uses_xcb
+from app.platform_check import XCB_LIBRARIES, check_linux_desktop_libraries, library_loads, no_display_message, uses_xcb
 
 ROOT = Path(__file__).resolve().parents[2]
 ABSENT = {"libxcb-cursor.so.0", "libxcb-icccm.so.4", "libxcb-keysyms.so.1"}
@@ -77,6 +77,7 @@ def test_the_app_says_it_before_qt_fails(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "XDG_SESSION_TYPE")}
     env.update(
+        DISPLAY=":97",  # a display is named (none runs there): without one, the app says that instead
         QT_QPA_PLATFORM="xcb",
         LOGITLAB_DATA_DIR=str(tmp_path / "data"),
         LOGITLAB_LOG_DIR=str(tmp_path / "logs"),
@@ -87,3 +88,55 @@ def test_the_app_says_it_before_qt_fails(tmp_path):
     ours = [line for line in result.stderr.splitlines() if "sudo apt install" in line]
     assert len(ours) == 1 and "libxcb-cursor0" in ours[0] and "libxcb-icccm4" not in ours[0].split("(")[0]
     assert "qt.qpa" not in result.stderr.split(ours[0])[0]  # before Qt's own messages
+
+
+# -- issue 37 item 16: no display at all ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"QT_QPA_PLATFORM": "xcb"},
+        {"QT_QPA_PLATFORM": "wayland"},
+        {"QT_QPA_PLATFORM": "wayland;xcb"},
+        {"XDG_SESSION_TYPE": "wayland"},
+        {"WAYLAND_DISPLAY": "wayland-0", "QT_QPA_PLATFORM": "xcb"},  # a Wayland socket does not serve xcb
+    ],
+)
+def test_no_display_is_said_in_one_line(env):
+    message = no_display_message(env, "linux")
+    assert message is not None and "\n" not in message
+    assert "no display" in message and "DISPLAY" in message and "WAYLAND_DISPLAY" in message
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"DISPLAY": ":0"},
+        {"WAYLAND_DISPLAY": "wayland-0"},
+        {"QT_QPA_PLATFORM": "offscreen"},
+        {"QT_QPA_PLATFORM": "minimal"},
+        {"QT_QPA_PLATFORM": "vnc"},
+        {"QT_QPA_PLATFORM": "wayland;xcb", "DISPLAY": ":1"},
+        {"QT_QPA_PLATFORM": "xcb:display=:1"},
+    ],
+)
+def test_a_display_or_a_platform_that_needs_none_is_fine(env):
+    assert no_display_message(env, "linux") is None
+
+
+def test_other_systems_are_not_asked_about_a_display():
+    assert no_display_message({}, "darwin") is None and no_display_message({}, "win32") is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the display check runs on Linux only")
+def test_the_app_without_a_display_says_so_instead_of_qts_plugin_message(tmp_path):
+    """`python -m app` with no DISPLAY or WAYLAND_DISPLAY: one line of ours, exit status 1, Qt never starts."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "XDG_SESSION_TYPE", "QT_QPA_PLATFORM")}
+    env.update(LOGITLAB_DATA_DIR=str(tmp_path / "data"), LOGITLAB_LOG_DIR=str(tmp_path / "logs"), PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-m", "app"], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "there is no display" in lines[0], result.stderr
+    assert "xcb" not in result.stderr and "qt.qpa" not in result.stderr
