@@ -312,6 +312,9 @@ class ChatController:
     def _check_idle(self) -> None:
         if self.busy:
             raise Busy("a generation is running; stop it first")
+        problem = self.settings.constraint_problem  # never answer under a constraint other than the one shown
+        if problem:
+            raise ValueError(f"Not sent: {problem}. Fix it, or turn Structured output off.")
 
     async def _ready(self) -> None:
         """Idle, and the database takes writes: while another connection holds its write lock this waits on

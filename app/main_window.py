@@ -158,6 +158,9 @@ class MainWindow(QMainWindow):
         composer = self.chat.composer
         composer.send_requested.connect(self.on_send)
         composer.stop_requested.connect(self.controller.stop)
+        # An invalid (or unchecked) structured-output constraint: Send waits and says why, the text stays.
+        self.settings.constraint_problem_changed.connect(composer.set_blocked)
+        composer.set_blocked(self.settings.constraint_problem)
         view = self.chat.chat_view
         view.regenerate_requested.connect(self.on_regenerate)
         view.continue_requested.connect(self.on_continue)

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine import Constraint, SamplerSettings
+from engine import DEFAULT_SAMPLER, Constraint, SamplerSettings
 
 from app.state.observable import Signal
 from app.state.store import Store
@@ -24,8 +24,8 @@ MAX_STOP_STRINGS = 16
 BUILTIN_PRESETS: dict[str, SamplerSettings] = {
     # Always the most likely token: deterministic, good for checking what the model "thinks".
     "Greedy": SamplerSettings(temperature=0.0),
-    # A common chat default: trim the tail, mild repetition penalty.
-    "Balanced": SamplerSettings(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.1),
+    # The default: llama.cpp's own sampling (engine.DEFAULT_SAMPLER, which the CLI uses too).
+    "Balanced": DEFAULT_SAMPLER,
     # Hotter, with min-p keeping junk out and XTC sometimes skipping the obvious choice.
     "Creative": SamplerSettings(
         temperature=1.2, min_p=0.05, repetition_penalty=1.05, xtc_probability=0.5, xtc_threshold=0.1
@@ -46,6 +46,22 @@ BUILTIN_PRESETS: dict[str, SamplerSettings] = {
     "Mirostat 2": SamplerSettings(temperature=0.8, mirostat=2, mirostat_tau=5.0, mirostat_eta=0.1),
 }
 DEFAULT_PRESET = "Balanced"
+# Balanced before it followed llama.cpp (a repetition penalty of 1.1 pulled the user's own words down): saved
+# settings still equal to it were never chosen apart from the default, and become today's default.
+_OLD_BALANCED = SamplerSettings(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.1)
+# What each built-in preset does, in a line (the preset list's tooltips).
+PRESET_DESCRIPTIONS: dict[str, str] = {
+    "Greedy": "Always the most likely token (temperature 0): the same answer every time.",
+    "Balanced": "The default, as llama.cpp samples: top-k 40, top-p 0.95, min-p 0.05, then temperature 0.8; "
+                "no repetition penalty, so what you see is the model's own distribution, trimmed.",
+    "Creative": "Hotter (temperature 1.2) with min-p 0.05 keeping junk out, a light repetition penalty, and XTC "
+                "sometimes skipping the most obvious token.",
+    "llama.cpp defaults": "Every setting exactly as llama.cpp's common_params_sampling has it (as Balanced, and "
+                          "DRY's scan window of 64 tokens should DRY be turned on).",
+    "DRY + XTC creative": "DRY stops looping phrases, XTC skips the most obvious words, min-p keeps the tail out; "
+                          "temperature 1 (the model's own distribution).",
+    "Mirostat 2": "Mirostat 2 as llama.cpp runs it: temperature 0.8, then a cut that aims at 5 bits of surprise per token.",
+}
 
 
 @dataclass(frozen=True)
@@ -137,11 +153,17 @@ class SettingsState:
         self._store = store
         self.changed = Signal()  # (GenerationOptions)
         self.presets_changed = Signal()  # ()
+        # Why nothing may be sent now (the Structured output text is invalid or still being checked), or None.
+        # Not saved: it describes the editor's text, and a start shows the saved constraint, which is valid.
+        self.constraint_problem: str | None = None
+        self.constraint_problem_changed = Signal()  # (str | None)
         chosen = store.get_setting(self.PRESET_KEY)
         self._chosen_preset: str | None = chosen if isinstance(chosen, str) else None
         saved = store.get_setting(self.KEY)
         try:
             self.options = GenerationOptions.from_dict(saved) if saved else GenerationOptions()
+            if self.options.sampler == _OLD_BALANCED and self._chosen_preset in (None, DEFAULT_PRESET):
+                self.options = replace(self.options, sampler=BUILTIN_PRESETS[DEFAULT_PRESET])
         except (ValueError, KeyError, TypeError) as e:
             # Settings written by another version (a renamed field, a tightened range): start fresh.
             log.warning("ignoring saved generation options: %s", e)
@@ -166,6 +188,12 @@ class SettingsState:
     def set_options(self, options: GenerationOptions) -> None:
         """Replace every option at once (an imported setup); `options` is already validated."""
         self._set(options)
+
+    def set_constraint_problem(self, problem: str | None) -> None:
+        """Say why answers may not be sent now (None: they may): the window's Send and the controller ask."""
+        if problem != self.constraint_problem:
+            self.constraint_problem = problem
+            self.constraint_problem_changed.emit(problem)
 
     def set_max_new_tokens(self, n: int) -> None:
         self._set(replace(self.options, max_new_tokens=n))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QToolTip, QVBoxLayout, QWidget
 
 
 def _is_enter(event: QKeyEvent) -> bool:
@@ -54,6 +54,7 @@ class Composer(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self._busy = False
+        self._blocked: str | None = None  # why nothing may be sent now (an invalid structured-output constraint)
         self.edit = ComposerEdit(self)
         self.edit.setPlaceholderText("Message the model — Enter to send, Shift+Enter for a new line")
         self.edit.setAccessibleName("Message")
@@ -89,12 +90,22 @@ class Composer(QWidget):
         self.stop_button.setVisible(busy)
         self._update_buttons()
 
+    def set_blocked(self, reason: str | None) -> None:
+        """While `reason` is set, Send is off and says why; the typed text stays (`SettingsState.constraint_problem`)."""
+        self._blocked = reason
+        self.send_button.setToolTip(f"Not sent: {reason}" if reason else "Send (Enter)")
+        self._update_buttons()
+
     def _update_buttons(self) -> None:
-        self.send_button.setEnabled(not self._busy and bool(self.edit.toPlainText().strip()))
+        self.send_button.setEnabled(not self._busy and not self._blocked and bool(self.edit.toPlainText().strip()))
 
     def submit(self) -> None:
         text = self.edit.toPlainText().strip()
         if not text or self._busy:
+            return
+        if self._blocked:  # Enter while the constraint is invalid: keep the text, say why
+            QToolTip.showText(self.send_button.mapToGlobal(self.send_button.rect().center()),
+                              f"Not sent: {self._blocked}", self.send_button)
             return
         self.edit.clear()
         self.send_requested.emit(text)

@@ -20,17 +20,22 @@ def test_the_control_sets_a_valid_constraint_and_refuses_a_bad_one(qtbot, window
     assert box is not None and window.settings.options.constraint is None
     box.mode.setCurrentIndex(box.mode.findText("Regex"))
     box.editor.setPlainText(r"(yes|no)\.")
-    assert box.apply()
+    box.apply()  # checked off the UI thread
+    qtbot.waitUntil(lambda: not box.checking)
+    assert box.valid
     assert window.settings.options.constraint == Constraint.regex(r"(yes|no)\.")
     assert SettingsState(store).options.constraint == Constraint.regex(r"(yes|no)\.")  # saved with the options
 
-    box.editor.setPlainText("(yes|no")  # typed on: refused with the reason, the last good one stays
-    assert not box.apply()
+    box.editor.setPlainText("(yes|no")  # typed on: refused with the reason, the last good one stays (but is not sent)
+    box.apply()
+    qtbot.waitUntil(lambda: not box.checking)
+    assert box.valid is False
     assert "unclosed group" in box.status.text()
     assert window.settings.options.constraint == Constraint.regex(r"(yes|no)\.")
 
     name = next(n for n in EXAMPLES if "JSON schema" in n)
     box.examples.activated.emit(box.examples.findText(name))
+    qtbot.waitUntil(lambda: not box.checking)
     assert window.settings.options.constraint.kind == "json_schema"
     assert box.mode.currentText() == "JSON schema"
 
