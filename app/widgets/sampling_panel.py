@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.controller import ChatController
-from app.state.settings import MAX_NEW_TOKENS_LIMIT, GenerationOptions, SettingsState
+from app.state.settings import MAX_NEW_TOKENS_LIMIT, PRESET_DESCRIPTIONS, GenerationOptions, SettingsState
 from app.widgets.escaped_lines import format_lines as format_stop
 from app.widgets.escaped_lines import parse_lines as parse_stop
 from app.widgets.llamacpp_dialog import LlamaCppJsonDialog
@@ -371,6 +371,9 @@ class SamplingPanel(QScrollArea):
         self.preset_box.blockSignals(True)
         self.preset_box.clear()
         self.preset_box.addItems(self._settings.preset_names())
+        for i, name in enumerate(self._settings.preset_names()):  # what a built-in does, on hover
+            if name in PRESET_DESCRIPTIONS:
+                self.preset_box.setItemData(i, PRESET_DESCRIPTIONS[name], Qt.ItemDataRole.ToolTipRole)
         self.preset_box.blockSignals(False)
         self._select_matching_preset()
 
@@ -385,6 +388,8 @@ class SamplingPanel(QScrollArea):
             if i_custom >= 0:
                 self.preset_box.removeItem(i_custom)
             self.preset_box.setCurrentText(name)
+        self.preset_box.setToolTip(f"{PRESET_DESCRIPTIONS[name]} (Load a preset)" if name in PRESET_DESCRIPTIONS
+                                   else "Load a preset")
         self.delete_preset_button.setEnabled(name is not None and not self._settings.is_builtin(name))
 
     def _on_generation_finished(self, _message, _stats) -> None:

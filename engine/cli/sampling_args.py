@@ -1,8 +1,8 @@
 """CLI flags for every sampler setting, under llama.cpp's names (`--temp`, `--repeat-penalty`, `-s`, `-l`, ...)
 with our older long names kept as aliases, and the value the flags, --settings-json and the defaults make.
 
-Every sampler flag defaults to None ("not given"): the settings are the defaults of `SamplerSettings`
-(the engine's single source, shared with the window), then what a --settings-json file says, then what
+Every sampler flag defaults to None ("not given"): the settings are `engine.DEFAULT_SAMPLER` (llama.cpp's
+defaults: the engine's single source, shared with the window), then what a --settings-json file says, then what
 was typed, so a flag typed with the default's value still overrides the file. `SamplerSettings` checks
 the result itself, so the messages are the same everywhere.
 """
@@ -22,7 +22,7 @@ from engine.cli.input import read_text_file
 from engine.constraints.spec import Constraint, ConstraintError
 from engine.errors import UsageError
 from engine.sampling.llamacpp_json import LLAMACPP_DEFAULT_SEED, parse_llamacpp_json
-from engine.sampling.settings import STAGE_NAMES, SamplerSettings
+from engine.sampling.settings import DEFAULT_SAMPLER, STAGE_NAMES, SamplerSettings
 
 DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_TOP_N = 5  # alternatives shown per token
@@ -69,7 +69,7 @@ _LLAMACPP_BIAS = re.compile(r"\s*(\d+)\s*([+-])\s*(\S.*)")
 
 def add_sampler_flags(p: argparse.ArgumentParser) -> None:
     """Every sampler flag, the answer length and stop strings, the constraint flags and --settings-json."""
-    d = SamplerSettings()
+    d = DEFAULT_SAMPLER  # the engine's defaults (llama.cpp's), shared with the window
     p.add_argument("-n", "--predict", "--n-predict", "--max-new-tokens", dest="max_new_tokens", type=int, default=None,
                    metavar="N", help=f"tokens to generate at most; -1 = until the context is full "
                                      f"(default: {DEFAULT_MAX_NEW_TOKENS})")
@@ -131,7 +131,7 @@ def resolve_sampling(args: argparse.Namespace) -> None:
     if getattr(args, "sampler", None) is not None:
         return
     from_file = _read_settings_json(args.settings_json) if getattr(args, "settings_json", None) else None
-    base = from_file.base if from_file else SamplerSettings()
+    base = from_file.base if from_file else DEFAULT_SAMPLER
     given = _given_fields(args, base)
     try:
         args.sampler = base.with_(**given)

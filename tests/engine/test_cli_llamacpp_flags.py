@@ -15,7 +15,7 @@ from engine import cli
 from engine.cli.input import check_args
 from engine.cli.main import build_parser, format_token_line, sampler_from_args
 from engine.events import Done, GenerationStats, TokenEvent, TokenProb
-from engine.sampling.settings import SamplerSettings
+from engine.sampling.settings import DEFAULT_SAMPLER, SamplerSettings
 
 
 @pytest.fixture(autouse=True)
@@ -141,7 +141,7 @@ def test_settings_json_fields_the_cli_has_become_its_options(tmp_path, capsys):
 
 def test_defaults_are_the_engines():
     a = parsed("-p", "x")
-    assert a.sampler == SamplerSettings() and a.max_new_tokens == 256 and a.top_n == 5 and not a.ignore_eos
+    assert a.sampler == DEFAULT_SAMPLER and a.max_new_tokens == 256 and a.top_n == 5 and not a.ignore_eos
 
 
 class RecordingEngine:

@@ -8,7 +8,7 @@ import pytest
 
 from engine.cli.main import build_parser, main, sampler_from_args
 from engine.cli.sampling_args import parse_logit_bias
-from engine.sampling.settings import DEFAULT_DRY_BREAKERS, SamplerSettings
+from engine.sampling.settings import DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLER, SamplerSettings
 
 
 def settings(*flags: str) -> SamplerSettings:
@@ -37,7 +37,9 @@ def test_every_new_setting_has_a_flag():
 
 
 def test_defaults_are_the_settings_defaults_and_none_clears_the_breakers():
-    assert settings() == SamplerSettings()
+    # llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no repetition penalty), as the window's.
+    assert settings() == DEFAULT_SAMPLER
+    assert (settings().temperature, settings().top_k, settings().repetition_penalty) == (0.8, 40, 1.0)
     assert settings().dry_sequence_breakers == DEFAULT_DRY_BREAKERS
     assert settings("--dry-sequence-breaker", "none").dry_sequence_breakers == ()
 
