@@ -2,26 +2,28 @@
 
 The header of each column says how many tokens survive the stage, what share
 of the incoming probability mass they hold, and the entropy after it; each
-cell is the candidate's probability after that stage, or "cut" when the
-stage removed it.
+cell is the candidate's probability after that stage, "cut" when the stage
+removed it, or "banned" when a logit bias of -inf or a banned string took it
+out. A step back for a banned string is said above the table.
 """
 
 from __future__ import annotations
 
 import html
 
-from engine import TokenEvent, TokenProb
+from engine import StageSnapshot, TokenEvent, TokenProb
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from app.widgets.bars import CHOSEN_ROLE, MISSING_ROLE, PROB_ROLE, BarDelegate
 from app.widgets.fmt import visible
-from app.widgets.removal import removed_by
+from app.widgets.removal import BANNED_STAGE, removed_by
 
 MAX_ROWS = 20
 _MISSING_TIPS = {
     "cut": "removed by this stage",
+    "banned": "banned: a logit bias of -inf (or a banned string) removed it",
     "·": "not among the top candidates recorded for this stage (still possible, but less likely than those shown)",
 }
 COLUMN_WIDTH = 54  # the least a bar with "24.1%" on it needs
@@ -80,6 +82,12 @@ class StageView(QWidget):
         notes = list(dict.fromkeys(s.note for s in stages if s.note))  # e.g. "top 20 from server", said once
         if notes:
             self.note.setText(f"{self.note.text()} <b>{'; '.join(html.escape(n) for n in notes).capitalize()}.</b>")
+        if ev.rewind is not None:  # a banned string: the answer stepped back to here
+            r = ev.rewind
+            taken = f"{r.withdrawn} token{'s were' if r.withdrawn != 1 else ' was'} taken back"
+            self.note.setText(
+                f"{self.note.text()} <b>Stepped back: the answer would have written the banned string "
+                f"{html.escape(repr(r.phrase))}, so {taken} and {html.escape(repr(r.banned_token_text))} is banned here.</b>")
         columns = ["Token", "Model"] + [s.stage.replace("_", "-") for s in stages]
         self.table.setColumnCount(len(columns))
         headers = ["Token", f"model\nall\nH {ev.entropy:.2f}"]
@@ -107,15 +115,22 @@ class StageView(QWidget):
             for s in stages:
                 probs = {t.token_id: t.prob for t in s.top}
                 cells.append(probs.get(p.token_id))
-                missing.append("cut" if s.survivors <= len(s.top) else "·")
+                missing.append(_missing(s, p.token_id))
             for c, (prob, miss) in enumerate(zip(cells, missing), start=1):
                 item = QTableWidgetItem()
                 item.setData(PROB_ROLE, prob)
                 item.setData(MISSING_ROLE, miss)
                 item.setData(CHOSEN_ROLE, chosen)
                 if prob is None:
-                    removal = removed_by(ev, p.token_id) if miss == "cut" else None
-                    item.setToolTip(removal[1] if removal else _MISSING_TIPS[miss])
+                    rw = ev.rewind
+                    if miss == "banned" and stages[c - 2].stage == BANNED_STAGE and rw is not None \
+                            and rw.banned_token_id == p.token_id:
+                        tip = (f"banned {rw.phrase!r} here: this token began the phrase, so the answer stepped back "
+                               f"({rw.withdrawn} tokens) and this token may not be picked at this position")
+                    else:
+                        removal = removed_by(ev, p.token_id) if miss in ("cut", "banned") else None
+                        tip = removal[1] if removal else _MISSING_TIPS[miss]
+                    item.setToolTip(tip)
                 self.table.setItem(r, c, item)
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
@@ -126,6 +141,13 @@ class StageView(QWidget):
             self.table.setItemDelegateForColumn(c, self._bars)
             header.setSectionResizeMode(c, QHeaderView.ResizeMode.Stretch)
         self.table.resizeRowsToContents()
+
+
+def _missing(s: StageSnapshot, token_id: int) -> str:
+    """What a cell says for a candidate absent from stage `s`'s list."""
+    if token_id in s.removed:  # the stage itself recorded that it removed this one
+        return "banned" if s.stage in ("logit_bias", BANNED_STAGE) else "cut"
+    return "cut" if s.survivors <= len(s.top) else "·"
 
 
 def _candidates(ev: TokenEvent) -> list[TokenProb]:
