@@ -113,8 +113,7 @@ def cmd_score(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any
     text = args.text  # read and checked before the model loads (engine.cli.input.score_text)
     with load(args) as engine:
         result = engine.score(text, top_n=args.top_n)
-        summary = (f"[{len(result.tokens)} tokens scored; perplexity {result.perplexity:.2f}; "
-                   f"mean surprisal {result.mean_surprisal_bits:.2f} bits/token]")
+        summary = f"[{result.summary(engine.info.reports_top_n)}]"  # says why when the perplexity is inf
         if args.output is not None:
             with _output(args.output) as out:
                 write_lines(out, score_run(result, model=engine.info, text=text))
@@ -143,8 +142,7 @@ def cmd_score_batch(args: argparse.Namespace, load: Callable[[argparse.Namespace
             return 0
         for i, (item, r) in enumerate(zip(args.items, results)):
             name = f"item {i}" + (f" ({item.id})" if item.id is not None else "")
-            print(f"{name}: {len(r.tokens)} tokens, total log-prob {r.total_logprob:.3f}, "
-                  f"perplexity {r.perplexity:.2f}")
+            print(f"{name}: total log-prob {r.total_logprob:.3f}; {r.summary(engine.info.reports_top_n)}")
         print(summary)
     return 0
 

@@ -107,6 +107,32 @@ class ScoreResult:
         """exp(mean negative log-likelihood per scored token); 1.0 when nothing was scored."""
         return math.exp(-self.total_logprob / len(self.tokens)) if self.tokens else 1.0
 
+    @property
+    def unknown_tokens(self) -> int:
+        """Scored tokens without a log-prob: a server reports only its top N, and a token outside them reads -inf."""
+        return sum(1 for t in self.tokens if t.logprob == -math.inf)
+
+    def known_perplexity(self) -> float:
+        """The perplexity over the tokens whose log-prob is known (all of them on a local model)."""
+        known = [t.logprob for t in self.tokens if t.logprob != -math.inf]
+        return math.exp(-sum(known) / len(known)) if known else math.nan
+
+    def summary(self, reports_top_n: int = 0) -> str:
+        """One line for a person: tokens, perplexity and surprisal, and, when it is infinite, why.
+
+        `reports_top_n`: the model reports only its top N log-probs per step (`ModelInfo.reports_top_n`).
+        """
+        n = len(self.tokens)
+        unknown = self.unknown_tokens
+        if not unknown:
+            return (f"{n} tokens scored; perplexity {self.perplexity:.2f}; "
+                    f"mean surprisal {self.mean_surprisal_bits:.2f} bits/token")
+        where = (f"outside the server's top {reports_top_n} log-probs" if reports_top_n
+                 else "outside what the model reports")
+        rest = f"; over the other {n - unknown}: perplexity {self.known_perplexity():.2f}" if unknown < n else ""
+        return (f"{n} tokens scored; perplexity inf: {unknown} of them fell {where}, so their probability "
+                f"is unknown (counted as 0){rest}")
+
     def events(self) -> list[TokenEvent]:
         """The scored positions as `TokenEvent`s numbered from 0 (for token views)."""
         return [t.as_event(i) for i, t in enumerate(self.tokens)]

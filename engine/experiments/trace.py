@@ -200,9 +200,11 @@ def score_run(result: ScoreResult, *, model: ModelInfo | dict[str, Any] | None, 
         "type": "end",
         "scored_tokens": len(result.tokens),
         "context_tokens": result.context,
-        "total_logprob": result.total_logprob,
-        "mean_surprisal_bits": result.mean_surprisal_bits,
-        "perplexity": result.perplexity,
+        # -inf / inf (a token outside a server's top N) are written as null, with the count of such tokens
+        "total_logprob": _lp_out(result.total_logprob),
+        "mean_surprisal_bits": _lp_out(result.mean_surprisal_bits),
+        "perplexity": _lp_out(result.perplexity),
+        "unknown_tokens": result.unknown_tokens,
     }
     return [header(kind="score", model=model, prompt_ids=result.token_ids, context=result.context, **extra),
             *(scored_line(t) for t in result.tokens), end]
