@@ -1,10 +1,18 @@
-"""What teacher-forced scoring costs: one pass in chunks of positions vs one single-token forward per position.
+"""What scoring costs: many texts on one context vs one `Engine.score` call each; one text in one pass vs step by step.
 
-    python bench/score.py [--model SPEC] [--backend torch] [--repeat 2] [--no-step]
+    python bench/score.py [--model SPEC] [--backend auto] [--texts 100] [--threads N]
+    python bench/score.py --one-text [--model SPEC] [--backend torch] [--repeat 2] [--no-step]
 
-`score` runs the text through the backend's research runner, every position's
-logits kept, one forward per chunk of positions (256 at the default model's
-vocabulary). The step-by-step fallback (`score_step_by_step`, what backends
+Default: 100 short sentences scored by `LanguageModel.score` (every text on the
+model's one batch runner) against 100 `Engine.score` calls (a scoring context
+built per call), the same numbers asserted (log-probs and entropies within
+1e-4, token ids and ranks equal), and printed as `batch_score_speedup=<x>`
+together with the machine's load (`/proc/loadavg`): on a shared machine the
+compute per token, which both sides pay, grows with the load, and the ratio shrinks.
+
+`--one-text`: `score` runs the text through the backend's research runner, every
+position's logits kept, one forward per chunk of positions (256 at the default
+model's vocabulary). The step-by-step fallback (`score_step_by_step`, what backends
 without such a runner use) costs one forward per token. This prints both,
 next to one plain transformers forward over the whole text (torch backends
 only): the floor that a teacher-forced pass can reach.
@@ -14,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from engine import Engine
 from engine.experiments import score, score_step_by_step, text_ids
@@ -35,13 +44,85 @@ def best_of_two(eng: Engine, fn) -> tuple[float, object]:
     return best, result
 
 
+# Same numbers: the batch runs on a context of another size than Engine.score's, which may round differently.
+TOLERANCE = 1e-4
+SUBJECTS = ["The old sailor", "A young teacher", "My neighbour's cat", "The city council", "Every student",
+            "The tired engineer", "Our small team", "The river", "A famous painter", "The morning train"]
+ACTIONS = ["walked slowly to the harbour", "wrote a long letter", "forgot the meeting", "planted three trees",
+           "solved the puzzle", "sang an old song", "missed the last bus", "found a silver coin",
+           "opened the window", "counted the stars"]
+ENDINGS = ["before dawn.", "after the storm.", "on a quiet Sunday.", "without a word.", "for the first time."]
+
+
+def sentences(n: int) -> list[str]:
+    """`n` different short sentences (10-20 tokens each), the same every run."""
+    return [f"{SUBJECTS[i % 10]} {ACTIONS[(i // 10) % 10]} {ENDINGS[(i * 7) % 5]}" for i in range(n)]
+
+
+def loadavg() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return "unknown (no /proc/loadavg)"
+
+
+def assert_same_numbers(batch, singles) -> float:
+    """The largest log-prob difference; AssertionError when ids, ranks or numbers differ beyond TOLERANCE."""
+    worst = 0.0
+    for b, s in zip(batch, singles, strict=True):
+        assert b.token_ids == s.token_ids and b.context == s.context, "the two paths scored different tokens"
+        for x, y in zip(b.tokens, s.tokens, strict=True):
+            assert x.rank == y.rank, f"rank differs at {x.token_text!r}: {x.rank} vs {y.rank}"
+            assert abs(x.entropy - y.entropy) <= TOLERANCE, f"entropy differs at {x.token_text!r}"
+            worst = max(worst, abs(x.logprob - y.logprob))
+    assert worst <= TOLERANCE, f"log-probs differ by {worst:.3g} (> {TOLERANCE})"
+    return worst
+
+
+def batch_main(args: argparse.Namespace) -> None:
+    from engine.research import LanguageModel
+
+    texts = sentences(args.texts)
+    load = {"backend": args.backend, "n_threads": args.threads}
+    print(f"load before: {loadavg()}")
+    with Engine.load(args.model, **load) as eng:
+        eng.score(texts[0])  # warm-up
+        t0 = time.perf_counter()
+        singles = [eng.score(t) for t in texts]
+        one_by_one = time.perf_counter() - t0
+        device = eng.info.device
+    lm = LanguageModel.load(args.model, backend=args.backend, load_options={"n_threads": args.threads})
+    try:
+        lm.score(texts[:1])  # warm-up
+        t0 = time.perf_counter()
+        batch = lm.score(texts)
+        batched = time.perf_counter() - t0
+    finally:
+        lm.close()
+    worst = assert_same_numbers(batch, singles)
+    n = sum(len(r.tokens) for r in batch)
+    print(f"{device}: {len(texts)} texts, {n} tokens scored; {len(texts)} Engine.score calls {one_by_one:.2f} s "
+          f"({one_by_one / len(texts) * 1000:.0f} ms each); LanguageModel.score {batched:.2f} s "
+          f"({batched / len(texts) * 1000:.0f} ms each); largest log-prob difference {worst:.2g} (bound {TOLERANCE})")
+    print(f"load after: {loadavg()}")
+    print(f"batch_score_speedup={one_by_one / batched:.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None)
-    p.add_argument("--backend", default="torch")
-    p.add_argument("--repeat", type=int, default=2, help="copies of the sample text")
-    p.add_argument("--no-step", action="store_true", help="skip the (slow) step-by-step run")
+    p.add_argument("--backend", default=None, help="default: auto (batch), torch (--one-text)")
+    p.add_argument("--texts", type=int, default=100, help="sentences scored (batch)")
+    p.add_argument("--threads", type=int, default=None, help="llama.cpp threads for both sides (default: the engine's)")
+    p.add_argument("--one-text", action="store_true", help="one text: one pass vs step by step")
+    p.add_argument("--repeat", type=int, default=2, help="copies of the sample text (--one-text)")
+    p.add_argument("--no-step", action="store_true", help="skip the (slow) step-by-step run (--one-text)")
     args = p.parse_args()
+    if not args.one_text:
+        args.backend = args.backend or "auto"
+        batch_main(args)
+        return
+    args.backend = args.backend or "torch"
     text = TEXT * args.repeat
     with Engine.load(args.model, backend=args.backend) as eng:
         backend = eng.wait_ready()
