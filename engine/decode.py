@@ -43,13 +43,13 @@ log = logging.getLogger(__name__)
 MAX_REWINDS = 256
 
 
-def prompt_ids_for(tokenizer: Tokenizer, request: GenerationRequest) -> list[int]:
+def prompt_ids_for(tokenizer: Tokenizer, request: GenerationRequest, n_vocab: int = 0) -> list[int]:
     """The full token sequence the model continues, assistant prefix included.
 
     Every id the request brings (prompt ids, the answer's prefix, forced tokens: from a file, the API or a
     branch) is checked against the vocabulary here, before any of them reaches the model or the detokenizer.
     """
-    n_vocab = vocabulary_size(tokenizer)
+    n_vocab = vocabulary_size(tokenizer) or n_vocab  # `n_vocab`: the model's logits, when the tokenizer cannot say
     check_token_ids(request.assistant_prefix, n_vocab, "answer token id")
     check_token_ids(request.forced_tokens, n_vocab, "forced token id")
     if request.prompt_ids is not None:
@@ -93,7 +93,7 @@ def generate_events(
     cancel = cancel or threading.Event()
     tok = backend.tokenizer
     t0 = time.perf_counter()
-    prompt = prompt_ids_for(tok, request)
+    prompt = prompt_ids_for(tok, request, int(getattr(backend.info, "vocab_size", 0) or 0))
     check_context(len(prompt), request.max_new_tokens, backend.info.context_length)
     grammar = grammar_stage(request.constraint, tok, backend.info)  # this run's matcher; before any forward
     chain = SamplerChain(request.sampler, vocab=tok, constraint=grammar)
@@ -189,7 +189,7 @@ def generate_events(
             else:
                 waited_after += time.perf_counter() - asked
             if chosen is not None:
-                check_token_ids([chosen], vocabulary_size(tok), "chosen token id")
+                check_token_ids([chosen], vocabulary_size(tok) or backend.info.vocab_size, "chosen token id")
             if cancel.is_set():
                 finish = "cancelled"
                 break
