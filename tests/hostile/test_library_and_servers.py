@@ -508,6 +508,30 @@ def test_an_endless_streamed_line_is_refused_at_a_size_limit(servers):
     backend.close()
 
 
+def test_an_endless_error_body_to_a_stream_is_read_within_a_limit(servers):
+    from engine import GenerationRequest
+    from engine.backends.remote import RemoteBackend
+    from engine.backends.remote.errors import ServerResponseError
+    from engine.backends.remote.generate import remote_events
+    from remote_server import CharModel, Reply
+
+    model = CharModel(PROBS)
+    on = threading.Event()
+
+    def handler(method, path, body):
+        if on.is_set() and isinstance(body, dict) and body.get("stream"):
+            return Reply(status=500, endless=b'{"error": {"message": "' + b"x" * 65536)
+        return model(method, path, body)
+
+    backend = RemoteBackend.connect(servers(handler).url)
+    on.set()
+    t = time.perf_counter()
+    with pytest.raises(ServerResponseError, match="internal error"):
+        list(remote_events(backend, GenerationRequest(prompt=PROMPT, max_new_tokens=3, server_sampling=True)))
+    backend.close()
+    assert time.perf_counter() - t < 15
+
+
 @pytest.mark.parametrize("tid", [10**9, 2**40, -7, "seven"])
 def test_a_token_id_no_vocabulary_has_is_refused_before_any_row_is_allocated(servers, tid):
     import tracemalloc

@@ -39,7 +39,15 @@ from typing import Any, TypeVar
 
 import httpx
 
-from engine.backends.remote.bounded import MAX_EVENT_BYTES, MAX_RESPONSE_BYTES, LineTooLong, bounded_lines
+from engine.backends.remote.bounded import (
+    MAX_ERROR_BYTES,
+    MAX_EVENT_BYTES,
+    MAX_RESPONSE_BYTES,
+    LineTooLong,
+    bounded_lines,
+    detached,
+    read_at_most,
+)
 from engine.backends.remote.errors import (
     RequestCancelledError,
     ServerAuthError,
@@ -136,20 +144,15 @@ class ServerClient:
             declared = response.headers.get("content-length", "").strip()
             if declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
                 raise self._too_large(url, int(declared))
-            pieces, size = [], 0
-            for piece in response.iter_bytes():
-                size += len(piece)
-                if size > MAX_RESPONSE_BYTES:
-                    raise self._too_large(url, size)
-                pieces.append(piece)
-        # The body as read (already decoded): the headers that described the encoded one are left out.
-        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
-        return httpx.Response(response.status_code, headers=headers, content=b"".join(pieces), request=response.request)
+            content, whole = read_at_most(response, MAX_RESPONSE_BYTES)
+            if not whole:
+                raise self._too_large(url, MAX_RESPONSE_BYTES)
+        return detached(response, content)
 
     def _too_large(self, url: str, size: int) -> ServerResponseError:
         return ServerResponseError(
             f"{self.options.host} answered {_path(url)} with more than {MAX_RESPONSE_BYTES // 2**20} MiB "
-            f"({size:,} bytes so far): no answer of the OpenAI API is that large, so it was refused"
+            f"({size:,} bytes or more): no answer of the OpenAI API is that large, so it was refused"
         )
 
     def _invalid_url(self, e: Exception) -> ServerResponseError:
@@ -175,10 +178,10 @@ class ServerClient:
             try:
                 with self._http.stream("POST", url, json=body) as response:
                     opened["response"] = response
-                    lines.put(response)
-                    if response.status_code >= 400:
-                        response.read()
+                    if response.status_code >= 400:  # its words, for the error: read within a limit
+                        lines.put(detached(response, read_at_most(response, MAX_ERROR_BYTES)[0]))
                         return
+                    lines.put(response)
                     for line in bounded_lines(response, MAX_EVENT_BYTES):
                         if stop.is_set():
                             return
