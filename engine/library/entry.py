@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from engine.printable import printable
+
+__all__ = ["SOURCE_NAMES", "LibraryEntry", "ModelFacts", "printable"]
 
 # Which program's store the model was found in ("folder": a folder the user added).
 Source = Literal["lmstudio", "ollama", "huggingface", "gpt4all", "jan", "llamacpp", "logitlab", "folder", "recent"]
@@ -23,17 +26,6 @@ SOURCE_NAMES: dict[str, str] = {
     "folder": "your folder",
     "recent": "opened recently",  # a file or folder opened from elsewhere, read so its row has facts too
 }
-
-
-# Control characters (C0, DEL, C1) and the bidirectional overrides: a file name holding them would move the
-# cursor, recolour or rewrite a terminal, or reverse the text shown around it; lone surrogates (bytes of a
-# file name that are not UTF-8) would make printing fail.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-
-
-def printable(text: str) -> str:
-    """`text` with every control character escaped (ESC as \\x1b): safe to print on a terminal or show."""
-    return _UNPRINTABLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
 @dataclass(frozen=True)

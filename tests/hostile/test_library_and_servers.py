@@ -714,3 +714,23 @@ def test_opening_a_lying_sparse_gguf_as_a_model_is_refused_at_once(tmp_path):
 
     with pytest.raises(ModelLoadError, match="corrupt GGUF header"):
         within(10, LlamaCppBackend, path, spec=str(path), display_name="liar")
+
+
+def test_a_servers_model_id_with_terminal_escapes_is_shown_escaped(servers, capsys):
+    from engine.backends.remote import RemoteBackend
+    from remote_server import CharModel, Reply
+
+    model = CharModel(PROBS)
+    evil = "\x1b[2J\x1b]0;pwned\x07tiny"
+
+    def handler(method, path, body):
+        if path == "/v1/models":
+            return Reply({"object": "list", "data": [{"id": evil, "owned_by": "llamacpp"}]})
+        return model(method, path, body)
+
+    backend = RemoteBackend.connect(servers(handler).url)
+    try:
+        assert backend.caps.model == evil  # sent back to the server as it named it
+        assert "\x1b" not in backend.info.name and "\\x1b[2J" in backend.info.name
+    finally:
+        backend.close()

@@ -28,6 +28,7 @@ from engine.backends.remote.probe import ServerCapabilities, probe
 from engine.backends.remote.step import next_token_top
 from engine.backends.remote.tokenizer import MissingTokenizer, RemoteTokenizer
 from engine.model_info import ModelInfo
+from engine.printable import printable
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class RemoteBackend(CachedTokens):
         self.retokenized = 0  # times a text-only server read our tokens differently (see `_prompt`)
         self._vocab = VOCAB_ROUND
         self.info = ModelInfo(
-            name=caps.model.rsplit("/", 1)[-1],
+            name=printable(caps.model.rsplit("/", 1)[-1]),  # the server's words: shown escaped
             spec=spec,
             path=client.options.base_url,
             architecture="remote",

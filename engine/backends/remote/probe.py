@@ -17,6 +17,7 @@ from engine.backends.remote.client import ServerClient
 from engine.backends.remote.errors import ServerError, ServerResponseError, UnknownServerModelError
 from engine.backends.remote.tokenizer import TokenizeDialect, probe_tokenize
 from engine.model_info import ServerInfo
+from engine.printable import printable
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def choose_model(models: list[dict], wanted: str, host: str) -> dict:
     for m in models:
         if m["id"] == wanted:
             return m
-    names = ", ".join(str(m["id"]) for m in models[:8])
+    names = ", ".join(printable(str(m["id"]))[:80] for m in models[:8])
     raise UnknownServerModelError(f"{host} has no model {wanted!r}; it serves: {names}")
 
 
