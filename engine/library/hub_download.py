@@ -25,6 +25,7 @@ from engine.library.errors import ChecksumMismatchError, DownloadError
 from engine.library.hub_progress import ProgressTracker
 from engine.library.locations import hf_hub_cache
 from engine.library.progress import CancelToken, ProgressFn
+from engine.printable import printable
 from engine.sources.hub import ALLOW_PATTERNS, METADATA_TIMEOUT_S, hub_errors
 
 log = logging.getLogger(__name__)
@@ -101,10 +102,20 @@ def repo_files(repo_id: str, revision: str | None = None) -> HubRepo:
         )
     files = []
     for s in info.siblings or []:
+        if not _safe_name(s.rfilename):  # it would be shown on a terminal and become a path in the cache
+            log.warning("%s lists a file whose name cannot be used here: %r; left out", repo_id, s.rfilename)
+            continue
         lfs = getattr(s, "lfs", None)
         sha = (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", "")) or ""
         files.append(HubFile(s.rfilename, int(s.size or 0), sha))
     return HubRepo(repo_id, info.sha or "", tuple(files), revision or "main")
+
+
+def _safe_name(name: object) -> bool:
+    """A repository file name that is plain text and stays inside the repository's folder."""
+    if not isinstance(name, str) or not name or printable(name) != name or "\\" in name or name.startswith("/"):
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
 
 
 def _record_ref(cache: Path, repo: HubRepo) -> None:

@@ -734,3 +734,16 @@ def test_a_servers_model_id_with_terminal_escapes_is_shown_escaped(servers, caps
         assert "\x1b" not in backend.info.name and "\\x1b[2J" in backend.info.name
     finally:
         backend.close()
+
+
+def test_hub_file_names_that_would_drive_a_terminal_or_leave_the_cache_are_left_out(monkeypatch):
+    from download_server import DownloadServer, add_hub_repo
+    from engine.library.hub_download import repo_files
+
+    with DownloadServer() as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.base_url)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        add_hub_repo(server, "org/odd", {"good-Q4.gguf": b"x", f"{ANSI_NAME}.gguf": b"y", "../up.gguf": b"z",
+                                         "a//b.gguf": b"w"})
+        names = [f.name for f in repo_files("org/odd").files]
+    assert names == ["good-Q4.gguf"]
