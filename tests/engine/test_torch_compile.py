@@ -64,10 +64,10 @@ def test_background_work_pauses_while_the_foreground_runs_steps():
     assert not thread.is_alive()
 
 
-def _tiny_llama(dtype: torch.dtype, name: str):
+def _tiny_llama(dtype: torch.dtype, name: str, layers: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
@@ -145,10 +145,11 @@ def _compiler_available() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _compiler_available(), reason="torch.compile (inductor) needs a C compiler on the CPU")
 def test_inductor_compiled_bfloat16_step_passes_the_check(private_cache_dir):
-    """bf16 kernels round differently from eager's; the check tells that from a wrong position (test above)."""
-    model = _tiny_llama(torch.bfloat16, "tiny-inductor")
+    """bf16 kernels round differently from eager's; the check tells that from a wrong position (test above).
+    One layer: the build (paused-at-every-call tracing, ~1.6x slower than without) stays within minutes here."""
+    model = _tiny_llama(torch.bfloat16, "tiny-inductor", layers=1)
     built = compile_step.CompiledDecodeStep(model)
-    assert built.wait(600), built.error
+    assert built.wait(800), built.error or "still building after 800 s"
     cache = GrowingCache(model.config)
     with torch.inference_mode():
         compile_step._logits(model, torch.tensor([[5, 6, 7]]), cache)

@@ -10,6 +10,10 @@ call or return while a step ran less than `HOLD_S` ago, sleeping (without
 the GIL) until the foreground has been quiet that long. The background
 thread also runs at the lowest CPU priority where the OS lets one thread
 have its own (Linux), which the compiler's worker processes inherit.
+
+The price is the build's: a profile hook runs at every call and return of
+the thread, which made dynamo's tracing of a 2-layer Llama 1.6x slower on
+the CPU here (6.4 s -> 9.8 s); compilation is background work, answers are not.
 """
 
 from __future__ import annotations
