@@ -241,6 +241,8 @@ def check_args(args: argparse.Namespace, stdin: BinaryIO | None = None) -> None:
 
         resolve_sampling(args)
     check_counts(args)
+    if command == "generate" and args.num_beams > 1 and args.max_new_tokens in UNTIL_FULL:
+        raise UsageError("-n -1 (until the context is full) is for sampling; with --num-beams give a number of tokens")
     if command == "generate" and args.num_return_sequences > args.num_beams:
         raise UsageError(f"--num-return-sequences ({args.num_return_sequences}) cannot exceed "
                          f"--num-beams ({args.num_beams})")

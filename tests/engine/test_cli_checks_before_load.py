@@ -57,6 +57,7 @@ OUT_OF_RANGE = [
     (["generate", "-p", "x", "-n", "9999999999"], "--max-new-tokens must be at most 2,147,483,647"),
     (["generate", "-p", "x", "-n", "-3"], "--max-new-tokens must be at least 1"),
     (["generate", "-p", "x", "--top-n", "5000"], "--top-n must be at most 1,000"),
+    (["generate", "-p", "x", "--num-beams", "2", "-n", "-1"], "with --num-beams give a number of tokens"),
     (["generate", "-p", "x", "--num-beams", "1000000"], "--num-beams must be at most 256"),
     (["info", "--n-batch", "2147483648"], "n_batch"),
     (["lens", "--prompt", "x", "--top-k", "100000"], "--top-k must be at most 1,000"),
