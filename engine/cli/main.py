@@ -180,7 +180,7 @@ CHAT_HELP = """commands:
 
 def _coerce(name: str, value: str, current):
     if current is None or isinstance(current, int) and not isinstance(current, bool):
-        if name == "seed" and value.lower() in ("none", "random"):
+        if name == "seed" and value.lower() in ("none", "random", "-1"):  # -1: llama.cpp's random seed
             return None
         return int(value)
     if isinstance(current, float):
