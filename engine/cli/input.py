@@ -250,6 +250,10 @@ def check_args(args: argparse.Namespace, stdin: BinaryIO | None = None) -> None:
         check_count(args, "top_k", 1, maximum=1000)
     if any(s == "" for s in getattr(args, "stop", None) or []):
         raise UsageError("--stop needs a non-empty string (an empty one would stop before the first token)")
+    if command in ("batch", "compare") and args.seed in (-1, 4294967295):
+        args.seed = None  # llama.cpp's "a random seed", as -s -1 in generate and chat
+    if command in ("batch", "compare") and args.seed is not None:
+        sampler_or_error(seed=args.seed)
     if command == "batch":
         args.prompts = read_prompts(args.input)
         check_output_file(args.output, "--output", not_same_as=args.input)

@@ -60,6 +60,7 @@ OUT_OF_RANGE = [
     (["generate", "-p", "x", "--num-beams", "2", "-n", "-1"], "with --num-beams give a number of tokens"),
     (["generate", "-p", "x", "--num-beams", "1000000"], "--num-beams must be at most 256"),
     (["info", "--n-batch", "2147483648"], "n_batch"),
+    (["compare", "-p", "x", "--settings", "{}", "--settings", "{}", "-s", "-5"], "seed must be in [0, 2**63)"),
     (["lens", "--prompt", "x", "--top-k", "100000"], "--top-k must be at most 1,000"),
     (["score", "--text", "ab", "--top-n", "100000"], "--top-n must be at most 1,000"),
     (["compare", "-p", "x", "--settings", "{}", "--settings", "{}", "--max-new-tokens", "0"],
