@@ -91,6 +91,11 @@ class Conversation:
         self.active_root_id = row.active_root_id
         self.mode = row.mode  # "chat" | "notebook" (app/notebook.py: one text the model continues)
         self.messages: dict[int, Message] = {r.id: Message.from_row(r) for r in (rows or [])}
+        # Children by parent, oldest first: an imported loom tree's question has thousands of answers, and
+        # the views ask for siblings per answer (a scan of every message each time made that quadratic).
+        self._children: dict[int | None, list[Message]] = {}
+        for m in sorted(self.messages.values(), key=lambda m: m.id):
+            self._children.setdefault(m.parent_id, []).append(m)
         self._pending: dict[int, list[TokenEvent]] = {}  # streamed, not yet written
         self._dirty_content: set[int] = set()
         self.deleted = False  # set by the library; a generation still streaming into it then writes nothing
@@ -103,7 +108,7 @@ class Conversation:
     # -- reading ---------------------------------------------------------------------------
 
     def children(self, parent_id: int | None) -> list[Message]:
-        return sorted((m for m in self.messages.values() if m.parent_id == parent_id), key=lambda m: m.id)
+        return list(self._children.get(parent_id, ()))
 
     def siblings(self, message: Message) -> list[Message]:
         return self.children(message.parent_id)
@@ -152,6 +157,7 @@ class Conversation:
             message = Message.from_row(row)
             message.tokens = []
             self.messages[message.id] = message
+            self._children.setdefault(message.parent_id, []).append(message)  # ids only grow: stays sorted
             self._activate(message)
             retitled = self.title in DEFAULT_TITLES.values() and role == "user" and bool(content.strip())
             if retitled:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,11 +116,21 @@ def answer_group(conv: Conversation, message: Message) -> tuple[Message, list[Me
 
 def build_tree(conv: Conversation, answers: list[Message]) -> LoomNode:
     """The token tree of `answers` (siblings of one question)."""
+    for root in grow_tree(conv, answers):
+        pass
+    return root
+
+
+def grow_tree(conv: Conversation, answers: list[Message]) -> Iterator[LoomNode]:
+    """`build_tree` an answer at a time: the root after each answer is in, and last the finished root. A big
+    group (thousands of answers, hundreds of thousands of tokens to read) is then built between a window's
+    events instead of freezing it."""
     root = LoomNode(0, [], [m.id for m in answers], 0.0)
     for m in answers:
         _insert(root, m.id, conv.tokens(m))
+        yield root
     _recompute(root)
-    return root
+    yield root
 
 
 def _insert(root: LoomNode, message_id: int, tokens: list[TokenEvent]) -> None:

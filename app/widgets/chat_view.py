@@ -4,12 +4,22 @@ It follows the state: a new conversation rebuilds it, a changed path keeps
 the widgets of the unchanged prefix and rebuilds the rest, streamed tokens go
 to the one widget concerned. While the view is scrolled to the bottom it
 stays there as an answer grows.
+
+Only what can be looked at is drawn. A path change is drawn once the event
+loop turns (an import adds thousands of messages in one go: drawing after
+each one froze the window for minutes), and a long path shows its last
+`PAGE` messages, with a button above them for the earlier ones. A stored
+message that cannot be drawn (bad fields from an old or poisoned database)
+shows as "cannot show this message (why)" instead of taking the window down.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
+import logging
+from collections.abc import Callable
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import QLabel, QPushButton, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from app.controller import ChatController
 from app.state.conversation import Conversation, Message
@@ -17,8 +27,14 @@ from app.state.library import Library
 from app.state.settings import Selection, ViewOptions
 from app.theme import is_dark
 from app.widgets.message_widget import MessageWidget
+from app.widgets.undrawable_message import UndrawableMessage
+
+log = logging.getLogger(__name__)
 
 MAX_TEXT_WIDTH = 920  # px: long lines are hard to read on a wide window
+PAGE = 20  # messages drawn from the end of a long path; "Show earlier messages" adds as many again
+
+Shown = MessageWidget | UndrawableMessage
 
 
 class ChatView(QScrollArea):
@@ -40,8 +56,12 @@ class ChatView(QScrollArea):
         self._selection = selection
         self._controller = controller
         self._conv: Conversation | None = None
-        self._widgets: list[MessageWidget] = []
+        self._widgets: list[Shown] = []  # for the last messages of the path, in order
+        self._by_id: dict[int, Shown] = {}
+        self._shown = PAGE  # how many of the path's last messages are drawn
         self._stick_to_bottom = True
+        self._draw_timer = QTimer(self, singleShot=True, interval=0)
+        self._draw_timer.timeout.connect(self._draw_path)
 
         self.setWidgetResizable(True)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -61,6 +81,11 @@ class ChatView(QScrollArea):
         self._placeholder.setWordWrap(True)
         self._placeholder.setForegroundRole(self._placeholder.foregroundRole().PlaceholderText)
         self._column.addWidget(self._placeholder)
+        self.earlier_button = QPushButton()
+        self.earlier_button.setAccessibleName("Show earlier messages")
+        self.earlier_button.setVisible(False)
+        self.earlier_button.clicked.connect(self.show_earlier)
+        self._column.addWidget(self.earlier_button, 0, Qt.AlignmentFlag.AlignHCenter)
         self._column.addStretch(1)
         self._content.setMaximumWidth(MAX_TEXT_WIDTH)
         self._content.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
@@ -81,11 +106,26 @@ class ChatView(QScrollArea):
         self._on_conversation_changed(library.current)
 
     @property
-    def message_widgets(self) -> list[MessageWidget]:
+    def message_widgets(self) -> list[Shown]:
+        """The drawn messages, in order (drawn now if a path change is waiting)."""
+        self._draw_now()
         return list(self._widgets)
 
-    def widget_for(self, message_id: int) -> MessageWidget | None:
-        return next((w for w in self._widgets if w.message.id == message_id), None)
+    def widget_for(self, message_id: int) -> Shown | None:
+        self._draw_now()
+        return self._by_id.get(message_id)
+
+    @property
+    def hidden_count(self) -> int:
+        """How many earlier messages of the path are not drawn (behind "Show earlier messages")."""
+        self._draw_now()
+        return len(self._conv.path()) - len(self._widgets) if self._conv is not None else 0
+
+    def show_earlier(self) -> None:
+        """Draw `PAGE` more of the path's earlier messages."""
+        self._shown += PAGE
+        self._stick_to_bottom = False
+        self._draw_path()
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
@@ -98,11 +138,12 @@ class ChatView(QScrollArea):
             for sig, slot in self._subscriptions(self._conv):
                 sig.disconnect(slot)
         self._conv = conv
-        self._clear_from(0)
+        self._shown = PAGE
+        self._clear()
         if conv is not None:
             for sig, slot in self._subscriptions(conv):
                 sig.connect(slot)
-            self._on_path_changed()
+        self._draw_path()
         self._stick_to_bottom = True
 
     def _subscriptions(self, conv: Conversation):
@@ -113,42 +154,73 @@ class ChatView(QScrollArea):
         )
 
     def _on_path_changed(self) -> None:
-        assert self._conv is not None
-        path = self._conv.path()
-        keep = 0
-        while keep < min(len(path), len(self._widgets)) and self._widgets[keep].message is path[keep]:
-            keep += 1
-        self._clear_from(keep)
-        for message in path[keep:]:
-            self._add_widget(message)
-        for w in self._widgets[:keep]:
-            w.update_chrome()  # sibling counts may have changed
-        self._placeholder.setVisible(not self._widgets)
+        # Drawn when the loop turns: a burst of changes (an import, a loom run's N children) is drawn once.
         self._stick_to_bottom = True
+        if not self._draw_timer.isActive():
+            self._draw_timer.start()
+
+    def _draw_now(self) -> None:
+        if self._draw_timer.isActive():
+            self._draw_path()
+
+    def _draw_path(self) -> None:
+        """Make the widgets match the path's last `_shown` messages, keeping those that still match."""
+        self._draw_timer.stop()
+        path = self._conv.path() if self._conv is not None else []
+        wanted = path[max(0, len(path) - self._shown):]
+        if self._selection.message_id is not None and self._conv is not None:
+            # The selected message (a loom node opened far up a long chat) is drawn, however far up it is.
+            at = next((i for i, m in enumerate(path) if m.id == self._selection.message_id), None)
+            if at is not None and at < len(path) - len(wanted):
+                self._shown = len(path) - at
+                wanted = path[at:]
+        place = {id(m): i for i, m in enumerate(wanted)}
+        while self._widgets and id(self._widgets[0].message) not in place:
+            self._remove(0)  # scrolled out of the page at the top, or no longer on the path
+        top = place[id(self._widgets[0].message)] if self._widgets else len(wanted)
+        keep = 0
+        while (keep < len(self._widgets) and top + keep < len(wanted)
+               and self._widgets[keep].message is wanted[top + keep]):
+            keep += 1
+        while len(self._widgets) > keep:
+            self._remove(len(self._widgets) - 1)
+        for w in list(self._widgets):
+            self._guard(w, lambda w: w.update_chrome())  # sibling counts may have changed
+        for i, message in enumerate(wanted[:top]):  # earlier messages, above those kept
+            self._insert(i, message)
+        for message in wanted[top + keep:]:
+            self._insert(len(self._widgets), message)
+        hidden = len(path) - len(wanted)
+        self.earlier_button.setText(f"Show {min(PAGE, hidden)} earlier messages ({hidden} not shown)")
+        self.earlier_button.setVisible(hidden > 0)
+        self._placeholder.setVisible(not self._widgets)
 
     def _on_message_changed(self, message: Message) -> None:
-        w = self.widget_for(message.id)
+        w = self._by_id.get(message.id)
         if w is not None:
-            w.refresh()
+            self._guard(w, lambda w: w.refresh())
 
     def _on_tokens_appended(self, message: Message, _start: int) -> None:
-        w = self.widget_for(message.id)
+        w = self._by_id.get(message.id)
         if w is not None:
-            w.on_tokens_appended()
+            self._guard(w, lambda w: w.on_tokens_appended())
 
     def _on_view_changed(self) -> None:
         dark = is_dark(self.palette())
-        for w in self._widgets:
-            w.set_view(self._view.heatmap, self._view.mode, dark)
+        for w in list(self._widgets):
+            self._guard(w, lambda w: w.set_view(self._view.heatmap, self._view.mode, dark))
         self._on_selection_changed(self._selection.message_id, self._selection.index)
 
     def _on_selection_changed(self, message_id: int | None, index: int | None) -> None:
-        for w in self._widgets:
-            w.set_selected(index if w.message.id == message_id else None)
+        if (message_id is not None and message_id not in self._by_id and self._conv is not None
+                and any(m.id == message_id for m in self._conv.path())):
+            self._draw_path()  # the selected message is further up than the page drawn
+        for w in list(self._widgets):
+            self._guard(w, lambda w: w.set_selected(index if w.message.id == message_id else None))
 
     def _on_busy_changed(self, busy: bool) -> None:
-        for w in self._widgets:
-            w.set_busy(busy)
+        for w in list(self._widgets):
+            self._guard(w, lambda w: w.set_busy(busy))
 
     def changeEvent(self, event) -> None:
         super().changeEvent(event)
@@ -157,26 +229,60 @@ class ChatView(QScrollArea):
 
     # -- widgets ---------------------------------------------------------------------------
 
-    def _add_widget(self, message: Message) -> None:
+    def _insert(self, at: int, message: Message) -> None:
+        """Draw `message` as the `at`th widget; one that cannot be drawn says so in one line."""
+        assert self._conv is not None
+        try:
+            w: Shown = self._message_widget(message)
+        except Exception as e:  # noqa: BLE001 - a stored message with bad fields must not stop the window
+            log.warning("cannot show message %s: %s", message.id, e, exc_info=True)
+            w = UndrawableMessage(message, e)
+        offset = 2  # the placeholder and the "Show earlier messages" button come first
+        self._column.insertWidget(offset + at, w)
+        self._widgets.insert(at, w)
+        self._by_id[message.id] = w
+
+    def _message_widget(self, message: Message) -> MessageWidget:
         assert self._conv is not None
         w = MessageWidget(self._conv, message)
-        w.set_busy(self._controller.busy)
-        w.set_view(self._view.heatmap, self._view.mode, is_dark(self.palette()))
-        if message.id == self._selection.message_id:
-            w.set_selected(self._selection.index)
+        try:
+            w.set_busy(self._controller.busy)
+            w.set_view(self._view.heatmap, self._view.mode, is_dark(self.palette()))
+            if message.id == self._selection.message_id:
+                w.set_selected(self._selection.index)
+        except Exception:
+            w.deleteLater()
+            raise
         w.regenerate_requested.connect(self.regenerate_requested)
         w.continue_requested.connect(self.continue_requested)
         w.edit_submitted.connect(self.edit_submitted)
         w.sibling_requested.connect(self._on_sibling_requested)
         w.token_clicked.connect(self._on_token_clicked)
-        self._column.insertWidget(self._column.count() - 1, w)
-        self._widgets.append(w)
+        return w
 
-    def _clear_from(self, index: int) -> None:
-        for w in self._widgets[index:]:
-            self._column.removeWidget(w)
-            w.deleteLater()
-        del self._widgets[index:]
+    def _guard(self, w: Shown, action: Callable[[Shown], None]) -> None:
+        """Run `action` on a drawn message; if it raises, the message is shown as one that cannot be drawn."""
+        try:
+            action(w)
+        except Exception as e:  # noqa: BLE001 - one bad message must not break the transcript
+            log.warning("cannot show message %s: %s", w.message.id, e, exc_info=True)
+            if w in self._widgets:
+                at = self._widgets.index(w)
+                self._remove(at)
+                bad = UndrawableMessage(w.message, e)
+                self._column.insertWidget(2 + at, bad)
+                self._widgets.insert(at, bad)
+                self._by_id[bad.message.id] = bad
+
+    def _remove(self, at: int) -> None:
+        w = self._widgets.pop(at)
+        self._by_id.pop(w.message.id, None)
+        self._column.removeWidget(w)
+        w.deleteLater()
+
+    def _clear(self) -> None:
+        while self._widgets:
+            self._remove(len(self._widgets) - 1)
 
     def _on_sibling_requested(self, message: Message, offset: int) -> None:
         if self._conv is not None and not self._controller.busy:

@@ -23,9 +23,15 @@ def token_label(token_text: str, token_bytes: bytes | None = None) -> str:
     return byte_label(token_bytes) if token_bytes is not None else token_text
 
 
+VISIBLE_CHARS = 200  # a token from a file or a server can be megabytes: labels and tooltips show its start
+
+
 def visible(token_text: str, token_bytes: bytes | None = None) -> str:
-    """A token's text with whitespace made visible ('␣Paris', '↵'), for lists and headers."""
+    """A token's text with whitespace made visible ('␣Paris', '↵'), for lists and headers (cut to
+    `VISIBLE_CHARS`, saying how long it is: a label laid out a 5 MB token for minutes)."""
     text = token_label(token_text, token_bytes)
+    if len(text) > VISIBLE_CHARS:
+        return f"{text[:VISIBLE_CHARS].translate(_VISIBLE)}… ({len(text):,} characters)"
     return text.translate(_VISIBLE) if text else "∅"
 
 

@@ -7,12 +7,25 @@ has explored; its colour is the node's least likely token. Enter or a click
 opens the node in the chat (its answer shown, its first token selected);
 arrows move through the tree. Runs are the `LoomController`'s: the view asks
 and draws.
+
+A big group is read a slice at a time between the window's events (the
+tree drawn so far stays until the new one is ready; a small one is drawn at
+once), and rows are made as they are opened: the first `EAGER_ROWS` breadth
+first (opened), the rest when their parent is expanded, by loops rather than
+recursion. An imported tree of 2,000 answers, or one 1,100 forks deep
+(600,000 tokens to read), froze the window for a minute and more when it
+was read, and every row made and opened, at once (and the deep one then hit
+Python's recursion limit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
@@ -23,7 +36,7 @@ from PySide6.QtWidgets import (
 
 from app.loom_controller import ExpandSettings, LoomController
 from app.state.conversation import Conversation, Message
-from app.state.loom_tree import LoomNode, answer_group, build_tree, import_loom_file, representative, write_loom_file
+from app.state.loom_tree import LoomNode, answer_group, grow_tree, import_loom_file, representative, write_loom_file
 from app.state.settings import Selection
 from app.widgets.fmt import pct
 from app.widgets.heat import heat_color
@@ -32,6 +45,23 @@ from app.widgets.step_panel import StepPanel
 log = logging.getLogger(__name__)
 REBUILD_MS = 150  # tokens stream in: the tree is rebuilt at most this often
 NODE = Qt.ItemDataRole.UserRole
+FILLED = Qt.ItemDataRole.UserRole + 1  # the row's children rows have been made
+EAGER_ROWS = 300  # rows made (and opened) when the tree is drawn; the others when their parent opens
+TIP_CHARS = 300  # a row's tooltip quotes this much of its tokens' text
+BUILD_SLICE_S = 0.04  # a big tree is read in slices this long, the window's events in between
+BUILD_FIRST = 32  # answers read before the first slice may end: a small tree is drawn at once
+READING = "Reading the branches"
+
+
+@dataclass
+class _Build:
+    """A tree being read: its steps (`grow_tree`), where it has got to, and the node to keep selected."""
+
+    steps: Iterator[LoomNode]
+    answers: int
+    keep: tuple[int, int] | None
+    read: int = 0
+    root: LoomNode | None = None
 
 
 class LoomView(QWidget):
@@ -45,7 +75,11 @@ class LoomView(QWidget):
         self._tasks: set[asyncio.Task] = set()
         self.setAccessibleName("Loom")
         self._rebuild_timer = QTimer(self, singleShot=True, interval=REBUILD_MS)
-        self._rebuild_timer.timeout.connect(self.rebuild)
+        self._rebuild_timer.timeout.connect(self._on_rebuild_due)
+        self._build: _Build | None = None  # the tree being read, if any
+        self._build_again = False  # the state changed while it was read: read it again after
+        self._build_timer = QTimer(self, singleShot=True, interval=0)
+        self._build_timer.timeout.connect(self._build_slice)
 
         self.tree = QTreeWidget()
         self.tree.setHeaderLabels(["Tokens", "log p", "unexplored"])
@@ -57,15 +91,19 @@ class LoomView(QWidget):
         header = self.tree.header()
         header.setStretchLastSection(False)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
+        # The numbers' columns are fitted to their rows when rows are made (`_fit_columns`), not kept fitted by
+        # the header: that measured every open row again at each expansion (18 s to open a 1,100-deep branch).
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Interactive)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Interactive)
         self.tree.setToolTip("Enter or click opens a branch in the chat; arrows move through the tree")
         self.tree.itemActivated.connect(lambda item, _col: self.open_node(item.data(0, NODE)))
+        self.tree.itemExpanded.connect(self._on_expanded)
         self.tree.itemClicked.connect(lambda item, _col: self.open_node(item.data(0, NODE)))
 
         self.n_spin = QSpinBox(minimum=2, maximum=16, value=4)
         self.n_spin.setAccessibleName("Number of continuations")
         self.mode = QComboBox()
+        self.mode.setAccessibleName("How the continuations differ")
         self.mode.addItem("own seeds", "sample")
         self.mode.addItem("likeliest first tokens", "top")
         self.mode.addItem("beam search", "beam")
@@ -78,16 +116,20 @@ class LoomView(QWidget):
         self.tokens_spin = QSpinBox(minimum=1, maximum=4096, value=32)
         self.tokens_spin.setAccessibleName("Tokens per continuation")
         self.continue_button = QPushButton("Continue ×N")
-        self.continue_button.setToolTip("N children of the selected branch's end (or of the token the inspector "
-                                        "shows), from one shared prefix, as one batch where the model can")
+        self.continue_button.setToolTip("N alternatives to the token clicked in the chat (the inspector's), else to "
+                                        "the selected branch, from one shared prefix, as one batch where the model can")
         self.continue_button.clicked.connect(self._on_continue_clicked)
 
         self.entropy_spin = QDoubleSpinBox(minimum=0.0, maximum=12.0, value=1.5, singleStep=0.1)
         self.entropy_spin.setToolTip("Open forks whose entropy (nats) is at least this")
+        self.entropy_spin.setAccessibleName("Entropy threshold")
         self.min_p_spin = QDoubleSpinBox(minimum=0.0, maximum=1.0, value=0.0, singleStep=0.05, specialValueText="off")
+        self.min_p_spin.setAccessibleName("Min-p threshold")
         self.depth_spin = QSpinBox(minimum=1, maximum=8, value=2)
+        self.depth_spin.setAccessibleName("Auto-expand depth")
         self.budget_spin = QSpinBox(minimum=8, maximum=100_000, value=512)
         self.budget_spin.setToolTip("New tokens auto-expand may make in all")
+        self.budget_spin.setAccessibleName("Auto-expand token budget")
         self.expand_button = QPushButton("Auto-expand")
         self.expand_button.setToolTip("From the selected branch, open every fork whose entropy reaches the "
                                       "threshold (or, with min-p on, where two alternatives pass it)")
@@ -174,44 +216,118 @@ class LoomView(QWidget):
                 return m
         return next((m for m in reversed(conv.path()) if m.is_assistant), None)
 
+    def _on_rebuild_due(self) -> None:
+        if self._build is not None:
+            self._build_again = True  # once the tree being read is drawn
+        else:
+            self.rebuild()
+
+    @property
+    def building(self) -> bool:
+        """A big tree is being read (the one shown is the previous)."""
+        return self._build is not None
+
     def rebuild(self) -> None:
-        """Draw the tree of the focused answer's group again, keeping the current node where it still exists."""
+        """Draw the tree of the focused answer's group again, keeping the current node where it still exists.
+
+        A small group is drawn before this returns; a big one is read in slices between the window's events
+        and drawn when it is whole (`building` until then)."""
+        self._rebuild_timer.stop()
+        self._build_timer.stop()
+        self._build, self._build_again = None, False
         conv, focus = self._conv, self._focus_message()
         current = self.current_node()
         keep = (current.message_ids[0], current.start) if current is not None and current.message_ids else None
-        self.tree.clear()
-        self._root = None
         if conv is None or focus is None:
+            self.tree.clear()
+            self._root = None
             self._update_buttons()
             return
         _question, answers = answer_group(conv, focus)
-        self._root = build_tree(conv, answers)
-        top = self._item(self._root, None)
-        top.setText(0, f"{len(answers)} answer{'s' * (len(answers) != 1)}")
+        self._build = _Build(grow_tree(conv, answers), len(answers), keep)
+        self._build_slice()
+
+    def _build_slice(self) -> None:
+        """Read the tree for a slice of time; draw it once whole, else come back after the window's events."""
+        build = self._build
+        if build is None:
+            return
+        t0, least = time.perf_counter(), BUILD_FIRST if build.read == 0 else 1
+        n = 0
+        for build.root in build.steps:
+            n += 1
+            if n >= least and time.perf_counter() - t0 > BUILD_SLICE_S:
+                build.read += n
+                self.status.setText(f"{READING}: {min(build.read, build.answers)} of {build.answers} answers…")
+                self._build_timer.start()
+                return
+        self._build = None
+        if self.status.text().startswith(READING):
+            self.status.setText("")
+        assert build.root is not None
+        self._draw(build.root, build.answers, build.keep)
+        if self._build_again:
+            self._build_again = False
+            self._schedule()
+
+    def _draw(self, root: LoomNode, answers: int, keep: tuple[int, int] | None) -> None:
+        self.tree.clear()
+        self._root = root
+        top = self._item(root)
+        top.setText(0, f"{answers} answer{'s' * (answers != 1)}")
         self.tree.addTopLevelItem(top)
-        self.tree.expandAll()
-        for col in (1, 2):
-            self.tree.resizeColumnToContents(col)
+        self._open_first_rows(top)
         if keep is not None:
-            node = self._root.find(*keep) if keep[1] >= 0 else None
+            node = root.find(*keep) if keep[1] >= 0 else None
             if node is not None and node.start == keep[1]:
                 self._select(node)
+        self._fit_columns()
         self._update_buttons()
 
-    def _item(self, node: LoomNode, parent: QTreeWidgetItem | None) -> QTreeWidgetItem:
-        item = QTreeWidgetItem(parent) if parent is not None else QTreeWidgetItem()
+    def _item(self, node: LoomNode) -> QTreeWidgetItem:
+        """The row of `node`; its children's rows are made when it is opened (`_fill`)."""
+        item = QTreeWidgetItem()
         item.setData(0, NODE, node)
         item.setText(0, node.short())
         item.setText(1, f"{node.path_logprob:.2f}")
         if node.unexplored_mass is not None:
             item.setText(2, pct(node.unexplored_mass))
-        item.setToolTip(0, (f"{node.text()!r}\nfirst token {pct(node.branch_prob)}, least likely {pct(node.min_prob)}; "
+        text = node.text()
+        quoted = repr(text[:TIP_CHARS]) + (f"… ({len(text):,} characters)" if len(text) > TIP_CHARS else "")
+        item.setToolTip(0, (f"{quoted}\nfirst token {pct(node.branch_prob)}, least likely {pct(node.min_prob)}; "
                             f"{len(node.message_ids)} answer(s) pass here"))
         if node.tokens:
             item.setBackground(0, heat_color(node.min_prob, self.palette().window().color().lightness() < 128))
-        for child in node.children:
-            self._item(child, item)
+        if node.children:
+            item.setChildIndicatorPolicy(QTreeWidgetItem.ChildIndicatorPolicy.ShowIndicator)
         return item
+
+    def _on_expanded(self, item: QTreeWidgetItem) -> None:
+        if not item.data(0, FILLED):
+            self._fill(item)
+            self._fit_columns()
+
+    def _fit_columns(self) -> None:
+        for col in (1, 2):
+            self.tree.resizeColumnToContents(col)
+
+    def _fill(self, item: QTreeWidgetItem) -> None:
+        """Make the rows of `item`'s children, once."""
+        if item.data(0, FILLED):
+            return
+        item.setData(0, FILLED, True)
+        node: LoomNode = item.data(0, NODE)
+        item.addChildren([self._item(child) for child in node.children])
+
+    def _open_first_rows(self, top: QTreeWidgetItem) -> None:
+        """Make and open rows breadth first until `EAGER_ROWS` exist (a small tree opens whole)."""
+        queue, made = deque([top]), 1
+        while queue and made < EAGER_ROWS:
+            item = queue.popleft()
+            self._fill(item)
+            item.setExpanded(True)
+            made += item.childCount()
+            queue.extend(item.child(i) for i in range(item.childCount()))
 
     def current_node(self) -> LoomNode | None:
         item = self.tree.currentItem()
@@ -220,19 +336,29 @@ class LoomView(QWidget):
     def _select(self, node: LoomNode) -> None:
         it = self._find_item(node)
         if it is not None:
+            self._fit_columns()
             self.tree.setCurrentItem(it)
 
     def _find_item(self, node: LoomNode) -> QTreeWidgetItem | None:
-        stack = [self.tree.topLevelItem(i) for i in range(self.tree.topLevelItemCount())]
-        while stack:
-            it = stack.pop()
-            if it.data(0, NODE) is node:
-                return it
-            stack.extend(it.child(i) for i in range(it.childCount()))
-        return None
+        """`node`'s row, made (and its ancestors' rows opened) if it was not yet."""
+        chain = []
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        chain.reverse()
+        item = self.tree.topLevelItem(0)
+        if item is None or item.data(0, NODE) is not chain[0]:
+            return None
+        for below in chain[1:]:
+            self._fill(item)
+            item.setExpanded(True)
+            item = next((item.child(i) for i in range(item.childCount()) if item.child(i).data(0, NODE) is below), None)
+            if item is None:
+                return None
+        return item
 
     def items(self) -> list[QTreeWidgetItem]:
-        """Every row, depth first (for tests and keyboard checks)."""
+        """Every row made so far, depth first (for tests and keyboard checks)."""
         out, stack = [], [self.tree.topLevelItem(i) for i in range(self.tree.topLevelItemCount())][::-1]
         while stack:
             it = stack.pop()
@@ -253,14 +379,16 @@ class LoomView(QWidget):
     # -- runs -----------------------------------------------------------------------------------
 
     def _anchor(self) -> tuple[Message, int] | None:
-        """Where a run starts: the selected node's end, else the token the inspector shows."""
+        """Where a run starts: the token clicked in the chat (the inspector's), else where the selected node
+        starts (its N alternatives), so a run from a node never starts past an answer's end of text."""
         node, conv = self.current_node(), self._conv
         if conv is None:
             return None
+        chosen = conv.messages.get(self._selection.message_id) if self._selection.message_id is not None else None
+        if chosen is not None and chosen.is_assistant and self._selection.index is not None:
+            return chosen, self._selection.index
         if node is not None and node.message_ids and node.tokens:
-            return representative(conv, node), node.end
-        if self._selection.message_id in conv.messages and self._selection.index is not None:
-            return conv.messages[self._selection.message_id], self._selection.index
+            return representative(conv, node), node.start
         return None
 
     def continuations_at(self, message: Message, index: int) -> asyncio.Task:
@@ -305,9 +433,7 @@ class LoomView(QWidget):
             self.status.setText(f"Loom: {e}")
             return None
         message, index = anchor
-        node = self.current_node()
-        start = node.start if node is not None and node.tokens else index
-        return self._start(self._loom.auto_expand(message, start, how))
+        return self._start(self._loom.auto_expand(message, index, how))
 
     def _on_busy_changed(self, busy: bool) -> None:
         self.progress.setVisible(busy)

@@ -13,6 +13,15 @@ inside one ("<h" / "2>"): a zero-width space joins tokens; inside a token
 spaces are no-break spaces and a word joiner holds every other break
 opportunity shut (copying gives the tokens' own text back).
 
+Only what can be read is drawn: a message longer than `TEXT_PAGE_CHARS`
+characters (or `TOKEN_PAGE` tokens in the token view) shows its beginning
+and a "Show more" link that draws the next page, a single token is shown
+cut to `TOKEN_CHARS` characters, and a run of text with nowhere to break a
+line gets a zero-width break every `BREAK_EVERY` characters. Qt lays out a
+line without break opportunities in time quadratic in its length: an 800k
+character answer without a space froze the window 14 s, a 5 MB token for
+over 13 minutes.
+
 A model's text is shown as text: Markdown without raw HTML (a `<div>` in an
 answer is a tag written out, not markup that swallows the rest), no resource
 is ever loaded (an image path names a local file), and a link opens only as
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 import time
 
 from engine import TokenEvent
@@ -38,6 +48,11 @@ from app.widgets.model_links import link_tooltip, offer_to_open
 
 EOS_MARK = "⟨eos⟩"
 STEP_BACK_COLOR = "#d9822b"  # the wavy underline of a token where a banned string made the answer step back
+TEXT_PAGE_CHARS = 20_000  # characters of a plain or Markdown message drawn per page
+TOKEN_PAGE = 2_000  # tokens drawn per page in the token view
+TOKEN_CHARS = 200  # a token longer than this shows its beginning and how long it is
+BREAK_EVERY = 200  # characters without a break opportunity before a zero-width break is put in
+MORE_HREF = "logitlab-show:more"  # the "Show more" link's address (never opened: it draws the next page)
 MD_MIN_INTERVAL_MS = 250
 MD_MAX_INTERVAL_MS = 1000
 # GitHub's dialect, but HTML in the text stays text: a model's "<div>" or "vector<int>" is not markup.
@@ -50,6 +65,27 @@ INSIDE_TOKEN = "\u2060"  # word joiner: a line may not break here, inside a toke
 # zero-width space) but not inside it, which a plain space would allow (the break goes after spaces).
 NO_BREAK_SPACE = "\u00a0"
 _LAYOUT_CHARS = str.maketrans({BETWEEN_TOKENS: None, INSIDE_TOKEN: None, NO_BREAK_SPACE: " "})
+_LONG_RUN = re.compile(r"\S{%d,}" % (BREAK_EVERY + 1))
+
+
+def breakable(text: str) -> str:
+    """`text` with a zero-width space every `BREAK_EVERY` characters of a run without whitespace, so a line
+    can break there (a 800k-character run cost Qt 14 s to lay out; cut in pieces it is linear)."""
+    if len(text) <= BREAK_EVERY:
+        return text
+
+    def cut(m: re.Match) -> str:
+        run = m.group(0)
+        return BETWEEN_TOKENS.join(run[i : i + BREAK_EVERY] for i in range(0, len(run), BREAK_EVERY))
+
+    return _LONG_RUN.sub(cut, text)
+
+
+def elided(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters)"
 
 
 def display_text(ev: TokenEvent) -> str:
@@ -57,7 +93,7 @@ def display_text(ev: TokenEvent) -> str:
     if ev.special:
         return EOS_MARK
     text = token_label(ev.token_text, ev.token_bytes) or "∅"  # a piece of a character shows its bytes
-    return text.replace("\n", "↵\n")
+    return elided(text, TOKEN_CHARS).replace("\n", "↵\n")
 
 
 def unbreakable(text: str) -> str:
@@ -114,8 +150,10 @@ class MessageBody(QTextBrowser):
         self.mode = "plain"  # plain | markdown | tokens
         self._heat_mode = "probability"
         self._dark = False
-        self._tokens: list[TokenEvent] = []
+        self._tokens: list[TokenEvent] = []  # every token given; the first len(_starts) are drawn
         self._starts: list[int] = []  # document position where token i begins
+        self._limit = 0  # characters (plain, Markdown) or tokens drawn; more after "Show more"
+        self._more_at: int | None = None  # document position of the "Show more" line, when there is one
         self._selected: int | None = None
         self._hovered: int | None = None
         self._text = ""  # everything shown in plain/markdown mode
@@ -138,7 +176,12 @@ class MessageBody(QTextBrowser):
     def show_plain(self, text: str) -> None:
         self._reset("plain")
         self._text = text
-        self.setPlainText(text)
+        self._render_plain()
+
+    def _render_plain(self) -> None:
+        self._more_at = None
+        self.setPlainText(breakable(self._text[: self._limit]))
+        self._show_more_line()
 
     def show_markdown(self, text: str) -> None:
         self._reset("markdown")
@@ -157,6 +200,8 @@ class MessageBody(QTextBrowser):
         self._md_stale = False
         self.setExtraSelections([])  # a token highlight from the token view
         self.mode = mode
+        self._limit = TOKEN_PAGE if mode == "tokens" else TEXT_PAGE_CHARS
+        self._more_at = None
         self._tokens, self._starts, self._text = [], [], ""
         self._byte_run = b""
         self._hovered = None
@@ -181,11 +226,13 @@ class MessageBody(QTextBrowser):
         """Add streamed text at the end (Markdown mode): plain now, rendered as Markdown soon."""
         if not text:
             return
+        room = self._limit - len(self._text)  # past the page the text waits for "Show more" (the render says so)
         self._text += text
         self._md_stale = True
-        cursor = QTextCursor(self.document())
-        cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.insertText(text, QTextCharFormat())
+        if room > 0 and self._more_at is None:
+            cursor = QTextCursor(self.document())
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+            cursor.insertText(text[:room], QTextCharFormat())
         if not self._md_timer.isActive():
             self._md_timer.start(self._md_interval_ms)
 
@@ -202,9 +249,11 @@ class MessageBody(QTextBrowser):
         # new text goes in would place the Copy buttons over freed frames).
         self.code_blocks = []
         self.copy_buttons.show_for([])
-        self.document().setMarkdown(self._text, MD_FEATURES)
+        self._more_at = None
+        self.document().setMarkdown(breakable(self._text[: self._limit]), MD_FEATURES)
         pal = self.palette()
         self.code_blocks = decorate_code_blocks(self.document(), is_dark(pal), pal.color(QPalette.ColorRole.PlaceholderText))
+        self._show_more_line()
         self.copy_buttons.show_for(self.code_blocks)
         cost_ms = (time.perf_counter() - t0) * 1000
         self.markdown_renders += 1
@@ -214,20 +263,76 @@ class MessageBody(QTextBrowser):
     def _append_tokens(self, tokens: list[TokenEvent]) -> None:
         if not tokens:
             return
+        self._tokens.extend(tokens)
+        self._draw_tokens()
+
+    def _draw_tokens(self) -> None:
+        """Draw the tokens given but not drawn yet, up to the page limit; the rest wait behind "Show more"."""
+        first = len(self._starts)
+        todo = self._tokens[first : self._limit]
+        if todo:
+            self._drop_more_line()
+            cursor = QTextCursor(self.document())
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+            cursor.beginEditBlock()
+            for ev in todo:
+                self._starts.append(cursor.position())
+                text = unbreakable(display_text(ev) + self._characters_finished_by(ev))
+                cursor.insertText(BETWEEN_TOKENS + text if self._starts[0] != cursor.position() else text, self._token_format(ev))
+            cursor.endEditBlock()
+        if len(self._tokens) > len(self._starts):
+            self._show_more_line()
+        # Re-highlight when the selected token was just drawn, or was the last one: its span ran to the
+        # end of the document and the highlight's cursor grew with the text appended after it.
+        if todo and self._selected is not None and first - 1 <= self._selected < len(self._starts):
+            self._update_highlight()
+
+    # -- pages -----------------------------------------------------------------------------
+
+    @property
+    def hidden(self) -> int:
+        """How many characters (tokens in the token view) are not drawn yet."""
+        if self.mode == "tokens":
+            return len(self._tokens) - len(self._starts)
+        return max(0, len(self._text) - self._limit)
+
+    def show_more(self) -> None:
+        """Draw the next page of a long message."""
+        if not self.hidden:
+            return
+        if self.mode == "tokens":
+            self._limit += TOKEN_PAGE
+            self._draw_tokens()
+        else:
+            self._limit += TEXT_PAGE_CHARS
+            self._render_plain() if self.mode == "plain" else self._render_markdown()
+
+    def _show_more_line(self) -> None:
+        """The "Show more" link at the end, saying how much is not drawn (replaced if it is there)."""
+        self._drop_more_line()
+        n = self.hidden
+        if not n:
+            return
+        unit = "tokens" if self.mode == "tokens" else "characters"
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.beginEditBlock()
-        for ev in tokens:
-            self._starts.append(cursor.position())
-            text = unbreakable(display_text(ev) + self._characters_finished_by(ev))
-            cursor.insertText(BETWEEN_TOKENS + text if self._starts[0] != cursor.position() else text, self._token_format(ev))
-        cursor.endEditBlock()
-        first = len(self._tokens)
-        self._tokens.extend(tokens)
-        # Re-highlight when the selected token just arrived, or was the last one: its span ran to the
-        # end of the document and the highlight's cursor grew with the text appended after it.
-        if self._selected is not None and first - 1 <= self._selected < len(self._tokens):
-            self._update_highlight()
+        self._more_at = cursor.position()
+        link = QTextCharFormat()
+        link.setAnchor(True)
+        link.setAnchorHref(MORE_HREF)
+        link.setFontUnderline(True)
+        link.setForeground(self.palette().color(QPalette.ColorRole.Link))
+        cursor.insertBlock()
+        cursor.insertText(f"Show more ({n:,} {unit} not shown)", link)
+
+    def _drop_more_line(self) -> None:
+        if self._more_at is None:
+            return
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(self._more_at)
+        cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
+        self._more_at = None
 
     def _characters_finished_by(self, ev: TokenEvent) -> str:
         """After the bytes of the token that completes a character, the character itself: <98><80>😀."""
@@ -269,6 +374,10 @@ class MessageBody(QTextBrowser):
             plain = QMimeData()
             plain.setText(without_layout_chars(data.text()))
             return plain
+        if BETWEEN_TOKENS in data.text():  # the breaks put into a long run of text are not the model's
+            plain = QMimeData()
+            plain.setText(data.text().replace(BETWEEN_TOKENS, ""))
+            return plain
         return data
 
     # -- selection and hover (token mode) --------------------------------------------------
@@ -276,12 +385,18 @@ class MessageBody(QTextBrowser):
     def set_selected(self, index: int | None) -> None:
         if index != self._selected:
             self._selected = index
+            if self.mode == "tokens" and index is not None and len(self._starts) <= index < len(self._tokens):
+                self._limit = index + 1 + TOKEN_PAGE  # a token chosen elsewhere (the loom, the inspector) is drawn
+                self._draw_tokens()
             self._update_highlight()
 
     def token_span(self, index: int) -> tuple[int, int]:
         """Document positions [start, end) of token `index`."""
         start = self._starts[index]
-        end = self._starts[index + 1] if index + 1 < len(self._starts) else self.document().characterCount() - 1
+        if index + 1 < len(self._starts):
+            end = self._starts[index + 1]
+        else:
+            end = self._more_at if self._more_at is not None else self.document().characterCount() - 1
         return start, end
 
     def token_rect(self, index: int) -> QPoint:
@@ -295,10 +410,10 @@ class MessageBody(QTextBrowser):
         if self.mode != "tokens" or not self._starts:
             return None
         hit = self.document().documentLayout().hitTest(QPointF(pos), Qt.HitTestAccuracy.ExactHit)
-        if hit < 0:
+        if hit < 0 or (self._more_at is not None and hit >= self._more_at):
             return None
         i = bisect.bisect_right(self._starts, hit) - 1
-        return i if 0 <= i < len(self._tokens) else None
+        return i if 0 <= i < len(self._starts) else None
 
     def _update_highlight(self) -> None:
         selections = []
@@ -341,11 +456,16 @@ class MessageBody(QTextBrowser):
     # -- links and resources ---------------------------------------------------------------
 
     def _on_anchor_clicked(self, url: QUrl) -> None:
+        if url.toString() == MORE_HREF:
+            self.show_more()
+            return
         offer_to_open(self, url)
 
     def _on_link_hovered(self, url: QUrl) -> None:
         if url.isEmpty():
             QToolTip.hideText()
+        elif url.toString() == MORE_HREF:
+            QToolTip.showText(self.cursor().pos(), "Draw the next part of this message", self.viewport())
         else:
             QToolTip.showText(self.cursor().pos(), link_tooltip(url), self.viewport())
 

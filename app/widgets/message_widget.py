@@ -211,14 +211,26 @@ class MessageWidget(QFrame):
             self._start_cache = (key, reasoning.content_token([t.text for t in tokens], split))
         return True, self._start_cache[1]
 
+    def _body_mode(self) -> str:
+        """How the body shows the message: plain (the user's), tokens (the token view), or Markdown."""
+        m = self.message
+        if m.role == "user":
+            return "plain"
+        if not self._heatmap:
+            return "markdown"
+        if not m.generating and m.content and not self.conv.tokens(m):
+            return "markdown"  # text without token records (an imported loom's earlier answers): its text
+        return "tokens"
+
     def _render_body(self) -> None:
         """Render the body from scratch (the view mode or palette changed)."""
         m = self.message
         self._content_start = 0
-        if m.role == "user":
+        mode = self._body_mode()
+        if mode == "plain":
             self._show_thinking(False)
             self.body.show_plain(m.content)
-        elif self._heatmap:
+        elif mode == "tokens":
             tokens = self.conv.tokens(m)
             has, self._content_start = self._token_split(tokens)
             self._show_thinking(has)
@@ -244,7 +256,7 @@ class MessageWidget(QFrame):
     def _sync_body(self) -> None:
         """Show what the body lacks. Tokens and text of a message only ever grow, so this appends."""
         m = self.message
-        want = "plain" if m.role == "user" else ("tokens" if self._heatmap else "markdown")
+        want = self._body_mode()
         if self.body.mode != want:
             self._render_body()
         elif want == "plain":
@@ -292,7 +304,7 @@ class MessageWidget(QFrame):
             return
         m = self.message
         open_ = m.generating and not self._split(m.content).finished
-        if self._heatmap:
+        if self.body.mode == "tokens":
             n = self._content_start
         else:  # counted once the answer is done (a walk over its tokens)
             n = None if m.generating else self._token_split(self.conv.tokens(m))[1]
