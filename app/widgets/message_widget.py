@@ -361,8 +361,11 @@ class MessageWidget(QFrame):
 
     def _update_footer(self) -> None:
         m = self.message
+        # Fields saved with a wrong type (an older version's import) are read as absent; say which and why.
+        note = f"cannot show all of this message ({m.unreadable})" if m.unreadable else ""
         if not m.is_assistant:
-            self.footer.setVisible(False)
+            self.footer.setText(note)
+            self.footer.setVisible(bool(note))
             return
         parts: list[str] = []
         if m.branch_index is not None:
@@ -382,6 +385,8 @@ class MessageWidget(QFrame):
             reason = FINISH_TEXT.get(m.finish_reason, m.finish_reason or "")
             if reason:
                 parts.append(reason)
+        if note:
+            parts.append(note)
         self.footer.setText(" · ".join(parts))
         self.footer.setVisible(bool(parts))
 
