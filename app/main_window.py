@@ -189,23 +189,21 @@ class MainWindow(QMainWindow):
         self._restore_geometry()
         self._on_busy_changed(False)
         self._update_title()
+        self.focus_input()  # without it Qt focused the first control (the heatmap box), and typing went nowhere
 
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
-        self.focus_input()  # without it Qt focused the first control (the heatmap box), and typing went nowhere
         dock = QDockWidget(title, self)
         dock.setObjectName(f"{title.lower()}_dock")
         dock.setWidget(widget)
         dock.setAccessibleName(title)
         dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetClosable)
         self.addDockWidget(area, dock)
-        return dock
-
         # Whether it is on screen: a dock whose tab is behind another stays "visible" to Qt, and Tab walked
         # through its controls unseen (43 of the Sampling panel's); focusNextPrevChild skips those docks.
         dock.visibilityChanged.connect(lambda shown, d=dock: self._docks_off_screen.discard(d) if shown
                                        else self._docks_off_screen.add(d))
-    def _connect_actions(self) -> None:
-        """What each menu action does: the window's own slots, the model actions, the experiment actions."""
+        return dock
+
     def _on_screen(self, widget: QWidget) -> bool:
         """`widget` is shown and not inside a dock that is closed or whose tab is behind another."""
         if not widget.isVisible():
@@ -228,6 +226,8 @@ class MainWindow(QMainWindow):
                 return True
         return True
 
+    def _connect_actions(self) -> None:
+        """What each menu action does: the window's own slots, the model actions, the experiment actions."""
         a, ctx = self.menu_actions, self.context
         handlers = {
             a.new_chat: self.new_chat,
@@ -284,8 +284,6 @@ class MainWindow(QMainWindow):
         self._model_title = info.name
         self._update_title()
 
-    # -- chat actions ----------------------------------------------------------------------
-
     def _read_template_default(self) -> None:
         """Read the loaded model's default system prompt off the UI thread (a template render), then show it."""
         engine = self.host.engine
@@ -293,8 +291,13 @@ class MainWindow(QMainWindow):
             self.chat.set_template_default("")
             return
         tokenizer = engine.tokenizer
-        self.host.run_off_ui_thread(lambda: default_system_prompt(tokenizer),
-                                    lambda text, _error: self.chat.set_template_default(text or ""))
+        self.host.run_off_ui_thread(lambda: default_system_prompt(tokenizer), self._show_template_default)
+
+    def _show_template_default(self, text: str | None, _error: BaseException | None) -> None:
+        if not self._shutdown_done:  # the window may have closed while the template was read
+            self.chat.set_template_default(text or "")
+
+    # -- chat actions ----------------------------------------------------------------------
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -535,6 +538,7 @@ class MainWindow(QMainWindow):
         self.resizeDocks([self.chats_dock, self.inspector_dock], [left, right], Qt.Orientation.Horizontal)
 
     def _restore_geometry(self) -> None:
+        keep_frame_on_screen(self)  # once the window manager has framed it, the frame is on the screen too
         saved = self.store.get_setting(GEOMETRY_KEY)
         if not saved:
             free = available_rect(self)
@@ -547,7 +551,6 @@ class MainWindow(QMainWindow):
                 self.move(free.x, free.y)  # a window's pos() is its frame's: the title bar starts at the top
             return
         self.restoreGeometry(QByteArray.fromBase64(saved["geometry"].encode()))
-        keep_frame_on_screen(self)  # once the window manager has framed it, the frame is on the screen too
         self.restoreState(QByteArray.fromBase64(saved["state"].encode()))
         self._fit_restored(saved.get("screen"))
 

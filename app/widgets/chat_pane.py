@@ -149,12 +149,16 @@ class ChatPane(QWidget):
         """What the model's chat template says in place of an empty system prompt ("" when nothing): shown
         in the empty box, so that what the model is told is not hidden."""
         if text:
-            self.system_edit.setPlaceholderText(
-                f"Empty: the model's chat template adds its own system prompt — “{text}”. Type here to replace it.")
+            # Short: the box is three lines high; its tooltip and the button's say it in full.
+            self.system_edit.setPlaceholderText(f"Empty — the chat template adds: “{text}”")
+            self.system_edit.setToolTip(f"When this is empty, the model's chat template adds its own system prompt: "
+                                        f"“{text}”. Type here to replace it.")
             self.system_button.setToolTip(f"{SYSTEM_TIP}; when empty, the chat template adds “{text}”")
         else:
             self.system_edit.setPlaceholderText(SYSTEM_PLACEHOLDER)
+            self.system_edit.setToolTip("")
             self.system_button.setToolTip(SYSTEM_TIP)
+        self.system_edit.viewport().update()  # Qt left the old placeholder on screen (seen under X11)
 
     def _save_system_prompt(self) -> None:
         if self._conv is not None:

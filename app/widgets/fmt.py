@@ -80,13 +80,13 @@ def completed_character(tokens: Sequence[TokenEvent], index: int) -> str | None:
 
 
 def pct(p: float) -> str:
+    """A probability as a percentage. "<0.1%" starts like a tag: rich text must get it through html.escape."""
     if not math.isfinite(p) or p <= 0:
         return "0%"
     if p < 0.001:
         return "<0.1%"
     if p >= 0.9995:
         return "100%"
-    """A probability as a percentage. "<0.1%" starts like a tag: rich text must get it through html.escape."""
     return f"{p * 100:.1f}%"
 
 

@@ -27,8 +27,7 @@ def resident_bytes() -> int:
         return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-MESSAGE_PADDING = 24  # px around a status message (QStatusBar's margins and its size grip)
-LABEL_SPACING = 12  # px a permanent widget takes beside its text (the bar's spacing and the label's frame)
+MESSAGE_PADDING = 16  # px around a status message (QStatusBar's margins)
 
 
 class ElidedLabel(QLabel):
@@ -37,8 +36,9 @@ class ElidedLabel(QLabel):
     A status bar's minimum width is the sum of its permanent widgets' minimums, and a window is never
     narrower than its status bar: a plain label holding a long model name or a server URL made the
     window grow past a 1024-pixel screen. This one asks for its whole text (`sizeHint`) but needs only
-    a few characters (`minimumSizeHint`); `compact` makes it ask for no more than that, so a status
-    message has room. `text()` stays the whole text.
+    a few characters (`minimumSizeHint`); `set_limit` makes it ask for no more than a given width (never
+    less than that minimum), so a status message and the other labels have room. `text()` stays the
+    whole text.
     """
 
     MIN_CHARS = 8
@@ -46,19 +46,26 @@ class ElidedLabel(QLabel):
     def __init__(self, text: str = "", parent: QWidget | None = None):
         super().__init__(text, parent)
         self.setTextFormat(Qt.TextFormat.PlainText)  # model names, paths and messages are text, never markup
-        self._compact = False
+        self._limit: int | None = None  # the most width it asks for (None: its whole text's)
 
-    def set_compact(self, compact: bool) -> None:
-        if compact != self._compact:
-            self._compact = compact
+    def set_limit(self, width: int | None) -> None:
+        if width != self._limit:
+            self._limit = width
             self.updateGeometry()
+
+    def whole_width(self) -> int:
+        """The width its whole text asks for."""
+        return super().sizeHint().width()
 
     def minimumSizeHint(self) -> QSize:
         full = super().sizeHint()
         return QSize(min(full.width(), self.fontMetrics().horizontalAdvance("x" * self.MIN_CHARS)), full.height())
 
     def sizeHint(self) -> QSize:
-        return self.minimumSizeHint() if self._compact else super().sizeHint()
+        full = super().sizeHint()
+        if self._limit is None:
+            return full
+        return QSize(max(self.minimumSizeHint().width(), min(full.width(), self._limit)), full.height())
 
     def paintEvent(self, _event: QPaintEvent) -> None:
         rect = self.contentsRect()
@@ -70,6 +77,7 @@ class ElidedLabel(QLabel):
 
 class StatusBar(QStatusBar):
     template_shown = Signal()  # the chat template in use was (re)named: the model's or a chosen one
+
     def __init__(self, host: EngineHost, controller: ChatController, parent: QWidget | None = None):
         super().__init__(parent)
         self._host = host
@@ -136,25 +144,46 @@ class StatusBar(QStatusBar):
         self._on_conversation_changed(None)
 
     def _on_message_changed(self, text: str) -> None:
-        """A message ("Loaded …", an error) gets room where it needs it, and only there.
+        """Room for the message ("Loaded …", an error), and whole labels where the bar can have them.
 
         At 1440 px "Loaded SmolLM2…" fits beside every label at its whole width, yet making them all
-        compact squeezed them to "Templa… SmolL…" for the message's seconds. Now they step back only
-        where the message would not fit otherwise, and the template warning never does: it is what a
-        user needs to see after a load.
+        compact squeezed them to "Templa… SmolL…" for the message's seconds. Now the labels give up
+        only the width that is missing, one after another: the model first (the title bar names it
+        too), then the server, memory, context and speed; the template's warning never does: it is
+        what a user needs to see after a load.
         """
-        compact = bool(text) and self._message_width(text) + self._labels_width() > self.width()
-        for label in self._labels:
-            label.set_compact(compact)
-        self.template_label.set_compact(compact and not self._template_warns)
+        order = [self.model_label, self.server_label, self.memory_label, self.context_label, self.speed_label]
+        if not self._template_warns:
+            order.append(self.template_label)
+        for label in (*order, self.template_label):
+            label.set_limit(None)
+        # What is missing, laid out with every label whole: what the layout squeezed out of them, and what
+        # the message lacks left of the first label.
+        self.layout().activate()
+        shown = [w for w in (self.template_label, *self._labels) if not w.isHidden()]
+        squeezed = sum(max(0, w.sizeHint().width() - w.width()) for w in shown)
+        room = min((w.geometry().left() for w in shown), default=self.width())
+        missing = squeezed + (max(0, self._message_width(text) - room) if text else 0)
+        for label in order:
+            if missing <= 0:
+                break
+            if label.isHidden():
+                continue
+            whole = label.whole_width()
+            give = min(missing, whole - label.minimumSizeHint().width())
+            label.set_limit(whole - give)
+            missing -= give
+
+    def _fit_message(self) -> None:
+        """Lay the labels out again (a label's text changed, the bar was resized, a message came or went)."""
+        self._on_message_changed(self.currentMessage())
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._fit_message()
 
     def _message_width(self, text: str) -> int:
         return self.fontMetrics().horizontalAdvance(text) + MESSAGE_PADDING
-
-    def _labels_width(self) -> int:
-        """The permanent labels' whole widths, with the bar's spacing between them."""
-        shown = [w for w in (self.template_label, *self._labels) if not w.isHidden()]
-        return sum(QLabel.sizeHint(w).width() + LABEL_SPACING for w in shown)
 
     def _on_load_state(self, state: LoadState) -> None:
         self.progress_label.setVisible(state.loading)
@@ -187,8 +216,7 @@ class StatusBar(QStatusBar):
         self.template_label.setStyleSheet("color: #c0392b; font-weight: bold" if warn else "")
         self.template_label.setVisible(bool(text))
         self._template_warns = warn
-        if warn:
-            self.template_label.set_compact(False)  # a warning shows whole, even beside a message
+        self._fit_message()  # the label's new text may leave the message less room, or more
         self.template_shown.emit()
 
     def _on_load_failed(self, spec: str | None, message: str) -> None:
@@ -211,6 +239,7 @@ class StatusBar(QStatusBar):
         self._update_context()
         self._update_memory()
         self._update_server()
+        self._fit_message()
 
     def _update_server(self) -> None:
         """Host, model and the last round trip of a remote model (the round trip changes with every request)."""
@@ -270,3 +299,4 @@ class StatusBar(QStatusBar):
         stats = self._controller.last_stats
         peak = f"; peak during the last answer {human_bytes(stats.peak_memory_bytes)}" if stats and stats.peak_memory_bytes else ""
         self.memory_label.setToolTip(f"resident memory of the app{weights}{peak}")
+        self._fit_message()  # every 2 s: labels whose texts grew are laid out again
