@@ -100,4 +100,4 @@ def test_export_markdown_and_json_with_token_records(qtbot, window, tmp_path):
     assert len(exported["tokens"]) == len(answer.tokens)
     first = exported["tokens"][0]
     assert {"token_id", "prob", "rank", "entropy", "top_model", "top_sampler", "stages"} <= set(first)
-    assert exported["model"]["name"] == "mock" and exported["request"]["sampler"]["temperature"] == 0.7
+    assert exported["model"]["name"] == "mock" and exported["request"]["sampler"]["temperature"] == 0.8  # the default (llama.cpp's)
