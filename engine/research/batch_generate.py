@@ -58,6 +58,24 @@ def stop_ids(stop: int | Iterable[int] | None, eos_token_ids: Iterable[int]) -> 
     return {int(t) for t in stop}
 
 
+def settings_for(
+    sampler: SamplerSettings | None, seed: int | None, *, temperature: float = 1.0, top_k: int = 0,
+    top_p: float = 1.0, greedy: bool = False,
+) -> SamplerSettings:
+    """The settings a run samples with: `sampler` (its own seed, else `seed`), or the simple knobs.
+
+    ValueError when both are given: a temperature beside a `SamplerSettings` would be silently ignored.
+    """
+    if sampler is None:
+        return SamplerSettings(temperature=0.0 if greedy else temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if not isinstance(sampler, SamplerSettings):
+        raise TypeError(f"sampler must be a SamplerSettings, got {type(sampler).__name__}")
+    if (temperature, top_k, top_p) != (1.0, 0, 1.0):
+        raise ValueError("give either sampler=SamplerSettings(...) or temperature/top_k/top_p, not both "
+                         "(put them in the SamplerSettings)")
+    return sampler if sampler.seed is not None else sampler.with_(seed=seed)
+
+
 def as_rows(inputs: np.ndarray | Sequence[Sequence[int]]) -> list[list[int]]:
     rows = [list(map(int, r)) for r in (inputs.tolist() if isinstance(inputs, np.ndarray) else inputs)]
     if not rows or any(len(r) == 0 for r in rows):
@@ -88,13 +106,16 @@ def generate_batch(
     pad_id: int = 0,
     context_length: int = 0,
     eos_token_ids: Iterable[int] = (),
+    sampler: SamplerSettings | None = None,
+    vocab=None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(B, prompt_len + max_new_tokens) ids and (B, max_new_tokens) model logprobs of the generated tokens.
 
     Prompts are right-aligned after `PAD` (-1) cells. A row that emits a stop id (`stop`, or by default one of
     `eos_token_ids`; `stop=()` never stops) keeps it and has `PAD` after it; the loop ends early once every
     row has stopped. `pad_id` is what the runner is fed for a stopped row (a real id; its output is ignored).
-    Row r samples with seed
+    `sampler` (a `SamplerSettings`: every stage) replaces `do_sample`/`temperature`/`top_k`/`top_p`; its seed,
+    when set, replaces `seed`; `vocab` (the tokenizer) serves DRY's sequence breakers. Row r samples with seed
     `seed + r`, so a row's tokens do not depend on which other rows share the batch.
     Every row is checked against `context_length` (the model's; 0 = unchecked) before any forward pass.
     """
@@ -102,9 +123,13 @@ def generate_batch(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     check_rows_fit(rows, max_new_tokens, context_length)
-    settings = SamplerSettings(temperature=temperature if do_sample else 0.0, top_k=top_k, top_p=top_p)
-    base_seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**62)
-    chains = [SamplerChain(settings.with_(seed=base_seed + r)) for r in range(len(rows))]
+    if sampler is not None and do_sample:
+        raise ValueError("do_sample goes with temperature/top_k/top_p; a sampler=SamplerSettings(...) samples "
+                         "unless its temperature is 0")
+    settings = settings_for(sampler, seed, temperature=temperature, top_k=top_k, top_p=top_p,
+                            greedy=sampler is None and not do_sample)
+    base_seed = settings.seed if settings.seed is not None else int(np.random.SeedSequence().entropy % 2**62)
+    chains = [SamplerChain(settings.with_(seed=base_seed + r), vocab) for r in range(len(rows))]
     width = max(len(r) for r in rows)
     out = np.full((len(rows), width + max_new_tokens), PAD, dtype=np.int64)
     for i, r in enumerate(rows):

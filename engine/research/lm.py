@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.research.batch_generate import Generation, as_rows, check_rows_fit, generate_batch
+from engine.research.batch_generate import Generation, settings_for, as_rows, check_rows_fit, generate_batch
 from engine.research.beam import BeamResult, beam_search
 from engine.capabilities import BatchRunners, LayerLens, require
 from engine.research.constrained import ConstrainedSample, allowed_mask, constrained_sample, run_for
@@ -239,11 +239,16 @@ class LanguageModel:
         eos_token_ids: Sequence[int] = (),
         temperature: float = 1.0,
         seed: int | None = None,
+        sampler: SamplerSettings | None = None,
     ) -> tuple[list[int], float]:
-        """Ancestral sampling through the trie; returns (generated ids, their total log-prob under the model)."""
+        """Ancestral sampling through the trie; returns (generated ids, their total log-prob under the model).
+
+        `sampler=SamplerSettings(...)` samples with every stage it sets (instead of `temperature`; its seed,
+        when set, instead of `seed`).
+        """
         ids = list(_check_ids(prompt_ids, self.n_vocab))
         check_rows_fit([ids], max_tokens, self.context_length)
-        chain = SamplerChain(SamplerSettings(temperature=temperature, seed=seed))
+        chain = SamplerChain(settings_for(sampler, seed, temperature=temperature), self.tokenizer)
         eos, out, total = set(eos_token_ids), [], 0.0
         for _ in range(max_tokens):
             lp = self.next_token_logprobs_sync(ids + out)
@@ -261,11 +266,16 @@ class LanguageModel:
         eos_token_ids: Sequence[int] = (),
         temperature: float = 1.0,
         seed: int | None = None,
+        sampler: SamplerSettings | None = None,
     ) -> list[tuple[list[int], float]]:
-        """`sample` for many prompts, one batched forward per step across the still-running rows."""
+        """`sample` for many prompts, one batched forward per step across the still-running rows.
+
+        Prompt i samples with seed + i (`sampler`'s seed + i when it sets one)."""
         prompts = [list(_check_ids(p, self.n_vocab)) for p in prompt_ids_list]
         check_rows_fit(prompts, max_tokens, self.context_length)
-        chains = [SamplerChain(SamplerSettings(temperature=temperature, seed=None if seed is None else seed + i)) for i in range(len(prompts))]
+        settings = settings_for(sampler, seed, temperature=temperature)
+        chains = [SamplerChain(settings.with_(seed=None if settings.seed is None else settings.seed + i), self.tokenizer)
+                  for i in range(len(prompts))]
         outs: list[list[int]] = [[] for _ in prompts]
         totals = [0.0] * len(prompts)
         live = list(range(len(prompts)))
@@ -322,14 +332,17 @@ class LanguageModel:
 
     def generate(self, inputs, max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, stop: int | Sequence[int] | None = None,
-                 seed: int | None = None) -> np.ndarray:
+                 seed: int | None = None, sampler: SamplerSettings | None = None) -> np.ndarray:
         """(batch, prompt_len + max_new_tokens) prompt and generated ids, -1 (`PAD`) where a cell holds no token.
 
         A row ends at the model's end-of-sequence tokens (kept) unless `stop` names other ids; `stop=()`
-        runs every row to `max_new_tokens`. `generate_output` also gives each row's length; see `generate_batch`.
+        runs every row to `max_new_tokens`. `sampler=SamplerSettings(...)` samples with every stage it sets,
+        instead of `do_sample`/`temperature`/`top_k`/`top_p`. `generate_output` also gives each row's length;
+        see `generate_batch`.
         """
         return self.generate_with_logprobs(inputs, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                                           temperature=temperature, top_k=top_k, top_p=top_p, stop=stop, seed=seed)[0]
+                                           temperature=temperature, top_k=top_k, top_p=top_p, stop=stop, seed=seed,
+                                           sampler=sampler)[0]
 
     def generate_output(self, inputs, **kwargs) -> Generation:
         """`generate` as a `Generation`: the ids, the generated tokens' log-probs, and each row's length."""
@@ -340,7 +353,7 @@ class LanguageModel:
         for row in as_rows(inputs):
             check_token_ids(row, self.n_vocab)
         return generate_batch(self.runner, inputs, pad_id=self.runner.pad_id, context_length=self.context_length,
-                              eos_token_ids=self.tokenizer.eos_token_ids, **kwargs)
+                              eos_token_ids=self.tokenizer.eos_token_ids, vocab=self.tokenizer, **kwargs)
 
     async def agenerate(self, inputs, **kwargs) -> np.ndarray:
         """`generate` on the model thread; the event loop keeps running meanwhile."""

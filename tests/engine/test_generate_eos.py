@@ -54,3 +54,39 @@ def test_the_default_model_stops_at_im_end(default_model_folder):
         assert im_end[0] not in out.generated(0)[:-1]
     finally:
         lm.close()
+
+
+# --- the research API speaks SamplerSettings (issue 35 item 3, first part) ---------------------------------
+
+
+def test_generate_takes_a_sampler_with_stages_the_old_knobs_lacked(lm):
+    from engine.sampling import SamplerSettings
+
+    prompt = [lm.tokenizer.encode("Once upon a time")]
+    greedy = lm.generate_output(prompt, max_new_tokens=4, stop=())
+    first = greedy.generated(0)[0]
+    banned = SamplerSettings(temperature=0.0, logit_bias={first: float("-inf")})  # a stage generate had no knob for
+    out = lm.generate_output(prompt, max_new_tokens=4, stop=(), sampler=banned)
+    assert out.generated(0)[0] != first
+    one = SamplerSettings(temperature=1.5, top_k=1, seed=3)  # top-k 1 leaves the argmax alone: greedy again
+    assert lm.generate_output(prompt, max_new_tokens=4, stop=(), sampler=one).generated(0) == greedy.generated(0)
+    with pytest.raises(ValueError, match="not both"):
+        lm.generate(prompt, max_new_tokens=2, temperature=0.7, sampler=one)
+    with pytest.raises(TypeError, match="SamplerSettings"):
+        lm.generate(prompt, max_new_tokens=2, sampler={"temperature": 0.7})
+
+
+def test_sample_and_batch_sample_take_a_sampler(lm):
+    from engine.sampling import SamplerSettings
+
+    prompt = lm.tokenizer.encode("Once upon a time")
+    plain = lm.sample(prompt, 6, temperature=0.9, seed=11)
+    assert lm.sample(prompt, 6, sampler=SamplerSettings(temperature=0.9, seed=11)) == plain
+    assert lm.sample(prompt, 6, seed=11, sampler=SamplerSettings(temperature=0.9)) == plain  # seed= fills it in
+    greedy = lm.sample(prompt, 6, sampler=SamplerSettings(temperature=0.0))
+    assert greedy[0] == lm.generate_output([prompt], max_new_tokens=6, stop=()).generated(0)
+    rows = lm.batch_sample([prompt, prompt], 6, sampler=SamplerSettings(temperature=0.9, seed=11))
+    assert rows[0] == plain  # row 0 draws with the seed, row 1 with seed + 1
+    assert rows[1] == lm.sample(prompt, 6, temperature=0.9, seed=12)
+    with pytest.raises(ValueError, match="not both"):
+        lm.sample(prompt, 2, temperature=0.5, sampler=SamplerSettings())
