@@ -91,10 +91,35 @@ def run(argv: list[str] | None = None) -> int:
     # main() decides when to quit: after the window has written its last tokens.
     app.setQuitOnLastWindowClosed(False)
     if sys.version_info >= (3, 12):
-        return asyncio.run(main(args), loop_factory=qasync.QEventLoop)
-    # Python 3.11's asyncio.run has no loop_factory; asyncio.Runner is what it wraps.
-    with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
-        return runner.run(main(args))
+        code = asyncio.run(main(args), loop_factory=qasync.QEventLoop)
+    else:
+        # Python 3.11's asyncio.run has no loop_factory; asyncio.Runner is what it wraps.
+        with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
+            code = runner.run(main(args))
+    return exit_without_busy_threads(code)
+
+
+def exit_without_busy_threads(code: int) -> int:
+    """`code`, or leave the process at once when a model thread is still busy.
+
+    By now the window has written everything and the database is closed. A model thread still
+    busy (a load or a connection that cannot be interrupted) would hold the interpreter's exit, or be
+    torn down inside native code: nothing of ours is left to lose, so the process ends without it.
+    """
+    from engine.worker import busy_workers
+
+    busy = busy_workers()
+    if not busy:
+        return code
+    log.info("exiting without waiting for %s", ", ".join(busy))
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

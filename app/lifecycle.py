@@ -16,6 +16,7 @@ import logging
 import signal
 from dataclasses import dataclass
 
+from PySide6.QtCore import QEvent, QObject
 from PySide6.QtWidgets import QApplication
 
 from app.engine_host import EngineHost
@@ -24,11 +25,16 @@ from app.paths import database_path
 from app.state.recovery import DatabaseNotice, open_database
 from app.state.store import Store
 from app.theme import Theme
+from engine.worker import busy_workers
+from engine.worker import close_all as release_models
 
 log = logging.getLogger(__name__)
 
 QUIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, name))
 CLOSE_TIMEOUT_S = 60.0  # the window's own shutdown waits at most 10 s for the generation; this bounds the rest
+# After the window has written everything: how long the models' threads get to end. One still busy after
+# that (a load or a connection that cannot be interrupted) is left behind, and the process exits without it.
+RELEASE_WAIT_S = 0.5
 
 
 @dataclass
@@ -40,19 +46,23 @@ class Session:
     notice: DatabaseNotice | None
 
 
-def open_session(appearance: str | None = None) -> Session:
-    """Open the database and the window (shown); the start-up notice is open on top when there is one."""
+def open_session(appearance: str | None = None, host: EngineHost | None = None) -> Session:
+    """Open the database and the window (shown); the start-up notice is open on top when there is one.
+
+    `host`: the engine host to use (tests pass one with their own engines); a new one by default.
+    """
     from app.main_window import APPEARANCE_KEY
 
     app = QApplication.instance()
     opened = open_database(database_path())
     store = opened.store
     theme = Theme(app, appearance or store.get_setting(APPEARANCE_KEY, "system"))
-    host = EngineHost()
+    host = host or EngineHost()
     window = MainWindow(store, host, theme)
     closed = asyncio.get_running_loop().create_future()
     window.closed.connect(lambda: closed.done() or closed.set_result(None))
     install_quit_handlers(window)
+    window.installEventFilter(_StopWorkOnClose(host, window))
     window.show()
     if opened.notice is not None:
         window.show_database_notice(opened.notice)
@@ -72,6 +82,39 @@ def install_quit_handlers(window: MainWindow) -> None:
     app = QApplication.instance()
     if app is not None:
         app.aboutToQuit.connect(window.flush_now)
+
+
+class _StopWorkOnClose(QObject):
+    """When the window starts closing (its button, Ctrl-C, a signal), stop the work that would hold the close.
+
+    The window's shutdown waits for the answer under way to end and write its tokens. An answer that
+    waits for a model still loading (a server that never answers: for good), or for a chat template
+    still rendering (up to its time limit), held it 10 s. So: the load is cancelled, the model's
+    queued and running work is cancelled, jobs waiting for a thread are dropped, and a template
+    render under way is stopped. The answer then ends at once and the window writes what it has.
+    """
+
+    def __init__(self, host: EngineHost, window: MainWindow):
+        super().__init__(window)
+        self._host = host
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        if event.type() == QEvent.Type.Close:
+            stop_engine_work(self._host)
+        return False  # the window's own closeEvent runs as ever
+
+
+def stop_engine_work(host: EngineHost) -> None:
+    """Cancel everything `host` has under way or queued, without waiting for any of it (quitting)."""
+    from engine import template_process
+
+    engine = host.engine
+    if host.cancel_load():
+        log.info("closing: the model that was loading is not waited for")
+    if engine is not None:
+        engine.close(timeout=0, cancel=True)  # its thread ends after its current step, releasing the model
+    host.close(wait=False)  # drops the jobs waiting for a thread (a count, a render)
+    template_process.shutdown()  # renders asked for until now end at once; a later one starts a new renderer
 
 
 def remove_quit_handlers(window: MainWindow) -> None:
@@ -98,5 +141,8 @@ async def close_session(session: Session) -> None:
         except TimeoutError:
             log.error("the window did not finish closing within %g s; quitting anyway", CLOSE_TIMEOUT_S)
     remove_quit_handlers(session.window)
-    session.host.close()
+    # Each model is released on its own thread; a busy one is cancelled and given RELEASE_WAIT_S.
+    session.host.close(wait=False)
+    if not release_models(RELEASE_WAIT_S):
+        log.info("a model thread is still busy (%s); the app exits without waiting for it", ", ".join(busy_workers()))
     session.store.close()  # checkpoints: no -wal is left behind

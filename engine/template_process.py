@@ -182,6 +182,7 @@ class TemplateRenderer:
         self._child: _Child | None = None
         self._unavailable: str | None = None  # why no process can be started (then: in-process rendering)
         self._closing = False
+        self._closes = 0  # how many times close() ran: a render asked for before a close ends with it
 
     def render(self, template: str, variables: Mapping[str, Any], time_limit_s: float, max_chars: int) -> Outcome:
         """Render in the child; one that has not answered `time_limit_s + GRACE_S` later is killed.
@@ -193,7 +194,10 @@ class TemplateRenderer:
             payload = pickle.dumps((template, dict(variables), time_limit_s, max_chars), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # noqa: BLE001 - an unpicklable variable is the caller's mistake, said in words
             return Outcome(error=f"the chat's variables cannot be passed to the template renderer ({type(e).__name__}: {e})")
+        asked_at = self._closes
         with self._render_lock:
+            if self._closes != asked_at:  # closed while this render waited for the one before it
+                return Outcome(error=_CLOSING)
             try:
                 child = self._ready_child()
             except _Closed:
@@ -221,7 +225,11 @@ class TemplateRenderer:
                 pass
 
     def close(self) -> None:
-        """Kill the renderer process (if any); a render waiting on it ends at once with an error."""
+        """Kill the renderer process (if any): every render asked for before this ends at once, with an error.
+
+        A render asked for afterwards starts a new renderer process.
+        """
+        self._closes += 1
         self._closing = True
         self._kill()
 
@@ -406,3 +414,7 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+# Also before the interpreter joins its thread pools' threads (threading's own exit hooks run first): a
+# render under way on one of them would otherwise hold the exit until its time limit.
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(shutdown)

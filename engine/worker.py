@@ -179,25 +179,35 @@ class ModelWorker:
             handle.cancel()
 
 
-def stop_all(timeout: float = background_threads.EXIT_WAIT_S) -> bool:
-    """End every model worker (and every other engine background thread) of this process; True when all ended.
+def close_all(timeout: float = CANCEL_WAIT_S) -> bool:
+    """Cancel and close every model worker of this process, waiting at most `timeout` s; True when all ended.
 
-    Queued and running work is cancelled first and gets `CANCEL_WAIT_S` to end (a generation stops
-    before its next token); a thread still busy after that (a load, a call without a cancel, a
-    forward) is stopped at its next Python line (`engine.background_threads`), waiting at most
-    `timeout` s in all. Run at interpreter exit, so that no thread is left inside a backend's native
-    code while the interpreter and the libraries' globals are torn down: that is how a process ends
-    in `terminate called without an active exception`.
+    For an app that quits (its window closed, Ctrl-C): queued and running work is cancelled (a
+    generation stops before its next token) and each model is released on its own thread. A worker
+    still loading has nothing to cancel and is not waited for: it releases its model when the load ends.
     """
     deadline = time.monotonic() + timeout
     workers = list(_live_workers)
     for worker in workers:
         worker._cancel_all()
         worker.close(timeout=0)
-    cancel_deadline = min(deadline, time.monotonic() + CANCEL_WAIT_S)
     for worker in workers:
-        if worker.ready.done():  # a load has nothing to cancel: it is stopped right away below
-            worker._thread.join(max(0.0, cancel_deadline - time.monotonic()))
+        if worker.ready.done():
+            worker._thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(worker.busy for worker in workers)
+
+
+def stop_all(timeout: float = background_threads.EXIT_WAIT_S) -> bool:
+    """End every model worker (and every other engine background thread) of this process; True when all ended.
+
+    `close_all` first (cancelled work gets `CANCEL_WAIT_S` to end); a thread still busy after that (a
+    load, a call without a cancel, a forward) is stopped at its next Python line
+    (`engine.background_threads`), waiting at most `timeout` s in all. Run at interpreter exit, so
+    that no thread is left inside a backend's native code while the interpreter and the libraries'
+    globals are torn down: that is how a process ends in `terminate called without an active exception`.
+    """
+    deadline = time.monotonic() + timeout
+    close_all(min(timeout, CANCEL_WAIT_S))
     return background_threads.stop_all(max(0.0, deadline - time.monotonic()))
 
 
