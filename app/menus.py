@@ -17,8 +17,9 @@ from app import __version__
 
 SHORTCUTS_HELP = """<table>
 <tr><td><b>Enter</b></td><td>send</td></tr>
-<tr><td><b>Shift+Enter</b></td><td>new line in the message</td></tr>
-<tr><td><b>Esc</b></td><td>stop generating</td></tr>
+<tr><td><b>Shift+Enter</b></td><td>new line in the message (also when editing a sent one)</td></tr>
+<tr><td><b>Tab / Shift+Tab</b></td><td>next / previous control on screen</td></tr>
+<tr><td><b>Esc</b></td><td>stop generating; cancel editing a message; close Compare, Replay, Score</td></tr>
 <tr><td><b>Ctrl+R</b></td><td>regenerate the last answer</td></tr>
 <tr><td><b>Ctrl+Shift+Enter</b></td><td>continue a cut-off answer</td></tr>
 <tr><td><b>Ctrl+N</b></td><td>new chat</td></tr>
