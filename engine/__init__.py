@@ -43,6 +43,7 @@ from engine.servers import (
     split_server_spec,
 )
 from engine.sampling.settings import DEFAULT_ORDER, DEFAULT_SAMPLER, STAGE_NAMES, SamplerSettings
+from engine.sampling import Pick, SamplerChain  # the chain every backend samples with, and what it reports per token
 from engine.sampling.llamacpp_json import ImportedSettings, llamacpp_json, parse_llamacpp_json
 
 __all__ = [
@@ -70,7 +71,9 @@ __all__ = [
     "RuntimeFacts",
     "RuntimeSettings",
     "Rewind",
+    "Pick",
     "STAGE_NAMES",
+    "SamplerChain",
     "SamplerSettings",
     "ServerInfo",
     "StageSnapshot",

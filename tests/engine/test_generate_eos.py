@@ -90,3 +90,12 @@ def test_sample_and_batch_sample_take_a_sampler(lm):
     assert rows[1] == lm.sample(prompt, 6, temperature=0.9, seed=12)
     with pytest.raises(ValueError, match="not both"):
         lm.sample(prompt, 2, temperature=0.5, sampler=SamplerSettings())
+
+
+def test_the_chain_and_its_pick_are_public():
+    import engine
+
+    assert {"SamplerChain", "Pick"} <= set(engine.__all__)
+    chain = engine.SamplerChain(engine.SamplerSettings(temperature=0.0))
+    pick = chain.pick(np.array([0.1, 2.0, 1.0], dtype=np.float32), np.zeros(0, dtype=np.int64), top_n=2)
+    assert isinstance(pick, engine.Pick) and pick.token_id == 1 and pick.rank == 0
