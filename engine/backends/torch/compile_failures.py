@@ -5,6 +5,9 @@ try with the same weights, torch and transformers. So a failure is kept per
 model (its folder, class, dtype, device kind and the two libraries' versions)
 in this process and in a small JSON file in the user cache dir, and the next
 load of that model skips the build with one debug line instead of a warning.
+A new torch or transformers is a new key; deleting the file
+(`<cache>/compile-failures.json`, `LOGITLAB_CACHE_DIR` or the user cache dir)
+tries every model again.
 """
 
 from __future__ import annotations
