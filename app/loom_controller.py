@@ -158,6 +158,8 @@ class LoomController:
             raise ValueError(f"no token {index} in this answer to continue from")
         if index and tokens[index - 1].special:
             raise ValueError("the answer ends there (end of text): continue from an earlier token")
+        if self.settings.constraint_problem:  # never under a constraint other than the one the panel shows
+            raise ValueError(f"Not sent: {self.settings.constraint_problem}. Fix it, or turn Structured output off.")
         engine = await self.host.wait_engine()
         options = self.settings.options
         by_server = server_samples(options.server_sampling, engine.info)

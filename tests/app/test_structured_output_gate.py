@@ -110,3 +110,15 @@ def test_a_grammar_past_the_limit_is_refused_in_a_line_and_the_window_lives(qtbo
     assert box.valid is False
     assert "has 3,002 rules; the limit is 1,000" in box.status.text()
     assert "has 3,002 rules" in window.settings.constraint_problem
+
+
+def test_loom_continuations_wait_for_a_valid_constraint_too(qtbot, window):
+    box = _box(window)
+    window.settings.set_max_new_tokens(4)
+    answer = run_task(qtbot, window.controller.send("the cat"))  # Structured output off (the mock has no byte vocabulary)
+    assert answer is not None and answer.tokens
+    _set(qtbot, box, "Regex", "( the| cat")  # invalid now
+    errors: list[str] = []
+    window.loom.error.connect(errors.append)
+    made = run_task(qtbot, window.loom.continuations(answer, 0, 2))
+    assert made == [] and errors and "Not sent: the regular expression cannot be used" in errors[-1]
