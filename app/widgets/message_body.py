@@ -15,7 +15,8 @@ opportunity shut (copying gives the tokens' own text back).
 
 Only what can be read is drawn: a message longer than `TEXT_PAGE_CHARS`
 characters (or `TOKEN_PAGE` tokens in the token view) shows its beginning
-and a "Show more" link that draws the next page, a single token is shown
+and a "Show more" link that draws the next page (an answer streaming in is
+drawn as it comes, up to `STREAM_PAGES` pages), a single token is shown
 cut to `TOKEN_CHARS` characters, and a run of text with nowhere to break a
 line gets a zero-width break every `BREAK_EVERY` characters. Qt lays out a
 line without break opportunities in time quadratic in its length: an 800k
@@ -50,6 +51,7 @@ EOS_MARK = "⟨eos⟩"
 STEP_BACK_COLOR = "#d9822b"  # the wavy underline of a token where a banned string made the answer step back
 TEXT_PAGE_CHARS = 20_000  # characters of a plain or Markdown message drawn per page
 TOKEN_PAGE = 2_000  # tokens drawn per page in the token view
+STREAM_PAGES = 10  # an answer streaming in stays drawn whole up to this many pages (then "Show more")
 TOKEN_CHARS = 200  # a token longer than this shows its beginning and how long it is
 BREAK_EVERY = 200  # characters without a break opportunity before a zero-width break is put in
 MORE_HREF = "logitlab-show:more"  # the "Show more" link's address (never opened: it draws the next page)
@@ -219,13 +221,17 @@ class MessageBody(QTextBrowser):
         return self._text
 
     def append_tokens(self, tokens: list[TokenEvent]) -> None:
-        """Add tokens at the end (token mode)."""
+        """Add tokens at the end (token mode): drawn as they stream in while all before them are."""
+        if not self.hidden:
+            self._limit = max(self._limit, min(len(self._tokens) + len(tokens), STREAM_PAGES * TOKEN_PAGE))
         self._append_tokens(tokens)
 
     def append_text(self, text: str) -> None:
         """Add streamed text at the end (Markdown mode): plain now, rendered as Markdown soon."""
         if not text:
             return
+        if not self.hidden:  # streaming in: drawn as it comes, up to a few pages
+            self._limit = max(self._limit, min(len(self._text) + len(text), STREAM_PAGES * TEXT_PAGE_CHARS))
         room = self._limit - len(self._text)  # past the page the text waits for "Show more" (the render says so)
         self._text += text
         self._md_stale = True

@@ -15,9 +15,9 @@ import pytest
 from PySide6.QtCore import QTimer, QUrl
 
 from app.widgets.chat_view import PAGE
-from app.widgets.message_body import MORE_HREF, TEXT_PAGE_CHARS, TOKEN_CHARS, TOKEN_PAGE
+from app.widgets.message_body import MORE_HREF, TEXT_PAGE_CHARS, TOKEN_CHARS, TOKEN_PAGE, MessageBody
 from big_conversations import (
-    TickGaps, deep_tree, long_transcript, long_unbroken_answer, loom_file_doc, many_answers, one_long_token,
+    TickGaps, deep_tree, token, long_transcript, long_unbroken_answer, loom_file_doc, many_answers, one_long_token,
 )
 
 pytestmark = pytest.mark.slow
@@ -53,7 +53,7 @@ def test_a_five_megabyte_token_opens_without_freezing(qtbot, window, store, toke
     shown = body.visible_text()
     assert len(shown) < 2 * TEXT_PAGE_CHARS
     if token_view:
-        assert body.mode == "tokens" and "… (5,000,000 characters)" in shown
+        assert body.mode == "tokens" and "… (5,000,000 characters)" in shown and len(shown) < TOKEN_CHARS + 50
     else:
         assert body.mode == "markdown" and body.hidden == 5_000_000 - TEXT_PAGE_CHARS
         assert f"Show more ({5_000_000 - TEXT_PAGE_CHARS:,} characters not shown)" in shown
@@ -153,3 +153,22 @@ def test_importing_a_big_loom_file_keeps_the_window_answering(qtbot, window, tmp
     conv = window.library.current
     assert len(conv.path()) == 1_002 and len(window.chat.chat_view.message_widgets) == PAGE
     assert window.loom_view.items()[0].text(0) == "1000 answers"
+
+
+def test_an_answer_streaming_in_is_drawn_as_it_comes_and_a_stored_one_a_page_at_a_time(qtbot):
+    body = MessageBody()
+    qtbot.addWidget(body)
+    tokens = [token(i, 100 + i % 50, f" t{i}") for i in range(3 * TOKEN_PAGE)]
+    body.show_tokens([], "probability", False)
+    for i in range(0, len(tokens), 100):  # streamed: every token drawn
+        body.append_tokens(tokens[i : i + 100])
+    assert body.hidden == 0 and body.token_span(len(tokens) - 1)[0] > 0
+    body.show_tokens(tokens, "probability", False)  # drawn again whole (the view changed): a page
+    assert body.hidden == 2 * TOKEN_PAGE and "Show more (4,000 tokens not shown)" in body.visible_text()
+    body.show_markdown("")
+    for _ in range(3):
+        body.append_text("word " * (TEXT_PAGE_CHARS // 5))
+    body.finish()
+    assert body.hidden == 0
+    body.show_markdown(body.rendered_text)
+    assert body.hidden == 2 * TEXT_PAGE_CHARS
