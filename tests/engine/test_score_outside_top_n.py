@@ -24,3 +24,18 @@ def test_cli_score_says_which_tokens_fell_outside_the_servers_top_n(serve, tmp_p
     (run,) = read_trace(trace)
     assert run.end["unknown_tokens"] == 1 and run.end["perplexity"] is None
     assert [e.logprob == -math.inf for e in run.events()] == [False, True, False, False]
+
+
+def test_language_model_score_on_a_server_goes_step_by_step_and_says_why(serve):
+    from engine.research import LanguageModel
+
+    server = serve(CharModel(PROBS, max_top=5))
+    lm = LanguageModel.load(server.url)
+    try:
+        inside, outside = lm.score(["abab", "abzab"])
+        expected = [math.log(p) for p in (0.3, 0.5, 0.3)]  # what the server said, through float32 logits
+        assert all(abs(t.logprob - e) < 1e-6 for t, e in zip(inside.tokens, expected, strict=True))
+        assert outside.unknown_tokens == 1 and outside.perplexity == math.inf
+        assert "1 of them fell outside the server's top 5" in outside.summary(lm.backend.info.reports_top_n)
+    finally:
+        lm.close()
