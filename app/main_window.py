@@ -16,9 +16,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import (
-    QApplication, QDockWidget, QFrame, QMainWindow, QMessageBox, QScrollArea, QVBoxLayout, QWidget,
-)
+from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QMessageBox, QScrollArea, QVBoxLayout, QWidget
 
 from engine import ModelInfo
 
@@ -48,6 +46,7 @@ from app.widgets.sampling_panel import SamplingPanel
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
 from app.notebook import generate as continue_notebook, is_notebook
+from app.tab_order import DocksOnScreen
 from app.template_actions import TemplateActions
 from app.template_default import default_system_prompt
 from app.widgets.notebook_view import NotebookView
@@ -65,7 +64,6 @@ DEFAULT_DOCK_WIDTHS = (300, 470)  # chats, inspector: their widths in a window o
 SIDE_PANEL_MIN_WIDTH = 270  # about the chats panel's own minimum
 SIDE_PANEL_MAX_FLOOR = 300  # the sampling dock's floor follows its panel up to this; a wider panel scrolls sideways
 CHAT_MIN_WIDTH = 400  # a first start's chat column is at least this wide where the screen allows
-MAX_TAB_SKIPS = 500  # Tab skips at most this many hidden controls in a row (more than the window has)
 APPEARANCE_KEY = "appearance"
 NOTHING_SAVED = "nothing saved"  # in the title bar while the app runs on a temporary database
 APP_NAME = "Logit Lab"  # the application's display name (app/__main__.py), the title's last part
@@ -92,7 +90,7 @@ class MainWindow(QMainWindow):
         self._closing = False
         self._shutdown_done = False
         self._tasks: set[asyncio.Future] = set()
-        self._docks_off_screen: set[QDockWidget] = set()  # closed, or a tab behind another (Tab skips them)
+        self._docks_on_screen = DocksOnScreen(self)  # Tab skips the docks that are closed or tabbed away
 
         self.chat = ChatPane(self.library, self.view_options, self.selection, self.controller)
         self.banner = Banner()
@@ -198,33 +196,12 @@ class MainWindow(QMainWindow):
         dock.setAccessibleName(title)
         dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetClosable)
         self.addDockWidget(area, dock)
-        # Whether it is on screen: a dock whose tab is behind another stays "visible" to Qt, and Tab walked
-        # through its controls unseen (43 of the Sampling panel's); focusNextPrevChild skips those docks.
-        dock.visibilityChanged.connect(lambda shown, d=dock: self._docks_off_screen.discard(d) if shown
-                                       else self._docks_off_screen.add(d))
+        self._docks_on_screen.follow(dock)  # Tab skips what a closed or tabbed-away dock holds
         return dock
 
-    def _on_screen(self, widget: QWidget) -> bool:
-        """`widget` is shown and not inside a dock that is closed or whose tab is behind another."""
-        if not widget.isVisible():
-            return False
-        w: QWidget | None = widget
-        while w is not None and w is not self:
-            if isinstance(w, QDockWidget) and (w in self._docks_off_screen or not w.isVisible()):
-                return False
-            w = w.parentWidget()
-        return True
-
     def focusNextPrevChild(self, next: bool) -> bool:
-        """Tab and Shift+Tab go only through what is on screen: past the controls of hidden dock tabs."""
-        start = QApplication.focusWidget()
-        for _ in range(MAX_TAB_SKIPS):
-            if not super().focusNextPrevChild(next):
-                return False
-            now = QApplication.focusWidget()
-            if now is None or now is start or self._on_screen(now):
-                return True
-        return True
+        """Tab and Shift+Tab go only through what is on screen (app/tab_order.py)."""
+        return self._docks_on_screen.move_focus(lambda: super(MainWindow, self).focusNextPrevChild(next))
 
     def _connect_actions(self) -> None:
         """What each menu action does: the window's own slots, the model actions, the experiment actions."""
