@@ -68,19 +68,32 @@ INSIDE_TOKEN = "\u2060"  # word joiner: a line may not break here, inside a toke
 NO_BREAK_SPACE = "\u00a0"
 _LAYOUT_CHARS = str.maketrans({BETWEEN_TOKENS: None, INSIDE_TOKEN: None, NO_BREAK_SPACE: " "})
 _LONG_RUN = re.compile(r"\S{%d,}" % (BREAK_EVERY + 1))
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")  # a Markdown code fence opening or closing a block
 
 
 def breakable(text: str) -> str:
     """`text` with a zero-width space every `BREAK_EVERY` characters of a run without whitespace, so a line
-    can break there (a 800k-character run cost Qt 14 s to lay out; cut in pieces it is linear)."""
-    if len(text) <= BREAK_EVERY:
+    can break there (a 800k-character run cost Qt 14 s to lay out; cut in pieces it is linear). Code blocks and
+    addresses are left whole: their text is copied and followed as it is (a page of them lays out in well
+    under a second)."""
+    if len(text) <= BREAK_EVERY or not _LONG_RUN.search(text):
         return text
 
     def cut(m: re.Match) -> str:
         run = m.group(0)
+        if "://" in run:
+            return run
         return BETWEEN_TOKENS.join(run[i : i + BREAK_EVERY] for i in range(0, len(run), BREAK_EVERY))
 
-    return _LONG_RUN.sub(cut, text)
+    out, fence = [], ""
+    for line in text.splitlines(keepends=True):
+        opener = _FENCE.match(line)
+        if opener and (not fence or opener.group(1).startswith(fence)):
+            fence = "" if fence else opener.group(1)
+            out.append(line)
+        else:
+            out.append(line if fence else _LONG_RUN.sub(cut, line))
+    return "".join(out)
 
 
 def elided(text: str, limit: int) -> str:

@@ -172,3 +172,14 @@ def test_an_answer_streaming_in_is_drawn_as_it_comes_and_a_stored_one_a_page_at_
     assert body.hidden == 0
     body.show_markdown(body.rendered_text)
     assert body.hidden == 2 * TEXT_PAGE_CHARS
+
+
+def test_breaks_go_into_long_runs_of_prose_never_into_code_or_addresses(qtbot):
+    body = MessageBody()
+    qtbot.addWidget(body)
+    run, url = "z" * 1_000, "https://example.com/" + "p" * 400
+    body.show_markdown(f"{run}\n\n```\n{run}\n```\n\n[a link]({url})")
+    assert body.code_blocks[0].code == run  # the code block's Copy gives the code back as written
+    assert "\u200b" in body.toPlainText().split("\n")[0]  # the prose run can wrap
+    html = body.document().toHtml()
+    assert f'href="{url}"' in html
