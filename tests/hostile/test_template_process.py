@@ -203,3 +203,27 @@ def _alive(pid: int) -> bool:
         except ProcessLookupError:
             return False
         return True
+
+
+@pytest.mark.model
+def test_the_default_models_and_gemmas_templates_render_as_they_did_in_this_process(warm_renderer):
+    """SmolLM2's own template (from its GGUF) and the built-in Gemma one: the renderer process changes no byte."""
+    from gguf import GGUFReader
+
+    from engine.chat_templates import BUILTIN_TEMPLATES
+    from engine.sources import resolve_spec
+
+    field = GGUFReader(resolve_spec(None).path).fields["tokenizer.chat_template"]
+    templates = {"SmolLM2": bytes(field.parts[field.data[0]]).decode(), "Gemma": BUILTIN_TEMPLATES["gemma"].text}
+    chats = [
+        [{"role": "user", "content": "Hi"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+         {"role": "assistant", "content": "Four."}, {"role": "user", "content": "And 3+3?\nIn words ✓ <b>"}],
+    ]
+    for name, template in templates.items():
+        for chat in chats:
+            for generation_prompt in (True, False):
+                variables = {"messages": chat, "add_generation_prompt": generation_prompt, "bos_token": "<s>",
+                             "eos_token": "</s>", "tools": None, "documents": None}
+                expected = render_in_this_process(template, variables, time_limit_s=5, max_chars=1_000_000)
+                assert render_chat_template(template, variables) == expected, name
