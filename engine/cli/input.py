@@ -282,7 +282,11 @@ def score_batch_items(args: argparse.Namespace) -> list | None:
     """`score --file X.jsonl`: its items, read and checked now (UsageError naming the line); None for one text."""
     from engine.experiments.batch_score import is_batch_file, read_items
 
-    if not is_batch_file(getattr(args, "file", None)):
+    path, out = getattr(args, "file", None), getattr(args, "output", None)
+    if path not in (None, STDIN) and out not in (None, STDIN) and Path(out).expanduser().exists() \
+            and Path(out).expanduser().resolve() == Path(path).expanduser().resolve():
+        raise UsageError(f"--output {out}: is the file being scored (--file); writing it would destroy the texts")
+    if not is_batch_file(path):
         return None
     try:
         return read_items(args.file)

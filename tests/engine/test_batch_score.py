@@ -162,3 +162,11 @@ def test_hostile_batch_files_through_the_cli_exit_before_loading(tmp_path, capsy
     assert cli_main(["score", "--file", str(path), "--model", str(tmp_path / "absent.gguf")]) == 2
     err = capsys.readouterr().err
     assert "not UTF-8" in err and "Traceback" not in err
+
+
+def test_cli_refuses_to_write_the_trace_over_the_file_being_scored(tmp_path, capsys):
+    src = tmp_path / "texts.jsonl"
+    src.write_text('"The quick brown fox."\n', encoding="utf-8")
+    assert cli_main(["score", "--file", str(src), "--output", str(src), "--model", str(tmp_path / "absent.gguf")]) == 2
+    assert "destroy the texts" in capsys.readouterr().err
+    assert src.read_text(encoding="utf-8") == '"The quick brown fox."\n'  # nothing lost
