@@ -176,7 +176,7 @@ def test_packaged_app_opens_window_loads_default_model_and_answers(build, dist, 
     # The bundle carries llama.cpp's libraries, so the default GGUF runs on them, as in a pip install.
     assert report["model"]["name"] == "SmolLM2-135M-Instruct" and report["model"]["backend"] == "llamacpp"
     assert report["tokens"] >= 1 and report["answer"].strip()
-    assert report["window_title"].startswith("Logit Lab") and report["window_icon"]
+    assert report["window_title"].endswith("Logit Lab") and report["window_icon"]  # "<model> — Logit Lab"
     # Logs went to the file Help ▸ Show log file opens.
     log_text = (tmp_path / "logs" / "logitlab.log").read_text()
     assert "self-test passed" in log_text
