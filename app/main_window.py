@@ -16,7 +16,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QMessageBox, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QApplication, QDockWidget, QFrame, QMainWindow, QMessageBox, QScrollArea, QVBoxLayout, QWidget,
+)
 
 from engine import ModelInfo
 
@@ -348,8 +350,12 @@ class MainWindow(QMainWindow):
 
     def _show_mode(self, conv) -> None:
         notebook = is_notebook(conv)
+        inputs = (self.chat.composer.edit, self.notebook.editor)
+        typing = QApplication.focusWidget() in inputs  # read before hiding one moves the focus elsewhere
         self.notebook.setVisible(notebook)
         self.chat.setVisible(not notebook)
+        if typing:  # e.g. a base model turned the empty chat into a notebook: the typing goes there
+            self.focus_input()
 
     def delete_conversation(self, conversation_id: int) -> None:
         """Delete a conversation; an answer streaming into it stops first, whichever conversation is open."""

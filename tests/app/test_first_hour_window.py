@@ -387,3 +387,17 @@ def test_gemmas_start_of_image_shows_as_markup_in_a_notebook(qtbot, qloop, store
     finally:
         close_window(qtbot, w)
         host.close()
+
+
+def test_typing_follows_a_chat_that_becomes_a_notebook(qtbot, window):
+    """A base model turns the empty chat into a notebook when it loads: the focus goes to the notebook's text."""
+    _activate(qtbot, window)
+    assert QApplication.focusWidget() is window.chat.composer.edit
+    window.library.new(mode="notebook")  # what app/template_actions.py does for a model without a template
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is window.notebook.editor, timeout=3000)
+    qtbot.keyClicks(QApplication.focusWidget(), "Once")
+    assert window.notebook.editor.toPlainText() == "Once"
+    window.sidebar.search.setFocus()  # switching from the list keeps the focus where the person put it
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is window.sidebar.search, timeout=3000)
+    window.library.new()
+    assert QApplication.focusWidget() is window.sidebar.search
