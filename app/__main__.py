@@ -19,6 +19,8 @@ from app.platform_check import check_linux_desktop_libraries, no_display_message
 from engine import BACKENDS
 
 log = logging.getLogger("app")
+# After the window has closed: how long the models' threads get to end before the process leaves without them.
+RELEASE_WAIT_S = 0.5
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,17 +102,18 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def exit_without_busy_threads(code: int) -> int:
-    """`code`, or leave the process at once when a model thread is still busy.
+    """`code`, or leave the process at once when a model thread is still busy after RELEASE_WAIT_S.
 
-    By now the window has written everything and the database is closed. A model thread still
-    busy (a load or a connection that cannot be interrupted) would hold the interpreter's exit, or be
-    torn down inside native code: nothing of ours is left to lose, so the process ends without it.
+    By now the window has written everything and the database is closed; the models' threads were
+    cancelled and are releasing their models. One still busy (a load or a connection that cannot be
+    interrupted) would hold the interpreter's exit, or be torn down inside native code: nothing of
+    ours is left to lose, so the process ends without it.
     """
-    from engine.worker import busy_workers
+    from engine.worker import busy_workers, close_all
 
-    busy = busy_workers()
-    if not busy:
+    if close_all(RELEASE_WAIT_S):
         return code
+    busy = busy_workers()
     log.info("exiting without waiting for %s", ", ".join(busy))
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

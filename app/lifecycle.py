@@ -25,16 +25,11 @@ from app.paths import database_path
 from app.state.recovery import DatabaseNotice, open_database
 from app.state.store import Store
 from app.theme import Theme
-from engine.worker import busy_workers
-from engine.worker import close_all as release_models
 
 log = logging.getLogger(__name__)
 
 QUIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, name))
 CLOSE_TIMEOUT_S = 60.0  # the window's own shutdown waits at most 10 s for the generation; this bounds the rest
-# After the window has written everything: how long the models' threads get to end. One still busy after
-# that (a load or a connection that cannot be interrupted) is left behind, and the process exits without it.
-RELEASE_WAIT_S = 0.5
 
 
 @dataclass
@@ -141,8 +136,7 @@ async def close_session(session: Session) -> None:
         except TimeoutError:
             log.error("the window did not finish closing within %g s; quitting anyway", CLOSE_TIMEOUT_S)
     remove_quit_handlers(session.window)
-    # Each model is released on its own thread; a busy one is cancelled and given RELEASE_WAIT_S.
-    session.host.close(wait=False)
-    if not release_models(RELEASE_WAIT_S):
-        log.info("a model thread is still busy (%s); the app exits without waiting for it", ", ".join(busy_workers()))
+    # Never waits: each model is released on its own thread (a busy one was cancelled when the window
+    # started closing). The process's end waits a moment for them (app/__main__.py, or at exit).
+    stop_engine_work(session.host)
     session.store.close()  # checkpoints: no -wal is left behind
