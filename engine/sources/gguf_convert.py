@@ -2,7 +2,7 @@
 
 Loading a GGUF through transformers de-quantizes every tensor (~20 s for the
 135M default model on two cores); loading the converted folder takes well
-under a second. The folder is keyed by the file's SHA-256, written to a
+under a second. The folder is keyed by the file's SHA-256 and the converting transformers release, written to a
 temporary sibling and renamed into place, so an interrupted conversion never
 leaves a half folder that a later load would trust.
 """
@@ -10,6 +10,7 @@ leaves a half folder that a later load would trust.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -55,8 +56,21 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def converter_version() -> str:
+    """The transformers release that converts (read from its metadata, without importing it).
+
+    It is part of the folder's key: releases write different tokenizer files for the same GGUF (5.0 saves
+    SmolLM2's byte-level BPE as a CodeLlamaTokenizer that 5.24 then reads as SentencePiece, encoding every
+    newline as <unk>), so a folder converted by one release is never trusted by another.
+    """
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
 def converted_dir_for(path: Path) -> Path:
-    return cache_root() / "converted" / f"{path.stem}-{file_sha256(path)[:16]}"
+    return cache_root() / "converted" / f"{path.stem}-{file_sha256(path)[:16]}-tf{converter_version()}"
 
 
 def ensure_converted(path: Path, progress=None) -> Path:
@@ -77,7 +91,7 @@ def ensure_converted(path: Path, progress=None) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     try:
         _convert(path, tmp)
-        (tmp / COMPLETE_MARKER).write_text(json.dumps({"source": str(path), "sha256": file_sha256(path)}))
+        (tmp / COMPLETE_MARKER).write_text(json.dumps({"source": str(path), "sha256": file_sha256(path), "transformers": converter_version()}))
         try:
             os.replace(tmp, target)
         except OSError:
