@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from engine.engine import Engine
+from engine.errors import TokenIdError
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings
@@ -40,7 +41,8 @@ def test_cancel_takes_effect_before_the_next_token(tiny_engine):
 
 def test_worker_exception_reaches_the_caller_and_worker_survives(tiny_engine):
     bad = GenerationRequest(prompt_ids=(10**7,), sampler=SAMPLE, max_new_tokens=4)  # id beyond the vocabulary
-    with pytest.raises(IndexError):
+    # The vocabulary check raises in the worker; the error travels to the caller as a value and is re-raised here.
+    with pytest.raises(TokenIdError, match="outside this model's vocabulary"):
         list(tiny_engine.generate(bad))
     ok = tiny_engine.complete(GenerationRequest(prompt="still alive", sampler=SAMPLE, max_new_tokens=3))
     assert ok.generated_tokens == 3
