@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.cpu_load import physical_cores
+
 from app.selftest import REPORT_PREFIX
 from app.selftest_checks import EVENT_PREFIX
 from app.state.store import Store
@@ -243,5 +245,8 @@ def test_rapid_send_stop_cycles_leak_no_threads_or_memory(dirs):
     cycles = app.report["cycles"]
     before, after = cycles["before"], cycles["after"]
     assert _leaked(before, after) == [], (before["python_threads"], after["python_threads"])
-    assert after["os_threads"] <= before["os_threads"]
+    # The thread count is chosen per answer from the cores other programs leave free (engine/cpu_load.py), and
+    # llama.cpp's OpenMP pool keeps the threads of its largest count: up to one per physical core more than the
+    # warm-up needed, once. A leak per cycle would show as tens of threads over 100 cycles.
+    assert after["os_threads"] <= before["os_threads"] + physical_cores() - 1, (before["os_threads"], after["os_threads"])
     assert after["rss_mib"] - before["rss_mib"] < 50, (before["rss_mib"], after["rss_mib"])
