@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shape", default="llama-1b", choices=sorted(SHAPES))
     ap.add_argument("--out")
     ap.add_argument("--type", default="f16", choices=("f16", "f32"))
-    ap.add_argument("--tokenizer-from", default=None, help="a GGUF whose tokenizer to copy (default: the default model)")
+    ap.add_argument("--tokenizer-from", default=None,
+                    help="a GGUF whose tokenizer to copy (default: the default model)")
     ap.add_argument("--tokenizer-only", default=None, metavar="OUT", help="write only the tokenizer to OUT and stop")
     args = ap.parse_args(argv)
     source = Path(args.tokenizer_from) if args.tokenizer_from else None
