@@ -55,7 +55,7 @@ _CLOSING = "the chat template's render was stopped: the engine is closing"
 _EOF = ("eof", None)
 
 # The child: the engine package without its __init__ (which imports the whole engine, numpy and all):
-# only engine.errors, engine.chat_template and this module are loaded, so it starts in a fraction of a second.
+# only engine.errors, engine.template_sandbox and this module are loaded, so it starts in a fraction of a second.
 _CHILD_CODE = (
     "import sys, types\n"
     "sys.path[:0] = sys.argv[2:]\n"
@@ -322,7 +322,7 @@ def serve(stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None
     # The descriptors, not sys.stdin: a windowed (frozen) app may have no sys.stdin, yet has the pipe.
     stdin = stdin or os.fdopen(os.dup(0), "rb")
     try:
-        from engine.chat_template import render_in_this_process
+        from engine.template_sandbox import render_in_this_process
 
         _limit_memory()
     except BaseException as e:  # noqa: BLE001 - told to the parent, which renders in-process instead
@@ -348,7 +348,7 @@ def _write(stream: BinaryIO, message: tuple[str, Any]) -> None:
 
 
 def _render_one(render, template: str, variables: dict, time_limit_s: float, max_chars: int) -> tuple[str, str]:
-    from engine.chat_template import ChatTemplateError, RanOutOfTime
+    from engine.template_sandbox import ChatTemplateError, RanOutOfTime
 
     try:
         return ("ok", render(template, variables, time_limit_s=time_limit_s, max_chars=max_chars))

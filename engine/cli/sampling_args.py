@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.cli.input import read_text_file
+from engine.cli.text_files import read_text_file
 from engine.constraints.spec import Constraint, ConstraintError
 from engine.errors import UsageError
 from engine.sampling.llamacpp_json import LLAMACPP_DEFAULT_SEED, parse_llamacpp_json
