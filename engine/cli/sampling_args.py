@@ -21,6 +21,7 @@ from typing import Any
 from engine.cli.text_files import read_text_file
 from engine.constraints.spec import Constraint, ConstraintError
 from engine.errors import UsageError
+from engine.json_depth import json_depth
 from engine.sampling.llamacpp_json import LLAMACPP_DEFAULT_SEED, parse_llamacpp_json
 from engine.sampling.settings import DEFAULT_SAMPLER, STAGE_NAMES, SamplerSettings
 
@@ -289,7 +290,7 @@ def _read_settings_json(path: str) -> FromSettingsJson:
 
 
 def _load_json(text: str, where: str) -> Any:
-    if _nesting(text) > MAX_JSON_DEPTH:
+    if json_depth(text) > MAX_JSON_DEPTH:
         raise UsageError(f"{where}: nested more than {MAX_JSON_DEPTH} levels deep; settings are a flat JSON object")
     try:
         return json.loads(text)
@@ -299,26 +300,6 @@ def _load_json(text: str, where: str) -> Any:
         raise UsageError(f"{where}: nested too deeply to read; settings are a flat JSON object") from None
 
 
-def _nesting(text: str) -> int:
-    """The deepest nesting of [ and { in JSON text, outside strings (before the recursive parser sees it)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def parse_logit_bias(value: str) -> tuple[int | str, float]:

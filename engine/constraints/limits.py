@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from engine.json_depth import json_depth
+
 MAX_CHARS = 100_000  # any kind's text (a 200 KB sequence takes a second per token to mask)
 MAX_RULES = 1_000  # GBNF / Lark rule definitions (a 2,600-rule chain overflows an 8 MiB stack)
 MAX_JSON_DEPTH = 128  # nested {...} / [...] in a JSON schema (llguidance itself gives up near 100, in words)
@@ -72,26 +74,6 @@ def check_choice_count(n: int) -> None:
         raise ConstraintTooBig(f"the choice list has {n:,} options; the limit is {MAX_CHOICES:,}")
 
 
-def json_depth(text: str) -> int:
-    """The deepest nesting of [ and { in JSON `text`, strings skipped (no recursion: any depth is read)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 _stack_lock = threading.Lock()
