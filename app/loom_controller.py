@@ -37,6 +37,7 @@ from app.state.model_match import other_model_notice
 from app.state.model_record import model_record
 from app.state.observable import Signal
 from app.state.servers import server_samples
+from app.state.store import DatabaseBusy
 
 log = logging.getLogger(__name__)
 
@@ -185,25 +186,50 @@ class LoomController:
         other = other_model_notice(message.model, model) if kept else None  # app/state/model_match.py
         if other:
             self.notice.emit(other)
-        children = []
-        for row in range(n):
-            child = conv.add_message(question, "assistant", branch_index=index, model=model,
-                                     request={**base, "loom": {"mode": mode, "n": n, "row": row}})
+        children = await self._add_children(conv, question, message, n, index, model, base, mode, cancel)
+        if not children:
+            return []  # stopped while another connection held the database's write lock
+        for child in children:
             conv.set_tokens(child, kept, "".join(t.text for t in kept))
             conv.set_generating(child, True)
-            children.append(child)
-        conv.show(message)  # keep the answer the user looks at on screen
-        conv.flush()
+        self._save(conv, children, conv.flush)
         self.children_added.emit(children)
         try:
             await self._stream(engine, conv, children, request, n, mode, cancel, index)
         finally:
             for child in children:
                 if child.finish_reason is None:
-                    conv.update_message(child, finish_reason="cancelled")
+                    self._save(conv, [child], lambda c=child: conv.update_message(c, finish_reason="cancelled"))
                 conv.set_generating(child, False)
-            conv.flush()
+            self._save(conv, children, conv.flush)
         return children
+
+    async def _add_children(self, conv: Conversation, question: Message, message: Message, n: int, index: int,
+                            model: dict[str, Any], base: dict[str, Any], mode: str,
+                            cancel: threading.Event) -> list[Message]:
+        """The run's N new answers, written in one transaction. While another connection holds the write lock
+        this waits on the event loop (the store's busy_changed has the status bar say so) until it is free or
+        Stop; [] if stopped first."""
+        store = self.library.store
+        while True:
+            if not await store.wait_writable(cancelled=cancel.is_set):
+                return []
+            try:
+                with store.transaction():  # holding the lock from here: none of the writes below can meet it
+                    children = [
+                        conv.add_message(question, "assistant", branch_index=index, model=model,
+                                         request={**base, "loom": {"mode": mode, "n": n, "row": row}})
+                        for row in range(n)
+                    ]
+                    conv.show(message)  # keep the answer the user looks at on screen
+                return children
+            except DatabaseBusy:  # taken again between the check and the write: wait once more
+                continue
+
+    def _save(self, conv: Conversation, children: list[Message], write: Any) -> None:
+        """One write of a run's children; while the database is busy (or failing) the chat controller keeps
+        what was not written and writes it again from the event loop (`ChatController.retry_saving`)."""
+        self.chat._save(conv, children[0] if children else None, write)
 
     async def _stream(self, engine, conv: Conversation, children: list[Message], request: GenerationRequest,
                       n: int, mode: str, cancel: threading.Event, offset: int) -> None:
@@ -243,12 +269,14 @@ class LoomController:
                     if by_row.get(ev.row):
                         conv.append_tokens(child, by_row.pop(ev.row))
                     stats = {k: v for k, v in ev.event.stats.to_dict().items() if k not in ("text", "token_ids")}
-                    conv.update_message(child, finish_reason=ev.event.stats.finish_reason, stats=stats)
+                    finish = ev.event.stats.finish_reason
+                    self._save(conv, [child], lambda c=child, f=finish, st=stats: conv.update_message(
+                        c, finish_reason=f, stats=st))
                 else:
                     by_row.setdefault(ev.row, []).append(replace(ev.event, index=offset + ev.event.index))
             for row, events in by_row.items():
                 conv.append_tokens(children[row], events)
-            conv.flush()
+            self._save(conv, children, conv.flush)  # a busy database: the tokens wait in memory, the run goes on
 
     # -- step mode ------------------------------------------------------------------------------
 

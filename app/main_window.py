@@ -36,6 +36,7 @@ from app.state.recovery import DatabaseNotice
 from app.state.servers import ApiKeys
 from app.state.settings import Selection, SettingsState, ViewOptions
 from app.state.store import BUSY_TEXT, Store
+from app.state.write_queue import write_queue
 from app.theme import Theme, app_icon
 from app.widgets.banner import Banner
 from app.widgets.chat_pane import ChatPane
@@ -326,11 +327,12 @@ class MainWindow(QMainWindow):
         self.controller.stop()
 
     def new_chat(self) -> None:
-        self.library.new()
+        # Another connection holding the write lock: the new chat is made once it is free (app/state/write_queue.py).
+        write_queue(self.store).run("making a new chat", self.library.new)
         self.focus_input()
 
     def new_notebook(self) -> None:
-        self.library.new(mode="notebook")
+        write_queue(self.store).run("making a new notebook", lambda: self.library.new(mode="notebook"))
         self.focus_input()
 
     def focus_input(self) -> None:
@@ -362,7 +364,7 @@ class MainWindow(QMainWindow):
         generating = self.controller.generating_message
         if generating is not None and any(row.id == generating.id for row in self.store.messages(conversation_id)):
             self.controller.stop()
-        self.library.delete(conversation_id)
+        write_queue(self.store).run("deleting the chat", lambda: self.library.delete(conversation_id))
 
     def toggle_heatmap(self) -> None:
         self.view_options.set_heatmap(not self.view_options.heatmap)

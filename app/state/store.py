@@ -8,7 +8,8 @@ Another connection (a second Logit Lab on the same file, a script) can hold
 SQLite's write lock. SQLite's busy wait would then block the UI thread, so
 this connection waits at most `BUSY_TIMEOUT_S` per write: a write that meets
 the lock raises `DatabaseBusy` (callers keep what they meant to write and try
-again from the event loop, `wait_writable`), a setting is kept in memory and
+again from the event loop, `wait_writable`; the window's actions wait in
+app/state/write_queue.py), a setting or preset is kept in memory and
 written once the lock is free, and `busy_changed` tells the window, which says
 so in its status bar. Opening and closing wait longer (`OPEN_TIMEOUT_S`): no
 window is waiting then, and at close nothing may be lost.
@@ -227,6 +228,8 @@ class Store:
         self.busy_changed = Signal()  # (bool) another connection holds the write lock / it is free again
         self.busy = False
         self._deferred_settings: dict[str, str] = {}  # key -> JSON: settings written while the lock was held elsewhere
+        self._deferred_presets: dict[str, str | None] = {}  # name -> JSON (None: deleted), as the settings
+        self.write_queue = None  # the UI's actions waiting for the lock (app/state/write_queue.py), made on first use
         # Explicit transactions only. Opening waits long for a lock held elsewhere (no window yet); every
         # later write waits at most BUSY_TIMEOUT_S, then raises DatabaseBusy (see the module doc).
         self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=OPEN_TIMEOUT_S)
@@ -371,6 +374,8 @@ class Store:
                     pass
             try:
                 self._set_busy_timeout(OPEN_TIMEOUT_S)  # closing: wait for a lock held elsewhere, lose nothing
+                if self.write_queue is not None:
+                    self.write_queue.run_waiting_now()
                 self.write_deferred()
             except sqlite3.Error as e:
                 log.warning("settings could not be written before closing %s: %s", self.path, e)
@@ -419,34 +424,56 @@ class Store:
             pass  # kept; the window says the database is busy
 
     def write_deferred(self) -> None:
-        """Write the settings that waited for the lock (raises DatabaseBusy while it is still held)."""
-        if not self._deferred_settings or self._conn is None:
+        """Write the settings and presets that waited for the lock (raises DatabaseBusy while it is still held)."""
+        if not (self._deferred_settings or self._deferred_presets) or self._conn is None:
             return
         pending = dict(self._deferred_settings)
+        presets = dict(self._deferred_presets)
         with self.transaction():
             self._conn.executemany(
                 "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 list(pending.items()),
             )
-        for k, v in pending.items():
-            if self._deferred_settings.get(k) is v:
-                del self._deferred_settings[k]
+            for name, value in presets.items():
+                if value is None:
+                    self._conn.execute("DELETE FROM presets WHERE name = ?", (name,))
+                else:
+                    self._conn.execute(
+                        "INSERT INTO presets(name, sampler_json) VALUES (?, ?) "
+                        "ON CONFLICT(name) DO UPDATE SET sampler_json = excluded.sampler_json",
+                        (name, value),
+                    )
+        for deferred, written in ((self._deferred_settings, pending), (self._deferred_presets, presets)):
+            for k, v in written.items():
+                if k in deferred and deferred[k] is v:
+                    del deferred[k]
 
     def presets(self) -> dict[str, dict[str, Any]]:
         read = read_past_damage(self._conn, "presets", "name, sampler_json", lambda r: (str(r[0]), json.loads(r[1])))
         if read.damaged:
             self._damage(f"{read.damaged} saved preset(s) could not be read", read.first_error)
-        return dict(sorted(read.rows, key=lambda item: item[0].lower()))
+        rows = dict(read.rows)
+        for name, value in self._deferred_presets.items():  # saved or deleted while the lock was held elsewhere
+            if value is None:
+                rows.pop(name, None)
+            else:
+                rows[name] = json.loads(value)
+        return dict(sorted(rows.items(), key=lambda item: item[0].lower()))
 
     def save_preset(self, name: str, sampler: dict[str, Any]) -> None:
-        self._write(
-            "INSERT INTO presets(name, sampler_json) VALUES (?, ?) "
-            "ON CONFLICT(name) DO UPDATE SET sampler_json = excluded.sampler_json",
-            (name, json.dumps(sampler)),
-        )
+        """Save a preset; while another connection holds the write lock it waits in memory, as a setting does."""
+        self._deferred_presets[name] = json.dumps(sampler)
+        try:
+            self.write_deferred()
+        except DatabaseBusy:
+            pass  # kept; the window says the database is busy
 
     def delete_preset(self, name: str) -> None:
-        self._write("DELETE FROM presets WHERE name = ?", (name,))
+        self._deferred_presets[name] = None
+        try:
+            self.write_deferred()
+        except DatabaseBusy:
+            pass
 
     # -- conversations ---------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.state.library import Library
+from app.state.write_queue import write_queue
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 
@@ -146,11 +147,17 @@ class Sidebar(QWidget):
     def _on_current_item_changed(self, item: QListWidgetItem | None, _prev) -> None:
         if self._filling or item is None:
             return
-        self._library.open(int(item.data(ID_ROLE)))
+        conversation_id = int(item.data(ID_ROLE))
+        # Opening writes only the unsaved tokens of the chat it leaves; while another connection holds the write
+        # lock it waits for it on the event loop (app/state/write_queue.py), the status bar says so.
+        write_queue(self._library.store).run("opening the chat", lambda: self._library.open(conversation_id),
+                                             atomic=False)
 
     def _on_item_renamed(self, item: QListWidgetItem) -> None:
         if not self._filling:
-            self._library.rename(int(item.data(ID_ROLE)), item.text())
+            conversation_id, title = int(item.data(ID_ROLE)), item.text()
+            write_queue(self._library.store).run("renaming the chat",
+                                                 lambda: self._library.rename(conversation_id, title))
 
     def begin_rename(self) -> None:
         item = self.list.currentItem()

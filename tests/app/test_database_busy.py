@@ -14,11 +14,14 @@ import sys
 import time
 
 import pytest
-from PySide6.QtCore import QTimer
-from qt_helpers import answered, close_window, make_window, mock_factory, run_task
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QMessageBox
+from qt_helpers import answered, close_window, make_window, mock_factory, run_task, send
 
 from app.engine_host import EngineHost
 from app.state.store import BUSY_TEXT
+from app.state.write_queue import write_queue
+from app.widgets.sidebar import ID_ROLE
 
 LOCK_S = 3.0
 MAX_GAP_S = 1.0  # the freeze was 5 s (SQLite's default busy timeout); a live window ticks every 10 ms
@@ -142,3 +145,97 @@ def test_a_setting_changed_while_locked_is_kept_and_written_later(qloop, store, 
         assert conn.execute("SELECT value FROM settings WHERE key = 'appearance'").fetchone()[0] == '"dark"'
     finally:
         conn.close()
+
+
+def _count(db_path, sql: str, *args) -> int:
+    conn = sqlite3.connect(db_path)
+    try:
+        return conn.execute(sql, args).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _row_of(window, conversation_id: int) -> int:
+    items = window.sidebar.list
+    return next(i for i in range(items.count()) if items.item(i).data(ID_ROLE) == conversation_id)
+
+
+@pytest.mark.slow
+def test_chat_actions_while_another_process_holds_the_lock_wait_and_are_done_after(qtbot, window, db_path, monkeypatch):
+    """New chat, rename, delete, switching chats, a preset and a loom continuation while another process holds
+    the write lock ~2 s: no exception reaches Qt (pytest-qt fails the test on one), the status bar says the
+    database is busy, nothing is written while it is held, every action is done once it is free, and the event
+    loop never stops for long."""
+    first = send(qtbot, window, "first chat")
+    first_id = window.library.current.id
+    window.new_chat()
+    send(qtbot, window, "second chat")
+    second_id = window.library.current.id
+    qtbot.waitUntil(lambda: window.sidebar.list.count() == 2, timeout=5000)
+    conversations = "SELECT count(*) FROM conversations"
+    assert _count(db_path, conversations) == 2
+
+    gaps = TickGaps()
+    holder = hold_write_lock(db_path, 2.0)
+    qtbot.mouseClick(window.sidebar.new_button, Qt.MouseButton.LeftButton)  # New chat
+    qtbot.waitUntil(lambda: busy_shown(window), timeout=5000)
+    window.sidebar.list.item(_row_of(window, first_id)).setText("renamed while locked")  # Rename (as the editor does)
+    window.sidebar.list.setCurrentRow(_row_of(window, second_id))
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    qtbot.mouseClick(window.sidebar.delete_button, Qt.MouseButton.LeftButton)  # Delete the second chat
+    window.sidebar.list.setCurrentRow(_row_of(window, first_id))  # switch chats
+    assert window.sampling.save_preset("saved while locked")  # a setting
+    assert window.library.current.id == second_id  # nothing done while the lock is held...
+    assert holder.poll() is None
+    assert _count(db_path, conversations) == 2
+    assert _count(db_path, "SELECT count(*) FROM presets WHERE name = 'saved while locked'") == 0
+    assert "saved while locked" in window.settings.preset_names()  # ... but kept, and shown
+
+    qtbot.waitUntil(lambda: holder.poll() is not None, timeout=10000)  # spinning the loop (wait() would stop it)
+    qtbot.waitUntil(lambda: not write_queue(window.store).waiting, timeout=5000)
+    assert window.library.current.id == first_id  # the last click wins, in the order asked
+    assert _count(db_path, conversations) == 2  # one new, one deleted
+    assert _count(db_path, "SELECT count(*) FROM conversations WHERE id = ?", second_id) == 0
+    assert _count(db_path, "SELECT count(*) FROM conversations WHERE title = 'renamed while locked'") == 1
+    assert _count(db_path, "SELECT count(*) FROM presets WHERE name = 'saved while locked'") == 1
+    qtbot.waitUntil(lambda: not busy_shown(window), timeout=5000)
+
+    # A loom continuation waits for the lock before it adds its children, then runs.
+    holder = hold_write_lock(db_path, 2.0)
+    messages_before = _count(db_path, "SELECT count(*) FROM messages")
+    task = window.loom_view.continuations_at(first, 1)
+    qtbot.waitUntil(lambda: busy_shown(window), timeout=5000)
+    assert holder.poll() is None and not task.done()
+    children = run_task(qtbot, task, timeout_ms=30000)
+    qtbot.waitUntil(lambda: holder.poll() is not None, timeout=10000)
+    largest = gaps.stop()
+    print(f"largest event-loop gap {largest * 1000:.0f} ms during the chat actions and the loom run")
+    assert largest < MAX_GAP_S
+    assert len(children) >= 2 and not window.loom_view.status.text().startswith("Loom:")
+    window.controller.retry_saving()
+    assert _count(db_path, "SELECT count(*) FROM messages") == messages_before + len(children)
+    for child in children:
+        assert stored_answer(db_path, child.id) == (child.finish_reason, len(child.tokens))
+
+
+@pytest.mark.slow
+def test_loom_tokens_streaming_into_a_locked_database_wait_in_memory(qtbot, qloop, store, db_path):
+    """The lock taken in the middle of a loom run: its children go on in memory and are written afterwards."""
+    host = EngineHost(mock_factory(0.05))
+    try:
+        assert run_task(qtbot, host.load("mock", "mock"))
+        window = make_window(qtbot, store, host)
+        answer = send(qtbot, window, "loom while another process writes", timeout_ms=30000)
+        task = window.loom_view.continuations_at(answer, 1)
+        qtbot.waitUntil(lambda: window.loom.busy and any(
+            len(m.tokens or ()) > 3 for m in window.library.current.messages.values() if m.generating), timeout=15000)
+        holder = hold_write_lock(db_path, 2.0)
+        children = run_task(qtbot, task, timeout_ms=30000)
+        assert not window.loom_view.status.text().startswith("Loom:")  # the run did not fail
+        holder.wait(10)
+        qtbot.waitUntil(lambda: window.controller.save_error is None, timeout=5000)
+        for child in children:
+            assert stored_answer(db_path, child.id) == (child.finish_reason, len(child.tokens))
+        close_window(qtbot, window)
+    finally:
+        host.close()
