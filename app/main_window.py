@@ -178,6 +178,8 @@ class MainWindow(QMainWindow):
         self.controller.error.connect(lambda text: self.status.showMessage(f"Generation failed: {text}", 15000))
         self.controller.notice.connect(lambda text: self.status.showMessage(text[:1].upper() + text[1:], 15000))
         store.busy_changed.connect(self._on_database_busy)
+        # An action that waited for the lock and then failed for another reason: said, never a traceback.
+        write_queue(store).failed = lambda what, why: self.status.showMessage(f"Not done: {what}: {why}", 15000)
         self.controller.busy_changed.connect(self._on_busy_changed)
         self.controller.save_failed.connect(self._on_save_failed)
         self.controller.saved.connect(self._on_saved)

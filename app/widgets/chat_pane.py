@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 from app.controller import ChatController
 from app.state.conversation import Conversation
 from app.state.library import Library
+from app.state.write_queue import write_queue
 from app.state.settings import HEAT_MODES, Selection, ViewOptions
 from app.widgets.chat_view import ChatView
 from app.widgets.composer import Composer
@@ -162,7 +163,8 @@ class ChatPane(QWidget):
 
     def _save_system_prompt(self) -> None:
         if self._conv is not None:
-            self._conv.set_system_prompt(self.system_edit.toPlainText())
+            conv, text = self._conv, self.system_edit.toPlainText()  # a busy database: written once it is free
+            write_queue(self._library.store).run("saving the system prompt", lambda: conv.set_system_prompt(text))
 
     def _on_view_changed(self) -> None:
         self.heat_toggle.blockSignals(True)

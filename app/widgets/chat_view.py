@@ -24,6 +24,7 @@ from PySide6.QtWidgets import QLabel, QPushButton, QScrollArea, QSizePolicy, QVB
 from app.controller import ChatController
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
+from app.state.write_queue import write_queue
 from app.state.settings import Selection, ViewOptions
 from app.theme import is_dark
 from app.widgets.message_widget import MessageWidget
@@ -286,7 +287,9 @@ class ChatView(QScrollArea):
 
     def _on_sibling_requested(self, message: Message, offset: int) -> None:
         if self._conv is not None and not self._controller.busy:
-            self._conv.select_sibling(message, offset)
+            conv = self._conv  # another connection holding the write lock: done once it is free (write_queue.py)
+            write_queue(self._library.store).run("showing another version", lambda: conv.select_sibling(message, offset),
+                                                  atomic=False)
 
     def _on_token_clicked(self, message: Message, index: int) -> None:
         self._selection.set(message.id, index)

@@ -38,6 +38,8 @@ from app.loom_controller import ExpandSettings, LoomController
 from app.state.conversation import Conversation, Message
 from app.state.loom_tree import LoomNode, answer_group, grow_tree, import_loom_file, representative, write_loom_file
 from app.state.settings import Selection
+from app.state.store import DatabaseBusy
+from app.state.write_queue import write_queue
 from app.widgets.fmt import pct
 from app.widgets.heat import heat_color
 from app.widgets.step_panel import StepPanel
@@ -371,7 +373,10 @@ class LoomView(QWidget):
         if node is None or self._conv is None or not node.message_ids:
             return
         message = representative(self._conv, node)
-        self._conv.show(message)
+        conv = self._conv  # another connection holding the write lock: shown once it is free (write_queue.py)
+        if not write_queue(self._library.store).run("showing the branch", lambda: conv.show(message),
+                                                      atomic=False):
+            return
         tokens = self._conv.tokens(message)
         if tokens:
             self._selection.set(message.id, min(node.start, len(tokens) - 1))
@@ -478,5 +483,7 @@ class LoomView(QWidget):
         try:
             action()
             self.status.setText(done_text)
+        except DatabaseBusy:  # the import's one transaction could not start: nothing was written
+            self.status.setText("Loom: not imported: the database is busy (another Logit Lab?); try again in a moment")
         except (OSError, ValueError) as e:
             self.status.setText(f"Loom: {e}")

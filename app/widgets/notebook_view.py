@@ -27,6 +27,7 @@ from app.controller import ChatController
 from app.notebook import apply_text, is_notebook, notebook_text, spans
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
+from app.state.write_queue import write_queue
 from app.state.settings import Selection, ViewOptions
 from app.theme import is_dark
 from app.widgets.chat_pane import ElidedLabel
@@ -337,7 +338,9 @@ class NotebookView(QWidget):
         part = self.part_at_cursor()
         if part is not None and self._conv is not None:
             position = self.editor.textCursor().position()
-            self._conv.select_sibling(part, offset)
+            conv = self._conv  # another connection holding the write lock: done once it is free (write_queue.py)
+            write_queue(self._library.store).run("showing another version", lambda: conv.select_sibling(part, offset),
+                                                  atomic=False)
             cursor = self.editor.textCursor()
             cursor.setPosition(min(position, len(self.editor.toPlainText())))
             self.editor.setTextCursor(cursor)

@@ -239,3 +239,23 @@ def test_loom_tokens_streaming_into_a_locked_database_wait_in_memory(qtbot, qloo
         close_window(qtbot, window)
     finally:
         host.close()
+
+
+@pytest.mark.slow
+def test_versions_and_the_system_prompt_changed_while_locked_are_written_after(qtbot, window, db_path):
+    first = send(qtbot, window, "two versions")
+    second = run_task(qtbot, window.on_regenerate(first))
+    conv = window.library.current
+    assert conv.path()[-1] is second
+    holder = hold_write_lock(db_path, 1.5)
+    window.chat.chat_view._on_sibling_requested(second, -1)  # the ‹ arrow under the answer
+    window.chat.system_edit.setPlainText("kept while locked")
+    window.chat._save_system_prompt()
+    qtbot.waitUntil(lambda: busy_shown(window), timeout=5000)
+    assert conv.path()[-1] is second  # not switched while the lock is held
+    qtbot.waitUntil(lambda: holder.poll() is not None, timeout=10000)
+    qtbot.waitUntil(lambda: not write_queue(window.store).waiting, timeout=5000)
+    assert conv.path()[-1] is first and conv.system_prompt == "kept while locked"
+    question = conv.path()[-2]
+    assert _count(db_path, "SELECT count(*) FROM messages WHERE id = ? AND active_child_id = ?", question.id, first.id) == 1
+    assert _count(db_path, "SELECT count(*) FROM conversations WHERE system_prompt = 'kept while locked'") == 1
