@@ -23,18 +23,23 @@ from PySide6.QtWidgets import (
 
 from app.widgets.fmt import human_bytes
 
-INT_MAX = 2**31 - 1  # QSpinBox's range is a C int
 AUTOMATIC = "automatic"
-# field -> (lowest value the user can set, highest, tip). The value below the lowest is "automatic".
-RANGES: dict[str, tuple[int, int, str]] = {
-    "n_ctx": (256, INT_MAX, "Tokens of context to allocate; automatic: the model's own, capped so its KV cache "
-                            "fits a memory budget"),
-    "n_threads": (1, 512, "CPU threads while generating; automatic: one fewer than the CPUs, at most the "
-                          "physical cores"),
-    "n_threads_batch": (1, 512, "CPU threads while reading a prompt; automatic: as many as for generating"),
-    "n_gpu_layers": (-1, 9999, "Layers on the GPU, -1 for all; automatic: all on a GPU build"),
-    "n_batch": (1, 65536, "Prompt tokens per model call; automatic: 512"),
+# What each setting does, as a tip. Its range is RuntimeSettings.range(name): one table for the window and the
+# CLI (engine/runtime_settings.py), so the dialog never offers a value the engine refuses, nor refuses one it takes.
+# The value just below the lowest is shown as "automatic".
+TIPS: dict[str, str] = {
+    "n_ctx": "Tokens of context to allocate; automatic: the model's own, capped so its KV cache fits a memory budget",
+    "n_threads": "CPU threads while generating; automatic: one fewer than the CPUs, at most the physical cores",
+    "n_threads_batch": "CPU threads while reading a prompt; automatic: as many as for generating",
+    "n_gpu_layers": "Layers on the GPU, -1 for all; automatic: all on a GPU build",
+    "n_batch": "Prompt tokens per model call; automatic: 512",
 }
+
+
+def spin_range(name: str) -> tuple[int, int]:
+    """The spin box's (minimum, maximum) for a setting: the engine's range, one below it meaning automatic."""
+    low, high = RuntimeSettings.range(name)
+    return low - 1, high
 
 
 class RuntimeDialog(QDialog):
@@ -60,13 +65,14 @@ class RuntimeDialog(QDialog):
         grid.setColumnStretch(1, 1)
         row = 0
         for name in RuntimeSettings.names():
-            low, high, tip = RANGES[name]
+            lowest, high = spin_range(name)
+            tip = TIPS.get(name, RuntimeSettings.label(name).capitalize())
             if name == "n_ctx" and facts.trained_context > 0:
                 high = min(high, facts.trained_context)  # never longer than the model's own
             spin = QSpinBox()
             spin.setObjectName(name)
             spin.setAccessibleName(RuntimeSettings.label(name))
-            spin.setRange(low - 1, high)
+            spin.setRange(lowest, high)
             spin.setSpecialValueText(AUTOMATIC)  # shown at the minimum, the value below the lowest
             spin.setGroupSeparatorShown(True)
             spin.setToolTip(tip)
