@@ -23,6 +23,7 @@ from app.widgets.constraint_marks import constraint_summary, disallowed_reason, 
 from app.widgets.fmt import bits, completed_character, pct, visible
 from app.widgets.prob_table import ProbTable
 from app.widgets.stage_view import StageView
+from app.widgets.token_button import TokenButton
 from app.widgets.token_chart import TokenChart
 from app.widgets.layer_view import LayerView
 from app.widgets.subscriptions import follow
@@ -42,7 +43,6 @@ SERVER_STAGES_TIP = (
 
 
 MIN_WIDTH = 320  # px
-BUTTON_TOKEN_CHARS = 10  # a token's text on the branch button is cut to this many characters (its tooltip has it all)
 
 
 class Inspector(QWidget):
@@ -65,6 +65,9 @@ class Inspector(QWidget):
         self.token_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.token_label.setAccessibleName("Selected token")
         self.token_label.setTextFormat(Qt.TextFormat.RichText)  # our markup; every model-derived part is escaped
+        # A long token and "token 38 of 125 · id 24484 forced" do not fit a 320 px dock on one line: they wrap
+        # rather than lose "forced" under the arrows.
+        self.token_label.setWordWrap(True)
         self.prev_button = QToolButton()
         self.prev_button.setText("◀")
         self.prev_button.setAccessibleName("Previous token")
@@ -85,7 +88,7 @@ class Inspector(QWidget):
         self.metrics_label.setTextFormat(Qt.TextFormat.RichText)  # our markup; every number is escaped
 
         self.table = ProbTable()
-        self.branch_button = QPushButton("Branch from here")
+        self.branch_button = TokenButton("Branch from here", longest_verb="Branch with")
         self.branch_button.setAccessibleName("Branch with the selected alternative")
         self.branch_button.setToolTip(BRANCH_TIP)
         self.branch_button.clicked.connect(self._on_branch_clicked)
@@ -215,16 +218,15 @@ class Inspector(QWidget):
                 (visible(p.text, p.token_bytes) for p in ev.top_model + ev.top_sampler if p.token_id == token_id),
                 visible(ev.token_text, ev.token_bytes),
             )
-            # Short words on the button (it shares a row with "N continuations here" in a narrow dock); the token's
-            # whole text and what the button does are in its tooltip.
+            # Short words on the button (it shares a row with "N continuations here" in a narrow dock): the token
+            # is cut to the button's width; its whole text and what the button does are in its tooltip.
             verb = "Resample" if token_id == ev.token_id else "Branch with"
-            shown = alt if len(alt) <= BUTTON_TOKEN_CHARS else alt[: BUTTON_TOKEN_CHARS - 1] + "…"
-            self.branch_button.setText(f"{verb} “{shown}”")
+            self.branch_button.set_token(verb, alt)
             whole = f"resample from here with “{alt}”" if token_id == ev.token_id else f"branch with “{alt}”"
             self.branch_button.setToolTip(f"{whole[0].upper()}{whole[1:]}: "
                                           f"{SERVER_BRANCH_TIP if server else BRANCH_TIP}")
         else:
-            self.branch_button.setText("Branch from here")
+            self.branch_button.set_plain("Branch from here")
 
     def _server_samples(self) -> bool:
         """The next generation is sampled by a server (so no forced tokens, hence no branching)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from engine import TokenEvent, TokenProb
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFont
@@ -69,7 +71,11 @@ class ProbTable(QTreeWidget):
             item.setData(0, TOKEN_ID_ROLE, p.token_id)
             item.setData(1, PROB_ROLE, model[p.token_id].prob if p.token_id in model else (ev.prob if chosen else None))
             item.setData(1, MISSING_ROLE, "·")
-            item.setData(2, PROB_ROLE, sampler[p.token_id].prob if p.token_id in sampler else None)
+            # The drawn token's own sampler probability is known even when it ranks below the sampler's top N
+            # (the header says "p(sampler) 1.6%"; the cell said "·").
+            drawn = chosen and math.isfinite(ev.sampler_logprob)
+            item.setData(2, PROB_ROLE, sampler[p.token_id].prob if p.token_id in sampler
+                         else (ev.sampler_prob if drawn else None))
             item.setData(2, MISSING_ROLE, "cut" if complete or (chosen and ev.forced) else "·")
             removal = removed_by(ev, p.token_id) if p.token_id not in sampler else None
             if removal is not None:  # which stage removed it ("cut: top-k"), or the banned string's step back

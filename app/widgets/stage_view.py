@@ -27,7 +27,7 @@ _MISSING_TIPS = {
     "·": "not among the top candidates recorded for this stage (still possible, but less likely than those shown)",
 }
 COLUMN_WIDTH = 54  # the least a bar with "24.1%" on it needs
-TOKEN_WIDTH = 84
+TOKEN_WIDTH = 84  # the token column's least width; it grows to its longest token where the stage columns leave room
 
 
 class StageView(QWidget):
@@ -134,13 +134,28 @@ class StageView(QWidget):
                 self.table.setItem(r, c, item)
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
-        self.table.setColumnWidth(0, TOKEN_WIDTH)
         # Stage columns share the width; below COLUMN_WIDTH each, the table scrolls sideways.
         header.setMinimumSectionSize(COLUMN_WIDTH)
         for c in range(1, len(columns)):
             self.table.setItemDelegateForColumn(c, self._bars)
             header.setSectionResizeMode(c, QHeaderView.ResizeMode.Stretch)
+        self._fit_token_column()
         self.table.resizeRowsToContents()
+
+    def _fit_token_column(self) -> None:
+        """The token column as wide as its longest token ("␣atmospheric", not "␣atmosphe…"), as far as the
+        stage columns keep COLUMN_WIDTH each; never under TOKEN_WIDTH."""
+        columns = self.table.columnCount()
+        if columns == 0:
+            return
+        self.table.resizeColumnToContents(0)
+        wanted = self.table.columnWidth(0)
+        room = self.table.viewport().width() - COLUMN_WIDTH * (columns - 1)
+        self.table.setColumnWidth(0, max(TOKEN_WIDTH, min(wanted, room)))
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        self._fit_token_column()  # a wider dock gives the token column its words back
 
 
 def _missing(s: StageSnapshot, token_id: int) -> str:

@@ -91,9 +91,20 @@ def mark_tokens(body: MessageBody, indices: list[int] | tuple[int, ...], color: 
             cursor.mergeCharFormat(fmt)
 
 
+# How a column's run ended, in words (the engine's "eos", "length" are its own names).
+FINISH_WORDS = {
+    "eos": "ended",
+    "stop": "ended at a stop string",
+    "length": "cut off at the length limit",
+    "cancelled": "stopped",
+    "interrupted": "interrupted",
+}
+
+
 def stats_text(s: experiments.ColumnStats) -> str:
+    finish = FINISH_WORDS.get(s.finish_reason, s.finish_reason)
     return (
-        f"{s.length} tokens · {s.finish_reason} · {s.mean_surprisal_bits:.2f} bits/token · "
+        f"{s.length} tokens · {finish} · {s.mean_surprisal_bits:.2f} bits/token · "
         f"entropy {s.mean_entropy:.2f} nats · distinct-2 {s.distinct_2:.2f} · "
         f"repeated 3-grams {s.repeated_ngrams} · {s.tokens_per_s:.1f} tok/s"
     )
