@@ -26,7 +26,7 @@ from engine.backends.remote.errors import UnsupportedByServerError
 from engine.backends.remote.options import ConnectionOptions, clean_spec, options_for
 from engine.backends.remote.probe import ServerCapabilities, probe
 from engine.backends.remote.step import next_token_top
-from engine.backends.remote.tokenizer import MissingTokenizer, RemoteTokenizer
+from engine.backends.remote.tokenizer import MissingTokenizer, RemoteTokenizer, check_server_token_ids
 from engine.model_info import ModelInfo
 from engine.printable import printable
 
@@ -73,7 +73,7 @@ class RemoteBackend(CachedTokens):
         try:
             caps = probe(client, options.model)
             client.options = ConnectionOptions(**{**options.__dict__, "model": caps.model})
-            tokenizer = RemoteTokenizer(client, caps.model, caps.tokenize) if caps.tokenize else None
+            tokenizer = RemoteTokenizer(client, caps.model, caps.tokenize, caps.n_vocab) if caps.tokenize else None
         except BaseException:
             client.close()
             raise
@@ -102,6 +102,7 @@ class RemoteBackend(CachedTokens):
         Inside `client.cancellable(event)`, setting the event ends a request in flight at once.
         """
         self.require_we_sample()
+        check_server_token_ids(token_ids, self.caps.n_vocab)  # prompt, forced and step-mode ids enter here
         self._tokens.extend(int(t) for t in token_ids)
         top = next_token_top(self.client, self.caps.model, self._prompt(), self.top_n, self.server_tokenizer, self.caps.kind)
         high = max([i for i, _, _ in top] + self._tokens[-1:], default=0)

@@ -37,6 +37,7 @@ class ServerCapabilities:
     prompt_logprobs: bool
     seed: bool
     context_length: int = 0  # 0 = not reported
+    n_vocab: int = 0  # the vocabulary's size as the server states it (llama.cpp: /v1/models meta.n_vocab); 0 = not
     # Whether it streams several choices for one request (the API's `n`): None until a loom run asks (asking
     # costs nothing: a server that ignores `n` still answers the first child); False once it ignored or refused
     # `n`, so later runs on this connection ask one child at a time (engine/backends/remote/many_choices.py).
@@ -103,6 +104,15 @@ def _top(doc: dict | None) -> int:
         return 0
 
 
+def stated_vocab_size(value: object) -> int:
+    """A vocabulary size as the server states it, or 0 when it states none a real model could have."""
+    from engine.backends.remote.checks import MAX_TOKEN_ID
+
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_TOKEN_ID + 1:
+        return 0
+    return value
+
+
 def probe(client: ServerClient, wanted_model: str) -> ServerCapabilities:
     """Ask the server what it can do. Raises ServerError when it is not usable at all."""
     host = client.options.host
@@ -133,10 +143,13 @@ def probe(client: ServerClient, wanted_model: str) -> ServerCapabilities:
         prompt_logprobs = False
     seed = _seed_reproducible(client, model)
     ctx = chosen.get("max_model_len") or chosen.get("context_length") or 0
+    meta = chosen.get("meta")
+    n_vocab = meta.get("n_vocab") if isinstance(meta, dict) else None
     return ServerCapabilities(
         kind=kind, model=model, models=tuple(str(m["id"]) for m in models), max_top_logprobs=max_top,
         token_prompts=token_prompts, tokenize=tokenize, prompt_logprobs=prompt_logprobs, seed=seed,
         context_length=int(ctx) if isinstance(ctx, int) else 0,
+        n_vocab=stated_vocab_size(n_vocab),
     )
 
 

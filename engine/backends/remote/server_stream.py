@@ -30,6 +30,7 @@ from engine.backends.remote.errors import RequestCancelledError, ServerError, Se
 from engine.backends.remote.server_constraint import constraint_fields
 from engine.backends.remote.server_params import server_parameters
 from engine.backends.remote.step import chosen_tokens, id_from_text, parse_alternatives, position_entries, text_of
+from engine.backends.remote.tokenizer import check_server_token_ids
 from engine.events import Done, Event, GenerationStats, StageSnapshot, TokenEvent, TokenProb, rest_entry
 from engine.request import GenerationRequest
 
@@ -56,6 +57,8 @@ def check_server_sampling(backend, request: GenerationRequest) -> dict:
             f"{backend.client.options.host} has no tokenize endpoint and takes no token-id prompts, so it can only "
             "answer from text: start from a message or a text prompt instead of token ids or a partial answer"
         )
+    check_server_token_ids(request.prompt_ids or (), backend.caps.n_vocab, "prompt token id")  # sent as they are
+    check_server_token_ids(request.assistant_prefix, backend.caps.n_vocab, "answer token id")
     params = server_parameters(request.sampler, backend.caps.kind, backend.caps.seed, we_sample_ok)
     if request.ignore_eos:
         params["ignore_eos"] = True

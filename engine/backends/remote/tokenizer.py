@@ -28,9 +28,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.backends.remote.checks import MAX_TOKEN_ID
 from engine.backends.remote.client import ServerClient
 from engine.backends.remote.errors import ServerError, UnsupportedByServerError
-from engine.tokenizer import FALLBACK_TEMPLATE, REPLACEMENT, Tokenizer
+from engine.errors import TokenIdError
+from engine.tokenizer import FALLBACK_TEMPLATE, REPLACEMENT, Tokenizer, check_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +79,34 @@ def probe_tokenize(client: ServerClient, model: str) -> TokenizeDialect | None:
     return None
 
 
-class RemoteTokenizer(Tokenizer):
-    """Encode/decode through the server, memoised; the same interface as the local `Tokenizer`."""
+def check_server_token_ids(ids: Sequence[int], n_vocab: int = 0, what: str = "token id") -> None:
+    """The vocabulary check (`engine.tokenizer.check_token_ids`, `TokenIdError`) for ids that go to a server or
+    are decoded by it: against the vocabulary the server states (`n_vocab`), else against a bound past every
+    real vocabulary (`MAX_TOKEN_ID`), so an id of 2**40 from a file or the API is refused here in words rather
+    than sent (a server may crash on it, as llama.cpp's does, or answer garbage)."""
+    check_token_ids(ids, n_vocab, what)  # non-integers, negatives, and past a stated vocabulary
+    if n_vocab <= 0:
+        for t in ids:
+            if t > MAX_TOKEN_ID:
+                raise TokenIdError(
+                    f"{what} {int(t):,} is beyond any vocabulary (no model has ids past {MAX_TOKEN_ID:,}; "
+                    "the server does not state its vocabulary's size)"
+                )
 
-    def __init__(self, client: ServerClient, model: str, dialect: TokenizeDialect):
+
+class RemoteTokenizer(Tokenizer):
+    """Encode/decode through the server, memoised; the same interface as the local `Tokenizer`.
+
+    `n_vocab`: the vocabulary's size as the server states it (0: unstated). Every id that enters through this
+    tokenizer (decode, a prompt's ids, a piece's text) is checked against it (`check_server_token_ids`).
+    """
+
+    def __init__(self, client: ServerClient, model: str, dialect: TokenizeDialect, n_vocab: int = 0):
         super().__init__(None, ())
         self._client = client
         self._model = model
         self.dialect = dialect
+        self.n_vocab = n_vocab
         self._encode_cache: dict[str, tuple[int, ...]] = {}
         self._id_of_text: dict[str, int | None] = {}
         self._exact_piece: dict[int, str] = {}  # pieces that tokenize back to their token alone (see `decode`)
@@ -175,6 +197,7 @@ class RemoteTokenizer(Tokenizer):
         """A text the server should tokenize as `ids`: a remembered text for the longest known prefix, then
         the decoded rest. (Decoding special tokens gives "" on some servers, so prompts are not decoded whole.)"""
         ids = tuple(ids)
+        self.check_ids(ids, "prompt token id")
         best_text, best_len = "", 0
         for text, enc in self._encode_cache.items():
             n = len(enc)
@@ -189,6 +212,7 @@ class RemoteTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`; a cut-off multi-byte character ends in U+FFFD (some servers refuse to decode it)."""
+        self.check_ids(ids)
         key = tuple(int(i) for i in ids)
         if self._pieces_compose and key and key[0] not in self._bos:
             # Its detokenize concatenates token pieces (llama_token_to_piece), so known pieces need no request.
@@ -202,6 +226,22 @@ class RemoteTokenizer(Tokenizer):
             del self._decoded[next(iter(self._decoded))]
         self._decoded[key] = text
         return text
+
+    def check_ids(self, ids: Sequence[int], what: str = "token id") -> None:
+        """TokenIdError for an id outside the vocabulary the server states (or past every real one)."""
+        check_server_token_ids(ids, self.n_vocab, what)
+
+    def token_count(self) -> int:
+        """The vocabulary's size as the server states it, so the engine's own checks (`vocabulary_size`: prompt
+        and forced ids, the research API) use it too. Unstated: NotImplementedError (`vocabulary_size` reads 0,
+        unknown), never the bound, which is no vocabulary's size."""
+        if self.n_vocab <= 0:
+            raise NotImplementedError("the server does not state its vocabulary's size")
+        return self.n_vocab
+
+    def token_bytes(self, token_id: int) -> bytes:
+        self.check_ids([token_id])  # the base class checks only a local vocabulary
+        return super().token_bytes(token_id)
 
     def _decode_on_server(self, ids: list[int]) -> str:
         for cut in range(min(4, len(ids)) + 1):  # a UTF-8 character spans at most 4 tokens
