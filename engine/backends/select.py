@@ -15,7 +15,7 @@ import platform
 import sys
 from typing import TYPE_CHECKING
 
-from engine.errors import ModelLoadError
+from engine.errors import EngineError, ModelLoadError
 
 if TYPE_CHECKING:
     from engine.backends.base import Backend
@@ -99,6 +99,24 @@ def weighs_parameters_in_float32(backend: str) -> bool:
 def opens_spec_directly(backend: str) -> bool:
     """Whether `backend` opens the spec as given (a server URL, a .gguf file) rather than a Hugging Face folder."""
     return backend in ("remote", "llamacpp")
+
+
+def cheap_tokenizer(spec: str | None, backend: str | None = "auto"):
+    """A context manager giving the tokenizer `spec` will load with, without its weights, where that is cheap (a
+    .gguf file llama.cpp opens: its vocab-only load); None elsewhere (a torch or MLX folder needs transformers
+    imported, a server a connection: then the check waits for the model). Never downloads or converts."""
+    from engine.sources import resolve_spec
+
+    try:
+        source = resolve_spec(spec)
+        name = choose_backend(backend, source.kind)
+    except (ValueError, OSError, EngineError):  # the load says what is wrong, in its own words
+        return None
+    if name != "llamacpp" or source.path is None or not source.path.is_file():
+        return None
+    from engine.backends.llamacpp.vocab_only import vocabulary_of
+
+    return vocabulary_of(source.path)
 
 
 def open_direct(backend: str, source, progress, offload, runtime_kwargs: dict) -> Backend:

@@ -105,12 +105,33 @@ def _non_default(settings) -> dict[str, Any]:
     return {k: v for k, v in settings.to_dict().items() if k == "seed" or v != default[k]}
 
 
+def refuse_too_short_before_load(args: argparse.Namespace, text: str) -> None:
+    """A text of fewer than two tokens, refused before the model loads where its tokenizer loads without the
+    weights (a .gguf on llama.cpp: engine.backends.select.cheap_tokenizer), in the words and with the exit status
+    the loaded model's refusal has. Elsewhere (a torch or MLX folder, a server) the loaded model refuses it."""
+    from engine.backends.select import cheap_tokenizer
+    from engine.errors import EngineError, UsageError
+    from engine.experiments.score import text_ids
+
+    opening = cheap_tokenizer(args.model, args.backend)
+    if opening is None:
+        return
+    try:
+        with opening as tokenizer:
+            ids, _context = text_ids(tokenizer, text)
+    except EngineError:  # the vocabulary could not be read: the model's load says why, in its own words
+        return
+    if len(ids) < 2:  # word for word what the loaded model's check says (engine.experiments.score._checked_ids)
+        raise UsageError(f"scoring needs at least two tokens (one to predict from), got {len(ids)}")
+
+
 def cmd_score(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
     from engine.experiments.trace import score_run, write_lines
 
     if getattr(args, "items", None) is not None:  # --file X.jsonl
         return cmd_score_batch(args, load)
     text = args.text  # read and checked before the model loads (engine.cli.input.score_text)
+    refuse_too_short_before_load(args, text)
     with load(args) as engine:
         result = engine.score(text, top_n=args.top_n)
         summary = f"[{result.summary(engine.info.reports_top_n)}]"  # says why when the perplexity is inf
