@@ -44,6 +44,7 @@ from engine.servers import (
 )
 from engine.sampling.settings import DEFAULT_ORDER, DEFAULT_SAMPLER, STAGE_NAMES, SamplerSettings
 from engine.sampling import Pick, SamplerChain  # the chain every backend samples with, and what it reports per token
+from engine.sampling import CustomStage, CustomStageError, final_distribution  # your own stage; the row a draw used
 from engine.sampling.llamacpp_json import ImportedSettings, llamacpp_json, parse_llamacpp_json
 
 __all__ = [
@@ -54,6 +55,8 @@ __all__ = [
     "BACKENDS",
     "ChatSession",
     "ContextLengthError",
+    "CustomStage",
+    "CustomStageError",
     "DEFAULT_ORDER",
     "DEFAULT_SAMPLER",
     "DefaultModelMissingError",
@@ -84,6 +87,7 @@ __all__ = [
     "download_default_model",
     "chat_templates",
     "experiments",
+    "final_distribution",
     "loom",
     "library",
     "lens",

@@ -25,7 +25,7 @@ from engine.backends.base import Backend, prefill
 from engine.banned_strings import BannedStringGuard
 from engine.capabilities import OverlappedForward
 from engine.errors import ContextLengthError
-from engine.events import Done, Event, GenerationStats, Rewind, StageSnapshot, TokenEvent, TokenProb
+from engine.events import Done, Event, GenerationStats, Rewind, StageSnapshot, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling import Pick, SamplerChain
 from engine.sampling.grammar import constraint_step, grammar_stage
@@ -301,18 +301,11 @@ def _event(
     special: bool = False,
     rewind: Rewind | None = None,
 ) -> TokenEvent:
-    def prob(token_id: int, lp: float) -> TokenProb:
-        text = tok.token_text(token_id)
-        return TokenProb(token_id, text, lp, partial_token_bytes(tok, token_id, text))
-
-    def probs(pairs) -> tuple[TokenProb, ...]:
-        return tuple(prob(int(i), float(lp)) for i, lp in pairs)
-
+    # The pick's alternatives are TokenProb already (named by the chain with this tokenizer).
     stages = None
     if pick.stages is not None:
         stages = tuple(
-            StageSnapshot(s.name, s.survivors, s.mass_kept, s.entropy, probs(s.top), removed=s.removed)
-            for s in pick.stages
+            StageSnapshot(s.name, s.survivors, s.mass_kept, s.entropy, s.top, removed=s.removed) for s in pick.stages
         )
     token_text = tok.token_text(pick.token_id)
     return TokenEvent(
@@ -324,8 +317,8 @@ def _event(
         sampler_logprob=pick.sampler_logprob,
         rank=pick.rank,
         entropy=pick.entropy,
-        top_model=probs(pick.top_model),
-        top_sampler=probs(pick.top_sampler),
+        top_model=pick.top_model,
+        top_sampler=pick.top_sampler,
         stages=stages,
         forced=pick.forced,
         special=special,

@@ -222,7 +222,7 @@ class _Scorer:
         self.ids = ids
         self.top_n = top_n
         # Greedy with the text's token forced: the model-side numbers, computed as for generated tokens.
-        self.chain = SamplerChain(SamplerSettings(temperature=0.0, seed=0))
+        self.chain = SamplerChain(SamplerSettings(temperature=0.0, seed=0), tokenizer)  # names the alternatives
         self.history = np.asarray(ids, dtype=np.int64)
 
     def __call__(self, pos: int, logits: np.ndarray) -> ScoredToken:
@@ -235,7 +235,7 @@ class _Scorer:
             logprob=pick.logprob,
             rank=pick.rank,
             entropy=pick.entropy,
-            top=tuple(TokenProb(int(i), tok.token_text(int(i)), float(lp)) for i, lp in pick.top_model),
+            top=pick.top_model,
         )
 
 

@@ -8,6 +8,7 @@ run per column). Each run is::
      "prompt_ids": [...], ...extra}
     {"type": "token", "index": 0, "token_id": 504, "text": " Paris", "token_text": " Paris",
      "logprob": -0.12, "rank": 0, "entropy": 1.3, "top_model": [[id, text, logprob], ...], ...}
+    (an alternative that is part of a multi-byte character has a fourth entry: its bytes as hex)
     ...
     {"type": "end", ...}   (generation stats, or the score summary)
 
@@ -48,11 +49,14 @@ def _lp_in(lp: float | None) -> float:
 
 
 def _probs_out(probs: Sequence[TokenProb]) -> list[list[Any]]:
-    return [[p.token_id, p.text, _lp_out(p.logprob)] for p in probs]
+    # A piece of a multi-byte character (text U+FFFD) keeps its bytes, as hex, in a fourth entry.
+    return [[p.token_id, p.text, _lp_out(p.logprob)] + ([p.token_bytes.hex()] if p.token_bytes else [])
+            for p in probs]
 
 
 def _probs_in(rows: Sequence[Sequence[Any]]) -> tuple[TokenProb, ...]:
-    return tuple(TokenProb(int(i), str(t), _lp_in(lp)) for i, t, lp in rows)
+    return tuple(TokenProb(int(r[0]), str(r[1]), _lp_in(r[2]), bytes.fromhex(r[3]) if len(r) > 3 else None)
+                 for r in rows)
 
 
 def model_dict(model: ModelInfo | dict[str, Any] | None) -> dict[str, Any]:

@@ -9,6 +9,9 @@ Default order (`DEFAULT_ORDER`, llama.cpp's, see `engine.sampling.settings`)::
     logit_bias -> penalties -> dry -> top_n_sigma -> smoothing -> top_k -> typical_p
     -> top_p -> min_p -> xtc -> temperature -> mirostat -> adaptive_p
 
+A custom stage (`SamplerSettings.with_stage`, engine.sampling.custom_stage) runs where its name stands in
+the order, on the whole row, and is recorded under its name like the others.
+
 Bias and penalties come first because they change what the model "said"
 and the filters should see that. The filters then cut on the model's own
 (penalized) distribution and temperature reshapes only the survivors, last
@@ -56,6 +59,8 @@ from typing import Any
 import numpy as np
 
 from engine.sampling.adaptive import AdaptiveP, Mirostat, Mirostat2
+from engine.sampling.alternatives import TokenNames
+from engine.sampling.custom_stage import run_custom_stage
 from engine.sampling.distribution import Dist
 from engine.sampling.dry import Vocabulary, breaker_sequences, make_dry
 from engine.sampling.grammar import GrammarStage
@@ -118,7 +123,8 @@ class SamplerChain:
         Args:
             settings: the sampler settings.
             vocab: the model's tokenizer; needed for DRY's sequence breakers
-                and for logit biases given as text.
+                and for logit biases given as text; names the reported alternatives
+                (`TokenProb.text`, "" without it).
             constraint: this run's `grammar` stage (engine.sampling.grammar); it runs
                 where the order puts "grammar", first when the order leaves it out.
 
@@ -130,6 +136,7 @@ class SamplerChain:
         self._rng = np.random.default_rng(self.seed)  # PCG64: same stream on every platform
         self._greedy = settings.greedy
         self._vocab = vocab
+        self._names = TokenNames(vocab)  # alternatives as TokenProb, named with the tokenizer
         self._stateful: list[Any] = []  # Mirostat / AdaptiveP objects, in stage order
         stages: list[tuple[str, Stage]] = []
         self._constraint = constraint
@@ -198,6 +205,9 @@ class SamplerChain:
             obj = AdaptiveP(s.adaptive_target, s.adaptive_decay)
             self._stateful.append(obj)
             return obj
+        custom = s.custom_stage(name)
+        if custom is not None:  # the user's own stage (engine.sampling.custom_stage): always runs
+            return run_custom_stage(custom)
         raise ValueError(f"unknown sampler stage {name!r}")  # settings validation prevents this
 
     @property
@@ -350,4 +360,4 @@ class SamplerChain:
             token = final.draw(u) if force_token is None else int(force_token)
         for obj in self._stateful:
             obj.accept(token)
-        return Choice(token, force_token is not None, scores, steps, final, best)
+        return Choice(token, force_token is not None, scores, steps, final, best, self._names)

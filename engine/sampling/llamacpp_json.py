@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from engine.sampling.custom_stage import custom_stage_words, refuse_custom_stages
 from engine.sampling.settings import DEFAULT_ORDER, SamplerSettings
 
 # llama.cpp's sampler names (`common_sampler_type_to_str`) <-> our stage names.
@@ -275,7 +276,7 @@ def llamacpp_fields(s: SamplerSettings) -> tuple[dict[str, Any], list[str]]:
     neutral value (llama.cpp runs what `samplers` names, but logit bias and mirostat are not samplers there).
     """
     run = set(s.order)
-    problems: list[str] = []
+    problems: list[str] = [custom_stage_words(s)] if s.custom_stages else []
     out: dict[str, Any] = {
         "temperature": s.temperature, "dynatemp_range": s.dynatemp_range, "dynatemp_exponent": s.dynatemp_exponent,
         "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "typical_p": s.typical_p, "top_n_sigma": s.top_n_sigma,
@@ -339,6 +340,7 @@ def llamacpp_json(s: SamplerSettings, max_new_tokens: int | None = None,
     The notes say what llama.cpp would do differently (`llamacpp_fields`); the fields llama.cpp does not
     know (smoothing, banned strings) are written anyway under their usual names, so the JSON reads back whole.
     """
+    refuse_custom_stages(s.custom_stages, "into llama.cpp JSON")  # code: said in words, never dropped
     out, notes = llamacpp_fields(s)
     out["seed"] = LLAMACPP_DEFAULT_SEED if s.seed is None else s.seed
     if s.smoothing_factor > 0 and "smoothing" in s.order:

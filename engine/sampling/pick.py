@@ -12,8 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.events import TokenProb
+from engine.sampling.alternatives import TokenNames
 from engine.sampling.distribution import Dist, TopList, mass_kept
 from engine.sampling.stages import NEG_INF
+
+Alternatives = tuple[TokenProb, ...]
 
 # The name under which a pick's banned tokens (banned strings) are recorded when recording stages.
 BANNED_STAGE = "banned_strings"
@@ -29,7 +33,7 @@ class StageStats:
         mass_kept: probability mass, under the distribution *entering* this
             stage, of the tokens that survive it (1.0 for reshaping stages).
         entropy: entropy (nats) of the distribution after this stage.
-        top: top-N (token_id, logprob) after this stage, most likely first.
+        top: top-N `TokenProb` after this stage, most likely first.
         removed: the tokens worth showing (the model's top N, the chosen one, and any an earlier
             stage listed) that this stage removed: a view can say "cut" (or "banned", for a
             logit bias of -inf) for them even where `top` is cut at N and says nothing.
@@ -39,7 +43,7 @@ class StageStats:
     survivors: int
     mass_kept: float
     entropy: float
-    top: TopList
+    top: Alternatives
     removed: tuple[int, ...] = ()
 
 
@@ -55,11 +59,14 @@ class Pick:
         rank: 0 = the model's most likely token; the number of tokens whose
             raw logit is strictly larger.
         entropy: entropy (nats) of the model distribution.
-        top_model: top-N (id, logprob) under the model, most likely first.
-        top_sampler: top-N (id, logprob) under the final sampler distribution,
+        top_model: top-N `TokenProb` under the model, most likely first.
+        top_sampler: top-N `TokenProb` under the final sampler distribution,
             survivors only (greedy: the argmax alone, at log-prob 0).
         stages: one entry per stage run, when recording was asked for.
         forced: the token was given (`force_token`), not drawn.
+
+    Alternatives are `TokenProb`, the type `TokenEvent` carries, named with the
+    chain's tokenizer (`text` is "" when the chain was built without one).
     """
 
     token_id: int
@@ -67,8 +74,8 @@ class Pick:
     sampler_logprob: float
     rank: int
     entropy: float
-    top_model: TopList
-    top_sampler: TopList
+    top_model: Alternatives
+    top_sampler: Alternatives
     stages: tuple[StageStats, ...] | None
     forced: bool
 
@@ -85,10 +92,11 @@ class Choice:
         forced: it was given (`force_token`), not drawn.
     """
 
-    __slots__ = ("_best", "_final", "_scores", "_steps", "forced", "token_id")
+    __slots__ = ("_best", "_final", "_names", "_scores", "_steps", "forced", "token_id")
 
     def __init__(
-        self, token: int, forced: bool, scores: np.ndarray, steps: list[Step] | None, final: Dist | None, best: int
+        self, token: int, forced: bool, scores: np.ndarray, steps: list[Step] | None, final: Dist | None, best: int,
+        names: TokenNames | None = None,
     ) -> None:
         self.token_id = token
         self.forced = forced
@@ -96,24 +104,41 @@ class Choice:
         self._steps = steps
         self._final = final  # the distribution drawn from (None when greedy)
         self._best = best  # the greedy argmax (-1 when sampling)
+        self._names = names if names is not None else TokenNames(None)
+
+    def final_distribution(self) -> np.ndarray:
+        """(V,) float32 log-probs of the distribution the token was drawn from; -inf for removed tokens.
+
+        Every stage has run, in the chain's order (custom stages included). Greedy: log-prob 0 at the argmax
+        the chain took, -inf elsewhere. A full-vocabulary array: for research code, not the per-token path.
+        """
+        v = self._scores.size
+        if self._final is None:
+            out = np.full(v, NEG_INF, dtype=np.float32)
+            out[self._best] = 0.0
+            return out
+        dist = self._final
+        lp = (dist.vals - np.float32(dist.lse)).astype(np.float32)
+        return lp if dist.ids is None else expand(dist.ids, lp, v)
 
     def report(self, top_n: int = 20) -> Pick:
         """The token's statistics: the model's view, the sampler's, and each recorded stage (see `Pick`)."""
-        scores, token = self._scores, self.token_id
+        scores, token, names = self._scores, self.token_id, self._names
         model = Dist(scores)
+        model_top = model.top(top_n)
         recorded: list[StageStats] | None = None
         if self._steps is not None:
             recorded = []
             dist = model  # the distribution entering the next stage
-            watched = dict.fromkeys([t for t, _ in model.top(top_n)] + [token])  # the rows a view shows
+            watched = dict.fromkeys([t for t, _ in model_top] + [token])  # the rows a view shows
             for name, ids, vals in self._steps:
                 if vals is None:  # the stage changed nothing
-                    recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, dist.top(top_n)))
+                    recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, names(dist.top(top_n))))
                     continue
                 after = Dist(vals, ids)
                 top = after.top(top_n)
                 removed = tuple(t for t in watched if dist.score(t) != -math.inf and after.score(t) == -math.inf)
-                recorded.append(StageStats(name, after.count, mass_kept(dist, after), after.entropy, top, removed))
+                recorded.append(StageStats(name, after.count, mass_kept(dist, after), after.entropy, names(top), removed))
                 watched.update(dict.fromkeys(t for t, _ in top))
                 dist = after
         if self._final is None:  # greedy
@@ -129,8 +154,8 @@ class Choice:
             sampler_logprob=sampler_logprob,
             rank=int(np.count_nonzero(scores > scores[token])),
             entropy=model.entropy,
-            top_model=model.top(top_n),
-            top_sampler=top_sampler,
+            top_model=names(model_top),
+            top_sampler=names(top_sampler),
             stages=tuple(recorded) if recorded is not None else None,
             forced=self.forced,
         )

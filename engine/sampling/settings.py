@@ -13,6 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from engine.sampling.custom_stage import (
+    CustomStage,
+    CustomStageError,
+    StageHook,
+    custom_stage_problems,
+    refuse_custom_stages,
+)
+
 # Every stage the chain knows, in the default order: llama.cpp's
 # (`common_params_sampling.samplers`: penalties; dry; top_n_sigma; top_k;
 # typ_p; top_p; min_p; xtc; temperature), with logit bias first (llama.cpp
@@ -107,12 +115,15 @@ class SamplerSettings:
     banned_strings: tuple[str, ...] = ()
     seed: int | None = None
     order: tuple[str, ...] = field(default=DEFAULT_ORDER)
+    # Stages of your own (engine.sampling.custom_stage), each run where its name stands in `order`. Python
+    # code: `to_dict` (files, presets, the database) and llama.cpp JSON refuse them in words.
+    custom_stages: tuple[CustomStage, ...] = ()
 
     def __post_init__(self) -> None:
         # Lists from JSON / argparse become tuples so the value stays hashable.
         if isinstance(self.order, list):  # a string stays one: `validate` says it must be a list of names
             object.__setattr__(self, "order", tuple(self.order))
-        for name in ("dry_sequence_breakers", "banned_strings"):
+        for name in ("dry_sequence_breakers", "banned_strings", "custom_stages"):
             value = getattr(self, name)
             if isinstance(value, (list, tuple)):
                 object.__setattr__(self, name, tuple(value))
@@ -130,8 +141,41 @@ class SamplerSettings:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 
+    def with_stage(
+        self, name: str, fn: StageHook, *, after: str | None = None, before: str | None = None
+    ) -> "SamplerSettings":
+        """A copy with a custom stage `fn(logprobs, history) -> logprobs` run under `name`.
+
+        It goes right after the stage `after`, or right before `before`, in the order (neither: last).
+        A stage that is off where it stands (top_k 0) keeps its place, so `after="top_k"` is still a place.
+        """
+        if after is not None and before is not None:
+            raise ValueError("give after= or before=, not both")
+        anchor = after if after is not None else before
+        order = list(self.order)
+        if anchor is None:
+            at = len(order)
+        elif anchor in order:
+            at = order.index(anchor) + (1 if after is not None else 0)
+        else:
+            raise ValueError(f"cannot put the custom stage {name!r} {'after' if after is not None else 'before'} "
+                             f"{anchor!r}: it is not in the order {order}")
+        order.insert(at, name)
+        return replace(self, order=tuple(order), custom_stages=(*self.custom_stages, CustomStage(name, fn)))
+
+    def without_custom_stages(self) -> "SamplerSettings":
+        """A copy without the custom stages (and their names out of the order): what can be saved or exported."""
+        custom = {c.name for c in self.custom_stages}
+        return replace(self, order=tuple(n for n in self.order if n not in custom), custom_stages=())
+
+    def custom_stage(self, name: str) -> CustomStage | None:
+        """The custom stage called `name`, or None."""
+        return next((c for c in self.custom_stages if c.name == name), None)
+
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field as JSON-ready values. CustomStageError when the settings hold a custom stage (code)."""
+        refuse_custom_stages(self.custom_stages, "into saved settings (a file, a preset, a trace, the database)")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "custom_stages"}
         d["order"] = list(self.order)
         d["dry_sequence_breakers"] = list(self.dry_sequence_breakers)
         d["banned_strings"] = list(self.banned_strings)
@@ -142,7 +186,10 @@ class SamplerSettings:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SamplerSettings":
-        known = {f.name for f in fields(cls)}
+        if "custom_stages" in d:
+            raise CustomStageError("custom_stages cannot come from saved settings: a custom stage is Python code; "
+                                   "add it in Python with settings.with_stage(name, fn, after=...)")
+        known = {f.name for f in fields(cls)} - {"custom_stages"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown sampler settings: {', '.join(sorted(unknown))}")
@@ -293,9 +340,12 @@ def validate(s: SamplerSettings) -> list[str]:
     if not isinstance(s.order, tuple) or not all(isinstance(n, str) for n in s.order):
         e.append(f'order must be a list of stage names, e.g. ["top_k", "temperature"], got {s.order!r}')
         return e
-    unknown = [n for n in s.order if n not in STAGE_NAMES]
+    e += custom_stage_problems(s.custom_stages, STAGE_NAMES, s.order)
+    custom = {c.name for c in s.custom_stages if isinstance(c, CustomStage)} if isinstance(s.custom_stages, tuple) else set()
+    unknown = [n for n in s.order if n not in STAGE_NAMES and n not in custom]
     if unknown:
-        e.append(f"unknown sampler stages {unknown}; known: {', '.join(STAGE_NAMES)}")
+        e.append(f"unknown sampler stages {unknown}; known: {', '.join(STAGE_NAMES)}"
+                 + (f", and the custom {', '.join(sorted(custom))}" if custom else ""))
     if len(set(s.order)) != len(s.order):
         e.append(f"sampler stage order names a stage twice: {list(s.order)}")
     return e

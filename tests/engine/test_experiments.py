@@ -213,7 +213,7 @@ def test_same_seed_same_survivors_same_token(real_rows, a, b, seed, temperature,
     for step, row in enumerate(rows):
         pa = ca.pick(row, ids[: step + 1], top_n=1000, record_stages=True)
         pb = cb.pick(row, ids[: step + 1], top_n=1000, record_stages=True)
-        sa, sb = {i for i, _ in pa.top_sampler}, {i for i, _ in pb.top_sampler}
+        sa, sb = {p.token_id for p in pa.top_sampler}, {p.token_id for p in pb.top_sampler}
         assert len(sa) == pa.stages[-1].survivors  # top_n covered every survivor (top_k <= 400)
         if sa == sb:
             assert pa.token_id == pb.token_id, f"step {step}: same survivors, different tokens"

@@ -18,6 +18,7 @@ from transformers.generation.logits_process import (
 )
 
 from engine.sampling import DEFAULT_ORDER, STAGE_NAMES, Pick, SamplerChain, SamplerSettings, StageStats
+from engine.events import TokenProb
 
 EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -32,7 +33,7 @@ def logits(v: int = 500, seed: int = 0, scale: float = 3.0) -> np.ndarray:
 def survivors_distribution(chain: SamplerChain, x: np.ndarray, history=EMPTY) -> dict[int, float]:
     """The final sampler distribution, read back through top_sampler with top_n = V."""
     pick = chain.pick(x, history, top_n=x.size)
-    return {i: lp for i, lp in pick.top_sampler}
+    return {p.token_id: p.logprob for p in pick.top_sampler}
 
 
 # ------------------------------------------------------------------ settings
@@ -127,7 +128,7 @@ def test_greedy_takes_the_argmax_of_the_chain_output():
     pick = SamplerChain(SamplerSettings(temperature=0, top_p=0.5)).pick(x, EMPTY, top_n=5)
     assert pick.token_id == int(np.argmax(x))
     assert pick.rank == 0 and pick.sampler_logprob == 0.0
-    assert pick.top_sampler == ((pick.token_id, 0.0),)
+    assert [(p.token_id, p.logprob) for p in pick.top_sampler] == [(pick.token_id, 0.0)]
     # Penalties can move the argmax: greedy follows the chain, not the raw logits.
     best = int(np.argmax(x))
     pen = SamplerChain(SamplerSettings(temperature=0, presence_penalty=2.0, frequency_penalty=2.0))
@@ -197,8 +198,8 @@ def test_pick_reports_the_model_view():
     p = np.exp(x64 - lse)
     assert pick.entropy == pytest.approx(-(p * np.log(p)).sum(), rel=1e-5)
     top = np.argsort(-x64, kind="stable")[:5]
-    assert [i for i, _ in pick.top_model] == top.tolist()
-    np.testing.assert_allclose([lp for _, lp in pick.top_model], x64[top] - lse, atol=1e-5)
+    assert [p.token_id for p in pick.top_model] == top.tolist()
+    np.testing.assert_allclose([p.logprob for p in pick.top_model], x64[top] - lse, atol=1e-5)
 
 
 def test_top_n_zero_gives_empty_tops_and_small_python_values():
@@ -213,7 +214,7 @@ def test_top_n_zero_gives_empty_tops_and_small_python_values():
         assert type(value) is float
     for pairs in [pick.top_model, pick.top_sampler] + [s.top for s in pick.stages]:
         assert len(pairs) == 3
-        assert all(type(i) is int and type(lp) is float for i, lp in pairs)
+        assert all(isinstance(p, TokenProb) and type(p.token_id) is int and type(p.logprob) is float for p in pairs)
     for s in pick.stages:
         assert isinstance(s, StageStats) and type(s.survivors) is int and type(s.mass_kept) is float
 
@@ -281,8 +282,8 @@ def test_masked_tokens_in_the_raw_logits_are_handled():
     x[::2] = -np.inf  # e.g. a padded vocabulary
     pick = SamplerChain(SamplerSettings(temperature=1.0, seed=0)).pick(x, EMPTY, top_n=100, record_stages=True)
     assert pick.token_id % 2 == 1
-    assert len(pick.top_model) == 50 and all(i % 2 == 1 for i, _ in pick.top_model)
-    assert math.fsum(math.exp(lp) for _, lp in pick.top_model) == pytest.approx(1.0, abs=1e-6)
+    assert len(pick.top_model) == 50 and all(p.token_id % 2 == 1 for p in pick.top_model)
+    assert math.fsum(p.prob for p in pick.top_model) == pytest.approx(1.0, abs=1e-6)
 
 
 # ------------------------------------------- the whole chain vs transformers

@@ -280,8 +280,8 @@ def survivors(chain_: SamplerChain, x: np.ndarray, history=()) -> np.ndarray:
     """The chain's final distribution as a score row (-inf = removed), read back through top_sampler."""
     pick = chain_.pick(x, np.asarray(history, dtype=np.int64), top_n=x.size)
     out = np.full(x.size, -np.inf, dtype=np.float32)
-    for i, lp in pick.top_sampler:
-        out[i] = lp
+    for p in pick.top_sampler:
+        out[p.token_id] = p.logprob
     return out
 
 

@@ -102,4 +102,4 @@ def test_banned_tokens_are_removed_before_every_stage_and_recorded():
     assert pick.stages[0].name == BANNED_STAGE and pick.stages[0].survivors == x.size - 1
     top_prob = math.exp(float(x[top]) - float(np.logaddexp.reduce(x.astype(np.float64))))
     assert math.isclose(pick.stages[0].mass_kept, 1 - top_prob, rel_tol=1e-5)
-    assert top not in [i for i, _ in pick.stages[1].top]
+    assert top not in [p.token_id for p in pick.stages[1].top]

@@ -51,7 +51,7 @@ def _picks_cleanly(settings: SamplerSettings) -> None:
                 pick = chain.pick(_logits(step), history, top_n=5, record_stages=True)
                 assert 0 <= pick.token_id < 512
                 assert math.isfinite(pick.logprob) and math.isfinite(pick.entropy)
-                assert all(math.isfinite(lp) or lp == -math.inf for _, lp in pick.top_sampler)
+                assert all(math.isfinite(p.logprob) or p.logprob == -math.inf for p in pick.top_sampler)
                 assert pick.sampler_logprob <= 0 and not math.isnan(pick.sampler_logprob)
                 for stage in pick.stages or ():
                     assert math.isfinite(stage.entropy) and 0 <= stage.mass_kept <= 1 + 1e-6

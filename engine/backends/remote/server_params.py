@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from engine.backends.remote.errors import UnsupportedByServerError
+from engine.sampling.custom_stage import custom_stage_words
 from engine.sampling.llamacpp_json import llamacpp_fields, stage_active
 from engine.sampling.settings import DEFAULT_ORDER, SamplerSettings
 
@@ -90,7 +91,7 @@ def _extension_fields(settings: SamplerSettings, kind: str) -> tuple[dict, list[
     """The fields of an OpenAI-style server that has some extensions (`PARAMETER_NAMES[kind]`)."""
     names = PARAMETER_NAMES.get(kind, _OPENAI)
     out: dict = {}
-    refused: list[str] = []
+    refused: list[str] = [custom_stage_words(settings)] if settings.custom_stages else []
     for field, neutral in NEUTRAL.items():
         value = getattr(settings, field)
         if field in names:

@@ -1,0 +1,46 @@
+"""A chain's alternatives as `TokenProb`: the one type every reader of a token's alternatives gets.
+
+The distributions inside the chain list their top N as (token id, log-prob) pairs (`Dist.top`, cached and
+compared cheaply); `Pick`, `StageStats` and `TokenEvent` hold `TokenProb`, named here once per report with
+the chain's tokenizer. A token's text and partial bytes are looked up once per chain and kept: a run shows
+the same few hundred ids again and again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.events import TokenProb
+from engine.sampling.distribution import TopList
+from engine.tokenizer import partial_token_bytes
+
+
+class TokenNames:
+    """Turns (token id, log-prob) pairs into `TokenProb`, with the text of `vocab` (its `token_text`).
+
+    Without a tokenizer (or one without `token_text`), every text is "": the ids and numbers are still exact.
+    """
+
+    __slots__ = ("_known", "_text", "_vocab")
+
+    def __init__(self, vocab: Any | None) -> None:
+        self._vocab = vocab
+        self._text = getattr(vocab, "token_text", None)
+        self._known: dict[int, tuple[str, bytes | None]] = {}  # id -> (text, partial bytes or None)
+
+    def _name(self, token_id: int) -> tuple[str, bytes | None]:
+        if self._text is None:
+            named: tuple[str, bytes | None] = ("", None)
+        else:
+            text = self._text(token_id)
+            named = (text, partial_token_bytes(self._vocab, token_id, text))
+        self._known[token_id] = named
+        return named
+
+    def __call__(self, pairs: TopList) -> tuple[TokenProb, ...]:
+        known = self._known
+        out = []
+        for token_id, logprob in pairs:
+            named = known.get(token_id) or self._name(token_id)
+            out.append(TokenProb(token_id, named[0], logprob, named[1]))
+        return tuple(out)
