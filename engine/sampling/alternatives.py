@@ -21,11 +21,12 @@ class TokenNames:
     Without a tokenizer (or one without `token_text`), every text is "": the ids and numbers are still exact.
     """
 
-    __slots__ = ("_known", "_text", "_vocab")
+    __slots__ = ("_bytes", "_known", "_text", "_vocab")
 
     def __init__(self, vocab: Any | None) -> None:
         self._vocab = vocab
         self._text = getattr(vocab, "token_text", None)
+        self._bytes = hasattr(vocab, "token_bytes")  # partial bytes need them; without, `text` is all there is
         self._known: dict[int, tuple[str, bytes | None]] = {}  # id -> (text, partial bytes or None)
 
     def _name(self, token_id: int) -> tuple[str, bytes | None]:
@@ -33,7 +34,7 @@ class TokenNames:
             named: tuple[str, bytes | None] = ("", None)
         else:
             text = self._text(token_id)
-            named = (text, partial_token_bytes(self._vocab, token_id, text))
+            named = (text, partial_token_bytes(self._vocab, token_id, text) if self._bytes else None)
         self._known[token_id] = named
         return named
 
