@@ -259,3 +259,18 @@ def test_versions_and_the_system_prompt_changed_while_locked_are_written_after(q
     question = conv.path()[-2]
     assert _count(db_path, "SELECT count(*) FROM messages WHERE id = ? AND active_child_id = ?", question.id, first.id) == 1
     assert _count(db_path, "SELECT count(*) FROM conversations WHERE system_prompt = 'kept while locked'") == 1
+
+
+def test_closing_runs_the_actions_that_still_wait_for_the_lock(db_path):
+    from app.state.library import Library
+    from app.state.store import Store
+
+    store = Store(db_path)
+    library = Library(store)
+    conv = library.new()
+    holder = hold_write_lock(db_path, 1.0)
+    assert not write_queue(store).run("renaming the chat", lambda: library.rename(conv.id, "renamed at close"))
+    assert store.conversation(conv.id).title != "renamed at close"  # waiting, not written
+    store.close()  # waits for the lock then (nothing may be lost), and runs what waited
+    holder.wait(10)
+    assert _count(db_path, "SELECT count(*) FROM conversations WHERE title = 'renamed at close'") == 1
