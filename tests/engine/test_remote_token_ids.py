@@ -120,3 +120,16 @@ def test_a_step_mode_pick_outside_the_vocabulary_is_refused(stated):
     with pytest.raises(TokenIdError, match="300"):
         backend.forward([300])  # the id a step-mode pick (or a hostile file) brings
     backend.forward([99])  # the run goes on with a real one
+
+
+@pytest.mark.slow
+def test_the_research_api_refuses_ids_past_any_vocabulary_on_a_server_that_states_none(unstated):
+    from engine.research import LanguageModel
+
+    server, backend = unstated
+    lm = LanguageModel(backend)
+    before = _completions(server)
+    with pytest.raises(TokenIdError, match="beyond any vocabulary"):
+        lm.next_token_logprobs_sync([97, 2**40])
+    assert _completions(server) == before
+    assert lm.next_token_logprobs_sync([97, 98]).shape[0] > 0  # real ids still work

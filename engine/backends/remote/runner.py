@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.remote.tokenizer import check_server_token_ids
+
 log = logging.getLogger(__name__)
 
 # Servers do not report their vocabulary size; rows must have one width for the whole run (the token trie
@@ -57,6 +59,7 @@ class RemoteRunner:
 
     def _prompt(self, ids: Sequence[int]) -> str | list[int]:
         b = self.backend
+        check_server_token_ids(ids, b.caps.n_vocab, "prompt token id")  # sent as they are, or decoded
         if b.caps.token_prompts:
             return list(ids)
         text = b.tokenizer.text_for(ids)
