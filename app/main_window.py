@@ -344,7 +344,13 @@ class MainWindow(QMainWindow):
 
     def on_generate_notebook(self, text: str) -> asyncio.Task | None:
         conv = self.library.current
-        return self._spawn(continue_notebook(self.controller, conv, text)) if is_notebook(conv) else None
+        return self._spawn(self._generate_notebook(conv, text)) if is_notebook(conv) else None
+
+    async def _generate_notebook(self, conv, text: str):
+        # Its text is written first: while another connection holds the write lock (or an earlier edit waits for
+        # it) this waits on the event loop, the status bar says so (app/state/write_queue.py).
+        await write_queue(self.store).settled()
+        return await continue_notebook(self.controller, conv, text)
 
     def _send_or_generate(self) -> None:
         if is_notebook(self.library.current):

@@ -106,6 +106,14 @@ class WriteQueue:
         log.info("%s: done now that the database is free", item.what)
         return True
 
+    async def settled(self) -> None:
+        """Wait on the event loop until nothing waits here and a write can start (an action that must come
+        after what the person did before it, e.g. a notebook's Generate after its text was saved)."""
+        while self.waiting or not self.store.can_write_now():
+            if self.store.closed:
+                return
+            await asyncio.sleep(POLL_S)
+
     def run_waiting_now(self) -> None:
         """Closing: run what still waits (the store waits long for the lock then); failures are logged."""
         if self._task is not None:

@@ -213,8 +213,15 @@ class NotebookView(QWidget):
             return
         if not self.draft and not self._conv.messages:
             return
-        apply_text(self._conv, self.draft)
-        self._synced = notebook_text(self._conv)
+        conv, draft = self._conv, self.draft
+
+        def apply() -> None:
+            apply_text(conv, draft)
+            if conv is self._conv:
+                self._synced = notebook_text(conv)
+
+        # Another connection holding the write lock: applied once it is free, in order (app/state/write_queue.py).
+        write_queue(self._library.store).run("saving the notebook's text", apply)
 
     def request_generate(self) -> None:
         if self._conv is not None and not self._controller.busy:

@@ -274,3 +274,24 @@ def test_closing_runs_the_actions_that_still_wait_for_the_lock(db_path):
     store.close()  # waits for the lock then (nothing may be lost), and runs what waited
     holder.wait(10)
     assert _count(db_path, "SELECT count(*) FROM conversations WHERE title = 'renamed at close'") == 1
+
+
+@pytest.mark.slow
+def test_a_notebook_typed_and_generated_while_locked_is_saved_once_and_continued(qtbot, window, db_path):
+    window.new_notebook()
+    conv = window.library.current
+    holder = hold_write_lock(db_path, 1.5)
+    window.notebook.editor.setPlainText("Once upon a time")
+    window.notebook.commit_draft()  # the editor lost focus: its text is applied (waits for the lock)
+    window.notebook.editor.setPlainText("Once upon a time there")
+    task = window.on_generate_notebook(window.notebook.draft)
+    qtbot.waitUntil(lambda: busy_shown(window), timeout=5000)
+    assert not conv.messages and not task.done()  # nothing written while the lock is held
+    part = run_task(qtbot, task, timeout_ms=30000)
+    qtbot.waitUntil(lambda: holder.poll() is not None, timeout=10000)
+    window.controller.retry_saving()
+    path = conv.path()
+    assert path[0].content == "Once upon a time there" and part is path[-1] and part.is_assistant
+    assert len(conv.siblings(path[0])) == 1  # the earlier draft was no version of its own: applied, then grown
+    assert window.banner.kind != "saving"
+    assert _count(db_path, "SELECT count(*) FROM messages WHERE conversation_id = ?", conv.id) == len(conv.messages)
