@@ -109,7 +109,7 @@ def exit_without_busy_threads(code: int) -> int:
     interrupted) would hold the interpreter's exit, or be torn down inside native code: nothing of
     ours is left to lose, so the process ends without it.
     """
-    from engine.worker import busy_workers, close_all
+    from engine import busy_workers, close_all
 
     if close_all(RELEASE_WAIT_S):
         return code

@@ -101,7 +101,7 @@ class _StopWorkOnClose(QObject):
 
 def stop_engine_work(host: EngineHost) -> None:
     """Cancel everything `host` has under way or queued, without waiting for any of it (quitting)."""
-    from engine import template_process
+    from engine import end_template_renders
 
     engine = host.engine
     if host.cancel_load():
@@ -109,7 +109,7 @@ def stop_engine_work(host: EngineHost) -> None:
     if engine is not None:
         engine.close(timeout=0, cancel=True)  # its thread ends after its current step, releasing the model
     host.close(wait=False)  # drops the jobs waiting for a thread (a count, a render)
-    template_process.shutdown()  # renders asked for until now end at once; a later one starts a new renderer
+    end_template_renders()  # renders asked for until now end at once; a later one starts a new renderer
 
 
 def remove_quit_handlers(window: MainWindow) -> None:

@@ -12,6 +12,8 @@ Usable without the app::
 from engine.backends.select import BACKENDS
 from engine.chat import ChatSession
 from engine.engine import Engine
+from engine.template_process import shutdown as end_template_renders  # renders under way end; the next starts anew
+from engine.worker import busy_workers, close_all  # every model thread of the process: what is busy; close them at exit
 from engine.errors import (
     ContextLengthError,
     EngineError,
@@ -48,6 +50,9 @@ from engine.sampling import CustomStage, CustomStageError, final_distribution  #
 from engine.sampling.llamacpp_json import ImportedSettings, llamacpp_json, parse_llamacpp_json
 
 __all__ = [
+    "busy_workers",
+    "close_all",
+    "end_template_renders",
     "CONSTRAINT_KINDS",
     "Constraint",
     "ConstraintError",
