@@ -29,24 +29,24 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine import TokenEvent
 
-from app.state.message_fields import is_int, is_number, readable_fields
 from app.state.observable import Signal
 from app.state.records import token_from_row, token_row
 from app.state.row_reader import ROW_ERRORS, count_rows, read_past_damage
+from app.state.stored_rows import (  # noqa: F401  (read from here by recovery and the window)
+    MODES, ConversationRow, MessageRow, conversation_from_row, message_from_row,
+)
+from app.state.write_lock import (  # noqa: F401  (read from here by the controllers)
+    BUSY_TEXT, BUSY_TIMEOUT_S, OPEN_TIMEOUT_S, DatabaseBusy, busy_as_database_busy, is_busy,
+)
 
 log = logging.getLogger(__name__)
 
-BUSY_TIMEOUT_S = 0.1  # the longest one write blocks the UI thread when another connection holds the lock
-OPEN_TIMEOUT_S = 10.0  # opening and closing: no window to keep responsive, and nothing may be lost
-BUSY_TEXT = "database is busy (another Logit Lab?) - waiting"
 SCHEMA_VERSION = 2  # 2: conversations.mode ("chat" | "notebook")
-MODES = ("chat", "notebook")
 MEMORY = ":memory:"
 REPAIR_MARKER_SUFFIX = ".needs-repair"  # next to the database: damage was met; recover at the next start
 SCHEMA = """
@@ -113,98 +113,12 @@ def without_url_credentials(value: Any) -> Any:
         return [without_url_credentials(v) for v in value]
     return value
 
-@dataclass(frozen=True)
-class ConversationRow:
-    id: int
-    title: str
-    system_prompt: str
-    created: float
-    updated: float
-    active_root_id: int | None
-    mode: str = "chat"  # "chat" | "notebook" (app/notebook.py); databases before version 2 hold chats only
-
-
-@dataclass(frozen=True)
-class MessageRow:
-    id: int
-    conversation_id: int
-    parent_id: int | None
-    role: str
-    content: str
-    created: float
-    active_child_id: int | None
-    finish_reason: str | None
-    branch_index: int | None
-    request: dict[str, Any] | None
-    model: dict[str, Any] | None
-    stats: dict[str, Any] | None
-    # Fields that were stored with a wrong type (an older version's import wrote a list as `model`, text as
-    # `stats`...): read as None, and this says which and why, so the window can say it rather than fail.
-    unreadable: str | None = None
-
-
 _MESSAGE_COLUMNS = (
     "id, conversation_id, parent_id, role, content, created, active_child_id, finish_reason, "
     "branch_index, request_json, model_json, stats_json"
 )
 _CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, active_root_id, mode"
 _TOKEN_COLUMNS = "idx, token_id, text, token_text, logprob, sampler_logprob, rank, entropy, forced, special, top_json"
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def message_from_row(r: tuple[Any, ...]) -> MessageRow:
-    """A `messages` row as typed values. A field of the wrong type (app/state/message_fields.py) reads as None,
-    with `unreadable` saying why: the message still shows, and nothing downstream meets a list for a mapping."""
-    if r[3] not in ("user", "assistant"):
-        raise ValueError(f"unknown role {r[3]!r}")
-    if not is_int(r[0]) or not is_int(r[1]) or (r[2] is not None and not is_int(r[2])):
-        raise ValueError(f"message {r[0]!r} has no usable id")
-    raw: dict[str, Any] = {"finish_reason": r[7], "branch_index": r[8]}
-    notes: list[str] = []
-    for name, text in (("request", r[9]), ("model", r[10]), ("stats", r[11])):
-        try:
-            raw[name] = _loads(text)
-        except (ValueError, RecursionError) as e:  # not JSON, or JSON nested past what the parser takes
-            raw[name] = None
-            notes.append(f"{name} is not readable JSON ({type(e).__name__})")
-    fields, problem = readable_fields(raw)
-    if problem:
-        notes.append(problem)
-    content = r[4] if isinstance(r[4], str) else ("" if r[4] is None else str(r[4]))
-    created = float(r[5]) if is_number(r[5]) else 0.0
-    active = r[6] if is_int(r[6]) else None
-    unreadable = "; ".join(notes) or None
-    if unreadable:
-        log.warning("message %s: %s (left out)", r[0], unreadable)
-    return MessageRow(r[0], r[1], r[2], r[3], content, created, active, fields["finish_reason"],
-                      fields["branch_index"], fields["request"], fields["model"], fields["stats"], unreadable)
-
-
-def conversation_from_row(r: tuple[Any, ...]) -> ConversationRow:
-    if not isinstance(r[1], str):
-        raise TypeError("conversation without a title")
-    if len(r) > 6 and r[6] not in MODES:
-        raise ValueError(f"unknown conversation mode {r[6]!r}")
-    return ConversationRow(*r)
-
-
-class DatabaseBusy(sqlite3.OperationalError):
-    """Another connection holds the database's write lock: nothing was written; try again in a moment."""
-
-
-def is_busy(error: BaseException) -> bool:
-    """A write failed because another connection holds the lock (SQLITE_BUSY / SQLITE_LOCKED)."""
-    if isinstance(error, DatabaseBusy):
-        return True
-    if not isinstance(error, sqlite3.OperationalError):
-        return False
-    code = getattr(error, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    return "database is locked" in str(error) or "database table is locked" in str(error)
 
 
 class NewerSchemaError(sqlite3.DatabaseError):
@@ -274,23 +188,13 @@ class Store:
     def _begin(self) -> None:
         # IMMEDIATE: take the write lock now, so a lock held elsewhere shows here (one bounded wait), never
         # halfway through a transaction.
-        try:
+        with busy_as_database_busy(lambda: self._set_busy(True)):
             self._conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as e:
-            if is_busy(e):
-                self._set_busy(True)
-                raise DatabaseBusy(BUSY_TEXT) from e
-            raise
 
     def _write(self, sql: str, params: Any = (), many: bool = False) -> sqlite3.Cursor:
         """Run one writing statement; a lock held elsewhere raises DatabaseBusy (nothing written)."""
-        try:
+        with busy_as_database_busy(lambda: self._set_busy(True)):
             cur = self._conn.executemany(sql, params) if many else self._conn.execute(sql, params)
-        except sqlite3.OperationalError as e:
-            if is_busy(e):
-                self._set_busy(True)
-                raise DatabaseBusy(BUSY_TEXT) from e
-            raise
         if self._depth == 0:
             self._set_busy(False)
         return cur
