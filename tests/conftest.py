@@ -53,6 +53,25 @@ def fresh_default_torch(default_torch):
 
 
 @pytest.fixture(scope="session")
+def default_llamacpp():
+    """The default model (Q4_1 GGUF) on llama.cpp, shared by the session; tests start with `trim_cache(0)`."""
+    pytest.importorskip("llama_cpp")
+    from engine.backends.llamacpp import LlamaCppBackend
+    from engine.sources import resolve_spec
+
+    source = resolve_spec(None)
+    backend = LlamaCppBackend(source.path, spec="default", display_name=source.name)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def fresh_default_llamacpp(default_llamacpp):
+    default_llamacpp.trim_cache(0)
+    return default_llamacpp
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_folder(tmp_path_factory, default_model_folder) -> Path:
     """A 2-layer random-weight Llama with the default model's tokenizer, saved as a HF folder."""
     import torch

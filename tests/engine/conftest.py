@@ -26,25 +26,6 @@ def llama_class_loads_like_our_backend():
     native.use_safe_defaults_for_llama_class()
 
 
-@pytest.fixture(scope="session")
-def default_llamacpp():
-    """The default model (Q4_1 GGUF) on llama.cpp, shared by the session; tests start with `trim_cache(0)`."""
-    pytest.importorskip("llama_cpp")
-    from engine.backends.llamacpp import LlamaCppBackend
-    from engine.sources import resolve_spec
-
-    source = resolve_spec(None)
-    backend = LlamaCppBackend(source.path, spec="default", display_name=source.name)
-    yield backend
-    backend.close()
-
-
-@pytest.fixture
-def fresh_default_llamacpp(default_llamacpp):
-    default_llamacpp.trim_cache(0)
-    return default_llamacpp
-
-
 @pytest.fixture
 def serve():
     """Start scripted servers on 127.0.0.1 (tests/remote_server.py FakeServer) for a test; closed after it."""

@@ -131,23 +131,7 @@ def test_json_depth_reads_any_depth_and_skips_strings():
 # --- grammars that cannot go on: said as what happened (the real model) -----------------------------
 
 
-@pytest.fixture(scope="module")
-def default_llamacpp():
-    """The default model on llama.cpp (as tests/engine/conftest.py makes it), for this module."""
-    pytest.importorskip("llama_cpp")
-    from engine.backends.llamacpp import LlamaCppBackend
-    from engine.sources import resolve_spec
-
-    source = resolve_spec(None)
-    backend = LlamaCppBackend(source.path, spec="default", display_name=source.name)
-    yield backend
-    backend.close()
-
-
-@pytest.fixture
-def fresh_default_llamacpp(default_llamacpp):
-    default_llamacpp.trim_cache(0)
-    return default_llamacpp
+# default_llamacpp / fresh_default_llamacpp: the session's, from tests/conftest.py.
 
 
 def _answer(backend, constraint: Constraint, max_new_tokens: int = 20, fast_forward: bool = True):
