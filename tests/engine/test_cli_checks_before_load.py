@@ -10,37 +10,17 @@ import json
 
 import pytest
 
-from engine import cli
 from engine.cli.input import check_args
 from engine.cli.main import build_parser
 from engine.runtime_settings import RuntimeSettings
+from cli_checks import one_error_line, refuse_model_load, run_cli as run
 
 
 @pytest.fixture(autouse=True)
 def no_model_load(monkeypatch):
     monkeypatch.setattr("engine.cli.input.planned_backend", lambda args: "llamacpp")
 
-    def refuse(*_a, **_k):
-        raise AssertionError("a model was loaded before the command line was checked")
-
-    monkeypatch.setattr("engine.engine.load_model", refuse)
-    monkeypatch.setattr("engine.open_model.load_model", refuse)
-
-
-def run(argv: list[str]) -> int:
-    try:
-        return cli.main(argv)
-    except SystemExit as e:
-        return int(e.code)
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ")
-    return lines[0]
+    refuse_model_load(monkeypatch)
 
 
 def deep_json(depth: int) -> str:

@@ -16,6 +16,7 @@ from engine.cli.input import check_args
 from engine.cli.main import build_parser, format_token_line, sampler_from_args
 from engine.events import Done, GenerationStats, TokenEvent, TokenProb
 from engine.sampling.settings import DEFAULT_SAMPLER, SamplerSettings
+from cli_checks import one_error_line, refuse_model_load, run_cli as run
 
 
 @pytest.fixture(autouse=True)
@@ -23,33 +24,13 @@ def no_model_needed(monkeypatch):
     """The model spec is not looked up (the default model need not be installed) and no model loads."""
     monkeypatch.setattr("engine.cli.input.planned_backend", lambda args: "llamacpp")
 
-    def refuse(*_a, **_k):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr("engine.engine.load_model", refuse)
-    monkeypatch.setattr("engine.open_model.load_model", refuse)
+    refuse_model_load(monkeypatch, "a model was loaded")
 
 
 def parsed(*argv: str):
     args = build_parser().parse_args(["generate", *argv])
     check_args(args)
     return args
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ")
-    return lines[0]
-
-
-def run(argv: list[str]) -> int:
-    try:
-        return cli.main(argv)
-    except SystemExit as e:  # argparse's own refusals
-        return int(e.code)
 
 
 def test_llamacpp_short_flags_and_names():

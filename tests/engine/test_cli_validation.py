@@ -16,24 +16,12 @@ import pytest
 from engine import cli
 from engine.cli.input import check_args
 from engine.errors import UsageError
+from cli_checks import one_error_line, refuse_model_load
 
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    def refuse(*_a, **_k):
-        raise AssertionError("a model was loaded before the command line was checked")
-
-    monkeypatch.setattr("engine.engine.load_model", refuse)
-    monkeypatch.setattr("engine.open_model.load_model", refuse)
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ")
-    return lines[0]
+    refuse_model_load(monkeypatch)
 
 
 @pytest.fixture
