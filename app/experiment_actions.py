@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from engine import experiments
+from engine import atomic_text_file, experiments, write_text_atomic
 
 from app.action_context import ActionContext
 from app.experiments import trace_lines
-from app.state.atomic_file import atomic_text_file, write_text_atomic
 from app.state.conversation import Message
 from app.state.export import to_json, to_markdown
 from app.state.json_safe import json_safe

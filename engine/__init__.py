@@ -11,6 +11,7 @@ Usable without the app::
 
 from engine.backends.select import BACKENDS
 from engine.chat import ChatSession
+from engine.atomic_file import atomic_text_file, write_text_atomic  # a file whole or not at all (exports)
 from engine.engine import Engine
 from engine.template_process import shutdown as end_template_renders  # renders under way end; the next starts anew
 from engine.worker import busy_workers, close_all  # every model thread of the process: what is busy; close them at exit
@@ -50,6 +51,8 @@ from engine.sampling import CustomStage, CustomStageError, final_distribution  #
 from engine.sampling.llamacpp_json import ImportedSettings, llamacpp_json, parse_llamacpp_json
 
 __all__ = [
+    "atomic_text_file",
+    "write_text_atomic",
     "busy_workers",
     "close_all",
     "end_template_renders",

@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine import TokenEvent, reasoning
+from engine import TokenEvent, reasoning, write_text_atomic
 
-from app.state.atomic_file import write_text_atomic
 from app.state.conversation import Conversation, Message
 from app.state.json_safe import dumps as json_dumps
 from app.state.loom_import import FORMAT, VERSION, LoomImportError, import_loom_file, import_tree, read_loom_file

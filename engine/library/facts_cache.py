@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from engine.atomic_file import write_text_atomic
 from engine.library.entry import ModelFacts
 from engine.library.safe_read import Unreadable, read_json
 
@@ -78,10 +78,7 @@ class FactsCache:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".gguf-facts-")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"version": VERSION, "files": self._rows}, f)
-            os.replace(tmp, self.path)
+            write_text_atomic(self.path, json.dumps({"version": VERSION, "files": self._rows}))
             self._dirty = False
         except OSError as e:  # a read-only cache folder: scans still work, just slower next time
             log.warning("cannot save the model library's cache %s: %s", self.path, e)

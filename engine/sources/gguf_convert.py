@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from engine.atomic_file import write_text_atomic
 from engine.errors import ModelLoadError
 from engine.sources.cache_dir import cache_root
 
@@ -45,15 +46,8 @@ def file_sha256(path: Path) -> str:
             h.update(block)
     digest = h.hexdigest()
     memo[key] = digest
-    _atomic_write_text(memo_file, json.dumps(memo, indent=0))
+    write_text_atomic(memo_file, json.dumps(memo, indent=0))
     return digest
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def converter_version() -> str:

@@ -2,7 +2,8 @@
 
 An export that fails halfway (a value that cannot be written, a full disk)
 leaves no partial file behind, and an existing file of that name keeps its
-old content until the new one is complete.
+old content until the new one is complete. The window's exports, the model
+library's facts cache and the GGUF hash memo all write through here.
 """
 
 from __future__ import annotations
