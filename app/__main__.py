@@ -53,7 +53,7 @@ async def main(args: argparse.Namespace) -> int:
     window.start(args.model, args.backend)
     try:
         if args.screenshot_dir:
-            from app.screenshots import take_screenshots
+            from app.tools.screenshots import take_screenshots
 
             try:
                 await take_screenshots(window, args.screenshot_dir)

@@ -1,4 +1,4 @@
-"""`python -m app.loom_screenshot [--model M] [--size WxH] OUT_DIR`: the loom screenshot of docs/loom.md.
+"""`python -m app.tools.loom_screenshot [--model M] [--size WxH] OUT_DIR`: the loom screenshot of docs/loom.md.
 
 The default model answers a question; the loom then makes 4 children with
 their own seeds from the answer's fourth token and 3 beam-search children from
@@ -20,7 +20,7 @@ SIZE = (1440, 900)
 
 
 async def take_loom_screenshot(window, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
-    from app.screenshots import _save, _settle, ready_window
+    from app.tools.screenshots import _save, _settle, ready_window
     from app.widgets.loom_view import NODE
 
     out = await ready_window(window, out_dir, size)
@@ -47,9 +47,9 @@ async def take_loom_screenshot(window, out_dir: str | Path, size: tuple[int, int
 
 
 def run(argv: list[str] | None = None) -> int:
-    from app.shot_runner import run_shot
+    from app.tools.shot_runner import run_shot
 
-    return run_shot(argv, "python -m app.loom_screenshot", take_loom_screenshot)
+    return run_shot(argv, "python -m app.tools.loom_screenshot", take_loom_screenshot)
 
 
 if __name__ == "__main__":

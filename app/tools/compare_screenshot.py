@@ -1,4 +1,4 @@
-"""`python -m app.compare_screenshot [--model M] [--size WxH] OUT_DIR`: the Compare screenshot of the README.
+"""`python -m app.tools.compare_screenshot [--model M] [--size WxH] OUT_DIR`: the Compare screenshot of the README.
 
 A new chat, the Balanced preset with seed 7, and Chat ▸ Compare on the
 prompt below with two columns that differ in top-p only (0.95 and 0.5), the
@@ -21,7 +21,7 @@ SIZE = (1440, 900)
 
 
 async def take_compare_screenshot(window, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
-    from app.screenshots import _save, _settle, ready_window
+    from app.tools.screenshots import _save, _settle, ready_window
     from app.widgets.compare_view import CompareView
 
     out = await ready_window(window, out_dir, size)
@@ -51,9 +51,9 @@ async def take_compare_screenshot(window, out_dir: str | Path, size: tuple[int, 
 
 
 def run(argv: list[str] | None = None) -> int:
-    from app.shot_runner import run_shot
+    from app.tools.shot_runner import run_shot
 
-    return run_shot(argv, "python -m app.compare_screenshot", take_compare_screenshot)
+    return run_shot(argv, "python -m app.tools.compare_screenshot", take_compare_screenshot)
 
 
 if __name__ == "__main__":

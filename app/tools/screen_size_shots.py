@@ -1,12 +1,12 @@
-"""`python -m app.screen_size_shots WIDTHxHEIGHT OUT.png`: the window as it opens on a screen of that size.
+"""`python -m app.tools.screen_size_shots WIDTHxHEIGHT OUT.png`: the window as it opens on a screen of that size.
 
 A first start on a screen of the given size (Qt's offscreen platform with one
 screen, a temporary data dir), the default model, one answer with a token
 selected in the inspector's stage view; the window is saved as a PNG. The docs'
 `small-screen.png` (1024x700) and `window-1440x900.png` come from here:
 
-    python -m app.screen_size_shots 1024x700 docs/small-screen.png
-    python -m app.screen_size_shots 1440x900 docs/window-1440x900.png
+    python -m app.tools.screen_size_shots 1024x700 docs/small-screen.png
+    python -m app.tools.screen_size_shots 1440x900 docs/window-1440x900.png
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ async def _settle(seconds: float = 0.6) -> None:
 
 async def _shoot(out: Path) -> None:
     from app.lifecycle import close_session, open_session
-    from app.screenshots import _interesting_token
+    from app.tools.screenshots import _interesting_token
 
     session = open_session("light")
     window = session.window

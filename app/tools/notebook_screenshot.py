@@ -1,4 +1,4 @@
-"""`python -m app.notebook_screenshot [--model M] OUT_DIR`: the notebook screenshot of docs/notebook.md.
+"""`python -m app.tools.notebook_screenshot [--model M] OUT_DIR`: the notebook screenshot of docs/notebook.md.
 
 A base model (Gemma 3 270M when its package is installed, else the default
 model in a new notebook) continues the start of a story; the token view is on
@@ -32,7 +32,7 @@ def default_base_model() -> str | None:
 
 async def take_notebook_screenshot(window, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
     from app.notebook import generate, is_notebook
-    from app.screenshots import _interesting_token, _save, _settle, ready_window
+    from app.tools.screenshots import _interesting_token, _save, _settle, ready_window
 
     out = await ready_window(window, out_dir, size)
     if not is_notebook(window.library.current):  # a model with a chat template: File ▸ New notebook
@@ -54,9 +54,9 @@ async def take_notebook_screenshot(window, out_dir: str | Path, size: tuple[int,
 
 
 def run(argv: list[str] | None = None) -> int:
-    from app.shot_runner import run_shot
+    from app.tools.shot_runner import run_shot
 
-    return run_shot(argv, "python -m app.notebook_screenshot", take_notebook_screenshot,
+    return run_shot(argv, "python -m app.tools.notebook_screenshot", take_notebook_screenshot,
                     model_help="default: Gemma 3 270M (a base model) when installed", default_model=default_base_model)
 
 

@@ -1,4 +1,4 @@
-"""The command line of a one-picture screenshot script (`app.loom_screenshot`, `app.notebook_screenshot`).
+"""The command line of a one-picture screenshot script (`app.tools.loom_screenshot`, `app.tools.notebook_screenshot`).
 
 Parses `OUT_DIR [--model M] [--backend B] [--size WxH]`, opens the real window
 in a temporary data dir (so the user's own chats are never touched), lets
