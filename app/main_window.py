@@ -301,10 +301,18 @@ class MainWindow(QMainWindow):
 
     def on_send(self, text: str) -> asyncio.Task:
         self.chat.chat_view.scroll_to_bottom()
-        return self._spawn(self.controller.send(text))
+        return self._spawn(self._after_waiting_actions(self.controller.send, text))
 
     def on_regenerate(self, message: Message | None = None) -> asyncio.Task:
+        if message is None:  # "the last answer shown": shown once the chat actions asked for before have run
+            return self._spawn(self._after_waiting_actions(self.controller.regenerate, None))
         return self._spawn(self.controller.regenerate(message))
+
+    async def _after_waiting_actions(self, run, *args):
+        # A New chat or a switch that waits for the database's write lock (app/state/write_queue.py) decides which
+        # chat is open; a message sent meanwhile belongs to the chat the person will see, so it waits its turn.
+        await write_queue(self.store).drained()
+        return await run(*args)
 
     def on_continue(self, message: Message | None = None) -> asyncio.Task | None:
         if message is None:

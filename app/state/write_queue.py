@@ -114,6 +114,13 @@ class WriteQueue:
                 return
             await asyncio.sleep(POLL_S)
 
+    async def drained(self) -> None:
+        """Wait on the event loop until the actions asked for earlier have run (not for the lock itself): what
+        the person does next must see their result, e.g. a message typed after a waiting New chat goes into the
+        new chat, not the one open while it waited."""
+        while self.waiting and not self.store.closed:
+            await asyncio.sleep(POLL_S)
+
     def run_waiting_now(self) -> None:
         """Closing: run what still waits (the store waits long for the lock then); failures are logged."""
         if self._task is not None:

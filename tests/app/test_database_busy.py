@@ -295,3 +295,26 @@ def test_a_notebook_typed_and_generated_while_locked_is_saved_once_and_continued
     assert len(conv.siblings(path[0])) == 1  # the earlier draft was no version of its own: applied, then grown
     assert window.banner.kind != "saving"
     assert _count(db_path, "SELECT count(*) FROM messages WHERE conversation_id = ?", conv.id) == len(conv.messages)
+
+
+@pytest.mark.slow
+def test_a_message_sent_while_a_new_chat_waits_for_the_lock_goes_into_the_new_chat(
+    qtbot, window, db_path, monkeypatch
+):
+    """New chat waits for the lock; the person types and sends at once: the message must not land in the chat
+    that happened to be open while New chat waited. It did whenever the send's own wait for the lock woke before
+    the queue's (a race; the queue polls slowly here so that the send would win it every time)."""
+    monkeypatch.setattr("app.state.write_queue.POLL_S", 0.6)
+    send(qtbot, window, "first chat")
+    first = window.library.current
+    holder = hold_write_lock(db_path, 1.5)
+    qtbot.mouseClick(window.sidebar.new_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: busy_shown(window), timeout=5000)
+    assert window.library.current is first  # New chat waits
+    window.chat.composer.edit.setPlainText("meant for the new chat")
+    window.chat.composer.submit()
+    qtbot.waitUntil(lambda: holder.poll() is not None, timeout=10000)
+    qtbot.waitUntil(lambda: answered(window) and window.library.current is not first, timeout=30000)
+    new = window.library.current
+    assert [m.content for m in new.path()][0] == "meant for the new chat"
+    assert all(m.content != "meant for the new chat" for m in first.messages.values())
