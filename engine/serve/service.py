@@ -1,0 +1,222 @@
+"""The server's work for the engine: read a request, wait for the model's turn, run it, answer, record it.
+
+One `EngineService` per server, used on the server's event loop only. Every request that passes its checks
+becomes a `ServedExchange` told to the sink as it goes (start, each token, end). `stop_request(id)` (the
+window's Stop) cancels one answer: a stream then ends as if the model had stopped (finish_reason "stop",
+then `[DONE]`), a whole answer returns the text so far with finish_reason "stop".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from engine.engine import Engine
+from engine.errors import ContextLengthError, EngineError
+from engine.events import Done, GenerationStats, TokenEvent
+from engine.serve.engine_run import engine_events
+from engine.serve.errors import ApiError
+from engine.serve.exchange import Endpoint, ServedChoice, ServedExchange, Sinks
+from engine.serve.fair_queue import FairQueue
+from engine.serve.model_routes import ModelRoutes
+from engine.serve.parse import ParseContext, ServedRequest, parse_request
+from engine.serve.responses import AnswerWriter, finish_reason
+
+log = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 0.2  # how often a whole (not streamed) answer looks whether its client is still there
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+
+
+def client_address(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else ""
+
+
+@dataclass
+class ActiveAnswer:
+    """An answer under way (or waiting for its turn): what stopping it needs."""
+
+    exchange: ServedExchange
+    cancel: threading.Event = field(default_factory=threading.Event)
+    stopped: bool = False
+    events: list[list[TokenEvent]] = field(default_factory=list)
+    stats: list[GenerationStats | None] = field(default_factory=list)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.cancel.set()
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What the server records and how many requests it lets wait.
+
+    Attributes:
+        top_n: alternatives recorded per token (the window's inspector), whatever the client asked for.
+        record_stages: record each sampler stage's distribution per token (the window's stage view).
+        max_waiting: requests waiting for the model before the server answers 503.
+    """
+
+    top_n: int = 20
+    record_stages: bool = True
+    max_waiting: int = 64
+
+
+class EngineService(ModelRoutes):
+    """Answers chat and completion requests from one `Engine` (and the model routes: `ModelRoutes`)."""
+
+    def __init__(self, engine: Engine, sinks: Sinks, options: ServeOptions = ServeOptions()) -> None:
+        super().__init__(engine)
+        self.sinks = sinks
+        self.options = options
+        info = engine.info
+        self.model_name = info.name
+        self.context = ParseContext(model=info.name, context_length=info.context_length, tokenizer=engine.tokenizer,
+                                    runs_locally=info.runs_locally, top_n=options.top_n,
+                                    record_stages=options.record_stages)
+        self.queue = FairQueue(max_waiting=options.max_waiting)
+        self.active: dict[str, ActiveAnswer] = {}
+
+    def stop_request(self, answer_id: str) -> bool:
+        """End one answer as if the model had stopped; False when no such answer is under way."""
+        answer = self.active.get(answer_id)
+        if answer is None:
+            return False
+        answer.stop()
+        return True
+
+    async def answer(self, endpoint: Endpoint, body: dict[str, Any], request: Request) -> Response:
+        served = await asyncio.to_thread(parse_request, endpoint, body, self.context)
+        if self.queue.waiting >= self.queue.max_waiting:
+            raise ApiError(503, f"the model is busy: {self.queue.waiting} requests are waiting; try again shortly",
+                           code="server_busy")
+        answer_id = ("chatcmpl-" if endpoint == "chat.completions" else "cmpl-") + secrets.token_hex(12)
+        exchange = ServedExchange(
+            id=answer_id, endpoint=endpoint, model=served.model, client=client_address(request), proxied=False,
+            upstream=None, messages=served.messages, prompt=served.prompt, prompt_ids=served.prompt_ids,
+            sampler=served.sampler, request=served.generation, n=served.n, stream=served.stream, body=body,
+        )
+        active = ActiveAnswer(exchange, events=[[] for _ in range(served.n)], stats=[None] * served.n)
+        writer = AnswerWriter(answer_id, served)
+        if served.stream:
+            return EventSourceResponse(self._stream(active, served, writer), ping=15)
+        return await self._whole(active, served, writer, request)
+
+    # --- running --------------------------------------------------------------------------------------------
+
+    async def _run(self, active: ActiveAnswer, served: ServedRequest) -> AsyncIterator[tuple[int, TokenEvent | Done]]:
+        """The answer's events, after its turn at the model; records them and tells the sink."""
+        exchange = active.exchange
+        self.active[exchange.id] = active
+        self.sinks.on_start(exchange)
+        async with self.queue.turn(exchange.client.rsplit(":", 1)[0]):
+            if active.cancel.is_set():
+                return
+            async for index, event in engine_events(self.engine, served.generation, served.n, active.cancel):
+                if isinstance(event, TokenEvent):
+                    active.events[index].append(event)
+                    self.sinks.on_token(exchange.id, index, event)
+                else:
+                    active.stats[index] = event.stats
+                yield index, event
+
+    def _end(self, active: ActiveAnswer, *, error: str | None = None, disconnected: bool = False) -> ServedExchange:
+        """Record the end of the answer and tell the sink (once)."""
+        if self.active.pop(active.exchange.id, None) is None:
+            return active.exchange
+        choices = tuple(
+            ServedChoice(i, tuple(events), stats, "error" if error and stats is None else finish_reason(stats))
+            for i, (events, stats) in enumerate(zip(active.events, active.stats))
+        )
+        active.exchange = dataclasses.replace(active.exchange, finished_at=time.time(), choices=choices, error=error,
+                                              stopped=active.stopped, disconnected=disconnected)
+        self.sinks.on_end(active.exchange)
+        return active.exchange
+
+    async def _stream(self, active: ActiveAnswer, served: ServedRequest, writer: AnswerWriter) -> AsyncIterator[str]:
+        ended = False
+        try:
+            for chunk in writer.first_chunks():
+                yield dumps(chunk)
+            async for index, event in self._run(active, served):
+                if isinstance(event, TokenEvent):
+                    doc = writer.token_chunk(index, event)
+                    if doc is not None:
+                        yield dumps(doc)
+                elif event.stats.finish_reason == "error":
+                    raise EngineError(event.stats.error or "the model failed in the middle of the answer")
+                else:
+                    yield dumps(writer.final_chunk(index, finish_reason(event.stats)))
+            if served.include_usage:
+                yield dumps(writer.usage_chunk(sum(len(e) for e in active.events)))
+            ended = True
+            self._end(active)
+            yield "[DONE]"
+        except (ApiError, EngineError, ValueError) as e:
+            # The stream has begun (status 200): the error goes as an event, the way OpenAI's servers send one.
+            ended = True
+            self._end(active, error=str(e))
+            err = e if isinstance(e, ApiError) else _engine_error(e)
+            yield dumps(err.body())
+            yield "[DONE]"
+        finally:
+            if not ended:  # the client went away (the task was cancelled) or the server is stopping
+                active.cancel.set()
+                self._end(active, disconnected=True)
+
+    async def _whole(self, active: ActiveAnswer, served: ServedRequest, writer: AnswerWriter,
+                     request: Request) -> Response:
+        async def collect() -> None:
+            async for _ in self._run(active, served):
+                pass
+
+        task = asyncio.ensure_future(collect())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    active.cancel.set()
+                    task.cancel()
+                    self._end(active, disconnected=True)
+                    return Response(status_code=499)
+            task.result()
+        except (EngineError, ValueError) as e:
+            self._end(active, error=str(e))
+            raise _engine_error(e) from None
+        except BaseException:
+            task.cancel()
+            active.cancel.set()
+            self._end(active, disconnected=True)
+            raise
+        failed = [s for s in active.stats if s is not None and s.finish_reason == "error"]
+        if failed:
+            self._end(active, error=failed[0].error)
+            raise ApiError(500, f"the model failed in the middle of the answer: {failed[0].error}")
+        exchange = self._end(active)
+        per_choice = [(list(c.events), c.text, c.finish_reason) for c in exchange.choices]
+        return JSONResponse(writer.whole(per_choice))
+
+
+def _engine_error(e: BaseException) -> ApiError:
+    if isinstance(e, ContextLengthError):
+        return ApiError(400, str(e), param="max_tokens", code="context_length_exceeded")
+    if isinstance(e, (ValueError, TypeError)):
+        return ApiError(400, str(e), code="invalid_value")
+    return ApiError(500, str(e), code="model_error")
