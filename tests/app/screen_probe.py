@@ -83,6 +83,15 @@ async def _probe(data_dir: Path) -> dict:
         "inspector_min_width": MIN_WIDTH,
         "chat_width": window.chat.width(),
     }
+    # The Loom tab raised in the Inspector's place: the chat column it leaves (310 px at 1024x700 before).
+    window.loom_dock.raise_()
+    await window.loom_view.continuations_at(answer, 1)  # the loom with rows drawn
+    for _ in range(20):
+        QApplication.processEvents()
+        await asyncio.sleep(0.025)
+    report["chat_width_loom"] = window.chat.width()
+    report["loom_min_width"] = window.loom_dock.minimumSizeHint().width()
+    window.inspector_dock.raise_()
     compare.close()
     closed = asyncio.get_running_loop().create_future()
     window.closed.connect(lambda: closed.done() or closed.set_result(True))

@@ -63,6 +63,7 @@ def _fits(report: dict) -> None:
     assert all(report["inside"].values()), report
     assert report["inspector_width"] >= report["inspector_min_width"], report
     assert report["chat_width"] >= 300, report  # the conversation keeps a readable column
+    assert report["chat_width_loom"] >= 300, report  # ... also with the Loom tab raised and rows drawn in it
 
 
 @pytest.mark.slow
