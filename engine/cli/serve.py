@@ -1,0 +1,87 @@
+"""`logitlab-cli serve`: the model as an OpenAI-compatible server (engine.serve), in the foreground until Ctrl-C.
+
+    logitlab-cli serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--record-dir DIR]
+    logitlab-cli serve --upstream http://host:port/v1 [--upstream-api-key KEY] [--record-dir DIR]
+
+The model options are the other commands' (llama.cpp's names: -m, -c, -t, -ngl, ...). Any host but a loopback
+address needs --api-key, and the start line says the server is reachable from other machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from engine.cli.input import UsageError
+
+DEFAULT_PORT = 8080  # llama.cpp server's
+
+
+def add_serve_parser(sub: Any, add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("serve", help="serve the model to OpenAI-compatible clients (docs/serve.md)")
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; any other needs --api-key)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--api-key", default=None, help="every request must send 'Authorization: Bearer KEY'")
+    p.add_argument("--upstream", default=None, metavar="URL",
+                   help="proxy mode: forward each request to this OpenAI-compatible server (e.g. "
+                        "http://127.0.0.1:8000/v1) and record its answers; no model is loaded here")
+    p.add_argument("--upstream-api-key", default=None, metavar="KEY", help="the API key the upstream wants")
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="write every served answer as a trace file (JSONL, read by read_trace) into DIR "
+                        "(default: not recorded)")
+    p.add_argument("--record-top-n", type=int, default=20, metavar="N",
+                   help="alternatives recorded per token, whatever the client asks for (default 20)")
+    p.add_argument("--no-stages", action="store_true", help="do not record each sampler stage per token")
+
+
+def check_serve_args(args: argparse.Namespace) -> None:
+    from engine.serve.running import is_loopback
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be from 0 to 65535, got {args.port}")
+    if not 0 <= args.record_top_n <= 100:
+        raise UsageError(f"--record-top-n must be from 0 to 100, got {args.record_top_n}")
+    if not is_loopback(args.host) and not args.api_key:
+        raise UsageError(f"--host {args.host} makes the model reachable from other machines: give --api-key KEY too")
+    if args.upstream is not None:
+        if args.model is not None:
+            raise UsageError("give either --model (serve it here) or --upstream (forward to another server), not both")
+        if not args.upstream.startswith(("http://", "https://")):
+            raise UsageError(f"--upstream must be an http:// or https:// URL, got {args.upstream!r}")
+
+
+def cmd_serve(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
+    from engine.serve.running import is_loopback, start_server
+    from engine.serve.service import ServeOptions
+    from engine.serve.trace_sink import TraceDirectorySink
+
+    check_serve_args(args)
+    engine = None if args.upstream else load(args)
+    try:
+        sink = TraceDirectorySink(args.record_dir, engine.info if engine else None) if args.record_dir else None
+        options = ServeOptions(top_n=args.record_top_n, record_stages=not args.no_stages)
+        server = start_server(engine, args.host, args.port, args.api_key, sink, upstream=args.upstream,
+                              upstream_api_key=args.upstream_api_key, options=options)
+        what = f"forwarding to {args.upstream}" if args.upstream else f"serving {engine.info.name}"
+        print(f"{what} at {server.url} (OpenAI-compatible; Ctrl-C stops)", file=sys.stderr, flush=True)
+        if not is_loopback(args.host):
+            print(f"listening on {args.host}: reachable from other machines; every request needs the API key",
+                  file=sys.stderr, flush=True)
+        elif args.api_key:
+            print("every request needs the API key", file=sys.stderr, flush=True)
+        if args.record_dir:
+            print(f"recording every answer as a trace file in {args.record_dir}", file=sys.stderr, flush=True)
+        try:
+            server.wait()
+        except KeyboardInterrupt:
+            print("stopping", file=sys.stderr)
+        finally:
+            server.stop()
+    finally:
+        if engine is not None:
+            engine.close(cancel=True)
+    return 0

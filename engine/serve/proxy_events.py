@@ -1,0 +1,92 @@
+"""What an upstream server answered, as our `TokenEvent`s and `GenerationStats` (proxy mode's record).
+
+The upstream's log-probs are read by the remote backend's readers (`engine.backends.remote.step`: both
+OpenAI's completions shape and the chat/llama.cpp `content` shape, ids where the server gives them, every
+value checked). Its alternatives are its top N as reported, with one "rest" entry for the probability it did
+not report (as the remote backend shows a server's steps); the sampler's view is unknown (the upstream
+sampled), so `top_sampler` is empty and `sampler_logprob` repeats the model's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.backends.remote.step import chosen_tokens, parse_alternatives, position_entries
+from engine.events import GenerationStats, TokenEvent, TokenProb, rest_entry
+
+
+def upstream_tokens(logprobs: Any) -> list[tuple[int, str, float, list[tuple[int, str, float]]]]:
+    """(id or -1, token text, logprob, alternatives) per token of one `logprobs` object (checked; [] when none)."""
+    if not logprobs:
+        return []
+    chosen = chosen_tokens(logprobs)
+    entries = position_entries(logprobs)
+    out = []
+    for i, (tid, text, lp) in enumerate(chosen):
+        alts = parse_alternatives(entries[i], None) if i < len(entries) and entries[i] else []
+        out.append((-1 if tid is None else tid, text, lp, alts))
+    return out
+
+
+def upstream_event(index: int, tid: int, text: str, token_text: str, lp: float,
+                   alts: list[tuple[int, str, float]]) -> TokenEvent:
+    top = tuple(TokenProb(i, t, l) for i, t, l in alts)
+    probs = [math.exp(l) for _, _, l in alts]
+    rest = rest_entry(sum(probs)) if alts else None
+    entropy = -sum(p * math.log(p) for p in probs if p > 0) + (-rest.prob * rest.logprob if rest else 0.0)
+    rank = next((r for r, (i, t, _) in enumerate(alts) if (tid >= 0 and i == tid) or t == token_text), len(alts))
+    return TokenEvent(index=index, token_id=tid, text=text, token_text=token_text, logprob=lp, sampler_logprob=lp,
+                      rank=rank, entropy=max(entropy, 0.0), top_model=top + ((rest,) if rest else ()),
+                      top_sampler=())
+
+
+@dataclass
+class UpstreamChoice:
+    """One choice of an upstream answer, read as it arrives."""
+
+    events: list[TokenEvent] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    finish: str | None = None  # the upstream's finish_reason
+    t_first: float | None = None
+
+    def feed(self, choice: dict[str, Any], whole: bool = False) -> list[TokenEvent]:
+        """The events of one streamed chunk's choice (or, `whole`, of a whole answer's)."""
+        if whole:
+            message = choice.get("message")
+            piece = message.get("content") if isinstance(message, dict) else choice.get("text")
+        else:
+            delta = choice.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        piece = piece if isinstance(piece, str) else ""
+        self.texts.append(piece)
+        tokens = upstream_tokens(choice.get("logprobs"))
+        if not tokens and piece and not whole:
+            tokens = [(-1, piece, math.nan, [])]  # an upstream that sent no log-probs: the text alone
+        new = []
+        for k, (tid, token_text, lp, alts) in enumerate(tokens):
+            # Streamed: the chunk's text goes with its last token; whole: each token carries its own text.
+            text = token_text if whole else (piece if k == len(tokens) - 1 else "")
+            new.append(upstream_event(len(self.events), tid, text, token_text, lp, alts))
+            self.events.append(new[-1])
+        if new and self.t_first is None:
+            self.t_first = time.perf_counter()
+        if isinstance(choice.get("finish_reason"), str):
+            self.finish = choice["finish_reason"]
+        return new
+
+    def stats(self, t0: float, prompt_tokens: int, seed: int | None, ended: str | None = None,
+              error: str | None = None) -> GenerationStats:
+        now = time.perf_counter()
+        finish = ended or {"length": "length", "stop": "eos", None: "cancelled"}.get(self.finish, "eos")
+        n = len(self.events)
+        first = (self.t_first - t0) if self.t_first is not None else 0.0
+        decode_s = now - self.t_first if self.t_first is not None else 0.0
+        return GenerationStats(
+            finish_reason=finish, prompt_tokens=prompt_tokens, reused_tokens=0, generated_tokens=n,
+            time_to_first_token_s=first, decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+            total_s=now - t0, peak_memory_bytes=0, seed=seed if seed is not None else -1, text="".join(self.texts),
+            token_ids=tuple(e.token_id for e in self.events), error=error,
+        )
