@@ -23,6 +23,8 @@ an AttributeError.
 | `OverlappedForward` | a forward run while the caller works (the last token's report) | llama.cpp, MLX |
 | `BackgroundStep`  | (a batch runner's) step run on a helper thread while the caller works (the loom's reports) | llama.cpp |
 | `StartsFromBackendCache` | (a batch runner's) first row begun from the backend's own cache of its prefix | llama.cpp, torch |
+| `Steerable`       | a direction added to chosen layers' outputs (steering, control vectors), and logits under any steering | llama.cpp, torch, MLX |
+| `ResidualStates`  | every layer's output at a sequence's last token (training steering vectors) | llama.cpp, torch, MLX |
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
     from engine.events import Event
     from engine.layer_capture import LayerCapture
     from engine.request import GenerationRequest
+    from engine.steering.settings import Steering
+    from engine.steering.shape import ResidualShape
 
 RowState = Any  # one sequence's KV state, backend-specific; `state_nbytes` measures it
 
@@ -219,6 +223,50 @@ class StartsFromBackendCache(Protocol):
         """`start([prompt])`, the prompt's first tokens taken from the backend's cache where it holds them;
         returns the (1, V) logits and how many tokens were taken rather than computed. Runs on the backend's
         worker thread (the backend's cache is read)."""
+        ...
+
+
+@runtime_checkable
+class Steerable(Protocol):
+    """Can add a direction to the outputs of chosen decoder layers (steering: llama.cpp's control vectors).
+
+    Layer i's output gets `Steering.combined(shape)[i]` added at every position (engine/steering/settings.py).
+    Everything runs on the backend's worker thread.
+    """
+
+    def residual_shape(self) -> ResidualShape:
+        """The model's layer count, residual width and architecture, which a vector must match."""
+        ...
+
+    def set_steering(self, steering: Steering | None) -> None:
+        """Steer the backend's own forwards from the next one on; None or an inactive Steering: none.
+
+        Checked against `residual_shape()` first (SteeringError in words, nothing changed). When the steering's
+        `key()` differs from the one the cached tokens were computed under, the cache is dropped
+        (`trim_cache(0)`): a steered prefix's keys and values differ from an unsteered one's. The same key
+        keeps the cache.
+        """
+        ...
+
+    def current_steering(self) -> Steering | None:
+        """The steering the backend's forwards run under now (None: none)."""
+        ...
+
+    def steered_logits(self, token_ids: Sequence[int], positions: Sequence[int],
+                       steering: Steering | None) -> np.ndarray:
+        """(P, V) float32 logits predicting each of `positions` (sorted; a position is a predicted token's index,
+        1..len(token_ids)) under `steering` (None: unsteered), computed on a context of its own, so the
+        backend's KV cache and its own steering are untouched."""
+        ...
+
+
+@runtime_checkable
+class ResidualStates(Protocol):
+    """Can read every decoder layer's output at the last token of a sequence (steering vectors are trained on them)."""
+
+    def last_token_states(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
+        """(N, n_layer, n_embd) float32: each sequence's layer outputs at its last token, unsteered (row i is
+        decoder layer i's output, where `Steerable` adds layer i's direction), on a context of its own."""
         ...
 
 

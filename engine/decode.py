@@ -27,6 +27,7 @@ from engine.capabilities import OverlappedForward
 from engine.errors import ContextLengthError
 from engine.events import Done, Event, GenerationStats, Rewind, StageSnapshot, TokenEvent
 from engine.request import GenerationRequest
+from engine.steering.apply import steer_for_request
 from engine.sampling import Pick, SamplerChain
 from engine.sampling.grammar import constraint_step, grammar_stage
 from engine.stopping import StopStringMatcher
@@ -95,6 +96,7 @@ def generate_events(
     t0 = time.perf_counter()
     prompt = prompt_ids_for(tok, request, int(getattr(backend.info, "vocab_size", 0) or 0))
     check_context(len(prompt), request.max_new_tokens, backend.info.context_length)
+    steer_for_request(backend, request.steering)  # applied, or refused in words, before any forward
     grammar = grammar_stage(request.constraint, tok, backend.info)  # this run's matcher; before any forward
     chain = SamplerChain(request.sampler, vocab=tok, constraint=grammar)
 

@@ -18,6 +18,7 @@ from engine.worker import EventCallback, GenerationHandle, ModelWorker
 
 if TYPE_CHECKING:
     from engine.experiments import CompareResult, ScoreResult
+    from engine.steering import PairSet, ResidualShape, Steering, SteeringEffect, SteeringShadow, SteeringVector
     from engine.sampling.settings import SamplerSettings
 
 T = TypeVar("T")
@@ -167,6 +168,47 @@ class Engine:
 
         request = prompt if isinstance(prompt, GenerationRequest) else GenerationRequest(prompt=prompt, **request_kwargs)
         return self.call(lambda b: compare(b, request, list(settings), seed=seed, cancel=cancel)).result()
+
+    # -- steering (engine.steering): each runs on the model's worker thread, between answers; blocking ------
+
+    def residual_shape(self) -> "ResidualShape | None":
+        """The layer count and width a steering vector must have for this model; None when it cannot steer."""
+        from engine.capabilities import Steerable
+
+        return self.call(lambda b: b.residual_shape() if isinstance(b, Steerable) else None).result()
+
+    def steering_effect(
+        self, token_ids: Sequence[int], position: int, steering: "Steering", *, top_k: int = 10
+    ) -> "SteeringEffect":
+        """What `steering` did to the token at `position` (see `engine.steering.steering_effect`); the chat's
+        cache is untouched."""
+        from engine.steering.effect import steering_effect
+
+        return self.call(lambda b: steering_effect(b, token_ids, position, steering, top_k=top_k)).result()
+
+    def unsteered_shadow(self, token_ids: Sequence[int], first: int, steering: "Steering") -> "SteeringShadow":
+        """An answer (`token_ids[first:]`) scored with and without `steering`: per token KL and log-probs."""
+        from engine.steering.effect import unsteered_shadow
+
+        return self.call(lambda b: unsteered_shadow(b, token_ids, first, steering)).result()
+
+    def train_steering_vector(
+        self,
+        pairs: "PairSet",
+        *,
+        method: str = "pca",
+        name: str | None = None,
+        cancel: "threading.Event | None" = None,
+        progress: "Callable[[int, int], None] | None" = None,
+    ) -> "SteeringVector":
+        """A steering vector for this model from contrastive `pairs` (see `engine.steering.train_vector`).
+
+        `progress(done, total)` is called on the worker thread; setting `cancel` stops between batches."""
+        from engine.steering.train import train_vector
+
+        stop = cancel or threading.Event()
+        return self.call(lambda b: train_vector(b, pairs, method=method, name=name, cancelled=stop.is_set,
+                                                progress=progress)).result()
 
     def close(self, timeout: float | None = 10.0, *, cancel: bool = False) -> bool:
         """Release the model after queued work (waiting at most `timeout` s); True when its thread has ended.

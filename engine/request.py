@@ -10,6 +10,8 @@ import numpy as np
 from engine.constraints.spec import Constraint, ConstraintError
 from engine.errors import TokenIdError
 from engine.sampling.settings import SamplerSettings
+from engine.steering.errors import SteeringError
+from engine.steering.settings import Steering
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
 
@@ -49,6 +51,9 @@ class GenerationRequest:
     # The answer must match this (JSON schema, regex, grammar, choice): the sampler's `grammar` stage masks
     # what it does not allow (engine.constraints). Checked when the constraint is made, before any model runs.
     constraint: Constraint | None = None
+    # Control vectors added to the residual stream (engine.steering); None or an inactive Steering: none. A model
+    # without the capability (a server) refuses an active one in words before anything runs.
+    steering: Steering | None = None
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.prompt_ids)]
@@ -84,6 +89,8 @@ class GenerationRequest:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise ConstraintError(f"constraint must be an engine.constraints.Constraint, got {type(self.constraint).__name__}")
+        if self.steering is not None and not isinstance(self.steering, Steering):
+            raise SteeringError(f"steering must be an engine.steering.Steering, got {type(self.steering).__name__}")
         if not isinstance(self.server_sampling, bool):
             raise ValueError(f"server_sampling must be True or False, got {self.server_sampling!r}")
         if isinstance(self.top_n, bool) or not isinstance(self.top_n, int) or not 0 <= self.top_n <= 1000:

@@ -27,6 +27,7 @@ from engine.capabilities import MissingCapabilityError, OwnEvents
 from engine.decode import generate_events
 from engine.events import Done, Event
 from engine.request import GenerationRequest
+from engine.steering.apply import steer_for_request
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,6 +48,7 @@ def events_for(backend: Backend, request: GenerationRequest, cancel: threading.E
     """The event stream of one request. A backend with its own stream (a server model: server sampling,
     "top N from server" notes) makes it; every other backend runs the shared decode loop."""
     if isinstance(backend, OwnEvents):
+        steer_for_request(backend, request.steering)  # a server cannot steer: refused in words
         return backend.events(request, cancel)
     if request.server_sampling:
         raise MissingCapabilityError(

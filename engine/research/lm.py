@@ -38,6 +38,7 @@ from engine.tokenizer import check_token_ids, vocabulary_size
 
 if TYPE_CHECKING:
     from engine.experiments.score import ScoreResult
+    from engine.steering import Steering, SteeringEffect
 
 
 MIN_SHARED_PREFIX = 8  # tokens: below this, running the prefix separately costs more than it saves
@@ -327,6 +328,22 @@ class LanguageModel:
         where = len(ids) if position is None else int(position)
         capture = lens.layer_capture(ids, [where], top_k=top_k)[0]
         return [list(layer.top) for layer in capture.layers]
+
+    def steering_effect(self, token_ids: Sequence[int], position: int | None, steering: "Steering", *,
+                        top_k: int = 10) -> "SteeringEffect":
+        """The distribution predicting token `position` (default: the next token) with and without `steering`.
+
+        Both full (V,) log-prob rows (`steered_logprobs`, `unsteered_logprobs`), KL(steered ‖ unsteered), the
+        token's probability and rank both ways, the top risers and fallers (engine.steering.effect). One extra
+        forward each way on a context of its own, on the model thread; MissingCapabilityError on a model that
+        cannot steer.
+        """
+        from engine.steering.effect import steering_effect
+
+        ids = _check_ids(token_ids, self.n_vocab)
+        where = len(ids) if position is None else int(position)
+        return self._executor.submit(
+            lambda: steering_effect(self.backend, ids, where, steering, top_k=top_k, full=True)).result()
 
     # --- batch generation and beams ---------------------------------------------
 

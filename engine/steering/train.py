@@ -1,0 +1,125 @@
+"""Training a steering vector from contrastive pairs, the repeng way (vgel/repeng `read_representations`).
+
+For every pair, the last token's output of every decoder layer is read for
+the positive and the negative prompt (`ResidualStates`). Per layer 1..L-1:
+
+- "pca" (repeng's "pca_diff"): the first principal component of the
+  differences positive - negative (centred, as sklearn's PCA centres);
+- "mean": the mean difference, scaled to unit length like a component.
+
+The sign follows repeng: project every prompt on the direction, and flip it
+when the positive prompts land below their negatives in more pairs than
+above, so positive strength means "more like the positive prompts".
+
+Layer 0 gets no direction (llama.cpp's control vectors start at layer 1),
+and the last layer's states are its output before the final norm, where
+steering adds to it (transformers' `hidden_states[-1]` is after the norm;
+docs/steering.md says why that matters when comparing with repeng).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+
+from engine.capabilities import ResidualStates, Steerable, require
+from engine.errors import GenerationCancelled
+from engine.steering.errors import SteeringError
+from engine.steering.pairs import PairSet
+from engine.steering.vector import SteeringVector
+
+log = logging.getLogger(__name__)
+
+Method = Literal["pca", "mean"]
+METHODS: tuple[str, ...] = ("pca", "mean")
+STATES_BATCH = 16  # prompts per ResidualStates call, so a cancel is seen between them
+
+
+def first_component(diffs: np.ndarray) -> np.ndarray:
+    """The unit first principal component of (n, d) rows, centred first (sklearn PCA(n_components=1))."""
+    x = diffs.astype(np.float64) - diffs.astype(np.float64).mean(axis=0, keepdims=True)
+    if x.shape[0] < 2 or not np.any(x):
+        # One pair, or identical differences: the centred data has no spread; the difference itself is the direction.
+        x = diffs.astype(np.float64)
+    # The top right singular vector, from the (n, n) Gram matrix: n pairs << d dimensions.
+    gram = x @ x.T
+    _, vecs = np.linalg.eigh(gram)
+    v = x.T @ vecs[:, -1]
+    norm = np.linalg.norm(v)
+    return (v / norm).astype(np.float32) if norm > 0 else v.astype(np.float32)
+
+
+def mean_difference(diffs: np.ndarray) -> np.ndarray:
+    """The mean of (n, d) differences, unit length."""
+    v = diffs.astype(np.float64).mean(axis=0)
+    norm = np.linalg.norm(v)
+    return (v / norm).astype(np.float32) if norm > 0 else v.astype(np.float32)
+
+
+def orient(direction: np.ndarray, positive: np.ndarray, negative: np.ndarray) -> np.ndarray:
+    """`direction` or its negation, whichever puts positive prompts above their negatives in more pairs (repeng)."""
+    pos = positive.astype(np.float64) @ direction
+    neg = negative.astype(np.float64) @ direction
+    smaller, larger = np.mean(pos < neg), np.mean(pos > neg)
+    return -direction if smaller > larger else direction
+
+
+def directions_from_states(positive: np.ndarray, negative: np.ndarray, method: str = "pca") -> np.ndarray:
+    """(L, d) float32 directions from (n, L, d) positive and negative last-token states; row 0 stays zero."""
+    if method not in METHODS:
+        raise SteeringError(f"unknown training method {method!r}; choose one of {', '.join(METHODS)}")
+    if positive.shape != negative.shape or positive.ndim != 3:
+        raise ValueError(f"positive and negative states must be (n, layers, width) alike, got {positive.shape} and {negative.shape}")
+    n, n_layer, width = positive.shape
+    out = np.zeros((n_layer, width), dtype=np.float32)
+    for layer in range(1, n_layer):
+        diffs = positive[:, layer] - negative[:, layer]
+        d = first_component(diffs) if method == "pca" else mean_difference(diffs)
+        out[layer] = orient(d, positive[:, layer], negative[:, layer])
+    return out
+
+
+def train_vector(
+    backend: object,
+    pairs: PairSet,
+    *,
+    method: str = "pca",
+    name: str | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
+    progress: Callable[[int, int], None] | None = None,
+) -> SteeringVector:
+    """A steering vector for the loaded model from `pairs`; on the backend's worker thread.
+
+    `progress(done, total)` is called after each batch of prompts; `cancelled()` is checked between batches
+    (GenerationCancelled). MissingCapabilityError in words on a model whose layers cannot be read (a server).
+    """
+    if method not in METHODS:
+        raise SteeringError(f"unknown training method {method!r}; choose one of {', '.join(METHODS)}")
+    if len(pairs) == 0:
+        raise SteeringError(f"the pair set {pairs.name!r} is empty: training needs at least one pair")
+    reader = require(backend, ResidualStates, "training a steering vector")
+    t0 = time.perf_counter()
+    token_pairs = pairs.token_pairs(backend.tokenizer)  # type: ignore[attr-defined]
+    for i, (p, q) in enumerate(token_pairs):
+        if not p or not q:
+            raise SteeringError(f"pair {i + 1} of {pairs.name!r} has an empty prompt")
+    prompts = [ids for pair in token_pairs for ids in pair]  # positive, negative, positive, ... as repeng orders them
+    states = []
+    for lo in range(0, len(prompts), STATES_BATCH):
+        if cancelled():
+            raise GenerationCancelled("training the steering vector was cancelled")
+        states.append(reader.last_token_states(prompts[lo : lo + STATES_BATCH]))
+        if progress is not None:
+            progress(min(lo + STATES_BATCH, len(prompts)), len(prompts))
+    h = np.concatenate(states)  # (2n, L, d)
+    directions = directions_from_states(h[0::2], h[1::2], method)
+    hint = require(backend, Steerable, "training a steering vector").residual_shape().model_hint \
+        if isinstance(backend, Steerable) else ""
+    log.info("trained steering vector %r from %d pairs (%s) in %.2f s", name or pairs.name, len(token_pairs), method,
+             time.perf_counter() - t0)
+    return SteeringVector(name or pairs.name, directions, model_hint=hint,
+                          source=f"trained: {method}, {len(token_pairs)} pairs of {pairs.name}")
