@@ -36,8 +36,8 @@ class ServedChoice:
 
     index: int
     events: tuple[TokenEvent, ...]
-    stats: GenerationStats | None  # None: it never ran (an error before its first token)
-    finish_reason: str  # as the client was told: "stop", "length", or "error"
+    stats: GenerationStats | None  # None: it did not end (an error before its first token, or the client went away)
+    finish_reason: str  # as the client was told: "stop", "length", "error"; "cancelled" when the client went away
 
     @property
     def text(self) -> str:

@@ -2,8 +2,8 @@
 
 The `Engine` runs one generation at a time on its worker thread, first come first served; a client that
 sends twenty requests at once would hold everyone else for all twenty. Here each client (its address) has a
-line, and when the model is free the next turn goes to the next line round the table, so a second client
-waits at most one answer of the first. `max_running` turns run at once (1: the model's worker gets one served
+line, and when the model is free the next turn goes to the client whose last turn is the oldest (one that
+never had one first), so a second client waits at most one answer of the first. `max_running` turns run at once (1: the model's worker gets one served
 request at a time and the window's own chats are never behind more than one); past `max_waiting` waiting
 requests the server is busy (503). Used from the server's event loop only.
 """
@@ -25,6 +25,8 @@ class FairQueue:
         self.max_waiting = max_waiting
         self.running = 0
         self._lines: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
+        self._last_turn: dict[str, int] = {}  # client -> the number of its latest turn (fewer: served longer ago)
+        self._turns = 0
 
     @property
     def waiting(self) -> int:
@@ -49,6 +51,7 @@ class FairQueue:
                 raise
         else:
             self.running += 1
+        self._note_turn(client)
         try:
             yield
         finally:
@@ -61,15 +64,22 @@ class FairQueue:
             if not line:
                 del self._lines[client]
 
+    def _note_turn(self, client: str) -> None:
+        self._turns += 1
+        self._last_turn.pop(client, None)
+        self._last_turn[client] = self._turns
+        if len(self._last_turn) > 4096:  # forget the clients served longest ago (they count as new again)
+            del self._last_turn[next(iter(self._last_turn))]
+
     def _release(self) -> None:
-        """The turn ends: give it to the first waiter of the next client in line (rotating the table)."""
+        """The turn ends: give it to the first waiter of the client served longest ago."""
         self.running -= 1
         while self._lines and self.running < self.max_running:
-            client, line = next(iter(self._lines.items()))
+            client = min(self._lines, key=lambda c: self._last_turn.get(c, 0))  # ties: the line that formed first
+            line = self._lines[client]
             ticket = line.popleft()
-            del self._lines[client]
-            if line:
-                self._lines[client] = line  # to the back of the table
+            if not line:
+                del self._lines[client]
             if not ticket.done():
                 self.running += 1
                 ticket.set_result(None)

@@ -139,10 +139,13 @@ class EngineService(ModelRoutes):
         """Record the end of the answer and tell the sink (once)."""
         if self.active.pop(active.exchange.id, None) is None:
             return active.exchange
-        choices = tuple(
-            ServedChoice(i, tuple(events), stats, "error" if error and stats is None else finish_reason(stats))
-            for i, (events, stats) in enumerate(zip(active.events, active.stats))
-        )
+        def reason(stats: GenerationStats | None) -> str:
+            if stats is None and disconnected:
+                return "cancelled"  # the client went away: told nothing, its generation stopped before the next token
+            return "error" if error and stats is None else finish_reason(stats)
+
+        choices = tuple(ServedChoice(i, tuple(events), stats, reason(stats))
+                        for i, (events, stats) in enumerate(zip(active.events, active.stats)))
         active.exchange = dataclasses.replace(active.exchange, finished_at=time.time(), choices=choices, error=error,
                                               stopped=active.stopped, disconnected=disconnected)
         self.sinks.on_end(active.exchange)
