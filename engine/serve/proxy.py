@@ -303,7 +303,8 @@ def _upstream_error(upstream: str, status: int, raw: bytes) -> ApiError:
         words = err.get("message") if isinstance(err, dict) else err
     except ValueError:
         words = raw[:300].decode("utf-8", "replace")
-    return ApiError(status, f"the upstream server refused the request ({status}): {str(words or '')[:500]}",
+    first = str(words or "").strip().splitlines()[0] if str(words or "").strip() else ""
+    return ApiError(status, f"the upstream server refused the request ({status}): {first[:500]}",
                     code="upstream_error")
 
 
