@@ -25,6 +25,7 @@ an AttributeError.
 | `StartsFromBackendCache` | (a batch runner's) first row begun from the backend's own cache of its prefix | llama.cpp, torch |
 | `Steerable`       | a direction added to chosen layers' outputs (steering, control vectors), and logits under any steering | llama.cpp, torch, MLX |
 | `ResidualStates`  | every layer's output at a sequence's last token (training steering vectors) | llama.cpp, torch, MLX |
+| `NumericFacts`    | its libraries' versions and the settings that change the numbers (an answer's fingerprint) | llama.cpp, torch, MLX, remote |
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from engine.errors import EngineError
 
 if TYPE_CHECKING:
     from engine.events import Event
+    from engine.fingerprint import NumericSetup
     from engine.layer_capture import LayerCapture
     from engine.request import GenerationRequest
     from engine.steering.settings import Steering
@@ -223,6 +225,16 @@ class StartsFromBackendCache(Protocol):
         """`start([prompt])`, the prompt's first tokens taken from the backend's cache where it holds them;
         returns the (1, V) logits and how many tokens were taken rather than computed. Runs on the backend's
         worker thread (the backend's cache is read)."""
+        ...
+
+
+@runtime_checkable
+class NumericFacts(Protocol):
+    """Can say what it computes with: its libraries' versions and the settings that change the numbers."""
+
+    def numeric_facts(self) -> NumericSetup:
+        """Asked when an answer ends (threads may be chosen per answer): e.g. llama-cpp-python's version,
+        n_threads, n_batch, n_ubatch, flash attention; torch's and transformers' versions, dtype, threads."""
         ...
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from engine.fingerprint import Fingerprint
 
 FinishReason = Literal["eos", "stop", "length", "cancelled", "error"]
 
@@ -163,6 +166,9 @@ class GenerationStats:
     # and how it ended ("complete", "stopped at the length limit inside the grammar: ...", a dead end).
     constraint_logprob: float | None = None
     constraint_status: str = ""
+    # What the numbers depend on (engine/fingerprint.py): model hash, backend and versions, threads, seed,
+    # settings. Set on the way out of the worker (engine.fingerprint.with_fingerprint); None on old records.
+    fingerprint: Fingerprint | None = None
 
     @property
     def prefilled_tokens(self) -> int:

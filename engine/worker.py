@@ -26,6 +26,7 @@ from engine.background_threads import BackgroundThread
 from engine.capabilities import MissingCapabilityError, OwnEvents
 from engine.decode import generate_events
 from engine.events import Done, Event
+from engine.fingerprint import with_fingerprint
 from engine.request import GenerationRequest
 from engine.steering.apply import steer_for_request
 
@@ -49,12 +50,12 @@ def events_for(backend: Backend, request: GenerationRequest, cancel: threading.E
     "top N from server" notes) makes it; every other backend runs the shared decode loop."""
     if isinstance(backend, OwnEvents):
         steer_for_request(backend, request.steering)  # a server cannot steer: refused in words
-        return backend.events(request, cancel)
+        return with_fingerprint(backend, request, backend.events(request, cancel))
     if request.server_sampling:
         raise MissingCapabilityError(
             f"server sampling needs a model on a server; {backend.info.name} runs here ({backend.info.backend})"
         )
-    return generate_events(backend, request, cancel)
+    return with_fingerprint(backend, request, generate_events(backend, request, cancel))
 
 
 class GenerationHandle:

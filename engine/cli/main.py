@@ -22,6 +22,7 @@ from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.cli.models import LIBRARY_COMMANDS, add_library_parsers
 from engine.cli.lens import add_lens_parser, cmd_lens
+from engine.cli.replay import add_replay_parser, cmd_replay
 from engine.cli.serve import add_serve_parser, cmd_serve
 from engine.errors import EngineError
 from engine.events import Done, TokenEvent
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_library_parsers(sub)
     add_lens_parser(sub, add_model_args)
     add_serve_parser(sub, add_model_args)
+    add_replay_parser(sub, add_model_args)
     return parser
 
 
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_third_party()
         commands = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "batch": cmd_batch,
                     "score": lambda a: cmd_score(a, _load), "lens": lambda a: cmd_lens(a, _load), "compare": lambda a: cmd_compare(a, _load),
-                    "serve": lambda a: cmd_serve(a, _load)}
+                    "serve": lambda a: cmd_serve(a, _load), "replay": lambda a: cmd_replay(a, _load)}
         return commands[args.command](args)
     except (EngineError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from engine.backends.base import Backend
 from engine.decode import generate_events, prompt_ids_for
 from engine.events import Done, GenerationStats, TokenEvent
+from engine.fingerprint import with_fingerprint
 from engine.experiments.score import LN2
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings
@@ -133,7 +134,7 @@ def run_column(backend: Backend, request: GenerationRequest, cancel: threading.E
     """One generation, collected: its events, stats and summary."""
     events: list[TokenEvent] = []
     stats: GenerationStats | None = None
-    for ev in generate_events(backend, request, cancel):
+    for ev in with_fingerprint(backend, request, generate_events(backend, request, cancel)):
         if isinstance(ev, Done):
             stats = ev.stats
         else:

@@ -1,4 +1,5 @@
-"""Replay a generation with its seed, optionally with one setting changed, and diff the tokens.
+"""Replay a generation with its seed, optionally with one setting changed, and diff the tokens;
+say whether the replay repeated the original (`replay_verdict`) and what differs in their fingerprints.
 
 The same seed, settings and prompt give the same tokens (the chain's draws
 depend only on the step). With one setting changed, the two runs take the
@@ -13,11 +14,16 @@ later equal positions are coincidences, not "unchanged" steps; the
 from __future__ import annotations
 
 import difflib
+import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from engine.events import TokenEvent
 from engine.experiments.compare import first_divergence
+from engine.fingerprint import Fingerprint
+from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings
 
 Opcode = tuple[str, int, int, int, int]  # difflib: (tag, a_start, a_end, b_start, b_end)
@@ -52,3 +58,126 @@ def changed_fields(a: SamplerSettings, b: SamplerSettings) -> dict[str, tuple[An
     """{field: (a's value, b's value)} for every field that differs."""
     return {f.name: (getattr(a, f.name), getattr(b, f.name)) for f in fields(SamplerSettings)
             if getattr(a, f.name) != getattr(b, f.name)}
+
+
+# ---------------------------------------------------------------------------------- would it repeat? (the verdict)
+
+IDENTICAL, WITHIN, DIVERGED = "identical", "within", "diverged"
+
+
+@dataclass(frozen=True)
+class ReplayVerdict:
+    """How a replay compares with its original, token by token and log-prob by log-prob.
+
+    `kind`: "identical" (same tokens, every log-prob equal bit for bit), "within" (same tokens, log-probs
+    differ by at most `max_logprob_diff`), "diverged" (a token differs first at `diverged_at`; up to
+    there the log-probs differed by at most `max_logprob_diff`). `fingerprint_changes` says which recorded
+    facts differ between the two runs ("n_threads 2 -> 4"); None when either run has no fingerprint.
+    """
+
+    kind: str
+    tokens: int  # positions compared (the longer run's length)
+    max_logprob_diff: float
+    diverged_at: int | None = None
+    original_token: str | None = None  # at `diverged_at`; None: the original had ended there
+    replay_token: str | None = None
+    fingerprint_changes: tuple[str, ...] | None = None
+
+    @property
+    def identical(self) -> bool:
+        return self.kind == IDENTICAL
+
+    def headline(self) -> str:
+        """'identical', 'same tokens, probabilities within 3.1e-06', "diverged at token 7 (' the' vs ' a')"."""
+        if self.kind == IDENTICAL:
+            return "identical"
+        if self.kind == WITHIN:
+            return f"same tokens, probabilities within {self.max_logprob_diff:.3g}"
+        def shown(t: str | None) -> str:
+            return "(ended)" if t is None else repr(t)
+        return f"diverged at token {self.diverged_at} ({shown(self.original_token)} vs {shown(self.replay_token)})"
+
+    def fingerprint_text(self) -> str:
+        """Which recorded facts differ, in words."""
+        if self.fingerprint_changes is None:
+            return "fingerprint: not recorded for both runs"
+        if not self.fingerprint_changes:
+            return "fingerprint: no recorded difference"
+        return "fingerprint differs: " + "; ".join(self.fingerprint_changes)
+
+    def describe(self) -> str:
+        return f"{self.headline()}; {self.fingerprint_text()}"
+
+
+def logprob_gap(a: float, b: float) -> float:
+    """|a - b|, with two equal values (two -inf) 0 and one infinite against a finite one inf."""
+    if a == b:
+        return 0.0
+    return abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
+
+
+def replay_verdict(
+    original: Sequence[TokenEvent],
+    replay: Sequence[TokenEvent],
+    original_fingerprint: Fingerprint | None = None,
+    replay_fingerprint: Fingerprint | None = None,
+) -> ReplayVerdict:
+    """Compare a replay's tokens and log-probs with the original's (events in order, index 0 first).
+
+    Log-probs are compared bit for bit (`==`): a replay that is "identical" computed the very same floats.
+    Past a divergence the runs continue different texts, so only the positions before it are measured.
+    """
+    changes = (tuple(original_fingerprint.changes(replay_fingerprint))
+               if original_fingerprint is not None and replay_fingerprint is not None else None)
+    worst = 0.0
+    n = max(len(original), len(replay))
+    for i in range(n):
+        a = original[i] if i < len(original) else None
+        b = replay[i] if i < len(replay) else None
+        if a is None or b is None or a.token_id != b.token_id:
+            return ReplayVerdict(DIVERGED, n, worst, i, a.token_text if a else None, b.token_text if b else None,
+                                 changes)
+        worst = max(worst, logprob_gap(a.logprob, b.logprob))
+    return ReplayVerdict(IDENTICAL if worst == 0.0 and _bitwise_equal(original, replay) else WITHIN, n, worst,
+                         fingerprint_changes=changes)
+
+
+def _bitwise_equal(a: Sequence[TokenEvent], b: Sequence[TokenEvent]) -> bool:
+    """Every log-prob the same float (0.0 and -0.0 apart, as `struct` sees them)."""
+    return all(struct.pack("<d", x.logprob) == struct.pack("<d", y.logprob) for x, y in zip(a, b))
+
+
+def fingerprint_of(stats: Any) -> Fingerprint | None:
+    """The fingerprint of a run's stats: a GenerationStats, or a stored / traced stats mapping (None: none, or
+    unreadable; an old record has none)."""
+    fp = getattr(stats, "fingerprint", None) if not isinstance(stats, dict) else stats.get("fingerprint")
+    if fp is None or isinstance(fp, Fingerprint):
+        return fp
+    try:
+        return Fingerprint.from_dict(fp)
+    except ValueError:
+        return None
+
+
+def request_for_run(run: Any, *, where: str = "the run") -> GenerationRequest:
+    """The request that makes a traced generation run again: its prompt ids, settings with its seed, its length
+    limit (the header's `max_new_tokens`, else as many tokens as it has) and stop strings; ValueError in words."""
+    h = run.header
+    ids = h.get("prompt_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                      for t in ids):
+        raise ValueError(f"{where} has no prompt ids to replay (a trace exported with no model loaded has none)")
+    settings = h.get("settings")
+    if not isinstance(settings, dict):
+        raise ValueError(f"{where} records no sampler settings, so it cannot be replayed")
+    seed = h.get("seed", (run.end or {}).get("seed"))
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{where} records no seed, so it cannot be replayed")
+    sampler = SamplerSettings.from_dict({**settings, "seed": seed})
+    limit = h.get("max_new_tokens")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        limit = max(1, len(run.tokens))
+    stop = h.get("stop") if isinstance(h.get("stop"), list) else []
+    top_n = max((len(t.get("top_model") or []) for t in run.tokens), default=20)
+    return GenerationRequest(prompt_ids=tuple(ids), sampler=sampler, max_new_tokens=limit,
+                             stop=tuple(s for s in stop if isinstance(s, str) and s), top_n=min(top_n, 1000))

@@ -29,6 +29,7 @@ from engine.backends.llamacpp.threads import default_threads
 from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
 from engine.cpu_load import ThreadsPerAnswer
 from engine.errors import ContextLengthError, ModelLoadError
+from engine.fingerprint import NumericSetup
 from engine.model_info import ModelInfo
 from engine.offload.auto import free_cpu_bytes
 from engine.runtime_settings import RuntimeFacts, RuntimeSettings, choose_context
@@ -128,6 +129,7 @@ class LlamaCppBackend(CachedTokens):
             cparams.no_perf = True
             if flash_attn is not None:
                 cparams.flash_attn_type = int(flash_attn)  # LLAMA_FLASH_ATTN_TYPE_DISABLED 0 / ENABLED 1
+            self.flash_attn = "auto" if flash_attn is None else "on" if flash_attn else "off"
             self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
             if not self.ctx:
                 why = native.take_recent_errors() or "out of memory?"
@@ -299,6 +301,16 @@ class LlamaCppBackend(CachedTokens):
         self._tokens = []
 
     # --- capabilities (engine.capabilities) ----------------------------------------------
+
+    def numeric_facts(self) -> NumericSetup:
+        """What changes the numbers here (NumericFacts): the library, the threads this answer used, the batch
+        sizes (a prompt is summed in n_ubatch-token pieces), flash attention, the layers on a GPU."""
+        device = "cpu" if self.gpu_plan.n_gpu_layers <= 0 else self.info.device.split(":")[0]
+        return NumericSetup.of(
+            ("llama-cpp-python",), device=device, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
+            n_batch=self.n_batch, n_ubatch=self.n_batch, flash_attn=self.flash_attn,
+            n_gpu_layers=self.gpu_plan.n_gpu_layers, kv_cache="f16", gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
+        )
 
     def layer_capture(self, token_ids, positions, *, top_k: int = 10, attention: bool = False) -> list:
         """Each layer's prediction at `positions` and, when asked, attention (LayerLens: llamacpp/lens.py)."""

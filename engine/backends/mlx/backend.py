@@ -21,6 +21,7 @@ from engine.backends.base import CachedTokens
 from engine.backends.mlx.runner import MlxRunner
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
+from engine.fingerprint import NumericSetup
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,10 @@ class MlxBackend(CachedTokens):
             backend=self.name,
             device=f"{mx.default_device().type.name} (mlx {mx.__version__})",
         )
+
+    def numeric_facts(self) -> NumericSetup:
+        """What changes the numbers here (NumericFacts): mlx and mlx-lm's versions, the device, the dtypes."""
+        return NumericSetup.of(("mlx", "mlx-lm"), device=mx.default_device().type.name, dtype=self.info.dtype)
 
     # --- the Backend protocol -------------------------------------------------
 

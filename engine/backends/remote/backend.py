@@ -28,6 +28,7 @@ from engine.backends.remote.probe import ServerCapabilities, probe
 from engine.backends.remote.step import next_token_top
 from engine.backends.remote.tokenizer import MissingTokenizer, RemoteTokenizer, check_server_token_ids
 from engine.model_info import ModelInfo
+from engine.fingerprint import NumericSetup
 from engine.printable import printable
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,13 @@ class RemoteBackend(CachedTokens):
             server=caps.server_info(client.options.host),
             reports_top_n=self.top_n,
         )
+
+    def numeric_facts(self) -> NumericSetup:
+        """What is known here of how the server computes (NumericFacts): its kind and model, and the top N
+        log-probs it reports (the sampler sees only those); its own threads and versions are the server's."""
+        return NumericSetup(device=self.info.device, settings=(
+            ("server", self.caps.server_info(self.client.options.host).kind), ("server_model", self.caps.model),
+            ("top_logprobs", self.top_n)))
 
     @classmethod
     def connect(cls, spec: str, progress=None, transport=None, **overrides) -> "RemoteBackend":

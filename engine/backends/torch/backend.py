@@ -37,6 +37,7 @@ from engine.backends.torch.lean import LeanDecodeStep
 from engine.backends.torch.runner import TorchRunner
 from engine.devices import check_device_name, require_available
 from engine.errors import ModelLoadError
+from engine.fingerprint import NumericSetup
 from engine.model_info import ModelInfo
 from engine.tokenizer import Tokenizer
 
@@ -153,6 +154,19 @@ class TorchBackend(CachedTokens):
             bytes=nbytes,
             backend=self.name,
             device=device,
+        )
+
+    def numeric_facts(self) -> NumericSetup:
+        """What changes the numbers here (NumericFacts): the libraries, device and dtype, the CPU threads of
+        this answer (a matmul split another way sums in another order), which decode step ran, attention."""
+        step = "compiled" if self.compiled is not None else "lean" if self.lean is not None else "transformers"
+        return NumericSetup.of(
+            ("torch", "transformers"), device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
+            n_threads=torch.get_num_threads() if self.device.type == "cpu" else None, decode_step=step,
+            attention=str(getattr(self.model.config, "_attn_implementation", "") or ""),
+            matmul_precision=torch.get_float32_matmul_precision(),
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+            offload=self.offload.policy.describe() if self.offload is not None else None,
         )
 
     # --- the Backend protocol -------------------------------------------------

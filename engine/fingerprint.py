@@ -1,0 +1,284 @@
+"""What an answer's numbers depend on, recorded with the answer: its fingerprint.
+
+Two runs with the same fingerprint and the same prompt should give the same tokens and
+the same log-probs bit for bit; when a replay does not, the fields that differ
+(`Fingerprint.changes`) are where to look first: "n_threads 2 -> 4" (a matmul summed in
+another order), "llama-cpp-python 0.3.36 -> 0.3.40", "model_sha256 ab12... -> cd34...".
+
+A backend states what it computes with through the `NumericFacts` capability
+(engine/capabilities.py): its libraries' versions and the settings that change the
+arithmetic (threads, batch sizes, flash attention, dtype). The model file's hash comes
+from the file itself (memoised by size and modification time, so it is read once).
+Everything is asked when the answer ends, because some facts (llama.cpp's threads) are
+chosen per answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.capabilities import NumericFacts
+from engine.events import Done, Event
+
+if TYPE_CHECKING:
+    from engine.backends.base import Backend
+    from engine.request import GenerationRequest
+
+log = logging.getLogger(__name__)
+
+Scalar = str | int | float | bool | None
+# Request fields that say what to continue, when to stop or what to report, not how a token is computed.
+_NOT_NUMERIC = frozenset({"prompt", "messages", "prompt_ids", "sampler", "max_new_tokens", "stop", "top_n",
+                          "record_stages", "assistant_prefix", "forced_tokens", "ignore_eos"})
+_WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".bin", ".npz", ".pt", ".pth")
+MAX_TEXT = 4096  # a fingerprint's longest text (a value read from a file is refused past it)
+
+
+def library_version(distribution: str) -> str:
+    """The installed version of a Python distribution ("" when it is not installed)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+@dataclass(frozen=True)
+class NumericSetup:
+    """What a backend computes with, as far as the numbers go (the `NumericFacts` capability's answer).
+
+    Attributes:
+        libraries: (distribution, version) of each library that computes, e.g. ("llama-cpp-python", "0.3.36").
+        device: where it computes, without the per-answer details (threads are a setting).
+        settings: (name, value) of each setting that can change the numbers, e.g. ("n_threads", 2).
+    """
+
+    libraries: tuple[tuple[str, str], ...] = ()
+    settings: tuple[tuple[str, Scalar], ...] = ()
+    device: str = ""  # where it computes, plainly ("cpu", "cuda:0"); "": ModelInfo.device says
+
+    @classmethod
+    def of(cls, distributions: Iterable[str], device: str = "", **settings: Scalar) -> "NumericSetup":
+        """The installed versions of `distributions` and `settings` in the order given."""
+        return cls(tuple((d, library_version(d)) for d in distributions), tuple(settings.items()), device)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Everything an answer's tokens and log-probs depend on besides its prompt.
+
+    `sampler` is the sampler settings as saved (`SamplerSettings.to_dict`, the run's seed in it),
+    `extras` any other request field that changes the tokens (a constraint, steering), each as
+    its record. A field that is unknown is "" (a server model has no file hash here).
+    """
+
+    model_name: str
+    model_sha256: str
+    model_revision: str
+    backend: str
+    device: str
+    libraries: tuple[tuple[str, str], ...]
+    numerics: tuple[tuple[str, Scalar], ...]
+    seed: int
+    sampler: Mapping[str, Any] = field(default_factory=dict)
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    def flat(self) -> dict[str, Any]:
+        """Every compared value under one name: plain fields, each library, numeric setting and sampler field."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)
+                               if f.name not in ("libraries", "numerics", "sampler", "extras")}
+        out.update((name, version) for name, version in self.libraries)
+        out.update(self.numerics)
+        out.update((f"sampler.{k}", _canonical(v)) for k, v in self.sampler.items())
+        out.update((k, _canonical(v)) for k, v in self.extras.items())
+        return out
+
+    def diff(self, other: "Fingerprint") -> list[str]:
+        """The names (as in `flat`) whose values differ between the two, in this fingerprint's order."""
+        a, b = self.flat(), other.flat()
+        return [k for k in (*a, *(k for k in b if k not in a)) if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
+
+    def changes(self, other: "Fingerprint") -> list[str]:
+        """`diff` in words: "n_threads 2 -> 4", "llama-cpp-python 0.3.36 -> 0.3.40" (this -> other)."""
+        a, b = self.flat(), other.flat()
+        return [f"{k} {_shown(a.get(k, _ABSENT))} -> {_shown(b.get(k, _ABSENT))}" for k in self.diff(other)]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["libraries"] = [list(p) for p in self.libraries]
+        d["numerics"] = [list(p) for p in self.numerics]
+        d["sampler"], d["extras"] = dict(self.sampler), dict(self.extras)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Fingerprint":
+        """A fingerprint read from a file or the database; ValueError saying what is wrong with it."""
+        return check_fingerprint_dict(d)
+
+    def summary(self) -> str:
+        """One line for people: model, hash, backend and versions, device, the numeric settings, seed."""
+        libs = ", ".join(f"{n} {v}" for n, v in self.libraries if v)
+        nums = ", ".join(f"{n}={_shown(v)}" for n, v in self.numerics)
+        sha = self.model_sha256[:12] or "unknown"
+        return (f"{self.model_name} (sha256 {sha}); {self.backend} [{libs}] on {self.device}; "
+                f"{nums}{'; ' if nums else ''}seed {self.seed}")
+
+
+_ABSENT = object()
+
+
+def _canonical(v: Any) -> Any:
+    """A JSON-like value in one spelling (tuples as lists), so a value read back compares equal."""
+    return json.loads(json.dumps(v, sort_keys=True, default=str))
+
+
+def _shown(v: Any) -> str:
+    if v is _ABSENT:
+        return "(none)"
+    if isinstance(v, str):
+        return v[:16] + "…" if len(v) == 64 and all(c in "0123456789abcdef" for c in v) else repr(v) if not v else v
+    return json.dumps(v, default=str) if not isinstance(v, (int, float, bool)) or isinstance(v, bool) else str(v)
+
+
+def check_fingerprint_dict(d: Any) -> Fingerprint:
+    """`d` (JSON) as a Fingerprint, every field checked; ValueError naming the first field that is wrong."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a fingerprint is a mapping, got {type(d).__name__}")
+    texts = ("model_name", "model_sha256", "model_revision", "backend", "device")
+    for name in texts:
+        v = d.get(name, "")
+        if not isinstance(v, str) or len(v) > MAX_TEXT:
+            raise ValueError(f"fingerprint field {name!r} must be a text (at most {MAX_TEXT} characters), got {_what(v)}")
+    sha = d.get("model_sha256", "")
+    if sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
+        raise ValueError("fingerprint field 'model_sha256' must be 64 lowercase hex digits (or empty)")
+    seed = d.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"fingerprint field 'seed' must be a whole number from 0 to 2**64-1, got {_what(seed)}")
+    libraries = _pairs(d.get("libraries", []), "libraries", lambda v: isinstance(v, str) and len(v) <= MAX_TEXT)
+    numerics = _pairs(d.get("numerics", []), "numerics", _is_scalar)
+    for name in ("sampler", "extras"):
+        v = d.get(name, {})
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise ValueError(f"fingerprint field {name!r} must be a mapping with text keys, got {_what(v)}")
+    unknown = sorted(set(d) - {f.name for f in fields(Fingerprint)})
+    if unknown:
+        raise ValueError(f"fingerprint has unknown field(s) {', '.join(map(repr, unknown[:5]))}")
+    text = {n: str(d.get(n, "")) for n in texts}
+    return Fingerprint(model_name=text["model_name"], model_sha256=text["model_sha256"],
+                       model_revision=text["model_revision"], backend=text["backend"], device=text["device"],
+                       libraries=libraries, numerics=numerics, seed=seed,
+                       sampler=dict(d.get("sampler", {})), extras=dict(d.get("extras", {})))
+
+
+def _is_scalar(v: Any) -> bool:
+    if isinstance(v, float):
+        return v == v and abs(v) != float("inf")
+    return v is None or isinstance(v, (bool, int)) or (isinstance(v, str) and len(v) <= MAX_TEXT)
+
+
+def _pairs(value: Any, name: str, ok: Any) -> tuple[tuple[str, Any], ...]:
+    if not isinstance(value, list) or len(value) > 256:
+        raise ValueError(f"fingerprint field {name!r} must be a list of [name, value] pairs, got {_what(value)}")
+    out = []
+    for pair in value:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str)
+                and 0 < len(pair[0]) <= 200 and ok(pair[1])):
+            raise ValueError(f"fingerprint field {name!r} holds {_what(pair)}, not a [name, value] pair")
+        out.append((pair[0], pair[1]))
+    return tuple(out)
+
+
+def _what(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else f"{type(v).__name__} ({len(text)} characters)"
+
+
+# ---------------------------------------------------------------------------------------------- building one
+
+_hash_lock = threading.Lock()
+_hashes: dict[tuple[str, int, int], str] = {}
+
+
+def model_sha256(path: str) -> str:
+    """SHA-256 of the model's weights: a file's own, or for a folder the hash of its weight files' hashes
+    (name and digest, sorted). "" when `path` is not on this machine (a server model)."""
+    p = Path(path) if path else None
+    if p is None or not p.exists():
+        return ""
+    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_WEIGHT_SUFFIXES))
+    if not files:
+        return ""
+    digests = [(f.name, _file_sha256(f)) for f in files]
+    if p.is_file():
+        return digests[0][1]
+    return hashlib.sha256("\n".join(f"{n} {d}" for n, d in digests).encode()).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    from engine.sources.gguf_convert import file_sha256  # the memo on disk (by path, size and mtime)
+
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    with _hash_lock:
+        if key not in _hashes:
+            _hashes[key] = file_sha256(path)
+        return _hashes[key]
+
+
+def _record(value: Any) -> Any:
+    """A request field's record: its own `to_dict()` when it has one, else its text."""
+    to_dict = getattr(value, "to_dict", None)
+    return _canonical(to_dict()) if callable(to_dict) else repr(value)
+
+
+def sampler_record(settings: Any) -> dict[str, Any]:
+    """The sampler settings as saved; a custom stage (Python code) is kept by name only."""
+    custom = [c.name for c in settings.custom_stages]
+    d = settings.without_custom_stages().to_dict() if custom else settings.to_dict()
+    if custom:
+        d["custom_stages"] = custom
+    return _canonical(d)
+
+
+def fingerprint_for(backend: "Backend", request: "GenerationRequest", seed: int) -> Fingerprint:
+    """The fingerprint of an answer `backend` just made for `request` with `seed`."""
+    info = backend.info
+    setup = backend.numeric_facts() if isinstance(backend, NumericFacts) else NumericSetup()
+    extras = {}
+    for f in fields(request):
+        value = getattr(request, f.name)
+        if f.name in _NOT_NUMERIC or value is None or value is False:
+            continue
+        extras[f.name] = _record(value)
+    return Fingerprint(
+        model_name=info.name,
+        model_sha256=model_sha256(info.path) if info.runs_locally else "",
+        model_revision=info.revision,
+        backend=info.backend,
+        device=setup.device or info.device,
+        libraries=setup.libraries,
+        numerics=setup.settings,
+        seed=int(seed),
+        sampler=sampler_record(request.sampler.with_(seed=int(seed))),
+        extras=extras,
+    )
+
+
+def with_fingerprint(backend: "Backend", request: "GenerationRequest", events: Iterable[Event]) -> Iterator[Event]:
+    """`events` with the final Done's stats carrying the answer's fingerprint (a failure to make one is
+    logged and leaves it out: the answer matters more than its record)."""
+    for event in events:
+        if isinstance(event, Done) and event.stats.fingerprint is None:
+            try:
+                event = Done(replace(event.stats, fingerprint=fingerprint_for(backend, request, event.stats.seed)))
+            except Exception:  # noqa: BLE001 - never lose an answer over its fingerprint
+                log.warning("could not make the answer's fingerprint", exc_info=True)
+        yield event

@@ -1,0 +1,138 @@
+"""Answers you can trust to repeat: every answer's fingerprint, and the replay's verdict (issue 35 item 4)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine.events import Done, TokenEvent
+from engine.experiments.replay import fingerprint_of, replay_verdict
+from engine.fingerprint import Fingerprint
+from engine.request import GenerationRequest
+from engine.sampling.settings import SamplerSettings
+from engine.worker import events_for
+
+PROMPT = "The three primary colours are"
+
+
+def run(backend, request) -> tuple[list[TokenEvent], Done]:
+    events, done = [], None
+    for ev in events_for(backend, request, threading.Event()):
+        if isinstance(ev, Done):
+            done = ev
+        else:
+            events.append(ev)
+    assert done is not None
+    return events, done
+
+
+def request(seed: int = 11, **sampler) -> GenerationRequest:
+    settings = SamplerSettings(seed=seed, **({"temperature": 0.9, "top_k": 40} | sampler))
+    return GenerationRequest(prompt=PROMPT, sampler=settings, max_new_tokens=12)
+
+
+@pytest.mark.slow
+def test_llamacpp_answer_carries_its_fingerprint(fresh_default_llamacpp):
+    import llama_cpp
+
+    backend = fresh_default_llamacpp
+    _, done = run(backend, request())
+    fp = done.stats.fingerprint
+    assert isinstance(fp, Fingerprint)
+    digest = hashlib.sha256(Path(backend.info.path).read_bytes()).hexdigest()
+    assert fp.model_sha256 == digest
+    assert fp.backend == backend.info.backend and fp.device == "cpu"
+    assert dict(fp.libraries) == {"llama-cpp-python": llama_cpp.__version__}
+    numerics = dict(fp.numerics)
+    assert numerics["n_threads"] == backend.n_threads and numerics["n_batch"] == backend.n_batch
+    assert {"n_ubatch", "flash_attn", "n_threads_batch", "n_gpu_layers"} <= set(numerics)
+    assert fp.seed == done.stats.seed == 11
+    assert fp.sampler["temperature"] == 0.9 and fp.sampler["top_k"] == 40 and fp.sampler["seed"] == 11
+    # It travels as JSON (the database, traces, loom files) and reads back equal.
+    back = Fingerprint.from_dict(json.loads(json.dumps(done.stats.to_dict()["fingerprint"])))
+    assert back == fp and back.diff(fp) == []
+
+
+@pytest.mark.slow
+def test_torch_answer_carries_its_fingerprint(fresh_default_torch):
+    import torch
+    import transformers
+
+    _, done = run(fresh_default_torch, request())
+    fp = done.stats.fingerprint
+    assert dict(fp.libraries) == {"torch": torch.__version__, "transformers": transformers.__version__}
+    numerics = dict(fp.numerics)
+    assert numerics["dtype"] == "float32" and numerics["n_threads"] == torch.get_num_threads()
+    assert numerics["decode_step"] in ("lean", "transformers", "compiled")
+    assert fp.device == "cpu" and len(fp.model_sha256) == 64
+
+
+def test_diff_names_each_field_that_differs():
+    base = Fingerprint("m", "a" * 64, "", "llamacpp", "cpu", (("llama-cpp-python", "0.3.36"),),
+                       (("n_threads", 2), ("n_batch", 512)), 7, {"temperature": 0.8, "top_k": 40})
+    other = dataclasses.replace(base, numerics=(("n_threads", 4), ("n_batch", 512)), seed=8,
+                                libraries=(("llama-cpp-python", "0.3.40"),),
+                                sampler={"temperature": 0.8, "top_k": 20}, extras={"steering": {"scale": 2}})
+    assert base.diff(base) == []
+    assert base.diff(other) == ["seed", "llama-cpp-python", "n_threads", "sampler.top_k", "steering"]
+    assert "n_threads 2 -> 4" in base.changes(other)
+    assert "llama-cpp-python 0.3.36 -> 0.3.40" in base.changes(other)
+    assert "steering (none) -> {\"scale\": 2}" in base.changes(other)
+
+
+@pytest.mark.parametrize("bad, words", [
+    ([1, 2], "a mapping"),
+    ({"seed": -1}, "'seed'"),
+    ({"seed": True}, "'seed'"),
+    ({"seed": 1, "model_sha256": "xyz"}, "64 lowercase hex"),
+    ({"seed": 1, "numerics": [["n_threads", float("nan")]]}, "'numerics'"),
+    ({"seed": 1, "numerics": {"n_threads": 2}}, "'numerics'"),
+    ({"seed": 1, "libraries": [["torch"]]}, "'libraries'"),
+    ({"seed": 1, "backend": 3}, "'backend'"),
+    ({"seed": 1, "device": "x" * 5000}, "'device'"),
+    ({"seed": 1, "sampler": [1]}, "'sampler'"),
+    ({"seed": 1, "surprise": 1}, "unknown field"),
+])
+def test_a_hostile_fingerprint_is_refused_in_words(bad, words):
+    with pytest.raises(ValueError, match=words):
+        Fingerprint.from_dict(bad)
+    assert fingerprint_of({"fingerprint": bad}) is None  # a stored one that will not read is left out
+    assert fingerprint_of({}) is None  # an old record has none
+
+
+@pytest.mark.slow
+def test_replay_verdicts_on_llamacpp(fresh_default_llamacpp):
+    backend = fresh_default_llamacpp
+    first, done = run(backend, request())
+    backend.trim_cache(0)
+    again, done2 = run(backend, request())
+    v = replay_verdict(first, again, done.stats.fingerprint, done2.stats.fingerprint)
+    assert v.kind == "identical" and v.max_logprob_diff == 0.0 and v.fingerprint_changes == ()
+    assert v.headline() == "identical"
+    # A changed setting: where it diverges, which tokens, and the fingerprint field that differs.
+    other, done3 = run(backend, request(top_k=2))
+    v = replay_verdict(first, other, done.stats.fingerprint, done3.stats.fingerprint)
+    assert v.kind == "diverged" and v.diverged_at is not None
+    i = v.diverged_at
+    assert first[i].token_id != other[i].token_id
+    assert all(first[j].token_id == other[j].token_id for j in range(i))
+    assert v.headline() == f"diverged at token {i} ({first[i].token_text!r} vs {other[i].token_text!r})"
+    assert "sampler.top_k 40 -> 2" in v.fingerprint_changes
+
+
+def test_verdict_within_and_ended():
+    def ev(i, tid, lp):
+        return TokenEvent(i, tid, "x", f"t{tid}", lp, lp, 0, 0.0, (), ())
+    a = [ev(0, 5, -1.0), ev(1, 6, -2.0)]
+    b = [ev(0, 5, -1.0), ev(1, 6, -2.0 + 3e-6)]
+    v = replay_verdict(a, b)
+    assert v.kind == "within" and v.max_logprob_diff == pytest.approx(3e-6)
+    assert v.headline() == "same tokens, probabilities within 3e-06"
+    assert v.fingerprint_changes is None
+    v = replay_verdict(a, a[:1])
+    assert v.kind == "diverged" and v.diverged_at == 1 and v.headline() == "diverged at token 1 ('t6' vs (ended))"
