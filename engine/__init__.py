@@ -32,6 +32,7 @@ from engine import library  # models on this machine, and downloads (engine.libr
 from engine import chat_templates  # built-in and chosen chat templates, which one a model uses
 from engine import reasoning  # <think>…</think> in answers and in the next turn's prompt (engine.reasoning)
 from engine import lens  # the layer view (logit lens) and attention of a position (engine.lens)
+from engine import steering  # control vectors: load, save, train, apply, what they did (engine.steering)
 from engine.open_model import load_model
 from engine.sources.remote_code import custom_code_files
 from engine.sources.default_model import DefaultModelMissingError, default_model_path, download_default_model, models_dir
@@ -99,6 +100,7 @@ __all__ = [
     "loom",
     "library",
     "lens",
+    "steering",
     "reasoning",
     "custom_code_files",
     "list_server_models",
