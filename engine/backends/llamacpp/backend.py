@@ -25,6 +25,7 @@ from engine.backends.llamacpp.abort import ABORTED, AbortSwitch
 from engine.backends.llamacpp.gguf_header import kv_bytes_per_token, read_header
 from engine.backends.llamacpp.placement import layers_as_asked, plan_gpu_layers
 from engine.backends.llamacpp.runner import LlamaCppRunner
+from engine.backends.llamacpp.steering import LlamaCppSteering
 from engine.backends.llamacpp.threads import default_threads
 from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
 from engine.cpu_load import ThreadsPerAnswer
@@ -41,7 +42,7 @@ N_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch); a ca
 NO_GPU = "this llama.cpp build runs on the CPU only (no Metal, CUDA or Vulkan), so no layers can go to a GPU"
 
 
-class LlamaCppBackend(CachedTokens):
+class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vectors (steering.py)
     name = "llamacpp"
 
     def __init__(

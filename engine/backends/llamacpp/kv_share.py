@@ -27,13 +27,20 @@ log = logging.getLogger(__name__)
 MIN_REUSE = 16  # shared tokens: below this, copying the backend's KV state costs more than running them
 
 
-def reuse_backend_state(backend: Any, ctx: Any, prefix: Sequence[int], seq: int = 0, *, limit: int | None = None) -> int:
+def reuse_backend_state(
+    backend: Any, ctx: Any, prefix: Sequence[int], seq: int = 0, *, limit: int | None = None, steering_key: Any = None
+) -> int:
     """Copy the backend's cached KV state into sequence `seq` of `ctx`, cut to what `prefix` shares (at most
     `limit` tokens); returns the tokens kept (0: nothing was copied, `seq` is empty).
 
     Runs on the backend's worker thread: the backend's context is only read. A state that does not load here
     (another cache type, a context too small) is a debug line and 0, never an error.
     """
+    # Keys and values computed under a control vector are not an unsteered context's (nor another vector's):
+    # copied only into a context steered the same way (`steering_key`, None for none: engine/steering).
+    key_now = getattr(backend, "steering_key", None)
+    if (key_now() if key_now is not None else None) != steering_key:
+        return 0
     shared = common_prefix_len(backend.cached_tokens(), prefix)
     if limit is not None:
         shared = min(shared, limit)

@@ -35,6 +35,7 @@ from engine.backends.torch.compile import CompiledDecodeStep, compile_wanted, re
 from engine.backends.torch.foreground import foreground_step
 from engine.backends.torch.lean import LeanDecodeStep
 from engine.backends.torch.runner import TorchRunner
+from engine.backends.torch.steering import TorchSteering
 from engine.devices import check_device_name, require_available
 from engine.errors import ModelLoadError
 from engine.fingerprint import NumericSetup
@@ -77,7 +78,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-class TorchBackend(CachedTokens):
+class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the decoder layers (steering.py)
     name = "torch"
 
     def __init__(
@@ -207,7 +208,8 @@ class TorchBackend(CachedTokens):
         """Many sequences in one transformers forward (BatchRunners)."""
         return TorchRunner(self.model, getattr(self.tokenizer.hf, "pad_token_id", None) or 0,
                            lean=self.lean, lean_tolerance=LEAN_TOLERANCE[self.dtype],
-                           backend_cache=lambda: (self._tokens, self._cache))
+                           # a steered cache is not what the unsteered rows compute: not shared then
+                           backend_cache=lambda: (self._tokens, self._cache) if self.steering_key() is None else ((), None))
 
     def position_runner(self, n_tokens: int) -> TorchRunner:
         """Every position of one sequence (PositionRunners); its KV cache goes where the offload policy
@@ -241,15 +243,18 @@ class TorchBackend(CachedTokens):
         if self._cache is None:
             self._cache = self._new_cache()
         one_token = len(token_ids) == 1 and getattr(self._cache, "supports_static_step", False)
-        step = self.compiled.step if self.compiled is not None and one_token else None
+        # The compiled step has no steering in its graph: transformers' forward (hooks) or the lean step instead.
+        steered = self.steering_tensor() is not None
+        step = self.compiled.step if self.compiled is not None and one_token and not steered else None
         try:
-            if step is not None:
-                with self._cache.static_step():
-                    logits = step(self.model, self._ids(token_ids), self._cache)
-            elif self.lean is not None and one_token:
-                logits = self._lean_step(int(token_ids[0]))
-            else:
-                logits = self._transformers_forward(token_ids)
+            with self.steered():  # the hooks add the steering to transformers' forward (none when unsteered)
+                if step is not None:
+                    with self._cache.static_step():
+                        logits = step(self.model, self._ids(token_ids), self._cache)
+                elif self.lean is not None and one_token:
+                    logits = self._lean_step(int(token_ids[0]))
+                else:
+                    logits = self._transformers_forward(token_ids)
         except BaseException:
             self._reset()  # a half-updated cache no longer matches self._tokens
             raise
@@ -268,9 +273,9 @@ class TorchBackend(CachedTokens):
         """One token through the lean step; its first use per model is checked against transformers' forward."""
         lean = self.lean
         if lean.verified:
-            return lean.step(token, self._cache)
+            return lean.step(token, self._cache, self.steering_tensor())
         try:
-            ours = lean.step(token, self._cache)
+            ours = lean.step(token, self._cache, self.steering_tensor())
         except Exception as e:  # a model the step misjudged costs speed, never the answer; the cache is intact
             self.lean = None  # (layer lengths move only after every layer ran)
             log.warning("the lean decode step failed (%s: %s); decoding uses transformers' forward",

@@ -231,8 +231,12 @@ class LeanDecodeStep:
         return None
 
     @torch.inference_mode()
-    def step(self, token_id: int, cache: GrowingCache) -> torch.Tensor:
-        """Logits (1, 1, V) after `token_id`; the caller has checked `cache.supports_static_step`."""
+    def step(self, token_id: int, cache: GrowingCache, steer: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (1, 1, V) after `token_id`; the caller has checked `cache.supports_static_step`.
+
+        `steer` (n_layer, D): row i is added to layer i's output (steering, engine/backends/torch/steering.py),
+        where the backend's hooks add it in transformers' forward.
+        """
         layers = cache.attention_layers()
         position = layers[0].length
         self._ids.fill_(token_id)
@@ -245,7 +249,7 @@ class LeanDecodeStep:
         grouped = position + 1 >= GROUPED_ATTENTION_FROM
         linears = self._linears
         qkv_linear, o_linear, gate_up_linear, down_linear = (linears[role] for role in LAYER_ROLES)
-        for weights, cached in zip(self.layers, layers):
+        for index, (weights, cached) in enumerate(zip(self.layers, layers)):
             x = rms_norm(h, weights.norm_in, weights.eps_in)
             qkv = qkv_linear(x, weights.qkv, weights.qkv_bias)  # (1, (H + 2 KV) * hd)
             qk = qkv[:, : weights.rope_rows].view(1, heads + kv_heads, hd)
@@ -269,6 +273,8 @@ class LeanDecodeStep:
             gate_up = gate_up_linear(x, weights.gate_up, weights.gate_up_bias)
             mixed = weights.act(gate_up[:, : weights.intermediate]) * gate_up[:, weights.intermediate :]
             h = h + down_linear(mixed, weights.down, weights.down_bias)
+            if steer is not None:
+                h = h + steer[index]
         for cached in layers:
             cached.length += 1
         return linears["head"](rms_norm(h, self.norm, self.norm_eps), self.head, self.head_bias).view(1, 1, -1)
