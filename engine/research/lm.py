@@ -386,6 +386,11 @@ class LanguageModel:
                            eos_token_ids=sorted(self.tokenizer.eos_token_ids), pad_id=self.runner.pad_id,
                            context_length=self.context_length)
 
+    def call(self, fn):  # (Callable[[Backend], T]) -> Future[T]
+        """`fn(backend)` on this model's thread, the one every forward runs on (as `Engine.call`); used by
+        engine.experiments.model_diff to compare two models."""
+        return self._executor.submit(fn, self.backend)
+
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         close_runner = getattr(self.runner, "close", None)  # llama.cpp: its context goes before the model
