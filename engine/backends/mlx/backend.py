@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.backends.base import CachedTokens
 from engine.backends.mlx.runner import MlxRunner
+from engine.backends.mlx.steering import MlxSteering
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
 from engine.fingerprint import NumericSetup
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class MlxBackend(CachedTokens):
+class MlxBackend(CachedTokens, MlxSteering):  # steering: its layers wrapped while a forward is built (steering.py)
     name = "mlx"
 
     def __init__(self, folder: Path, *, spec: str, display_name: str, trust_remote_code: bool = False):
@@ -105,7 +106,7 @@ class MlxBackend(CachedTokens):
         if self._cache is None:
             self._cache = self._make_cache(self.model)
         try:
-            with mx.stream(self.stream):
+            with mx.stream(self.stream), self.steered():
                 inputs = mx.array(list(token_ids), dtype=mx.int32)[None]  # (1, T)
                 if inputs.shape[1] > 1:
                     # mlx-lm models have no `logits_to_keep`: run all but the last token for
