@@ -66,7 +66,7 @@ def cmd_serve(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any
         options = ServeOptions(top_n=args.record_top_n, record_stages=not args.no_stages)
         server = start_server(engine, args.host, args.port, args.api_key, sink, upstream=args.upstream,
                               upstream_api_key=args.upstream_api_key, options=options)
-        what = f"forwarding to {args.upstream}" if args.upstream else f"serving {engine.info.name}"
+        what = f"serving {engine.info.name}" if engine is not None else f"forwarding to {args.upstream}"
         print(f"{what} at {server.url} (OpenAI-compatible; Ctrl-C stops)", file=sys.stderr, flush=True)
         if not is_loopback(args.host):
             print(f"listening on {args.host}: reachable from other machines; every request needs the API key",

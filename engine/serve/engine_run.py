@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from typing import cast
 
 from engine.engine import Engine
 from engine.events import Done, Event
@@ -51,7 +52,7 @@ async def engine_events(engine: Engine, request: GenerationRequest, n: int,
                 return
             if isinstance(item, BaseException):
                 raise item
-            index, event = item  # type: ignore[misc]
+            index, event = cast("tuple[int, Event | BaseException]", item)
             if isinstance(event, BaseException):
                 raise event
             yield index, event

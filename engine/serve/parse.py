@@ -113,7 +113,7 @@ def parse_request(endpoint: Endpoint, body: dict[str, Any], ctx: ParseContext) -
     constraint = _constraint(body)
     ignore_eos = f.flag(body, "ignore_eos")
     top_n = max(ctx.top_n, top or 0)
-    common = dict(sampler=sampler, stop=stop, top_n=top_n, record_stages=ctx.record_stages, constraint=constraint,
+    common: dict[str, Any] = dict(sampler=sampler, stop=stop, top_n=top_n, record_stages=ctx.record_stages, constraint=constraint,
                   ignore_eos=ignore_eos)
     try:
         if messages is not None:

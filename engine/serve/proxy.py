@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine.backends.remote.errors import ServerError
+from engine.events import FinishReason
 from engine.serve import fields as f
 from engine.serve.errors import ApiError
 from engine.serve.exchange import Endpoint, ServedChoice, ServedExchange, Sinks
@@ -221,11 +222,16 @@ class ProxyService:
              disconnected: bool = False) -> None:
         if self.active.pop(answer.exchange.id, None) is None:
             return
-        ended = "cancelled" if (answer.stopped or disconnected) else ("error" if error else None)
+        ended: FinishReason | None = "cancelled" if (answer.stopped or disconnected) else ("error" if error else None)
         choices = []
         for i, c in enumerate(answer.choices):
             stats = c.stats(t0, prompt_tokens, seed, ended if c.finish is None or error else None, error)
-            reason = "error" if error else ("stop" if answer.stopped and c.finish is None else (c.finish or "stop"))
+            if error:
+                reason = "error"
+            elif c.finish is None:
+                reason = "cancelled" if disconnected else "stop"  # gone before the end; or the window's Stop
+            else:
+                reason = c.finish
             choices.append(ServedChoice(i, tuple(c.events), stats, reason))
         answer.exchange = dataclasses.replace(answer.exchange, finished_at=time.time(), choices=tuple(choices),
                                               error=error, stopped=answer.stopped, disconnected=disconnected)

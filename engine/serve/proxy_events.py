@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.backends.remote.step import chosen_tokens, parse_alternatives, position_entries
-from engine.events import GenerationStats, TokenEvent, TokenProb, rest_entry
+from engine.events import FinishReason, GenerationStats, TokenEvent, TokenProb, rest_entry
 
 
 def upstream_tokens(logprobs: Any) -> list[tuple[int, str, float, list[tuple[int, str, float]]]]:
@@ -77,10 +77,11 @@ class UpstreamChoice:
             self.finish = choice["finish_reason"]
         return new
 
-    def stats(self, t0: float, prompt_tokens: int, seed: int | None, ended: str | None = None,
+    def stats(self, t0: float, prompt_tokens: int, seed: int | None, ended: FinishReason | None = None,
               error: str | None = None) -> GenerationStats:
         now = time.perf_counter()
-        finish = ended or {"length": "length", "stop": "eos", None: "cancelled"}.get(self.finish, "eos")
+        finish: FinishReason = ended or ("length" if self.finish == "length" else
+                                         "cancelled" if self.finish is None else "eos")
         n = len(self.events)
         first = (self.t_first - t0) if self.t_first is not None else 0.0
         decode_s = now - self.t_first if self.t_first is not None else 0.0
