@@ -1,0 +1,136 @@
+"""The server (engine.serve) against the engine called directly, on the default model, in the same run.
+
+- **one stream**: tokens/s of a streamed chat answer through `logitlab-cli serve`'s server with the official
+  `openai` client vs the same request run on the `Engine` directly (`engine.generate`: the very
+  `GenerationRequest` the server ran, read from its record: same prompt ids, settings, seed, top-N and stage
+  records, `ignore_eos` so both make exactly `--tokens` tokens). Timed from sending to the last token, best of
+  `--rounds`, alternating so drift hits both alike. Last line of the part: `ratio_served_vs_direct=X.XX`
+  (goal >= 0.9).
+- **8 streams at once**: eight clients stream at the same time; every one must finish. Prints the aggregate
+  tokens/s (all tokens / wall time) and each stream's time to its first token (the model serves one answer at
+  a time, fairly between clients, so the later ones wait).
+
+    python bench/serve.py [--tokens 128] [--rounds 3] [--streams 8] [--stream-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import openai  # noqa: E402
+
+from engine import Engine  # noqa: E402
+from engine.events import Done, TokenEvent  # noqa: E402
+from engine.serve import ServedExchange, start_server  # noqa: E402
+
+MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper who finds a message in a bottle."}]
+
+
+class LastRequest:
+    """A sink that keeps the request the server ran (to run it directly)."""
+
+    def __init__(self) -> None:
+        self.exchange: ServedExchange | None = None
+
+    def on_start(self, exchange: ServedExchange) -> None:
+        self.exchange = exchange
+
+    def on_token(self, exchange_id: str, choice: int, event: TokenEvent) -> None:
+        pass
+
+    def on_end(self, exchange: ServedExchange) -> None:
+        pass
+
+
+def served_stream(client: openai.OpenAI, model: str, tokens: int) -> tuple[int, float, float]:
+    """(tokens, seconds to the last token, seconds to the first) of one streamed answer through the server."""
+    t0 = time.perf_counter()
+    first = None
+    n = 0
+    for chunk in client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=tokens, seed=1,
+                                                temperature=0.8, stream=True, extra_body={"ignore_eos": True}):
+        if chunk.choices and chunk.choices[0].delta.content is not None and chunk.choices[0].finish_reason is None \
+                and chunk.choices[0].delta.role is None:
+            n += 1
+            first = first or time.perf_counter()
+    return n, time.perf_counter() - t0, (first or t0) - t0
+
+
+def direct_stream(engine: Engine, request) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    n = 0
+    for event in engine.generate(request):
+        if isinstance(event, TokenEvent):
+            n += 1
+        elif isinstance(event, Done):
+            break
+    return n, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--stream-tokens", type=int, default=32)
+    args = ap.parse_args()
+
+    engine = Engine.load()
+    sink = LastRequest()
+    server = start_server(engine, sink=sink)
+    client = openai.OpenAI(base_url=server.url, api_key="bench", max_retries=0, timeout=600)
+    model = engine.info.name
+    try:
+        served_stream(client, model, 8)  # warm both paths (template process, prompt cache)
+        assert sink.exchange is not None and sink.exchange.request is not None
+        from dataclasses import replace
+
+        request = replace(sink.exchange.request, max_new_tokens=args.tokens)
+        direct_stream(engine, replace(request, max_new_tokens=8))
+        served_rates, direct_rates = [], []
+        for _ in range(args.rounds):
+            n, s, _ = served_stream(client, model, args.tokens)
+            served_rates.append(n / s)
+            n2, s2 = direct_stream(engine, request)
+            direct_rates.append(n2 / s2)
+            print(f"round: served {n} tokens {n / s:.1f} tok/s, direct {n2} tokens {n2 / s2:.1f} tok/s", flush=True)
+        served, direct = max(served_rates), max(direct_rates)
+        print(f"model={model} backend={engine.info.backend} tokens={args.tokens} top_n={request.top_n} "
+              f"record_stages={request.record_stages}")
+        print(f"direct_tok_s={direct:.1f}")
+        print(f"served_tok_s={served:.1f}")
+        print(f"ratio_served_vs_direct={served / direct:.2f}")
+
+        results: dict[int, tuple[int, float, float]] = {}
+
+        def one(i: int) -> None:
+            c = openai.OpenAI(base_url=server.url, api_key="bench", max_retries=0, timeout=600)
+            results[i] = served_stream(c, model, args.stream_tokens)
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(args.streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        total = sum(n for n, _, _ in results.values())
+        ttfts = sorted(first for _, _, first in results.values())
+        print(f"concurrent_streams={args.streams} finished={len(results)} tokens_each={args.stream_tokens} "
+              f"wall_s={wall:.2f}")
+        print(f"aggregate_tok_s={total / wall:.1f}")
+        print("ttft_s=" + ",".join(f"{t:.2f}" for t in ttfts))
+    finally:
+        server.stop()
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
