@@ -1,8 +1,14 @@
 """The decode loop: a generator that prefills, then yields one `TokenEvent` per token and a final `Done`.
 
-Shape follows mlx-lm's `generate_step`: the caller pulls events; cancellation
-is a `threading.Event` checked before every forward, so a cancel takes effect
-before the next token. Only small Python values are yielded.
+Shape follows mlx-lm's `generate_step` / `stream_generate` split: this loop
+runs the model (prefill, one forward per token, the overlap below) and the
+per-token bookkeeping -- history, detokenizer, stop strings, end of
+sequence, banned-string step-backs, the constraint, the record the stats
+come from -- is one `AnswerRow` (engine/decode_row.py), the same object the
+loom's batched rows use. Step mode and step-backs are helpers around the
+loop. The caller pulls events; cancellation is a `threading.Event` checked
+before every forward, so a cancel takes effect before the next token. Only
+small Python values are yielded.
 
 Per token the sampler chooses first (`SamplerChain.choose`), and the token's
 report (stage snapshots, top-N, entropy) is built after. On a backend that
@@ -14,34 +20,28 @@ run, so a cancel seen on that event takes effect one token later.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import numpy as np
 
 from engine.backends.base import Backend, prefill
-from engine.banned_strings import BannedStringGuard
 from engine.capabilities import OverlappedForward
+from engine.decode_row import MAX_REWINDS, AnswerRow, Taken, token_event
 from engine.errors import ContextLengthError
-from engine.events import Done, Event, GenerationStats, Rewind, StageSnapshot, TokenEvent
+from engine.events import Done, Event, TokenEvent
 from engine.request import GenerationRequest
 from engine.steering.apply import steer_for_request
-from engine.sampling import Pick, SamplerChain
-from engine.sampling.grammar import constraint_step, grammar_stage
-from engine.stopping import StopStringMatcher
-from engine.top_n import reported_view
-from engine.tokenizer import StreamDetokenizer, Tokenizer, check_token_ids, partial_token_bytes, vocabulary_size
+from engine.sampling import Choice, Pick
+from engine.tokenizer import Tokenizer, check_token_ids, vocabulary_size
+
+__all__ = ["MAX_REWINDS", "Chooser", "check_context", "generate_events", "prompt_ids_for", "token_event"]
 
 # Step mode: shown a sampled token's event, returns the token to take instead (None: the sampler's pick).
 Chooser = Callable[[TokenEvent], "int | None"]
-
-log = logging.getLogger(__name__)
-
-# At most this many step-backs for banned strings per answer (each costs one forward); past it, a banned
-# phrase stays in the text with a warning in the log.
-MAX_REWINDS = 256
+# A backend's forward that runs `work` while it computes (OverlappedForward.forward_during).
+Overlap = Callable[..., tuple[np.ndarray, TokenEvent]]
 
 
 def prompt_ids_for(tokenizer: Tokenizer, request: GenerationRequest, n_vocab: int = 0) -> list[int]:
@@ -92,60 +92,14 @@ def generate_events(
     `cancel` is set, it ends the run as cancelled when cancelled and is re-raised otherwise.
     """
     cancel = cancel or threading.Event()
-    tok = backend.tokenizer
     t0 = time.perf_counter()
-    prompt = prompt_ids_for(tok, request, int(getattr(backend.info, "vocab_size", 0) or 0))
+    prompt = prompt_ids_for(backend.tokenizer, request, int(getattr(backend.info, "vocab_size", 0) or 0))
     check_context(len(prompt), request.max_new_tokens, backend.info.context_length)
     steer_for_request(backend, request.steering)  # applied, or refused in words, before any forward
-    grammar = grammar_stage(request.constraint, tok, backend.info)  # this run's matcher; before any forward
-    chain = SamplerChain(request.sampler, vocab=tok, constraint=grammar)
-
-    # Penalties look at prompt + generated tokens; a preallocated buffer avoids O(n^2) appends.
-    history = np.empty(len(prompt) + request.max_new_tokens, dtype=np.int64)
-    history[: len(prompt)] = prompt
-    n_hist = len(prompt)
-
-    detok = StreamDetokenizer(tok, context_ids=prompt)
-    stopper = StopStringMatcher(request.stop)
-    generated: list[int] = []
-    finish = "length"
-    error: str | None = None
-    t_first = t_last = None
-    reused = 0
-    # Step mode: time spent waiting for the person to choose is not the model's: kept out of the speeds.
-    waited_first = waited_after = 0.0
-
-    def done() -> Done:
-        now = time.perf_counter()
-        decode_s = (t_last - t_first - waited_after) if (t_first is not None and t_last is not None) else 0.0
-        return Done(
-            GenerationStats(
-                finish_reason=finish,
-                prompt_tokens=len(prompt),
-                reused_tokens=reused,
-                generated_tokens=len(generated),
-                time_to_first_token_s=(t_first - t0 - waited_first) if t_first is not None else 0.0,
-                decode_tokens_per_s=(len(generated) - 1) / decode_s if decode_s > 0 else 0.0,
-                total_s=now - t0,
-                peak_memory_bytes=backend.peak_memory_bytes(),
-                seed=chain.seed,
-                text=stopper.text,
-                token_ids=tuple(generated),
-                error=error,
-                constraint_logprob=grammar.run.log_mass_kept if grammar is not None else None,
-                constraint_status=grammar.run.finish_note(finish) if grammar is not None else "",
-            )
-        )
-
-    reported_n = backend.info.reports_top_n  # a server's top N: the model view is what it reported (engine/top_n.py)
-
-    def shown(event: TokenEvent, row: np.ndarray) -> TokenEvent:
-        if grammar is not None:
-            event = constraint_step(event, grammar, tok)
-        return reported_view(event, row, reported_n) if reported_n else event  # `row`: this step's logits
-
+    row = AnswerRow.start(backend, request, prompt, t0)  # this run's constraint matcher: before any forward
     # Where the backend can, the next forward runs while this token's report is built (`forward_during`).
     overlap = backend.forward_during if isinstance(backend, OverlappedForward) else None
+    reused = 0
 
     try:
         logits, reused = prefill(backend, prompt, cancelled=cancel.is_set)
@@ -154,176 +108,97 @@ def generate_events(
             raise  # nothing generated yet: the caller's error to report
         logits = None
     if logits is None or cancel.is_set():
-        finish = "cancelled"
-        yield done()
-        return
-
-    # Banned strings: text that may still become a banned phrase is held back; when one completes, the loop
-    # steps back to the token it began with (engine/banned_strings.py). The stage state before each held
-    # token's pick is kept so a step back restarts mirostat / adaptive-p from where they were.
-    guard = BannedStringGuard(request.sampler.banned_strings)
-    bans: dict[int, set[int]] = {}  # position among generated tokens -> tokens banned there
-    states: dict[int, tuple] = {}
-    rewind: Rewind | None = None  # told with the next token event
-    rewinds_left = MAX_REWINDS
-
-    while len(generated) < request.max_new_tokens:
-        step = len(generated)
-        forced = request.forced_tokens[step] if step < len(request.forced_tokens) else None
-        if guard.active:
-            states[step] = chain.state()
-        before = chain.state() if choose is not None else ()
-        # The token first (the next forward waits for it); its report (`choice.report`) when it is shown.
-        choice = chain.choose(
-            logits,
-            history[:n_hist],
-            record_stages=request.record_stages,
-            force_token=forced,
-            banned=bans.get(step, ()),
-        )
-        pick: Pick | None = None
-        if choose is not None and forced is None:
-            pick = choice.report(request.top_n)
-            asked = time.perf_counter()
-            chosen = choose(_event(tok, step, pick, ""))
-            if t_first is None:
-                waited_first += time.perf_counter() - asked
-            else:
-                waited_after += time.perf_counter() - asked
-            if chosen is not None:
-                check_token_ids([chosen], vocabulary_size(tok) or backend.info.vocab_size, "chosen token id")
-            if cancel.is_set():
-                finish = "cancelled"
-                break
-            if chosen is not None and chosen != pick.token_id:
-                chain.restore(before)  # the stages' state as before this pick; then the user's token, fully reported
-                choice = chain.choose(logits, history[:n_hist], record_stages=request.record_stages,
-                                      force_token=int(chosen), banned=bans.get(step, ()))
-                pick = None
-
-        def event(text: str, special: bool = False, *, choice=choice, pick=pick, rewind=rewind, row=logits,
-                  step=step) -> TokenEvent:
-            """This token's event, its report built now (step mode has it already)."""
-            return shown(_event(tok, step, pick or choice.report(request.top_n), text, special, rewind), row)
-
-        if grammar is not None and grammar.run.failure:  # a dead end, or a token the constraint refuses
-            finish, error = "error", grammar.run.failure
+        row.end("cancelled")
+        logits = None
+    while logits is not None and row.room_left:
+        chosen = _choose(backend, row, logits, choose, cancel)
+        taken = row.take(chosen[0], logits, chosen[1]) if chosen is not None else None
+        if taken is None:
+            break  # cancelled while the person chose, or the constraint refused the token
+        if taken.step_back is not None:  # a banned string completed: on from the tokens kept
+            logits = _step_back(backend, row, taken.step_back, cancel, recoverable)
+            continue
+        if taken.ends or cancel.is_set():
+            yield row.event(taken)
+            if not taken.ends:
+                row.end("cancelled")
             break
-        t_last = time.perf_counter()
-        if t_first is None:
-            t_first = t_last
-        token = choice.token_id
-        generated.append(token)
-        history[n_hist] = token
-        n_hist += 1
+        logits = yield from _next_logits(backend, overlap, row, taken, cancel, recoverable)
+    yield Done(row.stats(reused_tokens=reused, peak_memory_bytes=backend.peak_memory_bytes()))
 
-        if token in tok.eos_token_ids and not request.ignore_eos:
-            finish = "eos"
-            released, _ = stopper.feed(guard.finish(detok.flush()))
-            yield event(released + stopper.flush(), special=True)
-            break
-        released, ban = guard.feed(step, detok.add(token))
-        if ban is not None:
-            if ban.start < len(request.forced_tokens) or rewinds_left == 0:
-                # A forced token cannot be banned, and a model that keeps coming back to its phrases is let be.
-                log.warning("banned string %r left in the answer (%s)", ban.phrase,
-                            "it began with a forced token" if rewinds_left else f"{MAX_REWINDS} step-backs already")
-                released = guard.give_up()
-            else:
-                rewinds_left -= 1
-                i = ban.start
-                withdrawn = generated[i:]
-                bans = {k: v for k, v in bans.items() if k <= i}  # later bans belonged to the abandoned text
-                bans.setdefault(i, set()).add(withdrawn[0])
-                rewind = Rewind(ban.phrase, len(withdrawn), withdrawn[0], tok.token_text(withdrawn[0]))
-                del generated[i:]
-                n_hist = len(prompt) + i
-                chain.restore(states[i])
-                guard.rewind(i)
-                detok = StreamDetokenizer(tok, context_ids=prompt + generated)
-                if cancel.is_set():
-                    finish = "cancelled"
-                    break
-                try:  # trims the cache to prompt + kept tokens and recomputes the last one's logits
-                    logits, _ = prefill(backend, prompt + generated, cancelled=cancel.is_set)
-                except recoverable as e:
-                    finish, error = ("cancelled", None) if cancel.is_set() else ("error", str(e))
-                    break
-                if logits is None:
-                    finish = "cancelled"
-                    break
-                continue
-        for k in [k for k in states if k < guard.held_from]:
-            del states[k]
-        released, stopped = stopper.feed(released)
-        last = len(generated) == request.max_new_tokens
-        if stopped:
-            finish = "stop"
-        elif last:
-            released += stopper.feed(guard.finish(detok.flush()))[0] + stopper.flush()
-        rewind = None
-        if stopped or last or cancel.is_set():
-            yield event(released)
-            if not (stopped or last):
-                finish = "cancelled"
-            break
+
+def _choose(
+    backend: Backend, row: AnswerRow, logits: np.ndarray, choose: Chooser | None, cancel: threading.Event
+) -> tuple[Choice, Pick | None] | None:
+    """This position's token, and its report when step mode built it; None: cancelled while the person chose.
+
+    The token first (the next forward waits for it); its report when it is shown. In step mode the person
+    is shown the sampler's pick and may take another token: the stages' state is put back to before the
+    pick and the person's token is chosen instead, fully reported.
+    """
+    forced = row.forced_here()
+    if choose is None or forced is not None:
+        return row.choose(logits, forced), None
+    before = row.chain.state()
+    choice = row.choose(logits)
+    pick = choice.report(row.request.top_n)
+    asked = time.perf_counter()
+    chosen = choose(row.preview(pick))
+    row.record.waited(time.perf_counter() - asked)  # the person's time, not the model's: kept out of the speeds
+    if chosen is not None:
+        check_token_ids([chosen], vocabulary_size(row.tok) or backend.info.vocab_size, "chosen token id")
+    if cancel.is_set():
+        row.end("cancelled")
+        return None
+    if chosen is not None and chosen != pick.token_id:
+        return row.choose_instead(logits, int(chosen), before), None
+    return choice, pick
+
+
+def _step_back(
+    backend: Backend, row: AnswerRow, ids: list[int], cancel: threading.Event,
+    recoverable: tuple[type[Exception], ...],
+) -> np.ndarray | None:
+    """The logits after `ids` (the prompt and the tokens kept); None when the row ended (cancelled, failed)."""
+    if cancel.is_set():
+        row.end("cancelled")
+        return None
+    try:  # trims the cache to prompt + kept tokens and recomputes the last one's logits
+        logits, _ = prefill(backend, ids, cancelled=cancel.is_set)
+    except recoverable as e:
+        row.end(*(("cancelled", None) if cancel.is_set() else ("error", str(e))))
+        return None
+    if logits is None:
+        row.end("cancelled")
+    return logits
+
+
+def _next_logits(
+    backend: Backend, overlap: Overlap | None, row: AnswerRow, taken: Taken, cancel: threading.Event,
+    recoverable: tuple[type[Exception], ...],
+) -> Generator[Event, None, np.ndarray | None]:
+    """Yields `taken`'s event and returns the next forward's logits (None: the row ended).
+
+    Without overlap the event comes first, then the forward. With it, the event is built while the model
+    computes the next token, so a Stop pressed on seeing this event costs one forward more (the cache keeps
+    its token).
+    """
+    if overlap is None:
+        yield row.event(taken)
+        if cancel.is_set():
+            row.end("cancelled")
+            return None
+    try:
         if overlap is None:
-            yield event(released)
-            if cancel.is_set():
-                finish = "cancelled"
-                break
-        try:
-            if overlap is None:
-                logits = backend.forward([token])
-            else:
-                # This token's report is built while the model computes the next one. A Stop pressed on
-                # seeing this event then costs one forward more (the cache keeps its token).
-                logits, shown_event = overlap([token], lambda text=released: event(text))
-        except recoverable as e:
-            if overlap is not None:
-                yield event(released)  # the token is good; only the forward after it failed
-            if cancel.is_set():
-                finish = "cancelled"
-            else:
-                finish, error = "error", str(e)
-            break
+            return backend.forward([taken.token_id])
+        logits, shown = overlap([taken.token_id], lambda: row.event(taken))
+    except recoverable as e:
         if overlap is not None:
-            yield shown_event
-            if cancel.is_set():
-                finish = "cancelled"
-                break
-    yield done()
-
-
-def _event(
-    tok: Tokenizer,
-    index: int,
-    pick: Pick,
-    text: str,
-    special: bool = False,
-    rewind: Rewind | None = None,
-) -> TokenEvent:
-    # The pick's alternatives are TokenProb already (named by the chain with this tokenizer).
-    stages = None
-    if pick.stages is not None:
-        stages = tuple(
-            StageSnapshot(s.name, s.survivors, s.mass_kept, s.entropy, s.top, removed=s.removed) for s in pick.stages
-        )
-    token_text = tok.token_text(pick.token_id)
-    return TokenEvent(
-        index=index,
-        token_id=pick.token_id,
-        text=text,
-        token_text=token_text,
-        logprob=pick.logprob,
-        sampler_logprob=pick.sampler_logprob,
-        rank=pick.rank,
-        entropy=pick.entropy,
-        top_model=pick.top_model,
-        top_sampler=pick.top_sampler,
-        stages=stages,
-        forced=pick.forced,
-        special=special,
-        token_bytes=partial_token_bytes(tok, pick.token_id, token_text),
-        rewind=rewind,
-    )
+            yield row.event(taken)  # the token is good; only the forward after it failed
+        row.end(*(("cancelled", None) if cancel.is_set() else ("error", str(e))))
+        return None
+    yield shown
+    if cancel.is_set():
+        row.end("cancelled")
+        return None
+    return logits

@@ -23,9 +23,11 @@ except where the server samples and can draw all N in one request (its `n`:
 `engine.capabilities.ServerChildren`; every child then reports that request's
 seed). Banned strings need the decode loop's step-backs, so they also take that way.
 
-Events are `RowEvent(row, event)`: per row, `TokenEvent`s as the decode loop
-makes them (the same `_event` builder, so the window inspects every token the
-same way), then one `Done`.
+Each batched row is the decode loop's own per-row object (`AnswerRow`,
+engine/decode_row.py: history, detokenizer, stops, end of sequence, the
+record its stats come from), so a row's events and stats are the ones the
+single-answer loop makes with the row's seed (tests/engine/test_decode_core.py).
+Events are `RowEvent(row, event)`: per row, `TokenEvent`s, then one `Done`.
 """
 
 from __future__ import annotations
@@ -43,13 +45,11 @@ import numpy as np
 
 from engine.backends.base import Backend
 from engine.capabilities import BackgroundStep, BatchRunners, OwnEvents, ServerChildren, StartsFromBackendCache
-from engine.decode import _event as token_event
 from engine.decode import check_context, generate_events, prompt_ids_for
-from engine.events import Done, Event, GenerationStats, TokenEvent
+from engine.decode_row import AnswerRow, Taken
+from engine.decode_stats import generation_stats
+from engine.events import Done, Event, FinishReason, GenerationStats, TokenEvent
 from engine.request import GenerationRequest
-from engine.sampling import SamplerChain
-from engine.stopping import StopStringMatcher
-from engine.tokenizer import StreamDetokenizer
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,8 @@ def _one_after_another(
         probe = replace(request, max_new_tokens=1, top_n=max(request.top_n, len(seeds)),
                         sampler=request.sampler.with_(temperature=0.0))
         top = next((e.top_model for e in _events(backend, probe, cancel) if isinstance(e, TokenEvent)), ())
-        firsts = [t.token_id for t in top if not t.is_rest][: len(seeds)]
+        likeliest: list[int | None] = [t.token_id for t in top if not t.is_rest]
+        firsts = likeliest[: len(seeds)]
         firsts += [None] * (len(seeds) - len(firsts))  # fewer reported than asked: the rest sample
     for row, seed in enumerate(seeds):
         if cancel.is_set():
@@ -189,24 +190,8 @@ def _one_after_another(
             yield RowEvent(row, event)
 
 
-def _empty_stats(seed: int, finish: str, prompt_tokens: int = 0) -> GenerationStats:
-    return GenerationStats(finish, prompt_tokens, 0, 0, 0.0, 0.0, 0.0, 0, seed, "", ())
-
-
-class _Row:
-    """One child's per-run state: its chain, history, detokenizer, stop matcher and tokens so far."""
-
-    def __init__(self, request: GenerationRequest, tok, prompt: list[int], seed: int) -> None:
-        self.chain = SamplerChain(request.sampler.with_(seed=seed), vocab=tok)
-        self.history = np.empty(len(prompt) + request.max_new_tokens, dtype=np.int64)
-        self.history[: len(prompt)] = prompt
-        self.n_hist = len(prompt)
-        self.detok = StreamDetokenizer(tok, context_ids=prompt)
-        self.stopper = StopStringMatcher(request.stop)
-        self.generated: list[int] = []
-        self.finish = "length"
-        self.t_first: float | None = None
-        self.t_last: float | None = None
+def _empty_stats(seed: int, finish: FinishReason, prompt_tokens: int = 0) -> GenerationStats:
+    return generation_stats(finish=finish, prompt_tokens=prompt_tokens, seed=seed)
 
 
 def _batched(
@@ -217,33 +202,21 @@ def _batched(
     t0 = time.perf_counter()
     prompt = prompt_ids_for(tok, request)
     check_context(len(prompt), request.max_new_tokens, backend.info.context_length)
-    rows = [_Row(request, tok, prompt, s) for s in seeds]
+    rows = [AnswerRow.start(backend, request, prompt, t0, seed=s) for s in seeds]
     n = len(rows)
     reused = 0  # the prompt's tokens taken from the backend's cache rather than computed
 
     def done(r: int) -> RowEvent:
-        row = rows[r]
-        span = (row.t_last - row.t_first) if row.t_first is not None and row.t_last is not None else 0.0
-        return RowEvent(r, Done(GenerationStats(
-            finish_reason=row.finish,
-            prompt_tokens=len(prompt),
-            reused_tokens=len(prompt) if r else reused,  # the first row computed the prefix (but what the backend
-            # had cached); the others share it
-            generated_tokens=len(row.generated),
-            time_to_first_token_s=(row.t_first - t0) if row.t_first is not None else 0.0,
-            decode_tokens_per_s=(len(row.generated) - 1) / span if span > 0 else 0.0,
-            total_s=time.perf_counter() - t0,
-            peak_memory_bytes=backend.peak_memory_bytes(),
-            seed=row.chain.seed,
-            text=row.stopper.text,
-            token_ids=tuple(row.generated),
-        )))
+        # The first row computed the prefix (but what the backend had cached); the others share it.
+        stats = rows[r].stats(reused_tokens=len(prompt) if r else reused, peak_memory_bytes=backend.peak_memory_bytes())
+        return RowEvent(r, Done(stats))
 
     if cancel.is_set():
         for r in range(n):
-            rows[r].finish = "cancelled"
+            rows[r].end("cancelled")
             yield done(r)
         return
+    assert isinstance(backend, BatchRunners)  # continuation_events sends only such models here
     runner = backend.batch_runner()
     try:
         forced: list[list[int]] | None = None  # beam mode: each row's tokens, chosen by the search
@@ -251,9 +224,11 @@ def _batched(
             forced = _beams(runner, prompt, n, request, tok, backend.info.context_length, cancel)
             if forced is None:
                 for r in range(n):
-                    rows[r].finish = "cancelled"
+                    rows[r].end("cancelled")
                     yield done(r)
                 return
+            for row, beam in zip(rows, forced):
+                row.max_new_tokens = len(beam)  # a beam ends where the search ended it
         if isinstance(runner, StartsFromBackendCache):  # the prompt's start from the chat's own cache
             logits, reused = runner.start_from_backend_cache(prompt)
         else:
@@ -271,37 +246,20 @@ def _batched(
             # step on a helper thread (BackgroundStep), as the decode loop overlaps them (OverlappedForward).
             tokens: list[int] = []
             still: list[int] = []  # batch rows that go on
-            shown: list[tuple[int, int, object, str, bool, bool]] = []  # row, step, choice, text, special, ends
+            shown: list[tuple[int, Taken]] = []
             for i, r in enumerate(live):
                 row = rows[r]
-                step = len(row.generated)
+                force: int | None
                 if forced is not None:
-                    force = forced[r][step]
+                    force = forced[r][row.step]
                 else:
-                    force = firsts[r] if step == 0 else None
-                choice = row.chain.choose(logits[i], row.history[: row.n_hist], record_stages=request.record_stages,
-                                          force_token=force)
-                row.t_last = time.perf_counter()
-                if row.t_first is None:
-                    row.t_first = row.t_last
-                token = choice.token_id
-                row.generated.append(token)
-                row.history[row.n_hist] = token
-                row.n_hist += 1
-                if token in tok.eos_token_ids and not request.ignore_eos:
-                    row.finish = "eos"
-                    released, _ = row.stopper.feed(row.detok.flush())
-                    shown.append((r, step, choice, released + row.stopper.flush(), True, True))
-                    continue
-                released, stopped = row.stopper.feed(row.detok.add(token))
-                last = len(row.generated) == (len(forced[r]) if forced is not None else request.max_new_tokens)
-                if stopped:
-                    row.finish = "stop"
-                elif last:
-                    released += row.stopper.feed(row.detok.flush())[0] + row.stopper.flush()
-                shown.append((r, step, choice, released, False, stopped or last))
-                if not (stopped or last):
-                    tokens.append(token)
+                    force = firsts[r] if row.step == 0 else None
+                taken = row.take(row.choose(logits[i], force), logits[i])
+                # Rows that could step back (banned strings) or be refused (a constraint) go one by one.
+                assert taken is not None and taken.step_back is None
+                shown.append((r, taken))
+                if not taken.ends:
+                    tokens.append(taken.token_id)
                     still.append(i)
             pending = None
             if still and not cancel.is_set():
@@ -310,9 +268,9 @@ def _batched(
                 if isinstance(runner, BackgroundStep):
                     pending = runner.step_in_background(tokens)
             try:
-                for r, step, choice, text, special, ends in shown:
-                    yield RowEvent(r, token_event(tok, step, choice.report(request.top_n), text, special=special))
-                    if ends:
+                for r, taken in shown:
+                    yield RowEvent(r, rows[r].event(taken))
+                    if taken.ends:
                         yield done(r)
             finally:
                 if pending is not None and not pending.done():
@@ -321,7 +279,7 @@ def _batched(
                 break
             if cancel.is_set():
                 for i in still:
-                    rows[live[i]].finish = "cancelled"
+                    rows[live[i]].end("cancelled")
                     yield done(live[i])
                 break
             live = [live[i] for i in still]
