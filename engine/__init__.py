@@ -50,6 +50,8 @@ from engine.sampling.settings import DEFAULT_ORDER, DEFAULT_SAMPLER, STAGE_NAMES
 from engine.sampling import Pick, SamplerChain  # the chain every backend samples with, and what it reports per token
 from engine.sampling import CustomStage, CustomStageError, final_distribution  # your own stage; the row a draw used
 from engine.sampling.llamacpp_json import ImportedSettings, llamacpp_json, parse_llamacpp_json
+from engine.sampling.registry import CONTROLS as SAMPLER_CONTROLS  # each stage setting's control: label, range, tip
+from engine.sampling.registry import STAGE_ROWS, Control as SamplerControl  # every stage's row (engine.sampling.registry)
 
 __all__ = [
     "atomic_text_file",
@@ -84,7 +86,10 @@ __all__ = [
     "RuntimeSettings",
     "Rewind",
     "Pick",
+    "SAMPLER_CONTROLS",
     "STAGE_NAMES",
+    "STAGE_ROWS",
+    "SamplerControl",
     "SamplerChain",
     "SamplerSettings",
     "ServerInfo",

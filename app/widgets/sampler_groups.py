@@ -13,64 +13,21 @@ from __future__ import annotations
 
 import math
 
-from engine import SamplerSettings
+from engine import SAMPLER_CONTROLS, STAGE_ROWS, SamplerSettings
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtWidgets import QPlainTextEdit, QToolButton, QVBoxLayout, QWidget
 
 from app.widgets.escaped_lines import format_lines, parse_lines
-from app.widgets.param_row import ParamRow, ParamSpec
+from app.widgets.param_row import ParamRow
+from app.widgets.sampler_specs import BANNED_STRINGS_TEXT, OTHER_SECTION, SECTIONS, TEXT_SECTIONS, UNPLACED
 
-P = ParamSpec
-SECTIONS: tuple[tuple[str, tuple[ParamSpec, ...]], ...] = (
-    ("Dynamic temp · top-nσ", (
-        P("dynatemp_range", "Dyn. range", "Dynamic temperature: the temperature varies by up to ± this with the "
-          "distribution's entropy (confident → cooler); off = 0", 0.0, 5.0, 0.05, 2, 2.0, "off"),
-        P("dynatemp_exponent", "Dyn. exponent", "Dynamic temperature: how entropy maps to temperature; 1 = linear",
-          0.05, 10.0, 0.05, 2, 4.0),
-        P("top_n_sigma", "Top-nσ", "Keep tokens whose logit is within n standard deviations of the top logit; off ≤ 0",
-          0.0, 10.0, 0.05, 2, 5.0, "off"),
-    )),
-    ("DRY (repetition of phrases)", (
-        P("dry_multiplier", "DRY strength", "DRY: penalises a token that would extend a phrase already in the text; "
-          "off = 0", 0.0, 5.0, 0.05, 2, 2.0, "off"),
-        P("dry_base", "DRY base", "DRY: the penalty grows as base ^ (repeat length − allowed length)", 1.0, 4.0, 0.05, 2),
-        P("dry_allowed_length", "DRY allowed", "DRY: repeats up to this many tokens are free", 0, 100, 1, 0, 20),
-        P("dry_penalty_last_n", "DRY look back", "DRY: how many recent tokens are searched for repeats; all = the "
-          "whole text, 0 = off", -1, 32768, 1, 0, 4096, "all"),
-    )),
-    ("Mirostat", (
-        P("mirostat", "Mirostat", "Mirostat: steers each pick toward a target surprise (1 or 2 = its version); off = 0",
-          0, 2, 1, 0, None, "off"),
-        P("mirostat_tau", "Mirostat τ", "Mirostat: the target surprise in bits (higher = more varied text)",
-          0.1, 20.0, 0.1, 1, 10.0),
-        P("mirostat_eta", "Mirostat η", "Mirostat: how fast it corrects toward the target (learning rate)",
-          0.01, 1.0, 0.01, 2),
-    )),
-    ("Adaptive-p", (
-        P("adaptive_target", "Adaptive target", "Adaptive-p: favours tokens near this probability, adapting to the "
-          "recent picks; off below 0", -0.01, 1.0, 0.01, 2, None, "off"),
-        P("adaptive_decay", "Adaptive decay", "Adaptive-p: how long it remembers recent picks (≈ 1 / (1 − decay) "
-          "tokens)", 0.0, 0.99, 0.01, 2),
-    )),
-    ("Smoothing (quadratic)", (
-        P("smoothing_factor", "Smoothing", "Quadratic sampling: flattens the top and cuts the tail around the most "
-          "likely token (text-generation-webui); off = 0", 0.0, 10.0, 0.01, 2, 3.0, "off"),
-        P("smoothing_curve", "Smoothing curve", "Quadratic sampling: 1 = plain quadratic, more = a steeper tail",
-          1.0, 10.0, 0.05, 2, 5.0),
-    )),
-)
 # Fields whose spin box minimum stands for "off": the settings' own off value is stored, so presets still match.
 OFF_VALUES = {"top_n_sigma": -1.0, "adaptive_target": -1.0}
+# Text boxes: label and tip (the stages' from the registry's controls).
 TEXTS = {
-    "dry_sequence_breakers": ("DRY breakers", "DRY: a repeat never runs across these texts, one per line (\\n = a "
-                              "newline); empty = none"),
-    "logit_bias": ("Logit bias", 'Added to a token\'s logit, one per line: 15043 = -5 for a token id, "hello" = 2 for '
-                   "every token of a text, ban (or -inf) to forbid it"),
-    "banned_strings": ("Banned strings", "Phrases the answer must not contain, one per line: when one appears, the "
-                       "answer steps back to where it began and takes another token there"),
+    **{f: (SAMPLER_CONTROLS[f].label, SAMPLER_CONTROLS[f].tip) for f in ("dry_sequence_breakers", "logit_bias")},
+    "banned_strings": BANNED_STRINGS_TEXT,
 }
-TEXT_SECTIONS = (("DRY (repetition of phrases)", ("dry_sequence_breakers",)),
-                 ("Logit bias · banned strings", ("logit_bias", "banned_strings")))
 
 
 class Section(QWidget):
@@ -123,7 +80,8 @@ class SamplerGroups(QWidget):
         col = QVBoxLayout(self)
         col.setContentsMargins(0, 0, 0, 0)
         col.setSpacing(2)
-        for title, specs in SECTIONS:
+        other = ((OTHER_SECTION, UNPLACED),) if UNPLACED else ()
+        for title, specs in (*SECTIONS, *other):
             section = self._section(title)
             for spec in specs:
                 row = self.rows[spec.name] = ParamRow(spec)
@@ -200,6 +158,9 @@ class SamplerGroups(QWidget):
             "Smoothing (quadratic)": s.smoothing_factor > 0,
             "Logit bias · banned strings": bool(s.logit_bias or s.banned_strings),
         }
+        if UNPLACED:  # stages the layout does not place yet: on when any of them is
+            rows = [row for row in STAGE_ROWS.values() if any(p.name in row.fields for p in UNPLACED)]
+            on[OTHER_SECTION] = any(row.active(s) for row in rows)
         for title, section in self.sections.items():
             section.set_on(on.get(title, False))
 

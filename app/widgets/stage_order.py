@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-from engine import STAGE_NAMES
+from engine import STAGE_NAMES, STAGE_ROWS
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QAbstractItemView, QHBoxLayout, QListWidget, QListWidgetItem, QPushButton, QVBoxLayout, QWidget
 
-STAGE_HELP = {
-    "logit_bias": "Add a fixed bias to chosen tokens' logits (by token id or text); -inf bans a token",
-    "penalties": "Repetition, presence and frequency penalties on recently used tokens",
-    "dry": "DRY: penalise tokens that would extend a phrase already repeated in the text",
-    "top_n_sigma": "Keep tokens whose logit is within n standard deviations of the top logit",
-    "smoothing": "Quadratic sampling: flatten the top and cut the tail around the most likely token",
-    "mirostat": "Mirostat: truncate so each pick's surprise tracks a target (tau), learning as it goes",
-    "adaptive_p": "Adaptive-p: favour tokens near a target probability, adapting to the recent picks",
-    "top_k": "Keep only the k most likely tokens",
-    "top_p": "Keep the smallest set of tokens whose probability adds up to p (nucleus)",
-    "min_p": "Drop tokens less likely than min-p × the top token's probability",
-    "typical_p": "Keep tokens whose surprisal is closest to the distribution's entropy (locally typical)",
-    "xtc": "Exclude Top Choices: sometimes remove all but the least likely of the very likely tokens",
-    "temperature": "Divide the logits by the temperature (0 = always the most likely token); with a dynamic range, "
-                   "the temperature follows the entropy",
-}
+STAGE_HELP = {name: row.help for name, row in STAGE_ROWS.items()}  # one line per stage, the registry's
 
 
 class StageOrderList(QWidget):

@@ -54,15 +54,13 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Collection
-from typing import Any
 
 import numpy as np
 
-from engine.sampling.adaptive import AdaptiveP, Mirostat, Mirostat2
 from engine.sampling.alternatives import TokenNames
 from engine.sampling.custom_stage import run_custom_stage
 from engine.sampling.distribution import Dist
-from engine.sampling.dry import Vocabulary, breaker_sequences, make_dry
+from engine.sampling.dry import Vocabulary
 from engine.sampling.grammar import GrammarStage
 from engine.sampling.pick import (
     BANNED_STAGE,
@@ -73,34 +71,14 @@ from engine.sampling.pick import (
     ban,
     expand,
 )
+from engine.sampling.registry import ARGMAX_PRESERVING, ON_SURVIVORS, STAGE_ROWS, BuildContext
 from engine.sampling.settings import SamplerSettings
-from engine.sampling.shaping import (
-    make_logit_bias,
-    make_smoothing,
-    make_temperature_ext,
-    make_top_n_sigma,
-)
-from engine.sampling.stages import (
-    NEG_INF,
-    FilterStage,
-    Stage,
-    StageContext,
-    make_min_p,
-    make_penalties,
-    make_temperature,
-    make_top_k,
-    make_top_p,
-    make_typical_p,
-    make_xtc,
-)
+from engine.sampling.stages import NEG_INF, FilterStage, Stage, StageContext, StatefulStage
 
-# Stages that never change which token has the highest score (these filters keep
-# the top token and its ties; temperature is monotone). Typical-p is not one.
-_ARGMAX_PRESERVING = frozenset({"top_k", "top_p", "min_p", "top_n_sigma", "temperature"})
-# Stages that look only at the scores, never at which token has which: they may run on the survivors
-# alone and give the same result as on the whole row.
-_ON_SURVIVORS = frozenset({"top_n_sigma", "smoothing", "top_k", "typical_p", "top_p", "min_p", "xtc", "temperature"})
-
+# The fast paths' facts about each stage (engine.sampling.registry): greedy may stop before the stages that
+# never move the argmax, and the stages that look only at scores may run on a filter's survivors alone.
+_ARGMAX_PRESERVING = ARGMAX_PRESERVING
+_ON_SURVIVORS = ON_SURVIVORS
 
 
 class SamplerChain:
@@ -135,15 +113,16 @@ class SamplerChain:
         self.seed: int = settings.seed if settings.seed is not None else secrets.randbits(63)
         self._rng = np.random.default_rng(self.seed)  # PCG64: same stream on every platform
         self._greedy = settings.greedy
-        self._vocab = vocab
         self._names = TokenNames(vocab)  # alternatives as TokenProb, named with the tokenizer
-        self._stateful: list[Any] = []  # Mirostat / AdaptiveP objects, in stage order
+        self._stateful: list[StatefulStage] = []  # mirostat, adaptive-p, a constraint: in stage order
         stages: list[tuple[str, Stage]] = []
-        self._constraint = constraint
+        build = BuildContext(vocab, constraint)
         order = settings.order if constraint is None or "grammar" in settings.order else ("grammar", *settings.order)
         for name in order:
-            stage = self._make(name, settings)
+            stage = self._make(name, settings, build)
             if stage is not None:
+                if isinstance(stage, StatefulStage):  # per-run state: told every pick, stepped back with the run
+                    self._stateful.append(stage)
                 stages.append((name, stage))
         self._stages = tuple(stages)
         self.stage_names: tuple[str, ...] = tuple(n for n, _ in stages)
@@ -155,56 +134,11 @@ class SamplerChain:
             keep -= 1
         self._greedy_stages = self._stages[:keep]
 
-    def _make(self, name: str, s: SamplerSettings) -> Stage | None:
-        """The stage function for `name`, or None when the setting makes it a no-op."""
-        if name == "grammar":  # a constraint's mask: per-run state, like mirostat's
-            if self._constraint is not None:
-                self._stateful.append(self._constraint)
-            return self._constraint
-        if name == "penalties":
-            off = s.penalty_last_n == 0 or (
-                s.repetition_penalty == 1 and s.presence_penalty == 0 and s.frequency_penalty == 0
-            )
-            return None if off else make_penalties(
-                s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.penalty_last_n
-            )
-        if name == "top_k":
-            return make_top_k(s.top_k) if s.top_k > 0 else None
-        if name == "top_p":
-            return make_top_p(s.top_p) if s.top_p < 1 else None
-        if name == "min_p":
-            return make_min_p(s.min_p) if s.min_p > 0 else None
-        if name == "typical_p":
-            return make_typical_p(s.typical_p) if s.typical_p < 1 else None
-        if name == "xtc":
-            return make_xtc(s.xtc_probability, s.xtc_threshold) if s.xtc_probability > 0 else None
-        if name == "temperature":
-            # 0 = greedy (argmax in `pick`), 1 = identity: neither needs a stage.
-            if s.temperature == 0 or (s.temperature == 1 and s.dynatemp_range == 0):
-                return None
-            if s.dynatemp_range > 0:
-                return make_temperature_ext(s.temperature, s.dynatemp_range, s.dynatemp_exponent)
-            return make_temperature(s.temperature)
-        if name == "top_n_sigma":
-            return make_top_n_sigma(s.top_n_sigma) if s.top_n_sigma > 0 else None
-        if name == "smoothing":
-            return make_smoothing(s.smoothing_factor, s.smoothing_curve) if s.smoothing_factor > 0 else None
-        if name == "logit_bias":
-            return self._logit_bias(s) if s.logit_bias else None
-        if name == "dry":
-            return self._dry(s) if s.dry_multiplier > 0 and s.dry_penalty_last_n != 0 else None
-        if name == "mirostat":
-            if s.mirostat == 0:
-                return None
-            obj = Mirostat(s.mirostat_tau, s.mirostat_eta) if s.mirostat == 1 else Mirostat2(s.mirostat_tau, s.mirostat_eta)
-            self._stateful.append(obj)
-            return obj
-        if name == "adaptive_p":
-            if s.adaptive_target < 0:
-                return None
-            obj = AdaptiveP(s.adaptive_target, s.adaptive_decay)
-            self._stateful.append(obj)
-            return obj
+    def _make(self, name: str, s: SamplerSettings, build: BuildContext) -> Stage | None:
+        """The stage function for `name` (its registry row's factory), or None when the setting makes it a no-op."""
+        row = STAGE_ROWS.get(name)
+        if row is not None:
+            return row.build(s, build)
         custom = s.custom_stage(name)
         if custom is not None:  # the user's own stage (engine.sampling.custom_stage): always runs
             return run_custom_stage(custom)
@@ -215,40 +149,7 @@ class SamplerChain:
         """(name, stage function) of the stages that run, in order (for benches and tools)."""
         return self._stages
 
-    def _needs_vocab(self, what: str) -> Vocabulary:
-        if self._vocab is None:
-            raise ValueError(f"{what} needs the model's tokenizer, and this sampler was built without one")
-        return self._vocab
-
-    def _logit_bias(self, s: SamplerSettings) -> Stage:
-        """llama.cpp server's rule: a text biases every token of its tokenization (no special tokens)."""
-        ids: list[int] = []
-        biases: list[float] = []
-        for key, bias in s.logit_bias:
-            if isinstance(key, str):
-                toks = self._needs_vocab(f"the logit bias for the text {key!r}").encode(key, add_special_tokens=False)
-                if not toks:
-                    raise ValueError(f"the logit bias text {key!r} has no tokens in this model's vocabulary")
-            else:
-                toks = [key]
-            ids += toks
-            biases += [bias] * len(toks)
-        return make_logit_bias(ids, biases)
-
-    def _dry(self, s: SamplerSettings) -> Stage:
-        """DRY; its breakers are found in the vocabulary on the first pick (when its size is known)."""
-        vocab = self._needs_vocab("DRY's sequence breakers") if s.dry_sequence_breakers else None
-        built: list[Stage] = []
-
-        def dry(scores: np.ndarray, ctx: StageContext) -> np.ndarray:
-            if not built:
-                breakers = breaker_sequences(vocab, s.dry_sequence_breakers, scores.size) if vocab is not None else {}
-                built.append(make_dry(s.dry_multiplier, s.dry_base, s.dry_allowed_length, s.dry_penalty_last_n, breakers))
-            return built[0](scores, ctx)
-
-        return dry
-
-    def state(self) -> tuple:
+    def state(self) -> tuple[object, ...]:
         """The run's stage state (mirostat's mu, adaptive-p's average), for `restore`.
 
         The random stream is not part of it: a step back draws fresh numbers,
@@ -256,7 +157,7 @@ class SamplerChain:
         """
         return tuple(obj.state() for obj in self._stateful)
 
-    def restore(self, state: tuple) -> None:
+    def restore(self, state: tuple[object, ...]) -> None:
         """Put the stage state back to what `state()` returned earlier in this run."""
         for obj, st in zip(self._stateful, state, strict=True):
             obj.restore(st)

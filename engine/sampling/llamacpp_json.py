@@ -27,39 +27,36 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from engine.sampling.custom_stage import custom_stage_words, refuse_custom_stages
+from engine.sampling.registry import STAGES
+from engine.sampling.registry import stage_active as stage_active
 from engine.sampling.settings import DEFAULT_ORDER, SamplerSettings
 
-# llama.cpp's sampler names (`common_sampler_type_to_str`) <-> our stage names.
-TO_LLAMACPP_STAGE = {"penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top_k": "top_k",
-                     "typical_p": "typ_p", "top_p": "top_p", "min_p": "min_p", "xtc": "xtc",
-                     "temperature": "temperature", "adaptive_p": "adaptive_p"}
+# llama.cpp's sampler names (`common_sampler_type_to_str`) <-> our stage names (engine.sampling.registry).
+TO_LLAMACPP_STAGE = {row.name: row.llamacpp_sampler for row in STAGES if row.llamacpp_sampler is not None}
 # What llama.cpp also accepts in `samplers` (`common_sampler_types_from_names`: kebab-case, no dash, aliases,
 # and one character each when `samplers` is a string).
 _STAGE_ALIASES = {
     **{v: k for k, v in TO_LLAMACPP_STAGE.items()},
     **{v.replace("_", "-"): k for k, v in TO_LLAMACPP_STAGE.items()},
     **{v.replace("_", ""): k for k, v in TO_LLAMACPP_STAGE.items()},
-    "typical_p": "typical_p", "typical-p": "typical_p", "nucleus": "top_p", "temp": "temperature", "typ": "typical_p",
+    **{alias: row.name for row in STAGES for alias in row.sampler_aliases},
 }
-_STAGE_CHARS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typical_p", "p": "top_p",
-                "m": "min_p", "x": "xtc", "t": "temperature", "a": "adaptive_p"}
+_STAGE_CHARS = {row.llamacpp_char: row.name for row in STAGES if row.llamacpp_char is not None}
 
-# field name in a pasted setup -> our SamplerSettings field (our own names are read too).
+# field name in a pasted setup -> our SamplerSettings field (our own names are read too): llama.cpp's keys, and
+# the other spellings of llama.cpp's CLI and SillyTavern.
 _FIELD_ALIASES = {
-    "temp": "temperature",
-    "typ_p": "typical_p",
-    "repeat_penalty": "repetition_penalty", "penalty_repeat": "repetition_penalty", "rep_pen": "repetition_penalty",
-    "repeat_last_n": "penalty_last_n", "rep_pen_range": "penalty_last_n",
-    "penalty_present": "presence_penalty", "presence_pen": "presence_penalty",
-    "penalty_freq": "frequency_penalty", "freq_pen": "frequency_penalty",
-    "mirostat_mode": "mirostat",
-    "nsigma": "top_n_sigma",
+    **{key: f for row in STAGES for f, key in row.llamacpp.items() if key != f},
+    **{alias: f for row in STAGES for alias, f in row.json_aliases.items()},
 }
 _SAMPLER_FIELDS = frozenset(f.name for f in fields(SamplerSettings))
-_INTEGER_FIELDS = frozenset({"top_k", "penalty_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat"})
+# Whole-number fields (a JSON 40.0 is read as 40): the stage fields whose default is an int.
+_INTEGER_FIELDS = frozenset(
+    f for row in STAGES for f in row.fields if type(getattr(SamplerSettings, f, None)) is int
+)
 # Fields llama.cpp's server does not know: exported under text-generation-webui's / our names, so the JSON
 # comes back here whole, and named in the export's notes (llama.cpp would ignore them).
-NOT_LLAMACPP = ("smoothing_factor", "smoothing_curve", "banned_strings")
+NOT_LLAMACPP = (*(f for row in STAGES for f in row.not_llamacpp), "banned_strings")
 LLAMACPP_DEFAULT_SEED = 4294967295  # LLAMA_DEFAULT_SEED: "a random seed"
 
 
@@ -256,8 +253,11 @@ def _order(samplers: list[str] | None, values: dict[str, Any], notes: list[str])
 # Our stages that llama.cpp's `samplers` does not name (logit bias, smoothing, mirostat, ...).
 _NOT_LISTED = tuple(n for n in DEFAULT_ORDER if n not in TO_LLAMACPP_STAGE)
 # Fields whose non-neutral value mirostat (in llama.cpp) silently overrides.
-_FILTER_NEUTRAL = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0,
-                   "dry_multiplier": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+# Fields whose non-neutral value mirostat (in llama.cpp) silently overrides: the switches of the samplers it
+# replaces (all but temperature, and adaptive-p, which mirostat excludes).
+_FILTER_NEUTRAL = {f: getattr(SamplerSettings, f) for row in STAGES
+                   if row.llamacpp_sampler is not None and row.name not in ("temperature", "adaptive_p")
+                   for f in row.switches}
 
 
 def _short(value: Any) -> str:
@@ -277,18 +277,12 @@ def llamacpp_fields(s: SamplerSettings) -> tuple[dict[str, Any], list[str]]:
     """
     run = set(s.order)
     problems: list[str] = [custom_stage_words(s)] if s.custom_stages else []
-    out: dict[str, Any] = {
-        "temperature": s.temperature, "dynatemp_range": s.dynatemp_range, "dynatemp_exponent": s.dynatemp_exponent,
-        "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "typical_p": s.typical_p, "top_n_sigma": s.top_n_sigma,
-        "repeat_penalty": s.repetition_penalty, "repeat_last_n": s.penalty_last_n,
-        "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
-        "dry_multiplier": s.dry_multiplier, "dry_base": s.dry_base, "dry_allowed_length": s.dry_allowed_length,
-        "dry_penalty_last_n": s.dry_penalty_last_n, "dry_sequence_breakers": list(s.dry_sequence_breakers),
-        "xtc_probability": s.xtc_probability, "xtc_threshold": s.xtc_threshold,
-        "mirostat": s.mirostat if "mirostat" in run else 0, "mirostat_tau": s.mirostat_tau,
-        "mirostat_eta": s.mirostat_eta, "adaptive_target": s.adaptive_target, "adaptive_decay": s.adaptive_decay,
-        "logit_bias": [[k, False if b == -math.inf else b] for k, b in s.logit_bias] if "logit_bias" in run else [],
-    }
+    out: dict[str, Any] = {}
+    for row in STAGES:
+        # A stage llama.cpp runs outside `samplers` (logit bias, mirostat) is off there only at its neutral value.
+        off = row.llamacpp_sampler is None and row.name not in run
+        for f, key in row.llamacpp.items():
+            out[key] = _llamacpp_value(f, getattr(_NEUTRAL if off and f in row.switches else s, f))
     active = [n for n in s.order if stage_active(n, s)]
     # adaptive-p last (llama.cpp runs it last wherever it is listed; listed at a negative target it only draws).
     out["samplers"] = [TO_LLAMACPP_STAGE[n] for n in s.order if n in TO_LLAMACPP_STAGE and n != "adaptive_p"]
@@ -307,30 +301,23 @@ def llamacpp_fields(s: SamplerSettings) -> tuple[dict[str, Any], list[str]]:
                             "llama.cpp runs only logit bias, temperature and mirostat)")
         if s.dynatemp_range > 0:
             problems.append("mirostat with dynatemp_range (with mirostat on, llama.cpp's temperature is fixed)")
-    for name in ("smoothing", "banned_strings"):
-        if (name == "smoothing" and "smoothing" in active) or (name == "banned_strings" and s.banned_strings):
-            field = "smoothing_factor" if name == "smoothing" else "banned_strings"
-            problems.append(f"{field}={getattr(s, field)!r} (llama.cpp has no {name.replace('_', ' ')})")
+    for row in STAGES:
+        if row.not_llamacpp and row.name in active:
+            f = row.not_llamacpp[0]
+            problems.append(f"{f}={getattr(s, f)!r} (llama.cpp has no {row.name.replace('_', ' ')})")
+    if s.banned_strings:
+        problems.append(f"banned_strings={s.banned_strings!r} (llama.cpp has no banned strings)")
     return out, problems
 
 
-def stage_active(stage: str, s: SamplerSettings) -> bool:
-    """Whether `stage` changes anything with these settings (it is not at its neutral value)."""
-    return {
-        "logit_bias": bool(s.logit_bias),
-        "penalties": s.repetition_penalty != 1 or s.presence_penalty != 0 or s.frequency_penalty != 0,
-        "dry": s.dry_multiplier > 0 and s.dry_penalty_last_n != 0,
-        "top_n_sigma": s.top_n_sigma > 0,
-        "smoothing": s.smoothing_factor > 0,
-        "top_k": s.top_k > 0,
-        "typical_p": s.typical_p < 1,
-        "top_p": s.top_p < 1,
-        "min_p": s.min_p > 0,
-        "xtc": s.xtc_probability > 0,
-        "temperature": s.temperature != 1 or s.dynatemp_range > 0,
-        "mirostat": s.mirostat != 0,
-        "adaptive_p": s.adaptive_target >= 0,
-    }.get(stage, False)
+_NEUTRAL = SamplerSettings()
+
+
+def _llamacpp_value(field: str, value: Any) -> Any:
+    """A settings value as llama.cpp's JSON has it: lists for tuples, a ban in the logit bias as `false`."""
+    if field == "logit_bias":
+        return [[k, False if b == -math.inf else b] for k, b in value]
+    return list(value) if isinstance(value, tuple) else value
 
 
 def llamacpp_json(s: SamplerSettings, max_new_tokens: int | None = None,
@@ -343,8 +330,9 @@ def llamacpp_json(s: SamplerSettings, max_new_tokens: int | None = None,
     refuse_custom_stages(s.custom_stages, "into llama.cpp JSON")  # code: said in words, never dropped
     out, notes = llamacpp_fields(s)
     out["seed"] = LLAMACPP_DEFAULT_SEED if s.seed is None else s.seed
-    if s.smoothing_factor > 0 and "smoothing" in s.order:
-        out["smoothing_factor"], out["smoothing_curve"] = s.smoothing_factor, s.smoothing_curve
+    for row in STAGES:  # what llama.cpp does not know, under our names, so the JSON reads back whole
+        if row.not_llamacpp and row.name in s.order and row.active(s):
+            out |= {f: getattr(s, f) for f in row.not_llamacpp}
     if s.banned_strings:
         out["banned_strings"] = list(s.banned_strings)
     if max_new_tokens is not None:

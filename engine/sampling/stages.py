@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -63,6 +64,24 @@ class StageContext:
 
 
 Stage = Callable[[np.ndarray, StageContext], np.ndarray]
+
+
+@runtime_checkable
+class StatefulStage(Protocol):
+    """A stage with per-run state (mirostat's mu, adaptive-p's average, a grammar's parser).
+
+    llama.cpp's `llama_sampler_i` in Python: `__call__` is its `apply`, `accept` tells the stage the token the
+    chain picked, and `state` / `restore` take the place of its `clone` / `reset` (the decode loop steps back
+    to an earlier token when a banned string appears). The chain owns one per run, never the settings.
+    """
+
+    def __call__(self, scores: np.ndarray, ctx: StageContext) -> np.ndarray: ...
+
+    def accept(self, token: int) -> None: ...
+
+    def state(self) -> Any: ...
+
+    def restore(self, state: Any) -> None: ...
 
 
 def _identity(scores: np.ndarray, ctx: StageContext) -> np.ndarray:

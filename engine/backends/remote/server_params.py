@@ -20,44 +20,29 @@ import math
 
 from engine.backends.remote.errors import UnsupportedByServerError
 from engine.sampling.custom_stage import custom_stage_words
-from engine.sampling.llamacpp_json import llamacpp_fields, stage_active
+from engine.sampling.llamacpp_json import llamacpp_fields
+from engine.sampling.registry import LLAMA_CPP_SERVER, SERVER_KINDS, STAGES, stage_active
 from engine.sampling.settings import DEFAULT_ORDER, SamplerSettings
 
-_OPENAI = {"temperature": "temperature", "top_p": "top_p", "presence_penalty": "presence_penalty",
-           "frequency_penalty": "frequency_penalty"}
-_VLLM = _OPENAI | {"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
-                   "logit_bias": "logit_bias"}
-_LLAMA_CPP_PYTHON = _OPENAI | {"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repeat_penalty",
-                               "mirostat": "mirostat_mode", "mirostat_tau": "mirostat_tau",
-                               "mirostat_eta": "mirostat_eta", "logit_bias": "logit_bias"}
-# llama.cpp's server: every field it has (see llamacpp_fields), under its own names.
-_LLAMA_CPP = _OPENAI | {
-    "top_k": "top_k", "min_p": "min_p", "typical_p": "typical_p", "repetition_penalty": "repeat_penalty",
-    "penalty_last_n": "repeat_last_n", "dynatemp_range": "dynatemp_range", "dynatemp_exponent": "dynatemp_exponent",
-    "top_n_sigma": "top_n_sigma", "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold",
-    "dry_multiplier": "dry_multiplier", "dry_base": "dry_base", "dry_allowed_length": "dry_allowed_length",
-    "dry_penalty_last_n": "dry_penalty_last_n", "dry_sequence_breakers": "dry_sequence_breakers",
-    "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta",
-    "adaptive_target": "adaptive_target", "adaptive_decay": "adaptive_decay", "logit_bias": "logit_bias",
-    "order": "samplers",
-}
+
+def _parameter_names() -> dict[str, dict[str, str]]:
+    """server kind -> {our setting: the server's parameter}, from the stage registry's rows."""
+    names: dict[str, dict[str, str]] = {kind: {} for kind in SERVER_KINDS}
+    for row in STAGES:
+        for field, kinds in row.server.items():
+            for kind, param in kinds.items():
+                names[kind][field] = param
+    # llama.cpp's server: every field it has (see llamacpp_fields), under its own names, and the stage order.
+    names[LLAMA_CPP_SERVER] = {f: key for row in STAGES for f, key in row.llamacpp.items()} | {"order": "samplers"}
+    return names
+
 
 # server kind -> {our setting: the server's parameter}
-PARAMETER_NAMES: dict[str, dict[str, str]] = {
-    "vllm": _VLLM,
-    "sglang": _VLLM,
-    "llama-cpp-python": _LLAMA_CPP_PYTHON,
-    "llama.cpp": _LLAMA_CPP,
-    "lmstudio": _OPENAI | {"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repeat_penalty"},
-    "ollama": _OPENAI,
-    "openai": _OPENAI | {"logit_bias": "logit_bias"},
-}
+PARAMETER_NAMES: dict[str, dict[str, str]] = _parameter_names()
+_OPENAI = PARAMETER_NAMES["ollama"]  # the plain OpenAI API: what a server of a kind we do not know is sent
+_OFF = SamplerSettings()  # every stage at its neutral value
 # penalty_last_n a server uses when it has no parameter for it (llama.cpp's default, ours too)
 SERVER_DEFAULT_LAST_N = {"llama-cpp-python": 64, "lmstudio": 64}
-NEUTRAL = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
-           "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
-# The settings of a stage that has more than one, sent together with the stage's switch.
-_COMPANIONS = {"mirostat": ("mirostat_tau", "mirostat_eta")}
 # OpenAI's logit bias range, which vLLM and SGLang clamp to; -100 bans a token in practice.
 OPENAI_BIAS_LIMIT = 100.0
 # llama-cpp-python adds the bias to the logit as a float: this is -inf for every purpose, and JSON can carry it.
@@ -92,30 +77,30 @@ def _extension_fields(settings: SamplerSettings, kind: str) -> tuple[dict, list[
     names = PARAMETER_NAMES.get(kind, _OPENAI)
     out: dict = {}
     refused: list[str] = [custom_stage_words(settings)] if settings.custom_stages else []
-    for field, neutral in NEUTRAL.items():
-        value = getattr(settings, field)
-        if field in names:
-            # Always sent, neutral or not: servers have their own defaults (llama.cpp: top_k 40, top_p 0.95,
-            # min_p 0.05, repeat_penalty 1.1), and an omitted field would silently turn those on.
-            out[names[field]] = value
-        elif value != neutral:
-            refused.append(f"{field}={value}")
-    for stage, field in _SWITCHES.items():
-        if field in names:
-            # A stage left out of the order is off: sent at its neutral value.
-            value = getattr(settings, field) if stage in settings.order else getattr(_OFF, field)
-            out[names[field]] = value
-            out |= {names[c]: getattr(settings, c) for c in _COMPANIONS.get(field, ())}
-        elif stage_active(stage, settings):
-            refused.append(f"{field}={getattr(settings, field)!r}")
+    for row in STAGES:
+        if row.server_rule == "fields":
+            for field in row.server:
+                value = getattr(settings, field)
+                if field in names:
+                    # Always sent, neutral or not: servers have their own defaults (llama.cpp: top_k 40, top_p 0.95,
+                    # min_p 0.05, repeat_penalty 1.1), and an omitted field would silently turn those on.
+                    out[names[field]] = value
+                elif value != getattr(_OFF, field):
+                    refused.append(f"{field}={value}")
+        elif row.server_rule == "switch":
+            switch = row.switches[0]
+            if switch in names:
+                # A stage left out of the order is off: sent at its neutral value, with the stage's other settings.
+                out[names[switch]] = getattr(settings if row.name in settings.order else _OFF, switch)
+                out |= {names[f]: getattr(settings, f) for f in row.fields if f != switch and f in names}
+            elif row.active(settings):
+                refused.append(f"{switch}={getattr(settings, switch)!r}")
     if kind == "llama-cpp-python" and stage_active("mirostat", settings):
         # Its mirostat replaces top-k, typical-p, top-p, min-p and temperature (llama_cpp.Llama._init_sampler).
         others = [n for n in settings.order if stage_active(n, settings) and n not in ("logit_bias", "penalties", "mirostat")]
         if others:
             refused.append(f"mirostat with {', '.join(n.replace('_', '-') for n in others)} (with mirostat on, a "
                            "llama-cpp-python server runs only the logit bias, the penalties and mirostat)")
-    if settings.dynatemp_range > 0:
-        refused.append(f"dynatemp_range={settings.dynatemp_range}")
     if settings.banned_strings:
         refused.append(f"banned_strings={list(settings.banned_strings)!r}")
     if settings.logit_bias:
@@ -134,12 +119,6 @@ def _extension_fields(settings: SamplerSettings, kind: str) -> tuple[dict, list[
     if len(active) > 1 and active != default_active:
         refused.append(f"order={'>'.join(settings.order)} (the server applies its own order)")
     return out, refused
-
-
-# Stages that one field switches on, beyond NEUTRAL's, and that field.
-_OFF = SamplerSettings()
-_SWITCHES = {"xtc": "xtc_probability", "dry": "dry_multiplier", "top_n_sigma": "top_n_sigma",
-             "smoothing": "smoothing_factor", "mirostat": "mirostat", "adaptive_p": "adaptive_target"}
 
 
 def _logit_bias(settings: SamplerSettings, kind: str, refused: list[str]) -> dict:

@@ -1,0 +1,417 @@
+"""Every sampler stage, one row each: what the chain, the llama.cpp JSON, the server parameters and the panel read.
+
+A row (`StageRow`) says everything about a stage that is not its arithmetic:
+its name, the `SamplerSettings` fields it reads, its factory (settings -> the
+stage function, or None at its neutral value), whether it is on, what the
+chain's fast paths may assume about it, its llama.cpp names (the JSON keys,
+the `samplers` entry and its one-letter code, and the aliases SillyTavern and
+llama.cpp accept), the parameter each OpenAI-style server kind takes for its
+fields, and the panel's control for each field (label, range, step, tip).
+The arithmetic lives in the stage's own module (`stages.py`, `shaping.py`,
+`dry.py`, `adaptive.py`, `grammar.py`).
+
+Readers: `engine.sampling.chain` (factories, fast-path flags),
+`engine.sampling.llamacpp_json` (keys, samplers, aliases, `stage_active`),
+`engine.backends.remote.server_params` (server parameter names and how each
+stage is checked), and the app's sampling panel (controls, stage help), so a
+new stage is its module, its fields in `SamplerSettings` (with their
+validation) and one row here; tests/engine/test_stage_registry.py checks that
+every reader covers every row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from engine.sampling.adaptive import AdaptiveP, Mirostat, Mirostat2
+from engine.sampling.dry import Vocabulary, breaker_sequences, make_dry
+from engine.sampling.shaping import make_logit_bias, make_smoothing, make_temperature_ext, make_top_n_sigma
+from engine.sampling.stages import (
+    Stage,
+    StageContext,
+    make_min_p,
+    make_penalties,
+    make_temperature,
+    make_top_k,
+    make_top_p,
+    make_typical_p,
+    make_xtc,
+)
+
+if TYPE_CHECKING:
+    from engine.sampling.grammar import GrammarStage
+    from engine.sampling.settings import SamplerSettings
+
+# The OpenAI-compatible server kinds besides llama.cpp's own server, whose names are its JSON keys
+# (`StageRow.llamacpp`). `engine.servers` tells which kind a server is.
+SERVER_KINDS: tuple[str, ...] = ("vllm", "sglang", "llama-cpp-python", "lmstudio", "ollama", "openai")
+LLAMA_CPP_SERVER = "llama.cpp"
+_VLLM_LIKE = ("vllm", "sglang")
+_EXTENDED = ("vllm", "sglang", "llama-cpp-python", "lmstudio")  # top_k, min_p and a repetition penalty
+
+
+def _on(name: str, *kinds: str) -> dict[str, str]:
+    """{server kind: parameter name} for the kinds that call a setting `name`."""
+    return {kind: name for kind in kinds}
+
+
+@dataclass(frozen=True)
+class Control:
+    """The panel's control for one settings field: a number row (slider and spin box) or a list of lines.
+
+    `slider_max`: the slider covers [minimum, slider_max], the spin box goes on to `maximum`; `special` is shown
+    instead of the minimum ("off"); `decimals` 0 is an integer box. A `lines` control is a text box, one entry a
+    line (the range fields are unused).
+    """
+
+    field: str
+    label: str
+    tip: str
+    minimum: float = 0.0
+    maximum: float = 0.0
+    step: float = 0.0
+    decimals: int = 2
+    slider_max: float | None = None
+    special: str = ""
+    lines: bool = False
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a factory may need besides the settings: the model's tokenizer and this run's constraint stage."""
+
+    vocab: Vocabulary | None = None
+    constraint: GrammarStage | None = None
+
+    def needs_vocab(self, what: str) -> Vocabulary:
+        if self.vocab is None:
+            raise ValueError(f"{what} needs the model's tokenizer, and this sampler was built without one")
+        return self.vocab
+
+
+Factory = Callable[["SamplerSettings", BuildContext], "Stage | None"]
+# How `server_parameters` treats a stage on a server other than llama.cpp's:
+#   "fields": each field in `server` is sent where the server names it, else refused when not at its default;
+#   "switch": the first field of `switches` is sent where named (its default when the stage is left out of the
+#             order) with the stage's other named fields, else refused when the stage is on;
+#   "own":    server_params has a rule of its own (the logit bias's encodings).
+ServerRule = Literal["fields", "switch", "own"]
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One sampler stage, everything but its arithmetic (see the module docstring for who reads what).
+
+    Attributes:
+        name: the stage's name in `SamplerSettings.order` (and in the recorded stage snapshots).
+        fields: the `SamplerSettings` fields it reads.
+        build: factory (settings, context) -> stage function, or None when the settings make it a no-op.
+        active: whether the settings turn it on (not at its neutral value).
+        switches: the fields whose value turns it on (the rest tune it).
+        help: one line, shown on the stage in the panel's order list.
+        argmax_preserving: never changes which token scores highest (greedy may stop before it).
+        on_survivors: looks only at the scores, never at token ids (may run on a filter's survivors alone).
+        llamacpp: {field: llama.cpp server JSON key}, every field llama.cpp has.
+        llamacpp_sampler: its name in llama.cpp's `samplers` list (None: llama.cpp runs it outside that list,
+            or has no such stage).
+        llamacpp_char: its letter when `samplers` is a string ("edskypmxt").
+        sampler_aliases: more names llama.cpp's `samplers` accepts for it (lower case).
+        json_aliases: {key in a pasted setup (SillyTavern, llama.cpp's other spellings): our field}.
+        not_llamacpp: fields llama.cpp does not know, exported under our names when the stage is on.
+        server: {field: {server kind: parameter name}} for the kinds in SERVER_KINDS; a field with no kinds is
+            one no such server takes.
+        server_rule: how `server_parameters` checks it ("fields", "switch", "own").
+        controls: the panel's control for each field.
+    """
+
+    name: str
+    fields: tuple[str, ...]
+    build: Factory
+    active: Callable[[SamplerSettings], bool]
+    switches: tuple[str, ...] = ()
+    help: str = ""
+    argmax_preserving: bool = False
+    on_survivors: bool = False
+    llamacpp: Mapping[str, str] = field(default_factory=dict)
+    llamacpp_sampler: str | None = None
+    llamacpp_char: str | None = None
+    sampler_aliases: tuple[str, ...] = ()
+    json_aliases: Mapping[str, str] = field(default_factory=dict)
+    not_llamacpp: tuple[str, ...] = ()
+    server: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    server_rule: ServerRule = "fields"
+    controls: tuple[Control, ...] = ()
+
+
+# --- factories that need more than one call --------------------------------------------------------------------
+
+
+def _grammar(s: SamplerSettings, ctx: BuildContext) -> Stage | None:
+    return ctx.constraint  # a request's constraint (engine.sampling.grammar); None without one
+
+
+def _penalties(s: SamplerSettings, ctx: BuildContext) -> Stage | None:
+    off = s.penalty_last_n == 0 or (s.repetition_penalty == 1 and s.presence_penalty == 0 and s.frequency_penalty == 0)
+    return None if off else make_penalties(s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.penalty_last_n)
+
+
+def _temperature(s: SamplerSettings, ctx: BuildContext) -> Stage | None:
+    # 0 = greedy (argmax in `pick`), 1 = identity: neither needs a stage.
+    if s.temperature == 0 or (s.temperature == 1 and s.dynatemp_range == 0):
+        return None
+    if s.dynatemp_range > 0:
+        return make_temperature_ext(s.temperature, s.dynatemp_range, s.dynatemp_exponent)
+    return make_temperature(s.temperature)
+
+
+def _logit_bias(s: SamplerSettings, ctx: BuildContext) -> Stage | None:
+    """llama.cpp server's rule: a text biases every token of its tokenization (no special tokens)."""
+    if not s.logit_bias:
+        return None
+    ids: list[int] = []
+    biases: list[float] = []
+    for key, bias in s.logit_bias:
+        if isinstance(key, str):
+            toks = ctx.needs_vocab(f"the logit bias for the text {key!r}").encode(key, add_special_tokens=False)
+            if not toks:
+                raise ValueError(f"the logit bias text {key!r} has no tokens in this model's vocabulary")
+        else:
+            toks = [key]
+        ids += toks
+        biases += [bias] * len(toks)
+    return make_logit_bias(ids, biases)
+
+
+def _dry(s: SamplerSettings, ctx: BuildContext) -> Stage | None:
+    """DRY; its breakers are found in the vocabulary on the first pick (when its size is known)."""
+    if not (s.dry_multiplier > 0 and s.dry_penalty_last_n != 0):
+        return None
+    vocab = ctx.needs_vocab("DRY's sequence breakers") if s.dry_sequence_breakers else None
+    built: list[Stage] = []
+
+    def dry(scores: np.ndarray, sctx: StageContext) -> np.ndarray:
+        if not built:
+            breakers = breaker_sequences(vocab, s.dry_sequence_breakers, scores.size) if vocab is not None else {}
+            built.append(make_dry(s.dry_multiplier, s.dry_base, s.dry_allowed_length, s.dry_penalty_last_n, breakers))
+        return built[0](scores, sctx)
+
+    return dry
+
+
+def _mirostat(s: SamplerSettings, ctx: BuildContext) -> Stage | None:
+    if s.mirostat == 0:
+        return None
+    return Mirostat(s.mirostat_tau, s.mirostat_eta) if s.mirostat == 1 else Mirostat2(s.mirostat_tau, s.mirostat_eta)
+
+
+C = Control
+STAGES: tuple[StageRow, ...] = (
+    StageRow(
+        "grammar", (), _grammar, lambda s: False,
+        help="A constraint (JSON schema, regex, grammar) removes every token that cannot continue a valid answer; "
+             "runs only when the answer has one",
+        server_rule="own",
+    ),
+    StageRow(
+        "logit_bias", ("logit_bias",), _logit_bias, lambda s: bool(s.logit_bias), switches=("logit_bias",),
+        help="Add a fixed bias to chosen tokens' logits (by token id or text); -inf bans a token",
+        llamacpp={"logit_bias": "logit_bias"},
+        server={"logit_bias": _on("logit_bias", *_VLLM_LIKE, "llama-cpp-python", "openai")}, server_rule="own",
+        controls=(C("logit_bias", "Logit bias", 'Added to a token\'s logit, one per line: 15043 = -5 for a token id, '
+                    '"hello" = 2 for every token of a text, ban (or -inf) to forbid it', lines=True),),
+    ),
+    StageRow(
+        "penalties", ("repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_last_n"), _penalties,
+        lambda s: s.repetition_penalty != 1 or s.presence_penalty != 0 or s.frequency_penalty != 0,
+        switches=("repetition_penalty", "presence_penalty", "frequency_penalty"),
+        help="Repetition, presence and frequency penalties on recently used tokens",
+        llamacpp={"repetition_penalty": "repeat_penalty", "penalty_last_n": "repeat_last_n",
+                  "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"},
+        llamacpp_sampler="penalties", llamacpp_char="e",
+        json_aliases={"penalty_repeat": "repetition_penalty", "rep_pen": "repetition_penalty",
+                      "rep_pen_range": "penalty_last_n", "penalty_present": "presence_penalty",
+                      "presence_pen": "presence_penalty", "penalty_freq": "frequency_penalty",
+                      "freq_pen": "frequency_penalty"},
+        # penalty_last_n: server_params' own rule (servers without the parameter have defaults of their own).
+        server={"repetition_penalty": {**_on("repetition_penalty", *_VLLM_LIKE),
+                                       **_on("repeat_penalty", "llama-cpp-python", "lmstudio")},
+                "presence_penalty": _on("presence_penalty", *SERVER_KINDS),
+                "frequency_penalty": _on("frequency_penalty", *SERVER_KINDS)},
+        controls=(
+            C("repetition_penalty", "Repetition", "Divides the logits of recent tokens; 1 = off", 0.05, 3.0, 0.01, 2, 2.0),
+            C("presence_penalty", "Presence", "Subtracted once from every recent token's logit; 0 = off", -2.0, 2.0, 0.05, 2),
+            C("frequency_penalty", "Frequency", "Subtracted per occurrence of a recent token; 0 = off", -2.0, 2.0, 0.05, 2),
+            C("penalty_last_n", "Look back", "How many recent tokens the penalties see", -1, 32768, 1, 0, 1024, "all"),
+        ),
+    ),
+    StageRow(
+        "dry", ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers"),
+        _dry, lambda s: s.dry_multiplier > 0 and s.dry_penalty_last_n != 0, switches=("dry_multiplier",),
+        help="DRY: penalise tokens that would extend a phrase already repeated in the text",
+        llamacpp={f: f for f in ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                                 "dry_sequence_breakers")},
+        llamacpp_sampler="dry", llamacpp_char="d",
+        server={"dry_multiplier": {}}, server_rule="switch",
+        controls=(
+            C("dry_multiplier", "DRY strength", "DRY: penalises a token that would extend a phrase already in the text; "
+              "off = 0", 0.0, 5.0, 0.05, 2, 2.0, "off"),
+            C("dry_base", "DRY base", "DRY: the penalty grows as base ^ (repeat length − allowed length)", 1.0, 4.0, 0.05, 2),
+            C("dry_allowed_length", "DRY allowed", "DRY: repeats up to this many tokens are free", 0, 100, 1, 0, 20),
+            C("dry_penalty_last_n", "DRY look back", "DRY: how many recent tokens are searched for repeats; all = the "
+              "whole text, 0 = off", -1, 32768, 1, 0, 4096, "all"),
+            C("dry_sequence_breakers", "DRY breakers", "DRY: a repeat never runs across these texts, one per line (\\n = "
+              "a newline); empty = none", lines=True),
+        ),
+    ),
+    StageRow(
+        "top_n_sigma", ("top_n_sigma",), lambda s, c: make_top_n_sigma(s.top_n_sigma) if s.top_n_sigma > 0 else None,
+        lambda s: s.top_n_sigma > 0, switches=("top_n_sigma",),
+        help="Keep tokens whose logit is within n standard deviations of the top logit",
+        argmax_preserving=True, on_survivors=True,
+        llamacpp={"top_n_sigma": "top_n_sigma"}, llamacpp_sampler="top_n_sigma", llamacpp_char="s",
+        json_aliases={"nsigma": "top_n_sigma"},
+        server={"top_n_sigma": {}}, server_rule="switch",
+        controls=(C("top_n_sigma", "Top-nσ", "Keep tokens whose logit is within n standard deviations of the top "
+                    "logit; off ≤ 0", 0.0, 10.0, 0.05, 2, 5.0, "off"),),
+    ),
+    StageRow(
+        "smoothing", ("smoothing_factor", "smoothing_curve"),
+        lambda s, c: make_smoothing(s.smoothing_factor, s.smoothing_curve) if s.smoothing_factor > 0 else None,
+        lambda s: s.smoothing_factor > 0, switches=("smoothing_factor",),
+        help="Quadratic sampling: flatten the top and cut the tail around the most likely token",
+        on_survivors=True, not_llamacpp=("smoothing_factor", "smoothing_curve"),
+        server={"smoothing_factor": {}}, server_rule="switch",
+        controls=(
+            C("smoothing_factor", "Smoothing", "Quadratic sampling: flattens the top and cuts the tail around the most "
+              "likely token (text-generation-webui); off = 0", 0.0, 10.0, 0.01, 2, 3.0, "off"),
+            C("smoothing_curve", "Smoothing curve", "Quadratic sampling: 1 = plain quadratic, more = a steeper tail",
+              1.0, 10.0, 0.05, 2, 5.0),
+        ),
+    ),
+    StageRow(
+        "top_k", ("top_k",), lambda s, c: make_top_k(s.top_k) if s.top_k > 0 else None, lambda s: s.top_k > 0,
+        switches=("top_k",), help="Keep only the k most likely tokens", argmax_preserving=True, on_survivors=True,
+        llamacpp={"top_k": "top_k"}, llamacpp_sampler="top_k", llamacpp_char="k",
+        server={"top_k": _on("top_k", *_EXTENDED)},
+        controls=(C("top_k", "Top-k", "Keep the k most likely tokens; off = keep all", 0, 100000, 1, 0, 200, "off"),),
+    ),
+    StageRow(
+        "typical_p", ("typical_p",), lambda s, c: make_typical_p(s.typical_p) if s.typical_p < 1 else None,
+        lambda s: s.typical_p < 1, switches=("typical_p",),
+        help="Keep tokens whose surprisal is closest to the distribution's entropy (locally typical)",
+        on_survivors=True,  # not argmax-preserving: it may drop the most likely token
+        llamacpp={"typical_p": "typical_p"}, llamacpp_sampler="typ_p", llamacpp_char="y",
+        sampler_aliases=("typical_p", "typical-p", "typ"), json_aliases={"typ_p": "typical_p"},
+        server={"typical_p": {}},
+        controls=(C("typical_p", "Typical-p", "Locally typical sampling mass; 1 = off", 0.01, 1.0, 0.01, 2),),
+    ),
+    StageRow(
+        "top_p", ("top_p",), lambda s, c: make_top_p(s.top_p) if s.top_p < 1 else None, lambda s: s.top_p < 1,
+        switches=("top_p",), help="Keep the smallest set of tokens whose probability adds up to p (nucleus)",
+        argmax_preserving=True, on_survivors=True,
+        llamacpp={"top_p": "top_p"}, llamacpp_sampler="top_p", llamacpp_char="p", sampler_aliases=("nucleus",),
+        server={"top_p": _on("top_p", *SERVER_KINDS)},
+        controls=(C("top_p", "Top-p", "Keep the most likely tokens up to this total probability; 1 = off",
+                    0.01, 1.0, 0.01, 2),),
+    ),
+    StageRow(
+        "min_p", ("min_p",), lambda s, c: make_min_p(s.min_p) if s.min_p > 0 else None, lambda s: s.min_p > 0,
+        switches=("min_p",), help="Drop tokens less likely than min-p × the top token's probability",
+        argmax_preserving=True, on_survivors=True,
+        llamacpp={"min_p": "min_p"}, llamacpp_sampler="min_p", llamacpp_char="m",
+        server={"min_p": _on("min_p", *_EXTENDED)},
+        controls=(C("min_p", "Min-p", "Drop tokens below min-p × the top probability; off = 0", 0.0, 1.0, 0.01, 2,
+                    None, "off"),),
+    ),
+    StageRow(
+        "xtc", ("xtc_probability", "xtc_threshold"),
+        lambda s, c: make_xtc(s.xtc_probability, s.xtc_threshold) if s.xtc_probability > 0 else None,
+        lambda s: s.xtc_probability > 0, switches=("xtc_probability",),
+        help="Exclude Top Choices: sometimes remove all but the least likely of the very likely tokens",
+        on_survivors=True,
+        llamacpp={"xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold"},
+        llamacpp_sampler="xtc", llamacpp_char="x",
+        server={"xtc_probability": {}}, server_rule="switch",
+        controls=(
+            C("xtc_probability", "XTC chance", "How often XTC removes the top choices; off = 0", 0.0, 1.0, 0.01, 2,
+              None, "off"),
+            C("xtc_threshold", "XTC threshold", "Tokens above this probability count as top choices", 0.01, 0.5, 0.01, 2),
+        ),
+    ),
+    StageRow(
+        "temperature", ("temperature", "dynatemp_range", "dynatemp_exponent"), _temperature,
+        lambda s: s.temperature != 1 or s.dynatemp_range > 0, switches=("temperature", "dynatemp_range"),
+        help="Divide the logits by the temperature (0 = always the most likely token); with a dynamic range, "
+             "the temperature follows the entropy",
+        argmax_preserving=True, on_survivors=True,
+        llamacpp={"temperature": "temperature", "dynatemp_range": "dynatemp_range",
+                  "dynatemp_exponent": "dynatemp_exponent"},
+        llamacpp_sampler="temperature", llamacpp_char="t", sampler_aliases=("temp",), json_aliases={"temp": "temperature"},
+        server={"temperature": _on("temperature", *SERVER_KINDS), "dynatemp_range": {}},
+        controls=(
+            C("temperature", "Temperature", "Divides the logits; 0 = greedy (always the most likely token)",
+              0.0, 5.0, 0.05, 2, 2.0, "0 (greedy)"),
+            C("dynatemp_range", "Dyn. range", "Dynamic temperature: the temperature varies by up to ± this with the "
+              "distribution's entropy (confident → cooler); off = 0", 0.0, 5.0, 0.05, 2, 2.0, "off"),
+            C("dynatemp_exponent", "Dyn. exponent", "Dynamic temperature: how entropy maps to temperature; 1 = linear",
+              0.05, 10.0, 0.05, 2, 4.0),
+        ),
+    ),
+    StageRow(
+        "mirostat", ("mirostat", "mirostat_tau", "mirostat_eta"), _mirostat, lambda s: s.mirostat != 0,
+        switches=("mirostat",),
+        help="Mirostat: truncate so each pick's surprise tracks a target (tau), learning as it goes",
+        llamacpp={"mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"},
+        json_aliases={"mirostat_mode": "mirostat"},
+        server={"mirostat": _on("mirostat_mode", "llama-cpp-python"),
+                "mirostat_tau": _on("mirostat_tau", "llama-cpp-python"),
+                "mirostat_eta": _on("mirostat_eta", "llama-cpp-python")},
+        server_rule="switch",
+        controls=(
+            C("mirostat", "Mirostat", "Mirostat: steers each pick toward a target surprise (1 or 2 = its version); "
+              "off = 0", 0, 2, 1, 0, None, "off"),
+            C("mirostat_tau", "Mirostat τ", "Mirostat: the target surprise in bits (higher = more varied text)",
+              0.1, 20.0, 0.1, 1, 10.0),
+            C("mirostat_eta", "Mirostat η", "Mirostat: how fast it corrects toward the target (learning rate)",
+              0.01, 1.0, 0.01, 2),
+        ),
+    ),
+    StageRow(
+        "adaptive_p", ("adaptive_target", "adaptive_decay"),
+        lambda s, c: AdaptiveP(s.adaptive_target, s.adaptive_decay) if s.adaptive_target >= 0 else None,
+        lambda s: s.adaptive_target >= 0, switches=("adaptive_target",),
+        help="Adaptive-p: favour tokens near a target probability, adapting to the recent picks",
+        llamacpp={"adaptive_target": "adaptive_target", "adaptive_decay": "adaptive_decay"},
+        llamacpp_sampler="adaptive_p", llamacpp_char="a",
+        server={"adaptive_target": {}}, server_rule="switch",
+        controls=(
+            C("adaptive_target", "Adaptive target", "Adaptive-p: favours tokens near this probability, adapting to the "
+              "recent picks; off below 0", -0.01, 1.0, 0.01, 2, None, "off"),
+            C("adaptive_decay", "Adaptive decay", "Adaptive-p: how long it remembers recent picks (≈ 1 / (1 − decay) "
+              "tokens)", 0.0, 0.99, 0.01, 2),
+        ),
+    ),
+)
+del C
+
+STAGE_ROWS: Mapping[str, StageRow] = {row.name: row for row in STAGES}
+# Stages that never change which token has the highest score (these filters keep the top token and its ties;
+# temperature is monotone), and stages that look only at the scores (they may run on a filter's survivors).
+ARGMAX_PRESERVING = frozenset(row.name for row in STAGES if row.argmax_preserving)
+ON_SURVIVORS = frozenset(row.name for row in STAGES if row.on_survivors)
+CONTROLS: Mapping[str, Control] = {c.field: c for row in STAGES for c in row.controls}
+
+
+def stage_row(name: str) -> StageRow | None:
+    """The row of the built-in stage `name` (None for a custom stage's name)."""
+    return STAGE_ROWS.get(name)
+
+
+def stage_active(stage: str, s: SamplerSettings) -> bool:
+    """Whether `stage` changes anything with these settings (it is not at its neutral value)."""
+    row = STAGE_ROWS.get(stage)
+    return row is not None and row.active(s)
