@@ -176,10 +176,15 @@ class CompareRun(ExperimentRun):
 class ReplayRun(ExperimentRun):
     """An answer generated again from its recipe (its seed; maybe one setting changed), and the token diff."""
 
-    def __init__(self, recipe: AnswerRecipe, original_ids: list[int], settings: SamplerSettings):
+    def __init__(self, recipe: AnswerRecipe, original_ids: list[int], settings: SamplerSettings,
+                 original: list[TokenEvent] | None = None, original_stats: dict[str, Any] | None = None):
         super().__init__()
         self.recipe = recipe
         self.original_ids = original_ids
+        # The answer's own tokens and record: the verdict compares log-probs bit for bit and fingerprints.
+        self.original = original or []
+        self.original_fingerprint = experiments.fingerprint_of(original_stats or {})
+        self.verdict: experiments.ReplayVerdict | None = None
         # The replay's tokens start with the prefix a branch kept from its original.
         self.result = ColumnResult(settings, recipe.max_new_tokens, recipe.stop, events=list(recipe.prefix),
                                    constraint=recipe.constraint)
@@ -202,6 +207,8 @@ class ReplayRun(ExperimentRun):
                                           offset=len(self.recipe.prefix)):
             self.tokens.emit(batch)
         self.diff = experiments.token_diff(self.original_ids, self.result.token_ids)
+        fp = self.result.stats.fingerprint if self.result.stats is not None else None
+        self.verdict = experiments.replay_verdict(self.original, self.result.events, self.original_fingerprint, fp)
 
 
 class ScoreRun(ExperimentRun):
@@ -268,7 +275,8 @@ class ExperimentController:
     def replay(self, conv: Conversation, message: Message, settings: SamplerSettings | None = None) -> ReplayRun:
         """Generate `message` again with its stored seed and settings (or `settings`); ValueError if it cannot be."""
         recipe = recipe_for(conv, message)
-        run = ReplayRun(recipe, [t.token_id for t in conv.tokens(message)], settings or recipe.sampler)
+        original = conv.tokens(message)
+        run = ReplayRun(recipe, [t.token_id for t in original], settings or recipe.sampler, original, message.stats)
         self._own(run)
         return run
 

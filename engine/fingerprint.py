@@ -185,7 +185,7 @@ def _is_scalar(v: Any) -> bool:
 
 
 def _pairs(value: Any, name: str, ok: Any) -> tuple[tuple[str, Any], ...]:
-    if not isinstance(value, list) or len(value) > 256:
+    if not isinstance(value, (list, tuple)) or len(value) > 256:
         raise ValueError(f"fingerprint field {name!r} must be a list of [name, value] pairs, got {_what(value)}")
     out = []
     for pair in value:

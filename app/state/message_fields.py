@@ -145,7 +145,25 @@ def check_stats(value: Any) -> dict[str, Any] | None:
         lp = doc.get("constraint_logprob")  # log of the mass a constraint kept: -inf at a dead end
         if lp is not None and not (is_number(lp) or lp == -math.inf):
             raise FieldError(f"its stats field 'constraint_logprob' is {_kind(lp)}, not a log-probability")
+        problem = fingerprint_problem(doc)
+        if problem:
+            raise FieldError(f"its stats field 'fingerprint' is wrong: {problem}")
     return doc
+
+
+def fingerprint_problem(stats: dict[str, Any]) -> str | None:
+    """What is wrong with `stats["fingerprint"]` (engine.fingerprint: what the answer's numbers depend on);
+    None when it is absent (an answer from before fingerprints) or right."""
+    from engine.fingerprint import check_fingerprint_dict
+
+    fp = stats.get("fingerprint")
+    if fp is None:
+        return None
+    try:
+        check_fingerprint_dict(fp)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def check_finish_reason(value: Any) -> str | None:
@@ -181,6 +199,11 @@ def readable_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], str | None]
     """`fields` (some of `ANSWER_CHECKS`' names) with each unreadable value replaced by None, and a note
     naming what was left out and why (None when everything was readable)."""
     out, problems = dict(fields), []
+    stats = fields.get("stats")
+    if isinstance(stats, dict) and fingerprint_problem(stats):  # only the fingerprint is left out, not the seed
+        problems.append(f"stats field 'fingerprint' is wrong: {fingerprint_problem(stats)}")
+        fields = {**fields, "stats": {k: v for k, v in stats.items() if k != "fingerprint"}}
+        out = dict(fields)
     for name, value in fields.items():
         try:
             out[name] = ANSWER_CHECKS[name](value)

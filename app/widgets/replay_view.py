@@ -205,8 +205,9 @@ class ReplayView(QWidget):
         d, settings = run.diff, run.result.settings
         a, b = self.original.token_ids, self.replay.token_ids
         what = ", ".join(f"{k} {old} → {new}" for k, (old, new) in run.changed.items()) or "nothing changed"
+        verdict = f" Verdict: {run.verdict.describe()}." if run.verdict is not None else ""
         if d.identical:
-            self.summary.setText(f"Identical: all {len(a)} tokens match ({what}; seed {settings.seed}).")
+            self.summary.setText(f"All {len(a)} tokens match ({what}; seed {settings.seed}).{verdict}")
             return
         # Up to the first divergence the runs saw the same text, so these positions are where the change mattered.
         self.original.body.set_selected(None)
@@ -218,7 +219,7 @@ class ReplayView(QWidget):
         self.summary.setText(
             f"First divergence at token {d.first_divergence + 1} ({what}; seed {settings.seed}); "
             f"{len(d.changed)} of {max(len(a), len(b))} positions differ. Tokens before it are identical: "
-            "the change did not alter what could be drawn there."
+            f"the change did not alter what could be drawn there.{verdict}"
         )
 
     def _on_token_clicked(self, col: TokenColumn, index: int) -> None:

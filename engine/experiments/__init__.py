@@ -17,7 +17,15 @@ from engine.experiments.compare import (
     with_shared_seed,
 )
 from engine.experiments.batch_score import ScoreItem, pair_ids, read_items, score_items, score_on_runner
-from engine.experiments.replay import TokenDiff, changed_fields, replay_settings, token_diff
+from engine.experiments.replay import (
+    ReplayVerdict,
+    TokenDiff,
+    changed_fields,
+    fingerprint_of,
+    replay_settings,
+    replay_verdict,
+    token_diff,
+)
 from engine.experiments.score import ScoredToken, ScoreResult, score, score_ids, score_step_by_step, text_ids
 from engine.experiments.trace import (
     TRACE_FORMAT,
@@ -40,6 +48,7 @@ __all__ = [
     "ScoreItem",
     "ScoreResult",
     "ScoredToken",
+    "ReplayVerdict",
     "TokenDiff",
     "TraceRun",
     "changed_fields",
@@ -48,12 +57,14 @@ __all__ = [
     "distinct_n",
     "event_from_line",
     "first_divergence",
+    "fingerprint_of",
     "generation_run",
     "read_trace",
     "pair_ids",
     "read_items",
     "repeated_ngrams",
     "replay_settings",
+    "replay_verdict",
     "run_column",
     "score",
     "score_ids",
