@@ -75,6 +75,7 @@ def cmd_serve(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any
             print("every request needs the API key", file=sys.stderr, flush=True)
         if args.record_dir:
             print(f"recording every answer as a trace file in {args.record_dir}", file=sys.stderr, flush=True)
+        _stop_on_sigterm()
         try:
             server.wait()
         except KeyboardInterrupt:
@@ -85,3 +86,17 @@ def cmd_serve(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any
         if engine is not None:
             engine.close(cancel=True)
     return 0
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a service manager, `kill`) stops the server like Ctrl-C: answers under way end properly."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
