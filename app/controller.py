@@ -34,6 +34,8 @@ from app.state.observable import Signal
 from app.state.servers import server_samples
 from app.state.settings import SettingsState
 from app.state.store import is_busy
+from app.steering_jobs import SteeringJobs
+from app.steering_state import SteeringState
 from app.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
@@ -59,12 +61,16 @@ class ChatController:
         *,
         top_n: int = TOP_N,
         flush_interval_s: float = 0.05,
+        steering: SteeringState | None = None,
     ):
         self.library = library
         self.settings = settings
         self.host = host
         self.top_n = top_n
         self.flush_interval_s = flush_interval_s
+        # The Steering panel's vectors and strengths: the next answer runs under `steering.steering()`.
+        self.steering = steering if steering is not None else SteeringState()
+        self.steering_jobs = SteeringJobs(host, self.steering)
         self._stream: TokenStream | None = None
         self._generating: tuple[Conversation, Message] | None = None
         self._stop_requested = False
@@ -365,6 +371,7 @@ class ChatController:
             prompt = prompt_for(conv, user, history)  # a notebook's text (no template), or the chat's messages
             max_new = await self.host.off_ui_thread(self._fit_to_context, engine, prompt, len(prefix), options.max_new_tokens)
             by_server = server_samples(options.server_sampling, engine.info)  # remote models only
+            steering = self.steering.steering()  # None when no vector is on: exactly an unsteered answer
             request = GenerationRequest(
                 **prompt.request_fields(),
                 sampler=options.sampler,
@@ -376,10 +383,13 @@ class ChatController:
                 forced_tokens=forced,
                 server_sampling=by_server,
                 constraint=options.constraint,  # structured output (the grammar stage), None when off
+                steering=steering,
             )
             info = engine.info
             request_doc = {**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n, "server_sampling": by_server,
                            "reasoning": thinking.to_dict()}  # how the answer's view reads its thinking
+            if steering is not None:  # vectors by name and content hash, strengths, layer range
+                request_doc["steering"] = steering.to_dict()
             model_doc = model_record(info)
             if not await self._save_waiting(conv, message, lambda: conv.update_message(
                     message, request=request_doc, model=model_doc, finish_reason=None)):

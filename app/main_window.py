@@ -46,6 +46,8 @@ from app.loom_controller import LoomController
 from app.loom_options import remember_loom_options
 from app.widgets.loom_view import LoomView
 from app.widgets.sampling_panel import SamplingPanel
+from app.widgets.steering_panel import SteeringPanel
+from app.steering_state import FOLDER_NAME as STEERING_FOLDER, SteeringState
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
 from app.notebook import generate as continue_notebook, is_notebook
@@ -87,7 +89,9 @@ class MainWindow(QMainWindow):
         self.api_keys = ApiKeys()  # server keys: the OS keyring when installed, else this session only
         self.view_options = ViewOptions(store)
         self.selection = Selection()
-        self.controller = ChatController(self.library, self.settings, host)
+        # Steering vectors are kept beside the database (none for a temporary one): a replay finds them.
+        steering_folder = None if store.temporary else Path(store.path).parent / STEERING_FOLDER
+        self.controller = ChatController(self.library, self.settings, host, steering=SteeringState(steering_folder))
         self.database_box: QMessageBox | None = None  # the start-up notice about the database file
         self._model_title = host.info.name if host.info is not None else ""
         self._closing = False
@@ -128,6 +132,17 @@ class MainWindow(QMainWindow):
         self.sampling.min_width_changed.connect(follow_panel)
         self.sampling_dock = self._dock("Sampling", sideways, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.tabifyDockWidget(self.chats_dock, self.sampling_dock)
+        self.steering_panel = SteeringPanel(self.controller.steering, self.controller.steering_jobs, store,
+                                            lambda coro: self._spawn(coro))
+        steering_scroll = QScrollArea()  # its rows grow with the vectors: it scrolls down, never widens the dock
+        steering_scroll.setObjectName("steering_scroll")
+        steering_scroll.setAccessibleName("Steering vectors")
+        steering_scroll.setWidget(self.steering_panel)
+        steering_scroll.setWidgetResizable(True)
+        steering_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        steering_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.steering_dock = self._dock("Steering", steering_scroll, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.tabifyDockWidget(self.sampling_dock, self.steering_dock)
         self.chats_dock.raise_()
         self.inspector_dock = self._dock("Inspector", self.inspector, Qt.DockWidgetArea.RightDockWidgetArea)
         self.loom = LoomController(self.controller)  # the loom (issue 25): a tab beside the Inspector
@@ -148,7 +163,7 @@ class MainWindow(QMainWindow):
         )
         # Typed, and named apart from QWidget.actions() (the list Qt keeps), which must stay a method.
         self.menu_actions = actions = WindowActions.create(self)
-        docks = (self.chats_dock, self.sampling_dock, self.inspector_dock, self.loom_dock)
+        docks = (self.chats_dock, self.sampling_dock, self.steering_dock, self.inspector_dock, self.loom_dock)
         panels = [dock.toggleViewAction() for dock in docks]
         self._menus = build_menu_bar(self, actions, panels, appearance=theme is not None)
         self.models = ModelActions(

@@ -1,0 +1,126 @@
+"""The Steering panel on the default model (llama.cpp): a vector trained in the panel steers the next answer.
+
+Oracles: the same seed with no vector and with a vector at strength 0 gives the same answer bit for bit
+(token ids and log-probs); at strength 2 the tokens differ; the answer's record names the vector (its
+content hash) and strength, and says so again when the database is opened anew; a vector file made for
+another model is refused in the engine's words and nothing changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import steering as steer
+
+from app.engine_host import EngineHost
+from app.state.library import Library
+from app.state.store import Store
+from qt_helpers import close_window, make_window, run_task
+
+pytest.importorskip("llama_cpp")
+
+QUESTION = "Write one sentence about your morning."
+
+
+def _regenerate(qtbot, w):
+    before = w.library.current.path()[-1]
+    task = w.on_regenerate(before)
+    qtbot.waitUntil(task.done, timeout=120_000)
+    answer = task.result()
+    assert answer is not None and answer.finish_reason != "error", answer and answer.stats
+    return answer
+
+
+def _tokens(w, message):
+    return [(t.token_id, t.logprob) for t in w.library.current.tokens(message)]
+
+
+@pytest.fixture
+def steer_window(qtbot, qloop, store):
+    host = EngineHost()  # the production factory: the default model on llama.cpp
+    w = make_window(qtbot, store, host, max_new_tokens=16)
+    task = w.start(None, "llamacpp")
+    qtbot.waitUntil(task.done, timeout=120_000)
+    assert task.result() is True
+    qtbot.waitUntil(lambda: w.controller.steering.can_steer is True, timeout=30_000)
+    w.settings.update_sampler(seed=11, temperature=0.9)
+    yield w
+    close_window(qtbot, w)
+    host.close()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_vector_trained_in_the_panel_steers_the_next_answer_and_is_recorded(qtbot, steer_window, db_path):
+    w = steer_window
+    panel, state = w.steering_panel, w.controller.steering
+    task = w.on_send(QUESTION)
+    qtbot.waitUntil(task.done, timeout=120_000)
+    plain = task.result()
+    assert "steering" not in plain.request
+
+    panel.pairs_box.setCurrentIndex(panel.pairs_box.findData("happy-sad"))
+    panel.count_box.setValue(2)
+    panel.name_edit.setText("happy")
+    panel.train_button.click()
+    qtbot.waitUntil(lambda: bool(state.vectors) and not w.controller.steering_jobs.training, timeout=120_000)
+    vector = state.vectors[0]
+    assert vector.name == "happy" and (vector.n_layer, vector.n_embd) == (30, 576)
+    assert "Trained happy from 2 pairs" in panel.message
+    row = panel._rows[vector.digest]
+
+    # Listed at strength 0: the next answer is the unsteered one, bit for bit.
+    zero = _regenerate(qtbot, w)
+    assert "steering" not in zero.request
+    assert _tokens(w, zero) == _tokens(w, plain)
+
+    row.spin.setValue(2.0)
+    assert row.slider.value() == 200 and state.strength(vector) == 2.0
+    assert "happy ×2" in panel.note.text()
+    steered = _regenerate(qtbot, w)
+    assert [t for t, _ in _tokens(w, steered)] != [t for t, _ in _tokens(w, plain)]
+    record = steered.request["steering"]
+    assert record["vectors"][0]["name"] == "happy" and record["vectors"][0]["sha256"] == vector.digest
+    assert record["vectors"][0]["strength"] == 2.0
+
+    # Saved: a fresh connection to the database reads the same record.
+    other = Store(db_path)
+    try:
+        conv = Library(other).open(w.library.current.id)
+        again = conv.messages[steered.id]
+        assert again.request["steering"] == record
+        assert state.steering_of(again.request["steering"]).describe() == "happy ×2"
+        assert "steering" not in conv.messages[plain.id].request
+    finally:
+        other.close()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_vector_for_another_model_is_refused_in_words_and_nothing_changes(qtbot, steer_window, tmp_path):
+    w = steer_window
+    panel, state = w.steering_panel, w.controller.steering
+    fits = steer.SteeringVector("fits", np.concatenate([np.zeros((1, 576)), np.full((29, 576), 0.01)]).astype("f4"))
+    state.add(fits)
+    state.set_strength(fits, 0.5)
+    before = (state.vectors, state.steering())
+
+    wrong = tmp_path / "other-model.gguf"
+    steer.save_vector(steer.SteeringVector("other", np.concatenate([np.zeros((1, 64)), np.ones((11, 64))]).astype("f4")),
+                      wrong)
+    run_task(qtbot, panel.load_path(wrong), timeout_ms=30_000)
+    assert panel.message.startswith("Not loaded: steering vector 'other-model' was made for a model with 12 layers of width 64")
+    assert "SmolLM2-135M-Instruct has llama, 30 layers of width 576" in panel.message
+    assert (state.vectors, state.steering()) == before
+    assert list(panel._rows) == [fits.digest]
+
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\x00" * 7)
+    run_task(qtbot, panel.load_path(broken), timeout_ms=30_000)
+    assert panel.message.startswith("Not loaded: ") and "broken.gguf" in panel.message
+    assert (state.vectors, state.steering()) == before
+
+    # A strength that is not a number: said, and the vector keeps its strength.
+    panel.set_strength(fits, float("nan"))
+    assert "finite number" in panel.message and state.strength(fits) == 0.5
