@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine import Done, GenerationRequest, TokenEvent, loom, reasoning
+from engine.fingerprint import rows_with_fingerprint
 
 from app.controller import TOP_N, Busy, ChatController
 from app.engine_host import describe_error
@@ -247,7 +248,8 @@ class LoomController:
 
         def job(backend) -> None:  # the model's worker thread
             try:
-                for ev in loom.continuation_events(backend, request, n, mode=mode, cancel=cancel):  # type: ignore[arg-type]
+                rows = loom.continuation_events(backend, request, n, mode=mode, cancel=cancel)  # type: ignore[arg-type]
+                for ev in rows_with_fingerprint(backend, request, n, rows):
                     with lock:
                         first = not pending
                         pending.append(ev)

@@ -282,3 +282,19 @@ def with_fingerprint(backend: "Backend", request: "GenerationRequest", events: I
             except Exception:  # noqa: BLE001 - never lose an answer over its fingerprint
                 log.warning("could not make the answer's fingerprint", exc_info=True)
         yield event
+
+
+def rows_with_fingerprint(backend: "Backend", request: "GenerationRequest", n: int, row_events: Iterable[Any]
+                          ) -> Iterator[Any]:
+    """The loom's `RowEvent`s with each row's Done carrying its fingerprint, marked as one of `n` rows
+    (`extras["loom_rows"]`: it was decoded with its siblings, where a backend may round otherwise)."""
+    for ev in row_events:
+        stats = ev.event.stats if isinstance(ev.event, Done) else None
+        if stats is not None and stats.fingerprint is None:
+            try:
+                fp = fingerprint_for(backend, request, stats.seed)
+                fp = replace(fp, extras={**fp.extras, "loom_rows": n})
+                ev = replace(ev, event=Done(replace(stats, fingerprint=fp)))
+            except Exception:  # noqa: BLE001 - never lose a row over its fingerprint
+                log.warning("could not make a loom row's fingerprint", exc_info=True)
+        yield ev

@@ -75,6 +75,7 @@ class LoomView(QWidget):
         self._conv: Conversation | None = None
         self._root: LoomNode | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.last_audit = None  # the latest audit of the loom rows (engine.experiments.audit.LoomAudit)
         self.setAccessibleName("Loom")
         self._rebuild_timer = QTimer(self, singleShot=True, interval=REBUILD_MS)
         self._rebuild_timer.timeout.connect(self._on_rebuild_due)
@@ -147,6 +148,10 @@ class LoomView(QWidget):
         self.mode.setAccessibleName("How the continuations differ")
         self.import_button = QPushButton("Import…")
         self.import_button.clicked.connect(self._on_import_clicked)
+        self.audit_button = QPushButton("Audit rows")
+        self.audit_button.setToolTip("Run this question's loom continuations again one by one, as single answers "
+                                     "with the same seeds and settings, and report how far each row's log-probs moved")
+        self.audit_button.clicked.connect(lambda: self.audit())
         self.status = QLabel()
         self.status.setWordWrap(True)
         self.step_panel = StepPanel(loom)
@@ -172,6 +177,7 @@ class LoomView(QWidget):
         file_row.addWidget(self.export_button)
         self.budget_spin.setAccessibleName("Auto-expand token budget")
         file_row.addWidget(self.import_button)
+        file_row.addWidget(self.audit_button)
         file_row.addStretch(1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 8, 8, 8)
@@ -453,10 +459,28 @@ class LoomView(QWidget):
 
     def _update_buttons(self) -> None:
         idle = not self._loom.busy and not self._loom.chat.busy
-        for b in (self.continue_button, self.expand_button, self.import_button):
+        for b in (self.continue_button, self.expand_button, self.import_button, self.audit_button):
             b.setEnabled(idle)
         self.export_button.setEnabled(self._root is not None and idle)
         self.stop_button.setEnabled(self._loom.busy)
+
+    def audit(self) -> asyncio.Task:
+        """Rerun the focused question's loom rows one by one; the report goes to the status line (app/loom_audit.py)."""
+        from app.loom_audit import audit_question
+
+        async def run() -> None:
+            focus = self._focus_message()
+            if self._conv is None or focus is None:
+                raise ValueError("open a conversation with loom continuations to audit")
+            self.audit_button.setEnabled(False)
+            self.status.setText("Audit: rerunning each row alone…")
+            try:
+                self.last_audit = await audit_question(self._loom.host, self._conv, focus)
+            finally:
+                self._update_buttons()
+            self.status.setText("Audit: " + "\n".join(self.last_audit.lines()))
+
+        return self._start(run())
 
     # -- export and import ---------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from engine.backends.base import Backend
 from engine.events import Done, GenerationStats, TokenEvent
 from engine.experiments.replay import ReplayVerdict, replay_verdict
-from engine.fingerprint import with_fingerprint
+from engine.fingerprint import Fingerprint, with_fingerprint
 from engine.request import GenerationRequest
 
 
@@ -86,21 +86,21 @@ def forced_start(events: Sequence[TokenEvent]) -> tuple[int, ...]:
 
 def audit_rows(
     backend: Backend,
-    rows: Iterable[tuple[GenerationRequest, Sequence[TokenEvent], GenerationStats | None]],
+    rows: Iterable[tuple[GenerationRequest, Sequence[TokenEvent], Fingerprint | None]],
     cancel: threading.Event | None = None,
 ) -> LoomAudit:
-    """Rerun each (request with the row's seed, the row's events, its stats) alone and compare with the row.
+    """Rerun each (request with the row's seed, the row's events, its fingerprint) alone and compare with the row.
 
     The row's leading forced tokens are forced again; everything else is drawn with the row's seed.
     Runs on the backend's worker thread.
     """
     audits = []
-    for r, (request, events, stats) in enumerate(rows):
+    for r, (request, events, fingerprint) in enumerate(rows):
         if cancel is not None and cancel.is_set():
             break
         alone = replace(request, forced_tokens=forced_start(events) or request.forced_tokens)
         again, again_stats = rerun_alone(backend, alone, cancel)
-        verdict = replay_verdict(list(events), again, stats.fingerprint if stats else None, again_stats.fingerprint)
+        verdict = replay_verdict(list(events), again, fingerprint, again_stats.fingerprint)
         audits.append(RowAudit(r, int(request.sampler.seed if request.sampler.seed is not None else again_stats.seed),
                                verdict))
     return LoomAudit(tuple(audits))
@@ -131,5 +131,5 @@ def audit_loom(backend: Backend, request: GenerationRequest, n: int, *, mode: st
         if st is not None and st.fingerprint is None:
             fp = fingerprint_for(backend, requests[r], st.seed)
             stats[r] = replace(st, fingerprint=replace(fp, extras={**fp.extras, "batch_rows": n}))
-    rows = [(requests[r], events[r], stats[r]) for r in range(n)]
+    rows = [(requests[r], events[r], st.fingerprint if st is not None else None) for r, st in enumerate(stats)]
     return audit_rows(backend, rows, cancel)

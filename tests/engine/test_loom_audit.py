@@ -38,7 +38,7 @@ def test_audit_reports_a_row_that_does_not_repeat(fresh_default_llamacpp):
 
     events, stats = rerun_alone(fresh_default_llamacpp, request)
     nudged = [dataclasses.replace(events[0], logprob=events[0].logprob - 0.25), *events[1:]]
-    result = audit_rows(fresh_default_llamacpp, [(request, nudged, stats)])
+    result = audit_rows(fresh_default_llamacpp, [(request, nudged, stats.fingerprint)])
     assert result.rows[0].verdict.kind == "within" and result.max_logprob_diff == pytest.approx(0.25, abs=1e-6)
 
 

@@ -1,0 +1,49 @@
+"""The loom's audit: rerun the batched children of a question one by one and say how far their log-probs moved.
+
+The loom makes N children as rows of one batch; a chat answer is decoded alone. With the same seeds and settings
+a row should come out the same either way: on llama.cpp's CPU backend bit for bit (an audit reports 0), on
+other backends within float rounding (the audit reports what it finds). Each child is rerun from what it stored
+(engine.experiments.audit.audit_rows on the model's worker thread), through the same recipe Replay uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from engine import experiments
+from engine.experiments.audit import LoomAudit, audit_rows
+
+from app.experiments import other_model, recipe_for
+from app.state.conversation import Conversation, Message
+from app.state.loom_tree import answer_group
+
+
+def loom_children(conv: Conversation, message: Message) -> list[Message]:
+    """The answers to `message`'s question that the loom made (their request records the loom's row)."""
+    _, answers = answer_group(conv, message)
+    return [m for m in answers if isinstance((m.request or {}).get("loom"), dict) and m.finish_reason
+            and (m.stats or {}).get("seed") is not None]
+
+
+def audit_inputs(conv: Conversation, children: list[Message], info: Any) -> list[tuple[Any, list, Any]]:
+    """(request, the row's own tokens after its kept prefix, its fingerprint) per child; ValueError in words."""
+    rows = []
+    for child in children:
+        recipe = recipe_for(conv, child)
+        why = other_model(recipe.model, info)
+        if why is not None:
+            raise ValueError(why)
+        tokens = conv.tokens(child)[len(recipe.prefix):]
+        rows.append((recipe.request(), tokens, experiments.fingerprint_of(child.stats or {})))
+    return rows
+
+
+async def audit_question(host: Any, conv: Conversation, message: Message) -> LoomAudit:
+    """Rerun every loom child of `message`'s question alone on the loaded model; ValueError when there are none."""
+    children = loom_children(conv, message)
+    if not children:
+        raise ValueError("no loom continuations here to audit: make some with Continue ×N first")
+    engine = await host.wait_engine()
+    rows = audit_inputs(conv, children, engine.info)
+    return await asyncio.wrap_future(engine.call(lambda backend: audit_rows(backend, rows)))
