@@ -30,6 +30,7 @@ from app.logs import show_log_file
 from app.menus import WindowActions, build_menu_bar, show_about, show_shortcuts
 from app.library_actions import open_library
 from app.model_actions import ModelActions
+from app.serve_controller import ServeController
 from app.state.conversation import Message
 from app.state.library import Library
 from app.state.recovery import DatabaseNotice
@@ -48,6 +49,8 @@ from app.widgets.loom_view import LoomView
 from app.widgets.sampling_panel import SamplingPanel
 from app.widgets.steering_panel import SteeringPanel
 from app.steering_state import FOLDER_NAME as STEERING_FOLDER, SteeringState
+from app.widgets.serve_dialog import ServeDialog
+from app.widgets.served_bar import ServedBar
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
 from app.notebook import generate as continue_notebook, is_notebook
@@ -92,6 +95,8 @@ class MainWindow(QMainWindow):
         # Steering vectors are kept beside the database (none for a temporary one): a replay finds them.
         steering_folder = None if store.temporary else Path(store.path).parent / STEERING_FOLDER
         self.controller = ChatController(self.library, self.settings, host, steering=SteeringState(steering_folder))
+        self.serving = ServeController(self.library, host)  # Model ▸ Serve…: its requests become conversations
+        self.serve_dialog: ServeDialog | None = None
         self.database_box: QMessageBox | None = None  # the start-up notice about the database file
         self._model_title = host.info.name if host.info is not None else ""
         self._closing = False
@@ -106,6 +111,8 @@ class MainWindow(QMainWindow):
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(0)
         column.addWidget(self.banner)
+        self.served_bar = ServedBar(self.library, self.serving, lambda coro: self._spawn(coro))
+        column.addWidget(self.served_bar)
         column.addWidget(self.chat, 1)
         # A notebook (app/notebook.py) shows in place of the chat: one text the model continues.
         self.notebook = NotebookView(self.library, self.view_options, self.selection, self.controller)
@@ -153,6 +160,8 @@ class MainWindow(QMainWindow):
         self.inspector_dock.raise_()
         self.status = StatusBar(host, self.controller)
         self.setStatusBar(self.status)
+        self.serving.changed.connect(self.status.show_serving)
+        self.serving.problem.connect(lambda text: self.status.showMessage(text[:1].upper() + text[1:], 15000))
         # The system prompt box shows what the template says when it is empty; the templates' refresh names it.
         self.status.template_shown.connect(self._read_template_default)
         self.templates = TemplateActions(store, host, self.library, self.status, self)
@@ -247,6 +256,7 @@ class MainWindow(QMainWindow):
             a.open_model: self.models.open_model_dialog,
             a.library: lambda: open_library(ctx, self.models),
             a.connect_server: self.models.open_connect_dialog,
+            a.serve: self.open_serve_dialog,
             a.runtime_settings: self.models.open_runtime_dialog,
             a.heatmap: self.toggle_heatmap,
             a.previous_token: lambda: self.inspector.step(-1),
@@ -264,6 +274,18 @@ class MainWindow(QMainWindow):
         for scheme, action in self._menus.appearance.items():
             action.setChecked(self.theme is not None and self.theme.scheme == scheme)
             action.triggered.connect(lambda _checked=False, s=scheme: self.set_appearance(s))
+
+    def open_serve_dialog(self) -> ServeDialog:
+        """Model ▸ Serve…: one dialog at a time (asking again raises it), deleted once closed."""
+        if self.serve_dialog is not None:
+            self.serve_dialog.raise_()
+            self.serve_dialog.activateWindow()
+            return self.serve_dialog
+        dialog = self.serve_dialog = ServeDialog(self.serving, self._spawn, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.finished.connect(lambda _result: setattr(self, "serve_dialog", None))
+        dialog.open()
+        return dialog
 
     def _focus_search(self) -> None:
         self.chats_dock.show()
@@ -433,6 +455,8 @@ class MainWindow(QMainWindow):
             self.store.busy_changed.disconnect(self._on_database_busy)
             self.status.detach()
             self.templates.detach()
+            self.served_bar.detach()
+            self.serving.detach()
             event.accept()
             self.closed.emit()
             return
@@ -446,6 +470,10 @@ class MainWindow(QMainWindow):
 
     async def _shutdown(self) -> None:
         self.loom.stop()
+        try:  # first: no client gets a new answer, and what was served is written
+            await self.serving.stop("the window closed")
+        except Exception:  # noqa: BLE001 - closing must finish
+            log.exception("stopping the server failed while closing")
         try:
             await self.controller.shutdown()
         except Exception:  # noqa: BLE001 - closing must finish
@@ -536,6 +564,8 @@ class MainWindow(QMainWindow):
         if self._shutdown_done:
             return
         try:
+            if self.serving.recorder is not None:  # what the server said last is written too
+                self.serving.recorder.drain("quit")
             self.controller.flush_now()
             self.store.checkpoint()
         except Exception:  # noqa: BLE001 - quitting must go on

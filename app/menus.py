@@ -57,6 +57,7 @@ class WindowActions:
     open_model: QAction
     library: QAction
     connect_server: QAction
+    serve: QAction
     runtime_settings: QAction
     chat_template: QAction
     heatmap: QAction
@@ -107,6 +108,8 @@ class WindowActions:
                         "cache, GPT4All, Jan, your folders) and downloads"),
             connect_server=act("&Connect to server…", tip="A model on an OpenAI-compatible server: vLLM, SGLang, "
                                "llama.cpp, Ollama, LM Studio"),
+            serve=act("&Serve…", tip="The loaded model as an OpenAI-compatible server on this machine; every "
+                      "answer it serves appears in the chats list, each token inspectable"),
             runtime_settings=act("R&untime settings…", tip="Context length, threads, GPU layers and batch size of "
                                  "the loaded model; remembered for it"),
             chat_template=act("Chat &template…", tip="Which template turns a chat into the model's prompt: its own, "
@@ -154,6 +157,8 @@ def build_menu_bar(window: QMainWindow, a: WindowActions, panels: Sequence[QActi
     recent = model.addMenu("&Recent")
     model.addSeparator()
     model.addActions([a.runtime_settings, a.chat_template])
+    model.addSeparator()
+    model.addAction(a.serve)
 
     view = bar.addMenu("&View")
     view.addActions([a.heatmap, a.previous_token, a.next_token])

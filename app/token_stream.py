@@ -13,43 +13,46 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Generic, TypeVar
 
 from engine import Done, Engine, GenerationRequest, GenerationStats, TokenEvent
 
 FRAME_S = 1 / 60
+T = TypeVar("T")
 
 
-class TokenStream:
-    """`async for batch in stream.batches()`: lists of `TokenEvent`s; then `stats` holds the final stats."""
+class FrameHop(Generic[T]):
+    """Items `put` on any thread reach `deliver(batch)` on the event loop, in order, at most once per frame.
 
-    def __init__(self, engine: Engine, request: GenerationRequest, frame_s: float = FRAME_S):
-        self._loop = asyncio.get_running_loop()
+    The one way the app moves a stream of worker-thread items to the loop: a generation's events
+    (`TokenStream`) and a served request's (app/served_conversations.py, on the server's thread).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[T]], None], frame_s: float = FRAME_S):
+        self._loop = loop
+        self._deliver = deliver
         self._frame_s = frame_s
-        self._events: deque[TokenEvent | Done | BaseException] = deque()
+        self._items: deque[T] = deque()
         self._lock = threading.Lock()
         self._wake_pending = False
         self._last_flush = float("-inf")
-        self._batches: asyncio.Queue[list[TokenEvent | Done | BaseException]] = asyncio.Queue()
-        self.stats: GenerationStats | None = None
-        self.handle = engine.submit(request, self._on_event)
 
-    def cancel(self) -> None:
-        """Stop before the next token; the tokens already made still arrive, then `Done`."""
-        self.handle.cancel()
-
-    # -- worker thread ---------------------------------------------------------------------
-
-    def _on_event(self, event: TokenEvent | Done | BaseException) -> None:
+    def put(self, item: T) -> None:
+        """Any thread. Raises RuntimeError once the loop is closed (nobody is left to deliver to)."""
         with self._lock:
-            self._events.append(event)
+            self._items.append(item)
             if self._wake_pending:
                 return
             self._wake_pending = True
-        # Raises RuntimeError once the loop is closed; the worker then cancels the generation.
         self._loop.call_soon_threadsafe(self._schedule)
 
-    # -- event loop ------------------------------------------------------------------------
+    def take_now(self) -> list[T]:
+        """On the loop: what arrived and is not delivered yet (a closing owner handles it at once)."""
+        with self._lock:
+            batch = list(self._items)
+            self._items.clear()
+        return batch
 
     def _schedule(self) -> None:
         delay = self._last_flush + self._frame_s - self._loop.time()
@@ -60,12 +63,31 @@ class TokenStream:
 
     def _flush(self) -> None:
         with self._lock:
-            batch = list(self._events)
-            self._events.clear()
+            batch = list(self._items)
+            self._items.clear()
             self._wake_pending = False
         self._last_flush = self._loop.time()
         if batch:
-            self._batches.put_nowait(batch)
+            self._deliver(batch)
+
+
+class TokenStream:
+    """`async for batch in stream.batches()`: lists of `TokenEvent`s; then `stats` holds the final stats."""
+
+    def __init__(self, engine: Engine, request: GenerationRequest, frame_s: float = FRAME_S):
+        self._batches: asyncio.Queue[list[TokenEvent | Done | BaseException]] = asyncio.Queue()
+        self._hop: FrameHop[TokenEvent | Done | BaseException] = FrameHop(
+            asyncio.get_running_loop(), self._batches.put_nowait, frame_s)
+        self.stats: GenerationStats | None = None
+        self.handle = engine.submit(request, self._on_event)
+
+    def cancel(self) -> None:
+        """Stop before the next token; the tokens already made still arrive, then `Done`."""
+        self.handle.cancel()
+
+    def _on_event(self, event: TokenEvent | Done | BaseException) -> None:
+        """Worker thread. Raises RuntimeError once the loop is closed; the worker then cancels the generation."""
+        self._hop.put(event)
 
     async def batches(self) -> AsyncIterator[list[TokenEvent]]:
         """Token batches in order; returns after `Done` (see `stats`), raises the engine's exception."""

@@ -53,7 +53,21 @@ from engine.sampling.llamacpp_json import ImportedSettings, llamacpp_json, parse
 from engine.sampling.registry import CONTROLS as SAMPLER_CONTROLS  # each stage setting's control: label, range, tip
 from engine.sampling.registry import STAGE_ROWS, Control as SamplerControl  # every stage's row (engine.sampling.registry)
 
+# The OpenAI-compatible server (engine.serve): its web stack (uvicorn, Starlette) loads only when one of these
+# is first asked for, so importing the engine (the window, the CLI) does not pay for it.
+_SERVE_NAMES = ("ExchangeSink", "RunningServer", "ServeOptions", "ServeSetupError", "ServedExchange", "start_server")
+
+
+def __getattr__(name: str):
+    if name in _SERVE_NAMES:
+        from engine import serve
+
+        return getattr(serve, name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+
+
 __all__ = [
+    *_SERVE_NAMES,
     "atomic_text_file",
     "write_text_atomic",
     "busy_workers",

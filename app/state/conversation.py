@@ -90,6 +90,7 @@ class Conversation:
         self.created = row.created
         self.active_root_id = row.active_root_id
         self.mode = row.mode  # "chat" | "notebook" (app/notebook.py: one text the model continues)
+        self.served = row.served  # a client's request to the window's server (app/served_conversations.py), else None
         self.messages: dict[int, Message] = {r.id: Message.from_row(r) for r in (rows or [])}
         # Children by parent, oldest first: an imported loom tree's question has thousands of answers, and
         # the views ask for siblings per answer (a scan of every message each time made that quadratic).

@@ -43,6 +43,21 @@ class Library:
         self.list_changed.emit()
         return conv
 
+    def add_unopened(self, title: str, system_prompt: str = "", mode: str = "chat",
+                     served: dict | None = None) -> Conversation:
+        """A new conversation listed at once but not opened (a request a client sent the window's server): the
+        open one stays open, and opening this one later shows the same object, tokens streaming in included."""
+        row = self.store.create_conversation(title, system_prompt, mode, served)
+        conv = self._open[row.id] = Conversation(self.store, row, [])
+        self.list_changed.emit()
+        return conv
+
+    def release(self, conversation_id: int) -> None:
+        """Let go of a conversation kept in memory that is not open (a served one, written whole): opening it
+        later reads it back from the store."""
+        if self.current is None or self.current.id != conversation_id:
+            self._open.pop(conversation_id, None)
+
     def open(self, conversation_id: int) -> Conversation:
         if self.current is not None and self.current.id == conversation_id:
             return self.current

@@ -46,7 +46,7 @@ from app.state.write_lock import (  # noqa: F401  (read from here by the control
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: conversations.mode ("chat" | "notebook")
+SCHEMA_VERSION = 3  # 2: conversations.mode ("chat" | "notebook"); 3: conversations.served_json (Model ▸ Serve…)
 MEMORY = ":memory:"
 REPAIR_MARKER_SUFFIX = ".needs-repair"  # next to the database: damage was met; recover at the next start
 SCHEMA = """
@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     created REAL NOT NULL,
     updated REAL NOT NULL,
     active_root_id INTEGER,
-    mode TEXT NOT NULL DEFAULT 'chat'
+    mode TEXT NOT NULL DEFAULT 'chat',
+    served_json TEXT
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
@@ -117,7 +118,7 @@ _MESSAGE_COLUMNS = (
     "id, conversation_id, parent_id, role, content, created, active_child_id, finish_reason, "
     "branch_index, request_json, model_json, stats_json"
 )
-_CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, active_root_id, mode"
+_CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, active_root_id, mode, served_json"
 _TOKEN_COLUMNS = "idx, token_id, text, token_text, logprob, sampler_logprob, rank, entropy, forced, special, top_json"
 
 
@@ -381,15 +382,17 @@ class Store:
 
     # -- conversations ---------------------------------------------------------------------
 
-    def create_conversation(self, title: str, system_prompt: str = "", mode: str = "chat") -> ConversationRow:
+    def create_conversation(self, title: str, system_prompt: str = "", mode: str = "chat",
+                            served: dict[str, Any] | None = None) -> ConversationRow:
+        """A new conversation; `served`: the request a client sent the window's server (None: the window's own)."""
         if mode not in MODES:
             raise ValueError(f"a conversation is a chat or a notebook, not {mode!r}")
         now = time.time()
         cur = self._write(
-            "INSERT INTO conversations(title, system_prompt, created, updated, mode) VALUES (?, ?, ?, ?, ?)",
-            (title, system_prompt, now, now, mode),
+            "INSERT INTO conversations(title, system_prompt, created, updated, mode, served_json) VALUES (?, ?, ?, ?, ?, ?)",
+            (title, system_prompt, now, now, mode, None if served is None else json.dumps(without_url_credentials(served))),
         )
-        return ConversationRow(int(cur.lastrowid), title, system_prompt, now, now, None, mode)
+        return ConversationRow(int(cur.lastrowid), title, system_prompt, now, now, None, mode, served)
 
     def update_conversation(self, conversation_id: int, **fields: Any) -> None:
         allowed = {"title", "system_prompt", "active_root_id", "mode"}
@@ -548,10 +551,13 @@ def _migrate(conn: sqlite3.Connection) -> None:
     """Bring a database of an older version up to `SCHEMA_VERSION` (inside the opening transaction).
 
     Version 1 had no `conversations.mode`: every conversation in it is a chat, the column's default.
+    Version 2 had no `conversations.served_json`: none of its conversations was served (NULL).
     """
     columns = {row[1] for row in conn.execute("PRAGMA table_info(conversations)")}
     if "mode" not in columns:
         conn.execute("ALTER TABLE conversations ADD COLUMN mode TEXT NOT NULL DEFAULT 'chat'")
+    if "served_json" not in columns:
+        conn.execute("ALTER TABLE conversations ADD COLUMN served_json TEXT")
 
 
 def read_tokens(conn: sqlite3.Connection, message_id: int) -> tuple[list[TokenEvent], str | None]:

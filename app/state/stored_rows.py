@@ -27,6 +27,9 @@ class ConversationRow:
     updated: float
     active_root_id: int | None
     mode: str = "chat"  # "chat" | "notebook" (app/notebook.py); databases before version 2 hold chats only
+    # The request a client sent the window's server (Model ▸ Serve…: id, client, time, endpoint, settings),
+    # None for the window's own conversations (all of them before version 3). app/served_conversations.py
+    served: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,4 +88,18 @@ def conversation_from_row(r: tuple[Any, ...]) -> ConversationRow:
         raise TypeError("conversation without a title")
     if len(r) > 6 and r[6] not in MODES:
         raise ValueError(f"unknown conversation mode {r[6]!r}")
-    return ConversationRow(*r)
+    return ConversationRow(*r[:7], served=_served(r[7]) if len(r) > 7 else None)
+
+
+def _served(text: Any) -> dict[str, Any] | None:
+    """A conversation's served record; one that cannot be read is left out (the conversation still opens)."""
+    if text is None:
+        return None
+    try:
+        doc = json.loads(text) if isinstance(text, (str, bytes)) else None
+    except (ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict):
+        log.warning("a conversation's served record is not readable; it shows as a chat")
+        return None
+    return doc

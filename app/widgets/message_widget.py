@@ -38,6 +38,7 @@ FINISH_TEXT = {
     "stop": "ended at a stop string",
     "length": "cut off at the length limit",
     "cancelled": "stopped",
+    "client": "sent by the client (served: no token records)",  # app/served_conversations.py
     None: "interrupted",
 }
 

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMessageBox,
     QPushButton,
+    QStyle,
     QVBoxLayout,
     QWidget,
 )
@@ -116,6 +117,9 @@ class Sidebar(QWidget):
             item = QListWidgetItem(row.title)
             item.setData(ID_ROLE, row.id)
             kind = "notebook (text the model continues)" if row.mode == "notebook" else "chat"
+            if row.served:  # a client's request to Model ▸ Serve…: marked with a network icon
+                kind = f"served to {row.served.get('client') or 'a client'} (Model ▸ Serve…), as a {kind}"
+                item.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_DriveNetIcon))
             item.setToolTip(f"{row.title}\n{kind}, last change {_when(row.updated)}")
             if row.mode == "notebook":  # told apart at a glance: an italic title
                 font = item.font()

@@ -103,6 +103,10 @@ class StatusBar(QStatusBar):
         self.context_label.setAccessibleName("Context used")
         self.memory_label = ElidedLabel()
         self.memory_label.setAccessibleName("Memory")
+        self.serve_label = ElidedLabel()  # "Serving on http://127.0.0.1:PORT/v1" while Model ▸ Serve… runs
+        self.serve_label.setAccessibleName("Serving")
+        self.serve_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.serve_label.setVisible(False)
         self.addWidget(self.progress_label)
         self.addWidget(self.progress)
         # Which chat template the model's chats use, a warning when it has none (app/template_actions.py).
@@ -110,7 +114,8 @@ class StatusBar(QStatusBar):
         self.template_label.setAccessibleName("Chat template")
         self._template_warns = False
         self.addPermanentWidget(self.template_label)
-        self._labels = (self.model_label, self.server_label, self.speed_label, self.context_label, self.memory_label)
+        self._labels = (self.serve_label, self.model_label, self.server_label, self.speed_label, self.context_label,
+                        self.memory_label)
         for w in self._labels:
             self.addPermanentWidget(w)
         # While a message shows (an error, "Loaded …"), the labels step back to their minimum: it needs the room.
@@ -152,7 +157,8 @@ class StatusBar(QStatusBar):
         too), then the server, memory, context and speed; the template's warning never does: it is
         what a user needs to see after a load.
         """
-        order = [self.model_label, self.server_label, self.memory_label, self.context_label, self.speed_label]
+        order = [self.model_label, self.server_label, self.memory_label, self.context_label, self.speed_label,
+                 self.serve_label]
         if not self._template_warns:
             order.append(self.template_label)
         for label in (*order, self.template_label):
@@ -208,6 +214,14 @@ class StatusBar(QStatusBar):
         self._context.clear()
         self._update_context()
         self.showMessage(f"Loaded {info.name}", 4000)
+
+    def show_serving(self, state) -> None:
+        """Model ▸ Serve…'s state (app/serve_controller.py `ServeState`): its address while it serves."""
+        self.serve_label.setText(state.status_text)
+        self.serve_label.setToolTip(f"Serving {state.what} to OpenAI clients at {state.url}; every answer appears "
+                                    "in the chats list (Model ▸ Serve… stops it)" if state.running else "")
+        self.serve_label.setVisible(state.running)
+        self._fit_message()
 
     def show_template(self, text: str, tooltip: str = "", warn: bool = False) -> None:
         """The chat template in a few words; `warn` (a model without one) draws it in the warning colour."""

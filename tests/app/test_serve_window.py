@@ -1,0 +1,271 @@
+"""Model ▸ Serve… (issue 34): the window serves the loaded model, and every served answer is a conversation.
+
+The served exchanges are real: the default model on llama.cpp (the session's copy), the real server on
+127.0.0.1 on its own thread, a real HTTP client (httpx) on another thread, and the window's own qasync loop
+running all the while. The Serve dialog's refusals and the database migration need no model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from PySide6.QtCore import Qt
+
+from engine import Engine
+from engine.backends.mock import MockBackend
+
+from app.engine_host import EngineHost
+from app.serve_controller import ServeSettings
+from app.state.store import SCHEMA, Store
+from app.widgets.sidebar import ID_ROLE
+from qt_helpers import answered, close_window, make_window, run_task
+
+MODEL_WAIT_MS = 60_000
+
+
+@dataclass
+class Client:
+    """One streamed chat completion, read on its own thread, as an OpenAI client reads it."""
+
+    url: str
+    body: dict
+    chunks: list[dict] = field(default_factory=list)
+    done_marker: bool = False
+    error: BaseException | None = None
+    finished: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "Client":
+        threading.Thread(target=self._run, name="test-openai-client", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            with httpx.stream("POST", f"{self.url}/chat/completions", json={**self.body, "stream": True},
+                              timeout=120) as response:
+                assert response.status_code == 200, response.read()
+                for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        self.done_marker = True
+                        break
+                    self.chunks.append(json.loads(data))
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            self.error = e
+        finally:
+            self.finished.set()
+
+    @property
+    def tokens(self) -> list[dict]:
+        return [lp for c in self.chunks for ch in c["choices"] for lp in ((ch.get("logprobs") or {}).get("content") or [])]
+
+    @property
+    def text(self) -> str:
+        return "".join(ch["delta"].get("content") or "" for c in self.chunks for ch in c["choices"])
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        return [ch["finish_reason"] for c in self.chunks for ch in c["choices"] if ch.get("finish_reason")]
+
+
+@pytest.fixture
+def served_window(qtbot, qloop, store, fresh_default_llamacpp, monkeypatch):
+    """The window on the session's default model (llama.cpp); "mock" loads the mock model (a model switch)."""
+    monkeypatch.setattr(fresh_default_llamacpp, "close", lambda: None)  # the session's copy outlives this window
+
+    def factory(spec, backend, progress):
+        if spec == "mock":
+            return Engine.from_backend(MockBackend(delay_s=0.01))
+        return Engine.from_backend(fresh_default_llamacpp)
+
+    host = EngineHost(factory)
+    assert run_task(qtbot, host.load("default", "llamacpp"), MODEL_WAIT_MS)
+    w = make_window(qtbot, store, host, max_new_tokens=8)
+    yield w
+    if not w._shutdown_done:
+        close_window(qtbot, w)
+    host.close()
+
+
+def _long_answer(w, max_tokens: int) -> dict:
+    """A request whose answer runs to `max_tokens` (the model's end-of-turn tokens are banned)."""
+    eos_ids = w.host.engine.tokenizer.eos_token_ids
+    return {"model": w.host.info.name, "messages": [{"role": "system", "content": "You count."},
+                                         {"role": "user", "content": "Count from 1 to 500, one number a line."}],
+            "max_tokens": max_tokens, "temperature": 0.7, "seed": 11, "logprobs": True, "top_logprobs": 5,
+            "logit_bias": {str(i): -100 for i in eos_ids}}
+
+
+def _start_serving(qtbot, w) -> str:
+    run_task(qtbot, w.serving.start(ServeSettings(port=0)), MODEL_WAIT_MS)
+    return w.serving.state.url
+
+
+def _served_conversations(w) -> list:
+    """The conversations served requests make, in order, as the controller announces them."""
+    seen: list = []
+    w.serving.started.connect(seen.append)
+    return seen
+
+
+@pytest.mark.slow
+def test_a_served_request_streams_into_a_conversation_while_the_windows_chat_waits_its_turn(qtbot, served_window):
+    w = served_window
+    started = _served_conversations(w)
+    # Started from the dialog, as a person would: the default address, any free port.
+    dialog = w.open_serve_dialog()
+    assert dialog.host_edit.text() == "127.0.0.1"
+    dialog.port_box.setValue(0)
+    qtbot.mouseClick(dialog.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: w.serving.running, timeout=MODEL_WAIT_MS)
+    url = w.serving.state.url
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", url)
+    assert dialog.url_edit.text() == url and dialog.url_row.isVisible() and dialog.stop_button.isEnabled()
+    assert w.status.serve_label.text() == f"Serving on {url}" and w.status.serve_label.isVisible()
+    dialog.close()
+
+    own_chat = w.library.current
+    client = Client(url, _long_answer(w, 80)).start()
+    # Live: the conversation is there, its answer growing, before the client has its last chunk.
+    qtbot.waitUntil(lambda: bool(started) and len(started[0].tokens(started[0].path()[-1])) >= 2,
+                    timeout=MODEL_WAIT_MS)
+    conv = started[0]
+    answer = conv.path()[-1]
+    assert answer.generating and not client.finished.is_set()
+    assert w.library.current is own_chat  # a client's request never takes the window's chat away
+    assert conv.system_prompt == "You count." and [m.role for m in conv.path()] == ["user", "assistant"]
+
+    # The window's own chat meanwhile: it waits for the model (one worker per model) and then answers.
+    w.settings.apply_preset("Greedy")
+    chat = w.on_send("Say hi.")
+    qtbot.waitUntil(lambda: w.controller.busy, timeout=5000)
+    mine = w.library.current.path()[-1]
+    waiting_seen = not client.finished.is_set() and not w.library.current.tokens(mine)
+    qtbot.waitUntil(chat.done, timeout=MODEL_WAIT_MS)
+    assert chat.exception() is None and answered(w)
+    assert waiting_seen, "the chat's answer should have waited while the served one streamed"
+    assert mine.finish_reason in ("eos", "length") and w.library.current.tokens(mine)
+
+    qtbot.waitUntil(client.finished.is_set, timeout=MODEL_WAIT_MS)  # the loop runs on meanwhile
+    assert client.error is None and client.done_marker
+    qtbot.waitUntil(lambda: not answer.generating, timeout=10_000)
+    # What the client received is what the conversation holds: ids, text, log-probs, alternatives.
+    tokens = [t for t in conv.tokens(answer) if not t.special]
+    got = client.tokens
+    assert len(got) == len(tokens) == 80
+    assert [g["id"] for g in got] == [t.token_id for t in tokens]
+    assert [g["token"] for g in got] == [t.token_text for t in tokens]
+    assert [g["logprob"] for g in got] == pytest.approx([t.logprob for t in tokens])
+    assert [[a["id"] for a in g["top_logprobs"]] for g in got] == \
+        [[p.token_id for p in t.top_model if not p.is_rest][:5] for t in tokens]
+    assert client.text == answer.content and client.finish_reasons == ["length"]
+    assert answer.finish_reason == "length" and answer.stats["seed"] == 11
+    assert all(t.stages for t in tokens)  # each token's sampler stages, as in a chat
+
+    # Stored: marked as served, the client and time in the title, the mark in the chats list.
+    row = w.store.conversation(conv.id)
+    assert row.served["client"].startswith("127.0.0.1:") and row.served["endpoint"] == "chat.completions"
+    assert conv.title.startswith(row.served["client"] + " at ")
+    qtbot.waitUntil(lambda: any(w.sidebar.list.item(i).data(ID_ROLE) == conv.id for i in range(w.sidebar.list.count())))
+    item = next(w.sidebar.list.item(i) for i in range(w.sidebar.list.count()) if w.sidebar.list.item(i).data(ID_ROLE) == conv.id)
+    assert not item.icon().isNull() and "served to 127.0.0.1:" in item.toolTip()
+
+    # Opened, the inspector shows a served token's alternatives as for any answer.
+    w.library.open(conv.id)
+    assert w.served_bar.isVisible() and "Served to 127.0.0.1:" in w.served_bar.label.text()
+    assert not w.served_bar.stop_button.isVisible()  # nothing streams into it any more
+    w.selection.set(answer.id, 3)
+    assert w.inspector.table.selected_token() == tokens[3].token_id
+    assert w.inspector.table.topLevelItemCount() >= 5
+
+
+@pytest.mark.slow
+def test_stop_in_the_window_ends_the_clients_stream_with_a_last_chunk(qtbot, served_window):
+    w = served_window
+    started = _served_conversations(w)
+    url = _start_serving(qtbot, w)
+    client = Client(url, _long_answer(w, 2000)).start()
+    qtbot.waitUntil(lambda: bool(started) and len(started[0].tokens(started[0].path()[-1])) >= 3,
+                    timeout=MODEL_WAIT_MS)
+    conv = started[0]
+    w.library.open(conv.id)
+    bar = w.served_bar
+    assert bar.isVisible() and bar.stop_button.isVisible() and "answering" in bar.label.text()
+    qtbot.mouseClick(bar.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(client.finished.is_set, timeout=MODEL_WAIT_MS)
+    assert client.error is None
+    assert client.done_marker and client.finish_reasons == ["stop"]  # a proper last chunk, then [DONE]
+    answer = conv.path()[-1]
+    qtbot.waitUntil(lambda: not answer.generating, timeout=10_000)
+    assert answer.finish_reason == "cancelled" and answer.stats["served_end"] == "stopped in the window"
+    assert 3 <= len(client.tokens) < 2000
+    assert [t.token_id for t in conv.tokens(answer)] == [g["id"] for g in client.tokens]
+    qtbot.waitUntil(lambda: not bar.stop_button.isVisible())
+
+
+@pytest.mark.slow
+def test_another_model_or_closing_the_window_stops_serving_and_frees_the_port(qtbot, served_window):
+    w = served_window
+    url = _start_serving(qtbot, w)
+    assert run_task(qtbot, w.host.load("mock", "mock"), MODEL_WAIT_MS)
+    qtbot.waitUntil(lambda: not w.serving.running and not w.status.serve_label.isVisible(), timeout=15_000)
+    assert "another model" in w.serving.state.message
+    assert _port_closed(url)
+
+    url = _start_serving(qtbot, w)  # now serving the mock model
+    server = w.serving.server
+    assert not _port_closed(url)
+    close_window(qtbot, w)
+    assert not server.running and _port_closed(url)  # its thread ended, its port is free
+
+
+def _port_closed(url: str) -> bool:
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return False
+    except OSError:
+        return True
+
+
+def test_the_serve_dialog_asks_for_a_key_before_serving_beyond_this_machine(qtbot, window):
+    dialog = window.open_serve_dialog()
+    assert window.open_serve_dialog() is dialog  # one at a time
+    dialog.host_edit.setText("0.0.0.0")
+    assert "Required here" in dialog.key_hint.text()
+    assert dialog.start() is None
+    assert "API key" in dialog.message.text() and not window.serving.running
+    dialog.host_edit.setText("127.0.0.1")
+    dialog.upstream_edit.setText("not a url")
+    assert dialog.start() is None and "base URL" in dialog.message.text()
+    dialog.close()
+
+
+def test_a_version_2_database_opens_and_keeps_served_records(tmp_path):
+    path = tmp_path / "v2.sqlite3"
+    conn = sqlite3.connect(path)
+    for statement in filter(str.strip, SCHEMA.split(";")):
+        conn.execute(statement.replace(",\n    served_json TEXT", ""))
+    assert "served_json" not in {r[1] for r in conn.execute("PRAGMA table_info(conversations)")}
+    conn.execute("INSERT INTO conversations(title, created, updated) VALUES ('old chat', 1, 1)")
+    conn.execute("PRAGMA user_version = 2")
+    conn.commit()
+    conn.close()
+    store = Store(path)
+    try:
+        (old,) = store.conversations()
+        assert old.title == "old chat" and old.served is None
+        made = store.create_conversation("served", served={"client": "127.0.0.1:1", "id": "chatcmpl-1"})
+        assert store.conversation(made.id).served == {"client": "127.0.0.1:1", "id": "chatcmpl-1"}
+        store._conn.execute("UPDATE conversations SET served_json = '[1' WHERE id = ?", (made.id,))
+        assert store.conversation(made.id).served is None  # unreadable: shown as a chat, not an error
+    finally:
+        store.close()
