@@ -23,6 +23,7 @@ from app.engine_host import EngineHost
 from app.lens_jobs import answer_parts
 from app.state.conversation import Conversation, Message
 from app.state.observable import Signal
+from app.steering_shadows import SteeringShadows
 from app.steering_state import SteeringState
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class SteeringJobs:
         self.training_progress = Signal()  # (done, total) prompts read
         self.training_changed = Signal()  # (bool) a training started / ended
         self._cancel: threading.Event | None = None
+        self.shadows = SteeringShadows(self)  # the token view's "Steering effect" colouring
         host.model_changed.connect(self._on_model_changed)
         if host.engine is not None:
             self._on_model_changed(host.info)

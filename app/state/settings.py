@@ -278,7 +278,7 @@ class SettingsState:
         self.presets_changed.emit()
 
 
-HEAT_MODES = ("probability", "surprisal", "entropy")
+HEAT_MODES = ("probability", "surprisal", "entropy", "steering")  # steering: KL per token vs. the unsteered model
 
 
 class ViewOptions:

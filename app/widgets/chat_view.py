@@ -246,6 +246,7 @@ class ChatView(QScrollArea):
     def _message_widget(self, message: Message) -> MessageWidget:
         assert self._conv is not None
         w = MessageWidget(self._conv, message)
+        w.set_shadows(self._controller.steering_jobs.shadows)
         try:
             w.set_busy(self._controller.busy)
             w.set_view(self._view.heatmap, self._view.mode, is_dark(self.palette()))

@@ -1,4 +1,4 @@
-"""Token colouring: probability, surprisal or entropy mapped to a background colour, and its legend."""
+"""Token colouring: probability, surprisal, entropy or steering effect mapped to a background colour, and its legend."""
 
 from __future__ import annotations
 
@@ -11,16 +11,19 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 
 SURPRISAL_MAX_BITS = 10.0  # -log2 p beyond this is "very surprising" (p < 0.1 %)
 ENTROPY_MAX_NATS = 4.0  # a spread over ~55 equally likely tokens
+STEERING_MAX_NATS = 1.0  # KL(steered ‖ unsteered) from here on: the steering decided this token
 
 MODE_LABELS = {
     "probability": "Probability",
     "surprisal": "Surprisal",
     "entropy": "Entropy",
+    "steering": "Steering effect",
 }
 
 
-def confidence(ev: TokenEvent, mode: str) -> float:
-    """0 = alarming (unlikely / surprising / uncertain), 1 = confident, for the colour scale."""
+def confidence(ev: TokenEvent, mode: str, steering_kl: float | None = None) -> float | None:
+    """0 = alarming (unlikely / surprising / uncertain / much changed by steering), 1 = confident, for the colour
+    scale; None (no colour) for the steering effect of a token it is not known for (an unsteered answer)."""
     if mode == "probability":
         return ev.prob
     if mode == "surprisal":
@@ -28,11 +31,17 @@ def confidence(ev: TokenEvent, mode: str) -> float:
         return 1.0 - min(bits, SURPRISAL_MAX_BITS) / SURPRISAL_MAX_BITS
     if mode == "entropy":
         return 1.0 - min(ev.entropy, ENTROPY_MAX_NATS) / ENTROPY_MAX_NATS
+    if mode == "steering":  # KL per token from the answer's unsteered shadow (app/steering_shadows.py)
+        if steering_kl is None or not math.isfinite(steering_kl):
+            return None
+        return 1.0 - min(max(steering_kl, 0.0), STEERING_MAX_NATS) / STEERING_MAX_NATS
     raise ValueError(f"unknown colouring {mode!r}")
 
 
-def heat_color(value: float, dark: bool) -> QColor:
-    """Red (0) through amber to green (1); translucent so text stays readable on either palette."""
+def heat_color(value: float | None, dark: bool) -> QColor:
+    """Red (0) through amber to green (1); translucent so text stays readable on either palette (None: none)."""
+    if value is None:
+        return QColor(0, 0, 0, 0)
     v = max(0.0, min(1.0, value))
     hue = v * 125.0 / 360.0
     if dark:
@@ -46,6 +55,8 @@ def legend_ends(mode: str) -> tuple[str, str]:
         return "p 0", "1"
     if mode == "surprisal":
         return f"{SURPRISAL_MAX_BITS:.0f}+ bits", "0 bits"
+    if mode == "steering":
+        return f"KL {STEERING_MAX_NATS:g}+ nats", "0"
     return f"H {ENTROPY_MAX_NATS:.0f}+ nats", "0"
 
 

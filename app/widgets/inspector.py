@@ -26,6 +26,7 @@ from app.widgets.stage_view import StageView
 from app.widgets.token_button import TokenButton
 from app.widgets.token_chart import TokenChart
 from app.widgets.layer_view import LayerView
+from app.widgets.steering_effect_view import SteeringEffectView
 from app.widgets.subscriptions import follow
 
 BRANCH_TIP = (
@@ -114,6 +115,8 @@ class Inspector(QWidget):
         self.layer_view = LayerView(controller.host)  # computes only while its tab is open
         self.layer_view.index_clicked.connect(self._on_chart_clicked)
         self.tabs.addTab(self.layer_view, "Layers")
+        self.steering_view = SteeringEffectView(controller.steering_jobs)  # "Without steering": on demand
+        self.tabs.addTab(self.steering_view, "Steering")
         self.tabs.setAccessibleName("Inspector views")
 
         self.chart = TokenChart()
@@ -166,6 +169,7 @@ class Inspector(QWidget):
         self.table.show_token(ev)
         self.stages.show_token(ev)
         self.layer_view.show_token(self._conv, self._selected_message(), self._selection.index if ev is not None else None)
+        self.steering_view.show_token(self._conv, self._selected_message(), self._selection.index if ev is not None else None)
         self._update_stage_tab()
         has = ev is not None
         self.prev_button.setEnabled(has)

@@ -35,6 +35,7 @@ import bisect
 import math
 import re
 import time
+from collections.abc import Sequence
 
 from engine import TokenEvent
 from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QTextBoundaryFinder, QTimer, QUrl, Signal
@@ -165,6 +166,7 @@ class MessageBody(QTextBrowser):
         self.mode = "plain"  # plain | markdown | tokens
         self._heat_mode = "probability"
         self._dark = False
+        self.steering_kl: Sequence[float] | None = None  # per answer token, for the "steering" colouring
         self._tokens: list[TokenEvent] = []  # every token given; the first len(_starts) are drawn
         self._starts: list[int] = []  # document position where token i begins
         self._limit = 0  # characters (plain, Markdown) or tokens drawn; more after "Show more"
@@ -367,7 +369,9 @@ class MessageBody(QTextBrowser):
 
     def _token_format(self, ev: TokenEvent) -> QTextCharFormat:
         fmt = QTextCharFormat()
-        fmt.setBackground(heat_color(confidence(ev, self._heat_mode), self._dark))
+        kl = self.steering_kl
+        known = float(kl[ev.index]) if kl is not None and 0 <= ev.index < len(kl) else None
+        fmt.setBackground(heat_color(confidence(ev, self._heat_mode, known), self._dark))
         if ev.special:
             fmt.setFontItalic(True)
             fmt.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))

@@ -32,6 +32,8 @@ from app.widgets.composer import MessageEdit
 from app.widgets.message_body import MessageBody
 from app.widgets.thinking_block import ThinkingBlock
 from app.widgets.version_note import VersionNote, header_button
+from app.steering_shadows import SteeringShadows
+from app.widgets.subscriptions import follow
 
 FINISH_TEXT = {
     "eos": "",
@@ -79,6 +81,7 @@ class MessageWidget(QFrame):
         self._heatmap = False
         self._heat_mode = "probability"
         self._dark = False
+        self._shadows: SteeringShadows | None = None  # the "steering" colouring's KL per token, on demand
         self._busy = False
         self._has_thinking = False  # the rendered layout: a Thinking block above the body
         self._content_start = 0  # token view: the body shows the answer's tokens from here on
@@ -180,6 +183,15 @@ class MessageWidget(QFrame):
             self._heatmap, self._heat_mode, self._dark = heatmap, heat_mode, dark
             self._render_body()
 
+    def set_shadows(self, shadows: SteeringShadows) -> None:
+        """Where the "Steering effect" colouring gets its KL per token (computed when first shown)."""
+        self._shadows = shadows
+        follow(self, ((shadows.ready, self._on_shadow_ready),))  # the shadows outlive this widget
+
+    def _on_shadow_ready(self, message_id: int) -> None:
+        if message_id == self.message.id and self._heatmap and self._heat_mode == "steering":
+            self._render_body()
+
     def set_busy(self, busy: bool) -> None:
         self._busy = busy
         self.update_chrome()
@@ -233,6 +245,9 @@ class MessageWidget(QFrame):
             self.body.show_plain(m.content)
         elif mode == "tokens":
             tokens = self.conv.tokens(m)
+            steered = self._shadows is not None and self._heat_mode == "steering"
+            self.body.steering_kl = self.thinking.body.steering_kl = (
+                self._shadows.kl(self.conv, m) if steered and self._shadows is not None else None)
             has, self._content_start = self._token_split(tokens)
             self._show_thinking(has)
             self.thinking.set_muted(False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from PySide6.QtGui import QColor
 
 from engine import steering as steer
 
@@ -124,3 +125,114 @@ def test_a_vector_for_another_model_is_refused_in_words_and_nothing_changes(qtbo
     # A strength that is not a number: said, and the vector keeps its strength.
     panel.set_strength(fits, float("nan"))
     assert "finite number" in panel.message and state.strength(fits) == 0.5
+
+
+def _loaded_vector(qtbot, w, tmp_path, strength: float):
+    """A vector loaded through the panel (a fixed random direction per layer), at `strength`."""
+    rng = np.random.default_rng(5)
+    directions = rng.standard_normal((30, 576)).astype("f4")
+    directions[0] = 0
+    directions *= 4.0 / np.linalg.norm(directions, axis=1, keepdims=True).clip(1e-6)
+    path = tmp_path / "push.gguf"
+    steer.save_vector(steer.SteeringVector("push", directions), path)
+    run_task(qtbot, w.steering_panel.load_path(path), timeout_ms=30_000)
+    vector = w.controller.steering.vectors[-1]
+    assert vector.name == "push", w.steering_panel.message
+    w.steering_panel._rows[vector.digest].spin.setValue(strength)
+    return vector
+
+
+def _answer_ids(w, message):
+    from app.notebook import prompt_for
+
+    conv = w.library.current
+    prompt = prompt_for(conv, conv.messages[message.parent_id]).token_ids(w.host.engine.tokenizer)
+    return prompt, [t.token_id for t in conv.tokens(message)]
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_without_steering_in_the_inspector_shows_the_engines_steering_effect(qtbot, steer_window, tmp_path):
+    w = steer_window
+    vector = _loaded_vector(qtbot, w, tmp_path, 1.5)
+    task = w.on_send(QUESTION)
+    qtbot.waitUntil(task.done, timeout=120_000)
+    answer = task.result()
+    tokens = w.library.current.tokens(answer)
+    assert len(tokens) >= 4 and answer.request["steering"]["vectors"][0]["sha256"] == vector.digest
+    view = w.inspector.steering_view
+
+    w.inspector_dock.show()
+    w.inspector.tabs.setCurrentWidget(view)
+    w.selection.set(answer.id, 3)
+    assert "Steered by <b>push ×1.5</b>" in view.status.text()
+    assert view.view is None and view.button.isEnabled()  # nothing runs until asked
+    view.button.click()
+    qtbot.waitUntil(lambda: view.view is not None, timeout=60_000)
+    shown = view.view.effect
+
+    prompt, ids = _answer_ids(w, answer)
+    oracle = w.host.engine.steering_effect(prompt + ids, len(prompt) + 3, steer.Steering.of((vector, 1.5)), top_k=8)
+    assert shown.token_id == tokens[3].token_id == oracle.token_id
+    # Under the steering, the chosen token's log-prob is the one the decode loop recorded when it wrote it.
+    assert shown.steered_logprob == pytest.approx(tokens[3].logprob, abs=2e-3)
+    assert (shown.kl, shown.unsteered_logprob, shown.unsteered_rank) == pytest.approx(
+        (oracle.kl, oracle.unsteered_logprob, oracle.unsteered_rank), abs=1e-5)
+    assert [s.token_id for s in shown.risers] == [s.token_id for s in oracle.risers]
+    assert f"<b>{oracle.kl:.3f}</b> nats" in view.summary.text()
+    assert view.table.rowCount() == len(oracle.risers) + len(oracle.fallers) > 0
+
+    # The next token selected is computed too (the view stays on), and an unsteered answer is said so.
+    w.selection.set(answer.id, 4)
+    qtbot.waitUntil(lambda: view.view is not None and view.view.index == 4, timeout=60_000)
+    w.steering_panel.all_off()
+    plain = _regenerate(qtbot, w)
+    w.selection.set(plain.id, 1)
+    assert "without steering" in view.status.text() and not view.button.isEnabled()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_the_token_view_colours_a_steered_answer_by_its_kl_per_token(qtbot, steer_window, tmp_path):
+    from PySide6.QtGui import QTextCursor
+
+    from app.theme import is_dark
+    from app.widgets.heat import confidence, heat_color
+
+    w = steer_window
+    vector = _loaded_vector(qtbot, w, tmp_path, 2.0)
+    task = w.on_send(QUESTION)
+    qtbot.waitUntil(task.done, timeout=120_000)
+    answer = task.result()
+    w.view_options.set_heatmap(True)
+    w.view_options.set_mode("steering")
+    shadows = w.controller.steering_jobs.shadows
+    conv = w.library.current
+    qtbot.waitUntil(lambda: shadows.kl(conv, answer) is not None, timeout=60_000)
+    kl = shadows.kl(conv, answer)
+    prompt, ids = _answer_ids(w, answer)
+    oracle = w.host.engine.unsteered_shadow(prompt + ids, len(prompt), steer.Steering.of((vector, 2.0)))
+    assert np.allclose(kl, oracle.kl, atol=1e-5) and kl.max() > 0.05
+
+    body = w.chat.chat_view.widget_for(answer.id).body
+    qtbot.waitUntil(lambda: body.steering_kl is not None, timeout=10_000)
+    dark = is_dark(body.palette())
+    tokens = conv.tokens(answer)
+    drawn = []
+    for i, start in enumerate(body._starts):
+        cursor = QTextCursor(body.document())
+        cursor.setPosition(start + 1)
+        drawn.append(cursor.charFormat().background().color().name(QColor.NameFormat.HexArgb))
+        want = heat_color(confidence(tokens[i], "steering", float(kl[i])), dark)
+        assert drawn[-1] == want.name(QColor.NameFormat.HexArgb), i
+    assert len(set(drawn)) > 1  # the colours follow the KL, not one colour for all
+
+    # An answer without steering has nothing to colour by: no backgrounds, and nothing is computed.
+    w.steering_panel.all_off()
+    plain = _regenerate(qtbot, w)
+    assert shadows.kl(conv, plain) is None and plain.id not in shadows._pending
+    body = w.chat.chat_view.widget_for(plain.id).body
+    assert body.steering_kl is None
+    cursor = QTextCursor(body.document())
+    cursor.setPosition(body._starts[0] + 1)
+    assert cursor.charFormat().background().color().alpha() == 0
