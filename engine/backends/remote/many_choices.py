@@ -38,7 +38,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from engine.backends.remote.errors import ServerResponseError
 from engine.backends.remote.server_stream import server_choice_events, server_sampled_events
-from engine.events import Done, Event, GenerationStats
+from engine.decode_stats import generation_stats
+from engine.events import Done, Event
 from engine.request import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def _one_by_one(
     """Child r as its own streamed request with seed `seeds[r]`."""
     for r in rows:
         if cancel.is_set():
-            yield r, Done(GenerationStats("cancelled", 0, 0, 0, 0.0, 0.0, 0.0, 0, seeds[r], "", ()))
+            yield r, Done(generation_stats(finish="cancelled", prompt_tokens=0, seed=seeds[r]))
             continue
         row = dataclasses.replace(request, sampler=request.sampler.with_(seed=seeds[r]))
         for event in server_sampled_events(backend, row, cancel):

@@ -31,7 +31,8 @@ from engine.backends.remote.server_constraint import constraint_fields
 from engine.backends.remote.server_params import server_parameters
 from engine.backends.remote.step import chosen_tokens, id_from_text, parse_alternatives, position_entries, text_of
 from engine.backends.remote.tokenizer import check_server_token_ids
-from engine.events import Done, Event, GenerationStats, StageSnapshot, TokenEvent, TokenProb, rest_entry
+from engine.decode_stats import AnswerRecord
+from engine.events import Done, Event, FinishReason, StageSnapshot, TokenEvent, TokenProb, rest_entry
 from engine.request import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,8 @@ def server_choice_events(
     path, body, prompt_len, seed = _request(backend, request)
     if n > 1:
         body["n"] = n
-    choices = [_Choice(_asked(body), request.max_new_tokens + EXTRA_TOKENS) for _ in range(n)]
-    ended: str | None = None  # "cancelled" or "error": the run ended for every choice at once
+    choices = [_Choice(t0, _asked(body), request.max_new_tokens + EXTRA_TOKENS) for _ in range(n)]
+    ended: FinishReason | None = None  # "cancelled" or "error": the run ended for every choice at once
     error: str | None = None
     stream = backend.client.stream_events(path, body, cancel=cancel)
     try:
@@ -115,7 +116,7 @@ def server_choice_events(
     except RequestCancelledError:
         ended = "cancelled"  # the request in flight was abandoned at once (a server that never answered)
     except ServerError as e:
-        if not any(c.ids for c in choices):
+        if not any(c.record.token_ids for c in choices):
             raise
         ended, error = "error", str(e)  # keep what arrived: the answers so far are worth showing
     finally:
@@ -125,7 +126,7 @@ def server_choice_events(
     now = time.perf_counter()
     for i, c in enumerate(choices):
         if ended is not None or i == 0 or c.answered:
-            yield i, c.done(t0, now, prompt_len, seed, ended, error, host)
+            yield i, c.done(now, prompt_len, seed, ended, error, host)
 
 
 def _asked(body: dict) -> int:
@@ -167,17 +168,19 @@ def _request(backend, request: GenerationRequest) -> tuple[str, dict, int, int |
 
 
 class _Choice:
-    """One choice of a streamed completion: its tokens so far, how it ended, and what the server said."""
+    """One choice of a streamed completion: its tokens so far, how it ended, and what the server said.
 
-    def __init__(self, asked: int = 0, max_tokens: int = 0) -> None:
+    The server decides the tokens, detokenizes them and applies the stop strings; what is kept per token (the
+    ids, the times, how it ended) is the decode loop's own record (engine/decode_stats.py), so the stats
+    mean the same here as on a local model.
+    """
+
+    def __init__(self, t0: float, asked: int = 0, max_tokens: int = 0) -> None:
         self.asked = asked  # alternatives per token asked for: more is refused (checks.alternatives_count)
         self.max_tokens = max_tokens  # 0: no limit
+        self.record = AnswerRecord(t0)
         self.texts: list[str] = []
         self.token_texts: list[str] = []
-        self.ids: list[int] = []
-        self.finish = "length"
-        self.t_first: float | None = None
-        self.t_last: float | None = None
         self.answered = False  # the server streamed this choice (a server that ignores `n` streams choice 0 only)
         self.said = _WhatTheServerSaid()
 
@@ -194,37 +197,29 @@ class _Choice:
         if not isinstance(piece, str):
             raise ServerResponseError(f"the server streamed a text that is not a string: {repr(piece)[:60]}")
         tokens = _tokens_of(choice.get("logprobs"), tok, self.asked)
-        if self.max_tokens and (tokens or piece) and len(self.ids) + max(len(tokens), 1) > self.max_tokens:
+        if self.max_tokens and (tokens or piece) and len(self.record.token_ids) + max(len(tokens), 1) > self.max_tokens:
             raise ServerResponseError(f"the server streamed more than the {self.max_tokens - EXTRA_TOKENS:,} tokens "
                                       "asked for: the answer was cut there")
         if not tokens and piece:
             tokens = [(_id(None, piece, tok), piece, math.nan, [])]  # a server that sent no log-probs
         for k, (tid, token_text, lp, alts) in enumerate(tokens):
-            self.t_last = time.perf_counter()
-            self.t_first = self.t_first or self.t_last
             text = piece if k == len(tokens) - 1 else ""
-            self.ids.append(tid)
+            self.record.took(tid)
             self.texts.append(text)
             self.token_texts.append(token_text)
-            yield _event(len(self.ids) - 1, tid, text, token_text, lp, alts, request.record_stages)
+            yield _event(len(self.record.token_ids) - 1, tid, text, token_text, lp, alts, request.record_stages)
         if choice.get("finish_reason"):
             reason = choice["finish_reason"]
-            self.finish = "length" if reason == "length" else ("stop" if request.stop else "eos")
+            self.record.end("length" if reason == "length" else ("stop" if request.stop else "eos"))
 
-    def done(self, t0: float, now: float, prompt_len: int, seed: int | None, ended: str | None,
+    def done(self, now: float, prompt_len: int, seed: int | None, ended: FinishReason | None,
              error: str | None, host: str) -> Done:
-        finish = ended or self.finish
-        if error is None and finish != "cancelled" and not "".join(self.texts):
-            error = self.said.empty_answer(host, len(self.ids))  # an empty answer is explained
-        decode_s = (self.t_last - self.t_first) if self.t_first is not None and self.t_last is not None else 0.0
-        n = len(self.ids)
-        return Done(GenerationStats(
-            finish_reason=finish, prompt_tokens=prompt_len, reused_tokens=0, generated_tokens=n,
-            time_to_first_token_s=(self.t_first - t0) if self.t_first else 0.0,
-            decode_tokens_per_s=(n - 1) / decode_s if decode_s > 0 else 0.0,
-            total_s=now - t0, peak_memory_bytes=0, seed=seed if seed is not None else -1,
-            text="".join(self.texts), token_ids=tuple(self.ids), error=error,
-        ))
+        if ended is not None:
+            self.record.end(ended)
+        if error is None and self.record.finish != "cancelled" and not "".join(self.texts):
+            error = self.said.empty_answer(host, len(self.record.token_ids))  # an empty answer is explained
+        return Done(self.record.stats(prompt_tokens=prompt_len, text="".join(self.texts),
+                                      seed=seed if seed is not None else -1, now=now, error=error))
 
 
 def _completion_prompt(backend, request: GenerationRequest) -> tuple[str | list[int], int]:
@@ -270,11 +265,12 @@ def _learn_ids(tok, choices: list[_Choice]) -> None:
     the next run have them."""
     if tok is None:
         return
-    tok.learn_ids([text for c in choices for tid, text in zip(c.ids, c.token_texts) if tid < 0 and text])
+    tok.learn_ids([text for c in choices for tid, text in zip(c.record.token_ids, c.token_texts) if tid < 0 and text])
     for c in choices:
-        for i, (tid, text) in enumerate(zip(c.ids, c.token_texts)):
+        ids = c.record.token_ids
+        for i, (tid, text) in enumerate(zip(ids, c.token_texts)):
             if tid < 0 and text:
-                c.ids[i] = id_from_text(text, tok)
+                ids[i] = id_from_text(text, tok)
 
 
 def _event(index, tid, text, token_text, lp, alts, record_stages) -> TokenEvent:
