@@ -60,10 +60,15 @@ class BatchRunner(Protocol):
     `start` prefills prompts, `step` adds one token per row, `reorder` keeps the
     rows beam search picked; `forward_rows` extends rows that each continue
     their own cached prefix state (the token trie's) in one forward.
-    `forward_calls` counts model calls, so tests can check batching batches.
+    `forward_calls` counts model calls, so tests can check batching batches; `pad_id` fills the left of
+    shorter prompts. `close()` frees what the runner holds of its own (llama.cpp: its context, which must go
+    before the model); call it on the backend's worker thread.
     """
 
     forward_calls: int
+    pad_id: int
+
+    def close(self) -> None: ...
 
     def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray: ...
 
@@ -84,10 +89,12 @@ class PositionRunner(Protocol):
     """Every position's logits of one sequence, in chunks: teacher-forced scoring.
 
     Shares the backend's weights but not its KV cache; call it on the backend's
-    worker thread and `close()` it (when it has `close`) before the backend closes.
+    worker thread and `close()` it before the backend closes.
     """
 
     forward_calls: int
+
+    def close(self) -> None: ...
 
     def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None) -> Iterator[np.ndarray]:
         """Logits of positions `first`..T-1, as (n, V) float32 chunks in order (row t predicts t + 1)."""

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from engine.chat_template import ChatTemplateError, render_chat_template
-from engine.tokenizer import FALLBACK_TEMPLATE
+from engine.tokenizer import FALLBACK_TEMPLATE, TokenizerLike
 
 
 @dataclass(frozen=True)
@@ -195,7 +194,7 @@ def preview(text: str, *, bos_token: str = "<s>", eos_token: str = "</s>", time_
                                 time_limit_s=time_limit_s)
 
 
-def use_chat_template(tokenizer: Any, choice: str | None) -> TemplateInUse:
+def use_chat_template(tokenizer: TokenizerLike, choice: str | None) -> TemplateInUse:
     """Render this model's chats with `choice` from now on (None: the model's own, or the fallback).
 
     `choice` is as for `resolve_template`. The choice lives on the loaded model's tokenizer (every chat
@@ -215,16 +214,16 @@ def use_chat_template(tokenizer: Any, choice: str | None) -> TemplateInUse:
     return template_in_use(tokenizer)
 
 
-def template_in_use(tokenizer: Any) -> TemplateInUse:
+def template_in_use(tokenizer: TokenizerLike) -> TemplateInUse:
     """Which template `tokenizer.chat_text` renders with now."""
-    if getattr(tokenizer, "template_override", None):
-        name = getattr(tokenizer, "template_override_name", "")
+    if tokenizer.template_override:
+        name = tokenizer.template_override_name
         if name in BUILTIN_TEMPLATES:
             return TemplateInUse("builtin", f"{BUILTIN_TEMPLATES[name].label} (built-in)", name)
         return TemplateInUse("custom", "custom Jinja template")
-    guessed = getattr(tokenizer, "guessed_template", "")
+    guessed = tokenizer.guessed_template
     if guessed:  # a server that does not say its template: one is guessed from its vocabulary
         return TemplateInUse("builtin", f"{BUILTIN_TEMPLATES[guessed].label} (guessed)", guessed)
-    if getattr(tokenizer, "has_chat_template", False):
+    if tokenizer.has_chat_template:
         return TemplateInUse("own", "the model's own")
     return TemplateInUse("fallback", "User:/Assistant: fallback (the model has none)")

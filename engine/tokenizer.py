@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from engine.errors import TokenIdError
 
@@ -67,6 +67,39 @@ def vocabulary_size(tokenizer: Any) -> int:
         return 0
 
 
+@runtime_checkable
+class TokenizerLike(Protocol):
+    """What the engine asks of a backend's tokenizer (`Backend.tokenizer`): ids both ways, and the chat template.
+
+    Every backend's tokenizer has it: `Tokenizer` (Hugging Face: torch, MLX), llama.cpp's, a server's
+    (`RemoteTokenizer`, or `MissingTokenizer` on a server without a tokenize endpoint) and the mock's. The
+    chat-template facts are fields: `template_override` / `template_override_name` hold a template the user
+    chose (engine.chat_templates writes them; None / "" for the model's own), `guessed_template` names a
+    built-in one guessed for a server that does not say its own ("" otherwise), `has_chat_template` says
+    whether the model brings one.
+    """
+
+    eos_token_ids: frozenset[int]
+    template_override: str | None
+    template_override_name: str
+    guessed_template: str
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def token_text(self, token_id: int) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def chat_text(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
+
+    def chat_ids(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
+
+
 class Tokenizer:
     """A thin wrapper over a Hugging Face tokenizer with the few operations the engine needs."""
 
@@ -79,6 +112,7 @@ class Tokenizer:
         self._added_ids: frozenset[int] | None = None
         self.template_override: str | None = None  # a chosen template (engine.chat_templates), else the model's
         self.template_override_name = ""
+        self.guessed_template = ""  # a server's tokenizer guesses one (engine.backends.remote.tokenizer)
 
     @classmethod
     def from_folder(cls, folder: Path, trust_remote_code: bool = False) -> "Tokenizer":
@@ -258,7 +292,7 @@ class StreamDetokenizer:
     seeded with them (Continue) emits them once the character is complete.
     """
 
-    def __init__(self, tokenizer: Tokenizer, context_ids: Sequence[int] = ()):
+    def __init__(self, tokenizer: TokenizerLike, context_ids: Sequence[int] = ()):
         self._tok = tokenizer
         context = list(context_ids)
         start = max(0, len(context) - 4)

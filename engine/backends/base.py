@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from engine.model_info import ModelInfo
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import TokenizerLike
 
 # Tokens per prefill forward on a backend that cannot stop inside one (torch, MLX): bounds activation
 # memory, and how long a cancel waits. 256 rather than 512: on the default model on torch (CPU) a
@@ -27,7 +27,11 @@ PREFILL_CHUNK = 256
 class Backend(Protocol):
     name: str
     info: ModelInfo
-    tokenizer: Tokenizer
+
+    @property
+    def tokenizer(self) -> TokenizerLike:
+        """The model's tokenizer (a server without a tokenize endpoint has one that says so when used)."""
+        ...
 
     def cached_tokens(self) -> Sequence[int]:
         """The tokens whose keys/values are in the cache, in order."""

@@ -41,6 +41,7 @@ class MockTokenizer:
         self.has_chat_template = False
         self.template_override: str | None = None  # engine.chat_templates: rendered as the real tokenizers do
         self.template_override_name = ""
+        self.guessed_template = ""
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids, i = [], 0

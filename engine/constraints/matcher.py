@@ -245,7 +245,7 @@ class CandidateMask:
         return bool(self._m.is_accepting())
 
 
-def start_run(constraint: Constraint, tok: Any, n_vocab: int, reports_top_n: int = 0) -> ConstraintRun:
+def start_run(constraint: Constraint, tok: Any, n_vocab: int | None, reports_top_n: int = 0) -> ConstraintRun:
     """A fresh run of `constraint` for a model with tokenizer `tok` and `n_vocab` logits.
 
     Args:

@@ -393,8 +393,6 @@ class LanguageModel:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
-        close_runner = getattr(self.runner, "close", None)  # llama.cpp: its context goes before the model
-        if close_runner is not None:
-            close_runner()
+        self.runner.close()  # llama.cpp: its context goes before the model
         self.backend.close()
 

@@ -39,6 +39,8 @@ class Dist:
     """
 
     __slots__ = ("_tops", "count", "entropy", "ids", "lse", "m", "vals", "z")
+    ids: np.ndarray | None
+    vals: np.ndarray
 
     def __init__(self, scores: np.ndarray, ids: np.ndarray | None = None) -> None:
         """

@@ -163,8 +163,8 @@ def _restart_limit(h: np.ndarray, heads: np.ndarray, breakers: Breakers) -> int:
     if heads.size == 0:
         return n
     rev = h[::-1]
-    for i in np.flatnonzero(np.isin(rev, heads)):  # i tokens from the end, most recent first
-        i = int(i)
+    for found in np.flatnonzero(np.isin(rev, heads)):  # i tokens from the end, most recent first
+        i = int(found)
         longest = -1
         for tail in breakers[int(rev[i])]:
             m = len(tail)

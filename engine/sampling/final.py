@@ -11,6 +11,7 @@ from collections.abc import Collection, Sequence
 import numpy as np
 
 from engine.sampling.chain import SamplerChain
+from engine.sampling.dry import Vocabulary
 from engine.sampling.settings import SamplerSettings
 
 
@@ -19,7 +20,7 @@ def final_distribution(
     history: Sequence[int] | np.ndarray = (),
     sampler: SamplerSettings | SamplerChain | None = None,
     *,
-    vocab: object | None = None,
+    vocab: Vocabulary | None = None,
     banned: Collection[int] = (),
 ) -> np.ndarray:
     """(V,) float32 log-probs the draw for this row uses: -inf for every token a stage removed.

@@ -375,7 +375,7 @@ def _typical_cut(s: np.ndarray, center: np.float32, m: np.floating, target: floa
         if i < mass.size:
             best = min(best, shift_x[i])
     if best == np.inf:  # rounding kept the target out of reach: keep the whole head
-        best = max(shift_a[-1] if shift_a.size else 0, shift_b[-1] if shift_b.size else 0)
+        best = max(shift_a[-1] if shift_a.size else np.float32(0), shift_b[-1] if shift_b.size else np.float32(0))
     return np.float32(best)
 
 

@@ -33,6 +33,7 @@ class LlamaCppTokenizer:
         self.chat_template = chat_template or ""
         self.template_override: str | None = None  # a chosen template (engine.chat_templates), else the file's
         self.template_override_name = ""
+        self.guessed_template = ""  # the file says its template (or has none): nothing is guessed
         self.bos_token_id = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.pad_token_id = int(llama_cpp.llama_vocab_pad(self._vocab))  # -1 when the file names none

@@ -36,6 +36,9 @@ class MlxRunner:
         mx.eval(logits)
         return np.array(logits)
 
+    def close(self) -> None:
+        """Nothing of its own to free: the cache goes with the runner (`BatchRunner.close`)."""
+
     def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         ids, mask = left_pad(prompts, self.pad_id)
         self._cache = self._new_cache((mask == 0).sum(1).tolist())

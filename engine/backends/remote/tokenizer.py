@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from engine.backends.remote.checks import MAX_TOKEN_ID
 from engine.backends.remote.client import ServerClient
@@ -326,10 +327,16 @@ class MissingTokenizer:
     such a server there is none, and `None` would end in an AttributeError traceback instead of a sentence.
     """
 
+    # The chat-template facts (`TokenizerLike`) are known without a tokenize endpoint: none chosen, none guessed.
+    template_override: str | None = None
+    template_override_name = ""
+    guessed_template = ""
+    has_chat_template = False
+
     def __init__(self, host: str):
         self._host = host
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # copy, pickle and friends probing for protocol methods
             raise AttributeError(name)
         raise NoTokenizeEndpointError(

@@ -66,6 +66,9 @@ class TorchRunner:
             )
         return out.logits[:, -1].float().cpu().numpy()  # (B, V)
 
+    def close(self) -> None:
+        """Nothing of its own to free: the cache goes with the runner (`BatchRunner.close`)."""
+
     def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         torch = self.torch
         ids, mask = left_pad(prompts, self.pad_id)
