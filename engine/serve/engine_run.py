@@ -14,6 +14,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import cast
 
+from engine.backends.base import Backend
 from engine.engine import Engine
 from engine.events import Done, Event
 from engine.request import GenerationRequest
@@ -35,10 +36,14 @@ async def engine_events(engine: Engine, request: GenerationRequest, n: int,
         # The handle's own event is the one the worker watches: link ours to it.
         watcher = loop.create_task(_link(cancel, handle.cancel_event))
     else:
+        from engine.fingerprint import rows_with_fingerprint
         from engine.loom.continuations import continuation_events
 
-        def job(backend: object) -> None:
-            for row_event in continuation_events(backend, request, n, cancel=cancel):  # type: ignore[arg-type]
+        def job(backend: Backend) -> None:
+            # Each choice's stats carry its fingerprint, marked as one of n rows decoded together (a replay of
+            # one choice alone may round differently, and then says why).
+            rows = rows_with_fingerprint(backend, request, n, continuation_events(backend, request, n, cancel=cancel))
+            for row_event in rows:
                 put((row_event.row, row_event.event))
 
         future = engine.call(job)
