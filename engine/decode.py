@@ -34,7 +34,7 @@ from engine.events import Done, Event, TokenEvent
 from engine.request import GenerationRequest
 from engine.steering.apply import steer_for_request
 from engine.sampling import Choice, Pick
-from engine.tokenizer import Tokenizer, check_token_ids, vocabulary_size
+from engine.tokenizer import TokenizerLike, check_token_ids, vocabulary_size
 
 __all__ = ["MAX_REWINDS", "Chooser", "check_context", "generate_events", "prompt_ids_for", "token_event"]
 
@@ -44,7 +44,7 @@ Chooser = Callable[[TokenEvent], "int | None"]
 Overlap = Callable[..., tuple[np.ndarray, TokenEvent]]
 
 
-def prompt_ids_for(tokenizer: Tokenizer, request: GenerationRequest, n_vocab: int = 0) -> list[int]:
+def prompt_ids_for(tokenizer: TokenizerLike, request: GenerationRequest, n_vocab: int = 0) -> list[int]:
     """The full token sequence the model continues, assistant prefix included.
 
     Every id the request brings (prompt ids, the answer's prefix, forced tokens: from a file, the API or a

@@ -30,7 +30,7 @@ from engine.sampling import Pick, SamplerChain
 from engine.sampling.grammar import GrammarStage, constraint_step, grammar_stage
 from engine.sampling.pick import Choice
 from engine.stopping import StopStringMatcher
-from engine.tokenizer import StreamDetokenizer, Tokenizer, partial_token_bytes
+from engine.tokenizer import StreamDetokenizer, TokenizerLike, partial_token_bytes
 from engine.top_n import reported_view
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class AnswerRow:
 
     def __init__(
         self,
-        tok: Tokenizer,
+        tok: TokenizerLike,
         request: GenerationRequest,
         prompt: list[int],
         chain: SamplerChain,
@@ -241,7 +241,7 @@ class AnswerRow:
 
 
 def token_event(
-    tok: Tokenizer,
+    tok: TokenizerLike,
     index: int,
     pick: Pick,
     text: str,

@@ -38,7 +38,7 @@ from engine.experiments.score import (
     score_step_by_step,
     text_ids,
 )
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import TokenizerLike
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class ScoreItem:
                 raise ValueError("the context must be a string")
 
 
-def pair_ids(tokenizer: Tokenizer, context: str, continuation: str) -> tuple[list[int], int]:
+def pair_ids(tokenizer: TokenizerLike, context: str, continuation: str) -> tuple[list[int], int]:
     """Token ids of `context` + `continuation` and how many lead ids are context (not scored).
 
     Each part is tokenized on its own (lm-eval-harness's way), so the continuation's tokens are the ones
@@ -86,7 +86,7 @@ def pair_ids(tokenizer: Tokenizer, context: str, continuation: str) -> tuple[lis
     return ctx + list(cont), len(ctx)
 
 
-def item_ids(tokenizer: Tokenizer, item: ScoreItem) -> tuple[list[int], int]:
+def item_ids(tokenizer: TokenizerLike, item: ScoreItem) -> tuple[list[int], int]:
     if item.text is not None:
         return text_ids(tokenizer, item.text)
     return pair_ids(tokenizer, item.context or "", item.continuation or "")

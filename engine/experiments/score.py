@@ -33,7 +33,7 @@ from engine.capabilities import PositionRunners
 from engine.errors import ContextLengthError
 from engine.events import TokenEvent, TokenProb
 from engine.sampling import SamplerChain, SamplerSettings
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import TokenizerLike
 
 LN2 = math.log(2)
 
@@ -138,7 +138,7 @@ class ScoreResult:
         return [t.as_event(i) for i, t in enumerate(self.tokens)]
 
 
-def text_ids(tokenizer: Tokenizer, text: str) -> tuple[list[int], int]:
+def text_ids(tokenizer: TokenizerLike, text: str) -> tuple[list[int], int]:
     """Token ids for scoring `text` and how many leading ids are context.
 
     The tokenizer's own convention decides: when it puts a BOS token before a
@@ -217,7 +217,7 @@ def _checked_ids(backend: Backend, token_ids: Sequence[int], context: int) -> li
 class _Scorer:
     """Turns the logits at position pos - 1 into the `ScoredToken` for position pos."""
 
-    def __init__(self, tokenizer: Tokenizer, ids: list[int], top_n: int):
+    def __init__(self, tokenizer: TokenizerLike, ids: list[int], top_n: int):
         self.tok = tokenizer
         self.ids = ids
         self.top_n = top_n
