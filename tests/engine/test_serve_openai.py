@@ -277,3 +277,14 @@ def test_trace_sink_writes_a_trace_read_trace_reads(client, engine, sink, tmp_pa
         assert view(run.events()) == view(choice.events)
         assert run.header["served"]["client"] == ex.client and run.header["seed"] == choice.stats.seed
         assert run.header["settings"]["seed"] == 9 and run.end["text"] == choice.text
+
+
+def test_a_served_trace_replays_identically(client, engine, sink, tmp_path, capsys):
+    from cli_checks import run_cli
+
+    client.chat.completions.create(model=engine.info.name, messages=CHAT, max_tokens=6, seed=4, temperature=0.9)
+    TraceDirectorySink(tmp_path, engine.info).on_end(sink.wait_ends(1)[0])
+    (path,) = tmp_path.glob("*.jsonl")
+    capsys.readouterr()
+    assert run_cli(["replay", str(path)]) == 0
+    assert "run 0: identical" in capsys.readouterr().out
