@@ -119,3 +119,21 @@ def test_proxy_records_what_the_upstream_answered(llama_server_url):
             client.completions.create(**bad)  # type: ignore[arg-type]
         assert e.value.status_code == upstream_status >= 400
         assert "the upstream server refused the request" in e.value.message and "\n" not in e.value.message
+
+
+def test_proxy_stop_request_ends_the_clients_stream(served):
+    """Our own server as the upstream: the proxy's Stop ends the client's stream with a last chunk and [DONE]."""
+    upstream = served[1]
+    sink = RecordingSink()
+    with start_server(upstream=upstream.url, sink=sink) as proxy:
+        client = openai.OpenAI(base_url=proxy.url, api_key="x", max_retries=0, timeout=120)
+        chunks = []
+        for chunk in client.chat.completions.create(model=served[0].info.name, messages=[{"role": "user", "content": "Count"}],
+                                                    max_tokens=4000, stream=True, extra_body={"ignore_eos": True}):
+            chunks.append(chunk)
+            if len(chunks) == 4:
+                assert proxy.stop_request(sink.wait_starts(1)[0].id)
+        assert chunks[-1].choices[0].finish_reason == "stop" and len(chunks) < 1000
+        ex = sink.wait_ends(1)[0]
+        assert ex.proxied and ex.stopped and ex.choices[0].finish_reason == "stop"
+        assert len(ex.choices[0].events) >= 3 and all(e.token_id >= 0 for e in ex.choices[0].events)  # ids given
