@@ -144,6 +144,10 @@ class ProxyService:
         try:
             doc = json.loads(await response.aread())
         except (httpx.HTTPError, ValueError) as e:
+            if answer.stopped:  # Stop while the upstream was still working on a whole answer: nothing to show yet
+                self._end(answer, t0, seed, 0)
+                raise ApiError(503, "the answer was stopped on this server before the upstream finished it",
+                               code="stopped") from None
             self._end(answer, t0, seed, 0, error=f"the upstream's answer could not be read: {e}")
             raise ApiError(502, f"{self.upstream} answered with something that is not JSON", code="bad_upstream") from None
         finally:
