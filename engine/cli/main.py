@@ -22,6 +22,7 @@ from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.cli.models import LIBRARY_COMMANDS, add_library_parsers
 from engine.cli.lens import add_lens_parser, cmd_lens
+from engine.cli.steer import add_steer_parser, add_steering_args, cmd_steer, steering_from_args
 from engine.cli.replay import add_replay_parser, cmd_replay
 from engine.cli.serve import add_serve_parser, cmd_serve
 from engine.errors import EngineError
@@ -45,15 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-return-sequences", type=int, default=1, help="with --num-beams: how many beams to print")
     add_model_args(g)
     add_sampling_args(g)
+    add_steering_args(g)
     c = sub.add_parser("chat", help="interactive multi-turn chat (/help for commands)")
     add_model_args(c)
     add_sampling_args(c)
+    add_steering_args(c)
     i = sub.add_parser("info", help="print what the model is")
     add_model_args(i)
     add_batch_parser(sub, add_model_args)
     add_experiment_parsers(sub, add_model_args)
     add_library_parsers(sub)
     add_lens_parser(sub, add_model_args)
+    add_steer_parser(sub, add_model_args)
     add_serve_parser(sub, add_model_args)
     add_replay_parser(sub, add_model_args)
     return parser
@@ -135,6 +139,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from engine.request import GenerationRequest
 
     sampler = sampler_from_args(args)
+    steering = steering_from_args(args)  # the vector files read and checked before the model loads
     if args.num_beams > 1:
         return cmd_beams(args)
     with _load(args) as engine:
@@ -142,6 +147,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                       ignore_eos=args.ignore_eos)
         common["server_sampling"] = args.server_sampling  # remote models only (docs/remote.md)
         common["constraint"] = args.constraint  # --json-schema / --grammar / --regex, or the settings file's
+        common["steering"] = steering  # --control-vector ...: refused in words by a model it does not fit
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
             request = GenerationRequest(messages=tuple(messages), **common)
@@ -204,6 +210,7 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
         stdin.reconfigure(errors="surrogateescape")
     sampler = sampler_from_args(args)
     max_new, show_probs = args.max_new_tokens, args.show_probs
+    steering = steering_from_args(args)  # the vector files read and checked before the model loads
     session = ChatSession(system_prompt=args.system)
     with _load(args) as engine:
         # Earlier answers' reasoning stays out of the next prompt the way this model's template wants.
@@ -255,7 +262,8 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
                     print(f"unknown command /{cmd}; /help lists them", file=sys.stderr)
                 continue
             request = session.request(text, sampler=sampler, max_new_tokens=max(max_new, 1), stop=tuple(args.stop),
-                                      top_n=args.top_n, server_sampling=args.server_sampling, ignore_eos=args.ignore_eos)
+                                      top_n=args.top_n, server_sampling=args.server_sampling, ignore_eos=args.ignore_eos,
+                                      steering=steering)
             print("assistant> ", end="", flush=True)
             try:
                 request = fit_length(engine, request, max_new)
@@ -296,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_third_party()
         commands = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "batch": cmd_batch,
                     "score": lambda a: cmd_score(a, _load), "lens": lambda a: cmd_lens(a, _load), "compare": lambda a: cmd_compare(a, _load),
+                    "steer": lambda a: cmd_steer(a, _load),
                     "serve": lambda a: cmd_serve(a, _load), "replay": lambda a: cmd_replay(a, _load)}
         return commands[args.command](args)
     except (EngineError, ValueError) as e:

@@ -18,5 +18,5 @@ class ResidualShape:
     model_hint: str = ""
 
     def describe(self) -> str:
-        hint = f"{self.model_hint}, " if self.model_hint else ""
-        return f"{hint}{self.n_layer} layers of width {self.n_embd}"
+        hint = f" ({self.model_hint})" if self.model_hint else ""
+        return f"{self.n_layer} layers of width {self.n_embd}{hint}"

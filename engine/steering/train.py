@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 Method = Literal["pca", "mean"]
 METHODS: tuple[str, ...] = ("pca", "mean")
-STATES_BATCH = 16  # prompts per ResidualStates call, so a cancel is seen between them
+STATES_BATCH = 32  # prompts per ResidualStates call, so a cancel is seen between them
 
 
 def first_component(diffs: np.ndarray) -> np.ndarray:
@@ -107,16 +107,22 @@ def train_vector(
     for i, (p, q) in enumerate(token_pairs):
         if not p or not q:
             raise SteeringError(f"pair {i + 1} of {pairs.name!r} has an empty prompt")
-    prompts = [ids for pair in token_pairs for ids in pair]  # positive, negative, positive, ... as repeng orders them
-    states = []
-    for lo in range(0, len(prompts), STATES_BATCH):
-        if cancelled():
-            raise GenerationCancelled("training the steering vector was cancelled")
-        states.append(reader.last_token_states(prompts[lo : lo + STATES_BATCH]))
-        if progress is not None:
-            progress(min(lo + STATES_BATCH, len(prompts)), len(prompts))
-    h = np.concatenate(states)  # (2n, L, d)
-    directions = directions_from_states(h[0::2], h[1::2], method)
+    # Positives and negatives apart: each side's prompts share their chat template and persona, which a
+    # backend may then run once (llama.cpp does).
+    sides = [[p for p, _ in token_pairs], [q for _, q in token_pairs]]
+    total, done = 2 * len(token_pairs), 0
+    states: list[list[np.ndarray]] = [[], []]
+    for side, prompts in enumerate(sides):
+        for lo in range(0, len(prompts), STATES_BATCH):
+            if cancelled():
+                raise GenerationCancelled("training the steering vector was cancelled")
+            part = prompts[lo : lo + STATES_BATCH]
+            states[side].append(reader.last_token_states(part))
+            done += len(part)
+            if progress is not None:
+                progress(done, total)
+    positive, negative = np.concatenate(states[0]), np.concatenate(states[1])  # (n, L, d) each
+    directions = directions_from_states(positive, negative, method)
     hint = require(backend, Steerable, "training a steering vector").residual_shape().model_hint \
         if isinstance(backend, Steerable) else ""
     log.info("trained steering vector %r from %d pairs (%s) in %.2f s", name or pairs.name, len(token_pairs), method,

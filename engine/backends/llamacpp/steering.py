@@ -13,7 +13,7 @@ unsteered one's.
 starting from the backend's cached KV state only where that state was
 computed under the same steering. `last_token_states` reads every layer's
 `l_out-N` at each prompt's last token with the eval callback the layer view
-uses (lens.py), several prompts per `llama_decode`.
+uses (lens.py), several prompts per `llama_decode`, a prefix they share run once.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from engine.steering.shape import ResidualShape
 
 log = logging.getLogger(__name__)
 
-STATES_SEQS = 16  # prompts per llama_decode when reading layer outputs (each its own sequence)
+STATES_SEQS = 32  # prompts per llama_decode when reading layer outputs (each its own sequence)
 
 
 def residual_shape(backend: Any) -> ResidualShape:
@@ -136,10 +136,13 @@ class LlamaCppSteering:
         bad = [t for s in seqs for t in s if not 0 <= t < self.n_vocab]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
-        longest = max(len(s) for s in seqs)
+        # A prefix every prompt shares (a pair set's chat template and persona) runs once, in sequence 0, and is
+        # shared with the others (`seq_cp`: the same cells), so each decode runs only the prompts' own tokens.
+        shared = _shared_prefix(seqs)
+        rest = [len(s) - shared for s in seqs]
+        room = max(self.n_batch, max(rest))  # a decode's tokens: one micro-batch, so the callback sees them at once
         n_seq = min(STATES_SEQS, len(seqs))
-        room = max(self.n_batch, longest)  # a decode's tokens: one micro-batch, so the callback sees them all at once
-        params = _context_params(self, room + 1, n_seq)
+        params = _context_params(self, shared + room + 1, n_seq)
         params.n_batch = params.n_ubatch = room
         params.n_seq_max = n_seq
         params.kv_unified = True  # one pool of cells: the sequences of a decode share the context's room
@@ -152,19 +155,27 @@ class LlamaCppSteering:
         memory = llama_cpp.llama_get_memory(ctx)
         out = np.empty((len(seqs), shape.n_layer, shape.n_embd), dtype=np.float32)
         try:
-            for group in _groups(seqs, self.n_batch, n_seq):
-                llama_cpp.llama_memory_clear(memory, True)
+            recorder.begin(0, [], [])  # the shared prefix is not read: only the prompts' last tokens are
+            for lo in range(0, shared, room):
+                batch.clear()
+                for p in range(lo, min(shared, lo + room)):
+                    batch.add(seqs[0][p], p, 0, False)
+                native.decode(ctx, batch)
+            for seq_id in range(1, n_seq if shared else 0):
+                llama_cpp.llama_memory_seq_cp(memory, 0, seq_id, 0, shared)
+            for group in _groups(rest, room, n_seq):
+                llama_cpp.llama_memory_seq_rm(memory, -1, shared, -1)  # the previous group's own tokens
                 for i in range(shape.n_layer):
                     recorder.hidden[i].clear()
                 batch.clear()
                 rows = []
                 for seq_id, index in enumerate(group):
                     s = seqs[index]
-                    for p, t in enumerate(s):
-                        row = batch.add(t, p, seq_id, p == len(s) - 1)
+                    for p in range(shared, len(s)):
+                        row = batch.add(s[p], p, seq_id, p == len(s) - 1)
                         if p == len(s) - 1:
                             rows.append(row)
-                recorder.begin(sum(len(seqs[i]) for i in group), rows, [len(seqs[i]) - 1 for i in group])
+                recorder.begin(sum(rest[i] for i in group), rows, [len(seqs[i]) - 1 for i in group])
                 native.decode(ctx, batch)
                 recorder.check()
                 for layer in range(shape.n_layer):
@@ -175,17 +186,32 @@ class LlamaCppSteering:
         return out
 
 
-def _groups(seqs: list[list[int]], n_batch: int, n_seq: int) -> list[list[int]]:
-    """Indices of `seqs` packed into decodes of at most `n_batch` tokens (a longer one alone) and `n_seq` sequences."""
+MIN_SHARED = 8  # tokens: a shorter shared prefix is run with each prompt rather than copied
+
+
+def _shared_prefix(seqs: list[list[int]]) -> int:
+    """Tokens every one of `seqs` begins with, leaving each at least its last token to run (0 below MIN_SHARED)."""
+    n = min(len(s) for s in seqs) - 1
+    first = seqs[0]
+    for s in seqs[1:]:
+        i = 0
+        while i < n and s[i] == first[i]:
+            i += 1
+        n = i
+    return n if n >= MIN_SHARED and len(seqs) > 1 else 0
+
+
+def _groups(lengths: list[int], limit: int, n_seq: int) -> list[list[int]]:
+    """Indices of prompts packed into decodes of at most `limit` tokens and `n_seq` prompts (their `lengths`)."""
     groups: list[list[int]] = []
     current: list[int] = []
     tokens = 0
-    for i, s in enumerate(seqs):
-        if current and (tokens + len(s) > n_batch or len(current) == n_seq):
+    for i, n in enumerate(lengths):
+        if current and (tokens + n > limit or len(current) == n_seq):
             groups.append(current)
             current, tokens = [], 0
         current.append(i)
-        tokens += len(s)
+        tokens += n
     if current:
         groups.append(current)
     return groups
