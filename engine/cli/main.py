@@ -23,6 +23,7 @@ from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_scor
 from engine.cli.models import LIBRARY_COMMANDS, add_library_parsers
 from engine.cli.lens import add_lens_parser, cmd_lens
 from engine.cli.steer import add_steer_parser, add_steering_args, cmd_steer, steering_from_args
+from engine.cli.model_diff import add_model_diff_parser, cmd_compare_models
 from engine.cli.replay import add_replay_parser, cmd_replay
 from engine.cli.serve import add_serve_parser, cmd_serve
 from engine.errors import EngineError
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_library_parsers(sub)
     add_lens_parser(sub, add_model_args)
     add_steer_parser(sub, add_model_args)
+    add_model_diff_parser(sub, add_model_args)
     add_serve_parser(sub, add_model_args)
     add_replay_parser(sub, add_model_args)
     return parser
@@ -305,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "batch": cmd_batch,
                     "score": lambda a: cmd_score(a, _load), "lens": lambda a: cmd_lens(a, _load), "compare": lambda a: cmd_compare(a, _load),
                     "steer": lambda a: cmd_steer(a, _load),
-                    "serve": lambda a: cmd_serve(a, _load), "replay": lambda a: cmd_replay(a, _load)}
+                    "serve": lambda a: cmd_serve(a, _load), "replay": lambda a: cmd_replay(a, _load),
+                    "compare-models": lambda a: cmd_compare_models(a, _load)}
         return commands[args.command](args)
     except (EngineError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
