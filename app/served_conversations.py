@@ -205,7 +205,7 @@ class ServedConversations:
                        for _ in range(max(1, exchange.n))]
             # The first choice is the one shown (add_message made each new one active in turn).
             if len(answers) > 1:
-                conv.select_sibling(answers[0], -(len(answers) - 1))
+                conv.show(answers[0])
         for answer in answers:
             conv.set_generating(answer, True)
         return Live(exchange.id, conv, answers)

@@ -55,10 +55,12 @@ from engine.sampling.registry import STAGE_ROWS, Control as SamplerControl  # ev
 
 # The OpenAI-compatible server (engine.serve): its web stack (uvicorn, Starlette) loads only when one of these
 # is first asked for, so importing the engine (the window, the CLI) does not pay for it.
+from typing import Any as _Any
+
 _SERVE_NAMES = ("ExchangeSink", "RunningServer", "ServeOptions", "ServeSetupError", "ServedExchange", "start_server")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> _Any:
     if name in _SERVE_NAMES:
         from engine import serve
 

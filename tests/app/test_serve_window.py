@@ -22,6 +22,7 @@ from engine import Engine
 from engine.backends.mock import MockBackend
 
 from app.engine_host import EngineHost
+from app.experiments import recipe_for
 from app.serve_controller import ServeSettings
 from app.state.store import SCHEMA, Store
 from app.widgets.sidebar import ID_ROLE
@@ -179,12 +180,26 @@ def test_a_served_request_streams_into_a_conversation_while_the_windows_chat_wai
     assert not item.icon().isNull() and "served to 127.0.0.1:" in item.toolTip()
 
     # Opened, the inspector shows a served token's alternatives as for any answer.
-    w.library.open(conv.id)
+    conv = w.library.open(conv.id)  # read back from the database: written whole, it was not kept in memory
+    answer = conv.messages[answer.id]
+    assert [(t.token_id, t.logprob) for t in conv.tokens(answer) if not t.special] == \
+        [(t.token_id, t.logprob) for t in tokens]
     assert w.served_bar.isVisible() and "Served to 127.0.0.1:" in w.served_bar.label.text()
     assert not w.served_bar.stop_button.isVisible()  # nothing streams into it any more
     w.selection.set(answer.id, 3)
     assert w.inspector.table.selected_token() == tokens[3].token_id
     assert w.inspector.table.topLevelItemCount() >= 5
+    # Replay reads it as any answer (the client's messages, its settings and seed) ...
+    recipe = recipe_for(conv, answer)
+    assert list(recipe.messages) == _long_answer(w, 80)["messages"]
+    assert recipe.sampler.seed == 11 and recipe.sampler.temperature == 0.7 and recipe.max_new_tokens == 80
+    # ... and branching from one of its tokens' alternatives answers on from there.
+    alt = next(p for p in tokens[3].top_model if not p.is_rest and p.token_id != tokens[3].token_id)
+    assert w.inspector.table.select_token(alt.token_id)
+    qtbot.mouseClick(w.inspector.branch_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: answered(w) and conv.path()[-1] is not answer, timeout=MODEL_WAIT_MS)
+    branch = conv.path()[-1]
+    assert [t.token_id for t in conv.tokens(branch)[:4]] == [t.token_id for t in tokens[:3]] + [alt.token_id]
 
 
 @pytest.mark.slow
@@ -215,6 +230,19 @@ def test_stop_in_the_window_ends_the_clients_stream_with_a_last_chunk(qtbot, ser
 def test_another_model_or_closing_the_window_stops_serving_and_frees_the_port(qtbot, served_window):
     w = served_window
     url = _start_serving(qtbot, w)
+    started = _served_conversations(w)
+    # A whole (not streamed) completions request with two choices: a notebook with two answers to its prompt.
+    reply = httpx.post(f"{url}/completions", json={"model": w.host.info.name, "prompt": "Once upon a time",
+                                                   "max_tokens": 5, "n": 2, "seed": 3}, timeout=60).json()
+    qtbot.waitUntil(lambda: bool(started) and not any(m.generating for m in started[0].messages.values()),
+                    timeout=MODEL_WAIT_MS)
+    conv = started[0]
+    prompt, *answers = sorted(conv.messages.values(), key=lambda m: m.id)
+    assert conv.mode == "notebook" and prompt.content == "Once upon a time" and prompt.role == "user"
+    assert [a.content for a in answers] == [c["text"] for c in reply["choices"]]
+    assert all(a.parent_id == prompt.id and len(conv.tokens(a)) == 5 for a in answers)
+    assert conv.path()[-1] is answers[0]  # the first choice is the one shown, the other one ‹ › away
+
     assert run_task(qtbot, w.host.load("mock", "mock"), MODEL_WAIT_MS)
     qtbot.waitUntil(lambda: not w.serving.running and not w.status.serve_label.isVisible(), timeout=15_000)
     assert "another model" in w.serving.state.message
