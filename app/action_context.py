@@ -19,6 +19,7 @@ from app.engine_host import EngineHost
 from app.state.library import Library
 from app.state.settings import Selection, SettingsState
 from app.state.store import Store
+from app.steering_state import SteeringState
 
 Notify = Callable[[str, int], None]  # (text, milliseconds; 0: until the next): a line in the status bar
 Spawn = Callable[[Coroutine[Any, Any, Any]], asyncio.Task]  # run as a task whose failure the window reports
@@ -36,6 +37,7 @@ class ActionContext:
     parent: QWidget  # dialogs and views open over it
     notify: Notify
     spawn: Spawn
+    steering: SteeringState | None = None  # the Steering panel's vectors (Compare and Replay take them)
 
     def warn(self, title: str, text: str, name: str = "action_error") -> QMessageBox:
         """One dialog that says what went wrong; opened, not exec()'d (no nested event loop), deleted on close."""

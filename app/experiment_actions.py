@@ -46,7 +46,7 @@ def open_compare(ctx: ActionContext) -> CompareView:
         user = next((m for m in reversed(conv.path()) if m.role == "user"), None)
         if user is not None:
             anchor = (conv, user)
-    view = CompareView(ctx.library, ctx.settings, ctx.host, anchor, parent=ctx.parent)
+    view = CompareView(ctx.library, ctx.settings, ctx.host, anchor, parent=ctx.parent, steering=ctx.steering)
     view.show()
     return view
 
@@ -61,7 +61,7 @@ def open_replay(ctx: ActionContext, with_change: bool) -> ReplayView | None:
         ctx.notify("Wait for the answer to finish before replaying it.", 6000)
         return None
     try:
-        view = ReplayView(conv, answer, ctx.host, with_change=with_change, parent=ctx.parent)
+        view = ReplayView(conv, answer, ctx.host, with_change=with_change, parent=ctx.parent, steering=ctx.steering)
     except ValueError as e:
         ctx.notify(str(e), 8000)
         return None

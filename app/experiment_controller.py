@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine import Constraint, Engine, EngineError, GenerationRequest, GenerationStats, SamplerSettings, TokenEvent
-from engine import experiments, reasoning
+from engine import experiments, reasoning, steering as steer
 
 from app.engine_host import EngineHost, describe_error
 from app.experiments import (
@@ -30,6 +30,7 @@ from app.notebook import Prompt
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
 from app.state.observable import Signal
+from app.steering_state import SteeringState
 from app.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class ColumnResult:
     model: dict[str, Any] | None = None  # the model that ran it (MODEL_FIELDS)
     constraint: Constraint | None = None  # the structured output it was held to
     reasoning_format: reasoning.ReasoningFormat | None = None  # how earlier reasoning was left out of its prompt
+    steering: steer.Steering | None = None  # the control vectors it ran under (None: none)
 
     @property
     def token_ids(self) -> list[int]:
@@ -132,12 +134,15 @@ class CompareRun(ExperimentRun):
     """Columns generated one after another on the loaded model (the prompt is computed once, then reused)."""
 
     def __init__(self, messages: tuple[dict[str, str], ...], settings: list[SamplerSettings],
-                 max_new_tokens: int, stop: tuple[str, ...], top_n: int, constraint: Constraint | None = None):
+                 max_new_tokens: int, stop: tuple[str, ...], top_n: int, constraint: Constraint | None = None,
+                 steering: steer.Steering | None = None):
         super().__init__()
         self.messages = messages
+        self.steering = steering if steering is not None and steering.active else None  # every column's
         self.top_n = top_n
         self.constraint = constraint
-        self.columns = [ColumnResult(s, max_new_tokens, stop, constraint=constraint) for s in settings]
+        self.columns = [ColumnResult(s, max_new_tokens, stop, constraint=constraint, steering=self.steering)
+                        for s in settings]
         self.divergence: int | None = None  # first position where the finished columns differ
         self.column_started = Signal()  # (index)
         self.tokens = Signal()  # (index, list[TokenEvent])
@@ -164,7 +169,8 @@ class CompareRun(ExperimentRun):
             col.model, col.reasoning_format = model, thinking
             self.column_started.emit(i)
             request = GenerationRequest(**fields, sampler=col.settings, max_new_tokens=col.max_new_tokens,
-                                        stop=col.stop, top_n=self.top_n, record_stages=True, constraint=col.constraint)
+                                        stop=col.stop, top_n=self.top_n, record_stages=True, constraint=col.constraint,
+                                        steering=col.steering)
             async for batch in self._generate(engine, request, col):
                 self.tokens.emit(i, batch)
             self.column_finished.emit(i)
@@ -173,11 +179,23 @@ class CompareRun(ExperimentRun):
         self.divergence = experiments.first_divergence([c.token_ids for c in self.done])
 
 
+RECORDED: Any = object()  # ReplayRun's steering: the answer's own (as recorded)
+
+
+def _described(steering: steer.Steering | None) -> str:
+    return steering.describe() if steering is not None else "no steering"
+
+
+def _key(steering: steer.Steering | None) -> object:
+    return steering.key() if steering is not None else None
+
+
 class ReplayRun(ExperimentRun):
     """An answer generated again from its recipe (its seed; maybe one setting changed), and the token diff."""
 
     def __init__(self, recipe: AnswerRecipe, original_ids: list[int], settings: SamplerSettings,
-                 original: list[TokenEvent] | None = None, original_stats: dict[str, Any] | None = None):
+                 original: list[TokenEvent] | None = None, original_stats: dict[str, Any] | None = None,
+                 steering: "steer.Steering | None | object" = RECORDED):
         super().__init__()
         self.recipe = recipe
         self.original_ids = original_ids
@@ -189,6 +207,12 @@ class ReplayRun(ExperimentRun):
         self.result = ColumnResult(settings, recipe.max_new_tokens, recipe.stop, events=list(recipe.prefix),
                                    constraint=recipe.constraint)
         self.changed = experiments.changed_fields(recipe.sampler, settings)  # {field: (old, new)}
+        # Steering is a knob too: RECORDED keeps the answer's own; None or a strength of 0 runs without.
+        chosen = recipe.steering if steering is RECORDED else steering
+        self.steering = chosen if isinstance(chosen, steer.Steering) and chosen.active else None
+        self.result.steering = self.steering
+        if _key(self.steering) != _key(recipe.steering):
+            self.changed["steering"] = (_described(recipe.steering), _described(self.steering))
         self.diff: experiments.TokenDiff | None = None
         self.other_model: dict[str, Any] | None = None  # set when refused: the model that made the answer
         self.tokens = Signal()  # (list[TokenEvent]) indexed as in the answer
@@ -203,7 +227,8 @@ class ReplayRun(ExperimentRun):
             self.other_model = self.recipe.model
             raise OtherModelError(reason, self.recipe.model)
         self.result.model = model_dict(engine)
-        async for batch in self._generate(engine, self.recipe.request(self.result.settings), self.result,
+        request = replace(self.recipe, steering=self.steering).request(self.result.settings)
+        async for batch in self._generate(engine, request, self.result,
                                           offset=len(self.recipe.prefix)):
             self.tokens.emit(batch)
         self.diff = experiments.token_diff(self.original_ids, self.result.token_ids)
@@ -239,8 +264,10 @@ class ScoreRun(ExperimentRun):
 class ExperimentController:
     """Starts experiment runs on the host's model and turns their results into answers in the chat."""
 
-    def __init__(self, host: EngineHost, library: Library | None = None, *, top_n: int = TOP_N):
+    def __init__(self, host: EngineHost, library: Library | None = None, *, top_n: int = TOP_N,
+                 steering: SteeringState | None = None):
         self.host = host
+        self.steering = steering  # the Steering panel's vectors: a steered answer's replay finds them here
         self.library = library  # where Compare puts a column taken into the chat as a new conversation
         self.top_n = top_n
         self._runs: set[ExperimentRun] = set()  # under way, to stop them all
@@ -261,24 +288,32 @@ class ExperimentController:
     # -- runs ------------------------------------------------------------------------------
 
     def compare(self, messages: tuple[dict[str, str], ...], settings: list[SamplerSettings], *,
-                max_new_tokens: int, stop: tuple[str, ...] = (), constraint: Constraint | None = None) -> CompareRun:
+                max_new_tokens: int, stop: tuple[str, ...] = (), constraint: Constraint | None = None,
+                steering: steer.Steering | None = None) -> CompareRun:
         """Generate one column per settings (each with its seed filled in), one after another.
 
         `constraint`: the structured output every column is held to (the Sampling panel's), None for none.
         """
         if not messages:
             raise ValueError("write a prompt first")
-        run = CompareRun(messages, settings, max_new_tokens, tuple(stop), self.top_n, constraint)
+        run = CompareRun(messages, settings, max_new_tokens, tuple(stop), self.top_n, constraint, steering)
         self._own(run)
         return run
 
-    def replay(self, conv: Conversation, message: Message, settings: SamplerSettings | None = None) -> ReplayRun:
-        """Generate `message` again with its stored seed and settings (or `settings`); ValueError if it cannot be."""
-        recipe = recipe_for(conv, message)
+    def replay(self, conv: Conversation, message: Message, settings: SamplerSettings | None = None,
+               steering: "steer.Steering | None | object" = RECORDED) -> ReplayRun:
+        """Generate `message` again with its stored seed and settings (or `settings`) and its steering (or
+        `steering`; None: without); ValueError if it cannot be."""
+        recipe = recipe_for(conv, message, self.find_vector)
         original = conv.tokens(message)
-        run = ReplayRun(recipe, [t.token_id for t in original], settings or recipe.sampler, original, message.stats)
+        run = ReplayRun(recipe, [t.token_id for t in original], settings or recipe.sampler, original, message.stats,
+                        steering)
         self._own(run)
         return run
+
+    def find_vector(self, digest: str) -> steer.SteeringVector | None:
+        """A steering vector by content hash, from the Steering panel's (None: not at hand)."""
+        return self.steering.find(digest) if self.steering is not None else None
 
     def score(self, text: str, *, top_n: int = SCORE_TOP_N) -> ScoreRun:
         if not text.strip():
@@ -326,7 +361,8 @@ class ExperimentController:
             user = conv.messages[user.id]
         answer = add_answer(conv, user, column.events, stats=column.stats, sampler=column.settings,
                             max_new_tokens=column.max_new_tokens, stop=column.stop, model=column.model,
-                            constraint=column.constraint, reasoning_format=column.reasoning_format)
+                            constraint=column.constraint, reasoning_format=column.reasoning_format,
+                            steering=column.steering)
         return (conv, user), answer
 
     def keep_replay(self, run: ReplayRun, conv: Conversation, message: Message) -> Message:
@@ -337,4 +373,5 @@ class ExperimentController:
         return add_answer(conv, answer_parent(conv, message), result.events, stats=result.stats,
                           sampler=result.settings, max_new_tokens=result.max_new_tokens, stop=result.stop,
                           model=result.model, branch_index=message.branch_index, constraint=result.constraint,
-                          reasoning_format=reasoning.ReasoningFormat.from_dict((message.request or {}).get("reasoning")))
+                          reasoning_format=reasoning.ReasoningFormat.from_dict((message.request or {}).get("reasoning")),
+                          steering=result.steering)

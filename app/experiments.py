@@ -8,11 +8,12 @@ JSONL trace.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from engine import Constraint, Engine, GenerationRequest, GenerationStats, ModelInfo, SamplerSettings, TokenEvent
-from engine import experiments, reasoning
+from engine import experiments, reasoning, steering as steer
 
 from app.notebook import Prompt, is_notebook, prompt_for
 from app.state.conversation import Conversation, Message
@@ -39,6 +40,7 @@ class AnswerRecipe:
     model: dict[str, Any] | None = None  # the model that made the answer (MODEL_FIELDS), None if unrecorded
     text: str | None = None  # a notebook's text before the answer: a raw prompt, no template (app/notebook.py)
     constraint: Constraint | None = None  # the structured output it was held to (the grammar stage)
+    steering: steer.Steering | None = None  # the control vectors it was steered by (None: none)
 
     def request(self, sampler: SamplerSettings | None = None) -> GenerationRequest:
         return GenerationRequest(
@@ -51,6 +53,7 @@ class AnswerRecipe:
             assistant_prefix=tuple(t.token_id for t in self.prefix),
             forced_tokens=self.forced,
             constraint=self.constraint,
+            steering=self.steering,
         )
 
 
@@ -73,6 +76,19 @@ def stored_constraint(request: dict[str, Any] | None) -> Constraint | None:
         raise ValueError(f"this answer's structured-output constraint cannot be read ({e})") from None
 
 
+def stored_steering(request: dict[str, Any] | None, vectors: Callable[[str], Any] | None) -> steer.Steering | None:
+    """The steering an answer's request document recorded, its vectors found by content hash in `vectors`
+    (the Steering panel's `find`); None when it had none. ValueError in words when a vector is not available."""
+    doc = (request or {}).get("steering")
+    if not doc:
+        return None
+    if vectors is None:
+        raise ValueError("this answer was steered, and its steering vectors are not at hand here: replay it from "
+                         "the window, whose Steering panel keeps them")
+    found = steer.Steering.from_dict(doc, vectors)  # SteeringError (a ValueError) names a vector not loaded
+    return found if found.active else None
+
+
 def answer_parent(conv: Conversation, message: Message) -> Message:
     if not message.is_assistant or message.parent_id is None:
         raise ValueError("choose an answer (an assistant message) to replay")
@@ -85,8 +101,10 @@ def prompt_history(conv: Conversation, message: Message) -> list[dict[str, str]]
     return reasoning.prompt_history(conv.history(answer_parent(conv, message)), fmt)
 
 
-def recipe_for(conv: Conversation, message: Message) -> AnswerRecipe:
-    """How `message` was generated, from what it stored; ValueError when it cannot be replayed."""
+def recipe_for(conv: Conversation, message: Message, vectors: Callable[[str], Any] | None = None) -> AnswerRecipe:
+    """How `message` was generated, from what it stored; ValueError when it cannot be replayed.
+
+    `vectors` finds a steering vector by content hash (`SteeringState.find`), for a steered answer."""
     history = prompt_history(conv, message)  # ValueError first when `message` is no answer
     req, stats = message.request or {}, message.stats or {}
     if "sampler" not in req or stats.get("seed") is None:
@@ -107,6 +125,7 @@ def recipe_for(conv: Conversation, message: Message) -> AnswerRecipe:
         stop=tuple(req.get("stop", ())),
         model=message.model,
         constraint=stored_constraint(req),
+        steering=stored_steering(req, vectors),
     )
     if is_notebook(conv):  # its prompt is the text before the answer, as generated
         recipe = replace(recipe, messages=(), text=prompt_for(conv, answer_parent(conv, message)).text)
@@ -155,6 +174,7 @@ def add_answer(
     branch_index: int | None = None,
     constraint: Constraint | None = None,
     reasoning_format: reasoning.ReasoningFormat | None = None,
+    steering: steer.Steering | None = None,
 ) -> Message:
     """A new answer to `user` holding `events` (made active: the chat shows it, the old one stays a branch).
 
@@ -165,6 +185,8 @@ def add_answer(
                                "top_n": TOP_N, "constraint": constraint.to_dict() if constraint is not None else None}
     if reasoning_format is not None:
         request["reasoning"] = reasoning_format.to_dict()
+    if steering is not None and steering.active:  # as the chat records it: vectors by name and hash, strengths
+        request["steering"] = steering.to_dict()
     answer = conv.add_message(user, "assistant", branch_index=branch_index)
     events = [replace(e, index=i) for i, e in enumerate(events)]
     conv.set_tokens(answer, events, "".join(e.text for e in events))

@@ -168,7 +168,7 @@ class MainWindow(QMainWindow):
         # Menus and actions get this context, never the window: they are imported here, not the reverse.
         self.context = ActionContext(
             store=store, library=self.library, selection=self.selection, host=host, settings=self.settings,
-            parent=self, notify=self.status.showMessage, spawn=self._spawn,
+            parent=self, notify=self.status.showMessage, spawn=self._spawn, steering=self.controller.steering,
         )
         # Typed, and named apart from QWidget.actions() (the list Qt keeps), which must stay a method.
         self.menu_actions = actions = WindowActions.create(self)

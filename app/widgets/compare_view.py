@@ -32,6 +32,8 @@ from app.state.settings import SettingsState
 from app.widgets.token_column import TokenColumn, mark_tokens
 from app.widgets.token_detail import TokenDetail
 from app.widgets.escape_closes import close_on_escape
+from app.steering_state import SteeringState
+from app.widgets.steering_knob import SteeringKnob
 from app.window_geometry import fit_to_screen
 
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
@@ -42,8 +44,9 @@ class CompareView(QWidget):
 
     def __init__(self, library: Library, settings: SettingsState, host: EngineHost,
                  anchor: tuple[Conversation, Message] | None = None, parent: QWidget | None = None, *,
-                 controller: ExperimentController | None = None):
-        """`controller` runs the comparisons (the window's own, when it has one; else one for this view)."""
+                 controller: ExperimentController | None = None, steering: SteeringState | None = None):
+        """`controller` runs the comparisons (the window's own, when it has one; else one for this view);
+        `steering`: the Steering panel's, offered to every column."""
         super().__init__(parent, Qt.WindowType.Window)
         self.setWindowTitle("Compare settings")
         close_on_escape(self)
@@ -65,6 +68,7 @@ class CompareView(QWidget):
         if anchor is not None:
             self.prompt.setPlainText(anchor[1].content)
         self.prompt.textChanged.connect(self._update_prompt_note)
+        self.steering_knob = SteeringKnob(None, steering, use_panel=True)  # the panel's vectors, every column
 
         self.run_button = QPushButton("Run")
         self.run_button.setDefault(True)
@@ -111,7 +115,7 @@ class CompareView(QWidget):
         split.setSizes([560, 200])
 
         lay = QVBoxLayout(self)
-        for w in (QLabel("Prompt"), self.prompt, self.prompt_note):
+        for w in (QLabel("Prompt"), self.prompt, self.prompt_note, self.steering_knob):
             lay.addWidget(w)
         lay.addLayout(bar)
         lay.addWidget(self.status)
@@ -229,7 +233,8 @@ class CompareView(QWidget):
         try:
             run = self._experiments.compare(self.messages(), self.column_settings(), max_new_tokens=self.max_tokens.value(),
                                             stop=self._settings.options.stop,
-                                            constraint=self._settings.options.constraint)
+                                            constraint=self._settings.options.constraint,
+                                            steering=self.steering_knob.steering())
         except ValueError as e:
             self.status.setText(str(e))
             return None

@@ -28,6 +28,8 @@ from app.state.conversation import Conversation, Message
 from app.widgets.token_column import CHANGED_COLOR, TokenColumn, mark_tokens, stats_text
 from app.widgets.token_detail import TokenDetail
 from app.widgets.escape_closes import close_on_escape
+from app.steering_state import SteeringState
+from app.widgets.steering_knob import SteeringKnob
 from app.window_geometry import fit_to_screen
 
 # Fields "Replay with…" offers; the seed is what a replay keeps, so it is not among them.
@@ -50,7 +52,8 @@ def parse_value(settings: SamplerSettings, name: str, text: str) -> object:
 
 class ReplayView(QWidget):
     def __init__(self, conv: Conversation, message: Message, host: EngineHost, *, with_change: bool,
-                 parent: QWidget | None = None, controller: ExperimentController | None = None):
+                 parent: QWidget | None = None, controller: ExperimentController | None = None,
+                 steering: SteeringState | None = None):
         """ValueError when `message` cannot be replayed (it stored no settings or seed)."""
         super().__init__(parent, Qt.WindowType.Window)
         self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
@@ -58,8 +61,10 @@ class ReplayView(QWidget):
         close_on_escape(self)
         self.setAccessibleName(self.windowTitle())
         self._conv, self._message = conv, message
-        self._experiments = controller or ExperimentController(host)
-        self.recipe: AnswerRecipe = recipe_for(conv, message)  # ValueError when it cannot be replayed
+        self._experiments = controller or ExperimentController(host, steering=steering)
+        # ValueError when it cannot be replayed (no settings or seed; a steering vector no longer at hand)
+        self.recipe: AnswerRecipe = recipe_for(conv, message, self._experiments.find_vector)
+        self.steering_knob = SteeringKnob(self.recipe.steering, steering)  # strength 0: what steering changed
         self._run: ReplayRun | None = None  # the last replay started here
         self._loading: asyncio.Task | None = None  # loading the answer's own model, then replaying
 
@@ -112,6 +117,7 @@ class ReplayView(QWidget):
         self.detail = TokenDetail()
         lay = QVBoxLayout(self)
         lay.addLayout(bar)
+        lay.addWidget(self.steering_knob)
         # The load button (its text names a model, maybe a long one) sits beside the summary, which wraps:
         # in the bar it widened the window past a small screen.
         said = QHBoxLayout()
@@ -143,7 +149,8 @@ class ReplayView(QWidget):
         if self._run is not None and self._run.running:
             return self._run.task
         try:
-            run = self._experiments.replay(self._conv, self._message, self.replay_settings())
+            run = self._experiments.replay(self._conv, self._message, self.replay_settings(),
+                                           self.steering_knob.steering())
         except ValueError as e:
             self.summary.setText(str(e))
             return None

@@ -14,42 +14,12 @@ from PySide6.QtGui import QColor
 
 from engine import steering as steer
 
-from app.engine_host import EngineHost
 from app.state.library import Library
 from app.state.store import Store
-from qt_helpers import close_window, make_window, run_task
+from qt_helpers import run_task
+from steering_helpers import QUESTION, answer_ids, loaded_vector, regenerate, steer_window, token_records  # noqa: F401
 
 pytest.importorskip("llama_cpp")
-
-QUESTION = "Write one sentence about your morning."
-
-
-def _regenerate(qtbot, w):
-    before = w.library.current.path()[-1]
-    task = w.on_regenerate(before)
-    qtbot.waitUntil(task.done, timeout=120_000)
-    answer = task.result()
-    assert answer is not None and answer.finish_reason != "error", answer and answer.stats
-    return answer
-
-
-def _tokens(w, message):
-    return [(t.token_id, t.logprob) for t in w.library.current.tokens(message)]
-
-
-@pytest.fixture
-def steer_window(qtbot, qloop, store):
-    host = EngineHost()  # the production factory: the default model on llama.cpp
-    w = make_window(qtbot, store, host, max_new_tokens=16)
-    task = w.start(None, "llamacpp")
-    qtbot.waitUntil(task.done, timeout=120_000)
-    assert task.result() is True
-    qtbot.waitUntil(lambda: w.controller.steering.can_steer is True, timeout=30_000)
-    w.settings.update_sampler(seed=11, temperature=0.9)
-    yield w
-    close_window(qtbot, w)
-    host.close()
-
 
 @pytest.mark.slow
 @pytest.mark.model
@@ -72,15 +42,15 @@ def test_a_vector_trained_in_the_panel_steers_the_next_answer_and_is_recorded(qt
     row = panel._rows[vector.digest]
 
     # Listed at strength 0: the next answer is the unsteered one, bit for bit.
-    zero = _regenerate(qtbot, w)
+    zero = regenerate(qtbot, w)
     assert "steering" not in zero.request
-    assert _tokens(w, zero) == _tokens(w, plain)
+    assert token_records(w, zero) == token_records(w, plain)
 
     row.spin.setValue(2.0)
     assert row.slider.value() == 200 and state.strength(vector) == 2.0
     assert "happy ×2" in panel.note.text()
-    steered = _regenerate(qtbot, w)
-    assert [t for t, _ in _tokens(w, steered)] != [t for t, _ in _tokens(w, plain)]
+    steered = regenerate(qtbot, w)
+    assert [t for t, _ in token_records(w, steered)] != [t for t, _ in token_records(w, plain)]
     record = steered.request["steering"]
     assert record["vectors"][0]["name"] == "happy" and record["vectors"][0]["sha256"] == vector.digest
     assert record["vectors"][0]["strength"] == 2.0
@@ -127,34 +97,11 @@ def test_a_vector_for_another_model_is_refused_in_words_and_nothing_changes(qtbo
     assert "finite number" in panel.message and state.strength(fits) == 0.5
 
 
-def _loaded_vector(qtbot, w, tmp_path, strength: float):
-    """A vector loaded through the panel (a fixed random direction per layer), at `strength`."""
-    rng = np.random.default_rng(5)
-    directions = rng.standard_normal((30, 576)).astype("f4")
-    directions[0] = 0
-    directions *= 4.0 / np.linalg.norm(directions, axis=1, keepdims=True).clip(1e-6)
-    path = tmp_path / "push.gguf"
-    steer.save_vector(steer.SteeringVector("push", directions), path)
-    run_task(qtbot, w.steering_panel.load_path(path), timeout_ms=30_000)
-    vector = w.controller.steering.vectors[-1]
-    assert vector.name == "push", w.steering_panel.message
-    w.steering_panel._rows[vector.digest].spin.setValue(strength)
-    return vector
-
-
-def _answer_ids(w, message):
-    from app.notebook import prompt_for
-
-    conv = w.library.current
-    prompt = prompt_for(conv, conv.messages[message.parent_id]).token_ids(w.host.engine.tokenizer)
-    return prompt, [t.token_id for t in conv.tokens(message)]
-
-
 @pytest.mark.slow
 @pytest.mark.model
 def test_without_steering_in_the_inspector_shows_the_engines_steering_effect(qtbot, steer_window, tmp_path):
     w = steer_window
-    vector = _loaded_vector(qtbot, w, tmp_path, 1.5)
+    vector = loaded_vector(qtbot, w, tmp_path, 1.5)
     task = w.on_send(QUESTION)
     qtbot.waitUntil(task.done, timeout=120_000)
     answer = task.result()
@@ -171,7 +118,7 @@ def test_without_steering_in_the_inspector_shows_the_engines_steering_effect(qtb
     qtbot.waitUntil(lambda: view.view is not None, timeout=60_000)
     shown = view.view.effect
 
-    prompt, ids = _answer_ids(w, answer)
+    prompt, ids = answer_ids(w, answer)
     oracle = w.host.engine.steering_effect(prompt + ids, len(prompt) + 3, steer.Steering.of((vector, 1.5)), top_k=8)
     assert shown.token_id == tokens[3].token_id == oracle.token_id
     # Under the steering, the chosen token's log-prob is the one the decode loop recorded when it wrote it.
@@ -186,7 +133,7 @@ def test_without_steering_in_the_inspector_shows_the_engines_steering_effect(qtb
     w.selection.set(answer.id, 4)
     qtbot.waitUntil(lambda: view.view is not None and view.view.index == 4, timeout=60_000)
     w.steering_panel.all_off()
-    plain = _regenerate(qtbot, w)
+    plain = regenerate(qtbot, w)
     w.selection.set(plain.id, 1)
     assert "without steering" in view.status.text() and not view.button.isEnabled()
 
@@ -200,7 +147,7 @@ def test_the_token_view_colours_a_steered_answer_by_its_kl_per_token(qtbot, stee
     from app.widgets.heat import confidence, heat_color
 
     w = steer_window
-    vector = _loaded_vector(qtbot, w, tmp_path, 2.0)
+    vector = loaded_vector(qtbot, w, tmp_path, 2.0)
     task = w.on_send(QUESTION)
     qtbot.waitUntil(task.done, timeout=120_000)
     answer = task.result()
@@ -210,7 +157,7 @@ def test_the_token_view_colours_a_steered_answer_by_its_kl_per_token(qtbot, stee
     conv = w.library.current
     qtbot.waitUntil(lambda: shadows.kl(conv, answer) is not None, timeout=60_000)
     kl = shadows.kl(conv, answer)
-    prompt, ids = _answer_ids(w, answer)
+    prompt, ids = answer_ids(w, answer)
     oracle = w.host.engine.unsteered_shadow(prompt + ids, len(prompt), steer.Steering.of((vector, 2.0)))
     assert np.allclose(kl, oracle.kl, atol=1e-5) and kl.max() > 0.05
 
@@ -229,7 +176,7 @@ def test_the_token_view_colours_a_steered_answer_by_its_kl_per_token(qtbot, stee
 
     # An answer without steering has nothing to colour by: no backgrounds, and nothing is computed.
     w.steering_panel.all_off()
-    plain = _regenerate(qtbot, w)
+    plain = regenerate(qtbot, w)
     assert shadows.kl(conv, plain) is None and plain.id not in shadows._pending
     body = w.chat.chat_view.widget_for(plain.id).body
     assert body.steering_kl is None
