@@ -27,7 +27,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine import ModelInfo, TokenEvent
@@ -81,7 +81,6 @@ class Live:
     exchange_id: str
     conv: Conversation
     answers: list[Message]
-    started: float = field(default_factory=time.monotonic)
 
 
 class ServedConversations:
@@ -101,7 +100,6 @@ class ServedConversations:
         self._loop = loop or asyncio.get_running_loop()
         self._hop: FrameHop[tuple[str, tuple[Any, ...]]] = FrameHop(self._loop, self._deliver, frame_s)
         self._live: dict[str, Live] = {}
-        self._ignored: set[str] = set()  # exchanges whose conversation could not be made: their tokens are dropped
         self._last_flush = 0.0
         self._closed = False
         self.started = Signal()  # (Conversation) a served request's conversation was made
@@ -170,7 +168,6 @@ class ServedConversations:
         try:
             live = self._make(exchange)
         except SAVE_ERRORS as e:
-            self._ignored.add(exchange.id)
             log.warning("a served request could not be recorded: %s", e)
             self.problem.emit(f"a request from {exchange.client or 'a client'} could not be recorded: {e}")
             return
@@ -248,8 +245,7 @@ class ServedConversations:
 
     def _finish_exchange(self, exchange: Any) -> None:
         live = self._live.get(exchange.id)
-        if live is None:
-            self._ignored.discard(exchange.id)
+        if live is None:  # its conversation could not be made: nothing to finish
             return
         how = "stopped in the window" if exchange.stopped else "the client went away" if exchange.disconnected \
             else None

@@ -66,7 +66,8 @@ class Client:
 
     @property
     def tokens(self) -> list[dict]:
-        return [lp for c in self.chunks for ch in c["choices"] for lp in ((ch.get("logprobs") or {}).get("content") or [])]
+        return [lp for c in self.chunks for ch in c["choices"]
+                for lp in ((ch.get("logprobs") or {}).get("content") or [])]
 
     @property
     def text(self) -> str:
@@ -175,8 +176,9 @@ def test_a_served_request_streams_into_a_conversation_while_the_windows_chat_wai
     row = w.store.conversation(conv.id)
     assert row.served["client"].startswith("127.0.0.1:") and row.served["endpoint"] == "chat.completions"
     assert conv.title.startswith(row.served["client"] + " at ")
-    qtbot.waitUntil(lambda: any(w.sidebar.list.item(i).data(ID_ROLE) == conv.id for i in range(w.sidebar.list.count())))
-    item = next(w.sidebar.list.item(i) for i in range(w.sidebar.list.count()) if w.sidebar.list.item(i).data(ID_ROLE) == conv.id)
+    items = lambda: [w.sidebar.list.item(i) for i in range(w.sidebar.list.count())]  # noqa: E731
+    qtbot.waitUntil(lambda: any(it.data(ID_ROLE) == conv.id for it in items()))
+    item = next(it for it in items() if it.data(ID_ROLE) == conv.id)
     assert not item.icon().isNull() and "served to 127.0.0.1:" in item.toolTip()
 
     # Opened, the inspector shows a served token's alternatives as for any answer.
@@ -297,3 +299,31 @@ def test_a_version_2_database_opens_and_keeps_served_records(tmp_path):
         assert store.conversation(made.id).served is None  # unreadable: shown as a chat, not an error
     finally:
         store.close()
+
+
+@pytest.mark.slow
+def test_proxy_mode_records_what_the_upstream_answered(qtbot, served_window):
+    from engine import start_server
+
+    w = served_window
+    upstream = start_server(w.host.engine, "127.0.0.1", 0)  # another OpenAI-compatible server (our own)
+    try:
+        started = _served_conversations(w)
+        run_task(qtbot, w.serving.start(ServeSettings(port=0, upstream=upstream.url)), MODEL_WAIT_MS)
+        assert w.serving.state.what == f"upstream {upstream.url}"
+        client = Client(w.serving.state.url, _long_answer(w, 12)).start()
+        qtbot.waitUntil(client.finished.is_set, timeout=MODEL_WAIT_MS)
+        assert client.error is None and client.done_marker
+        qtbot.waitUntil(lambda: bool(started) and not started[0].path()[-1].generating, timeout=10_000)
+        conv = started[0]
+        answer = conv.path()[-1]
+        assert conv.served["proxied"] and conv.served["upstream"] == upstream.url
+        assert answer.model["backend"] == "remote" and answer.content == client.text
+        assert [t.token_text for t in conv.tokens(answer) if not t.special] == [g["token"] for g in client.tokens]
+        # Loading another model leaves a proxy serving: it forwards to another server, not to the loaded model.
+        assert run_task(qtbot, w.host.load("mock", "mock"), MODEL_WAIT_MS)
+        qtbot.wait(200)
+        assert w.serving.running
+    finally:
+        run_task(qtbot, w.serving.stop())
+        upstream.stop()
