@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from app.state.steering_record import steering_record_problem
+
 FINISH_REASONS = ("eos", "stop", "length", "cancelled", "error")
 MAX_DEPTH = 32  # free-form documents (a request's settings, a model record) are a few levels deep
 MAX_NODES = 200_000  # values in one free-form document
@@ -123,6 +125,9 @@ def check_request(value: Any) -> dict[str, Any] | None:
         stop = doc.get("stop")
         if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
             raise FieldError(f"its request field 'stop' is {_kind(stop)}, not a list of texts")
+        problem = steering_record_problem(doc["steering"]) if doc.get("steering") is not None else None
+        if problem:  # control vectors by name and hash, strengths, layer range (app/state/steering_record.py)
+            raise FieldError(problem)
     return doc
 
 
