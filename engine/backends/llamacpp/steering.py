@@ -140,7 +140,8 @@ class LlamaCppSteering:
         # shared with the others (`seq_cp`: the same cells), so each decode runs only the prompts' own tokens.
         shared = _shared_prefix(seqs)
         rest = [len(s) - shared for s in seqs]
-        room = max(self.n_batch, max(rest))  # a decode's tokens: one micro-batch, so the callback sees them at once
+        # A decode's tokens: one micro-batch, so the callback sees them all at once; no more room than they need.
+        room = max(min(self.n_batch, sum(rest)), max(rest), min(shared, self.n_batch))
         n_seq = min(STATES_SEQS, len(seqs))
         params = _context_params(self, shared + room + 1, n_seq)
         params.n_batch = params.n_ubatch = room
