@@ -87,14 +87,18 @@ class _StopWorkOnClose(QObject):
     still rendering (up to its time limit), held it 10 s. So: the load is cancelled, the model's
     queued and running work is cancelled, jobs waiting for a thread are dropped, and a template
     render under way is stopped. The answer then ends at once and the window writes what it has.
+    Before all that, the answers served to clients (Model ▸ Serve…) end as Stop ends them, so that no
+    request waiting for its turn reaches a model whose thread is closing; the window then stops the server.
     """
 
     def __init__(self, host: EngineHost, window: MainWindow):
         super().__init__(window)
         self._host = host
+        self._serving = window.serving
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
         if event.type() == QEvent.Type.Close:
+            self._serving.end_answers()
             stop_engine_work(self._host)
         return False  # the window's own closeEvent runs as ever
 

@@ -181,6 +181,22 @@ class ServeController:
             self._set(ServeState(message=reason))
             log.info("stopped serving on %s%s", server.url, f" ({reason})" if reason else "")
 
+    def end_answers(self, timeout_s: float = 1.0) -> int:
+        """End every served answer under way or waiting, now, as Stop does (each client's stream gets its end);
+        returns how many. For the window's close event (app/lifecycle.py): called before the model's work is
+        cancelled, so no waiting request reaches a model that is going away. Blocks for the server's reply
+        (milliseconds: its loop only sets a flag per answer), at most `timeout_s` per call."""
+        server = self.server
+        if server is None:
+            return 0
+        ended = 0
+        try:
+            for answer_id in server.active_requests(timeout_s):
+                ended += bool(server.stop_request(answer_id, timeout_s))
+        except Exception:  # noqa: BLE001 - closing goes on; stop() ends them all anyway
+            log.warning("could not end the served answers before closing", exc_info=True)
+        return ended
+
     def stop_now(self, reason: str) -> asyncio.Task | None:
         """`stop` as a task the controller keeps (a model switch, a signal)."""
         if self.server is None:
@@ -204,6 +220,7 @@ class ServeController:
 
     def _on_model_changed(self, _info: Any) -> None:
         if self.server is not None and not self._proxy:  # a proxy serves another server: it goes on
+            self.end_answers()  # now: a request waiting for its turn must not reach the old model's closed thread
             self.stop_now("another model was loaded")
             self.problem.emit("Serving stopped: another model was loaded (Model ▸ Serve… serves it)")
 

@@ -252,9 +252,11 @@ class ServedConversations:
         for i, answer in enumerate(live.answers):
             choice = exchange.choices[i] if i < len(exchange.choices) else None
             stats = choice.stats if choice is not None else None
-            if stats is None:
-                error = exchange.error or "the answer never ran"
-                self._finish(live, answer, "error", {"error": error})
+            if stats is None:  # it never ran: stopped or left while it waited for the model, or refused by it
+                if exchange.error or not how:
+                    self._finish(live, answer, "error", {"error": exchange.error or "the answer never ran"})
+                else:
+                    self._finish(live, answer, "cancelled", {"served_end": f"{how} before the model ran"})
                 continue
             saved = {k: v for k, v in stats.to_dict().items() if k not in ("text", "token_ids")}
             if how:

@@ -23,6 +23,7 @@ from engine.backends.mock import MockBackend
 
 from app.engine_host import EngineHost
 from app.experiments import recipe_for
+from app.lifecycle import _StopWorkOnClose
 from app.serve_controller import ServeSettings
 from app.state.store import SCHEMA, Store
 from app.widgets.sidebar import ID_ROLE
@@ -252,9 +253,27 @@ def test_another_model_or_closing_the_window_stops_serving_and_frees_the_port(qt
 
     url = _start_serving(qtbot, w)  # now serving the mock model
     server = w.serving.server
-    assert not _port_closed(url)
+    started = _served_conversations(w)
+    # Closing as the app closes (app/lifecycle.py's close-event filter cancels the model's work) while one
+    # client streams and another waits for its turn: both streams end properly, the port is freed.
+    w.installEventFilter(_StopWorkOnClose(w.host, w))
+    streaming = Client(url, _long_answer(w, 3000)).start()
+    qtbot.waitUntil(lambda: bool(started) and len(started[0].tokens(started[0].path()[-1])) >= 3,
+                    timeout=MODEL_WAIT_MS)
+    waiting = Client(url, _long_answer(w, 3000)).start()
+    qtbot.waitUntil(lambda: len(started) == 2, timeout=MODEL_WAIT_MS)  # read, waiting for the model
     close_window(qtbot, w)
+    qtbot.waitUntil(lambda: streaming.finished.is_set() and waiting.finished.is_set(), timeout=MODEL_WAIT_MS)
+    assert streaming.error is None and streaming.done_marker and streaming.finish_reasons == ["stop"]
+    assert waiting.error is None and waiting.done_marker and not waiting.tokens
     assert not server.running and _port_closed(url)  # its thread ended, its port is free
+    qtbot.waitUntil(lambda: not [t for t in threading.enumerate() if t.name.startswith("logitlab-serve")])
+    # What was served before the close is written: both answers marked stopped, the streamed one's tokens kept.
+    rows = [r for r in w.store.conversations() if r.served]
+    assert len(rows) == 3
+    last = {r.served["id"]: [m for m in w.store.messages(r.id) if m.role == "assistant"][-1] for r in rows}
+    assert [last[c.chunks[0]["id"]].finish_reason for c in (streaming, waiting)] == ["cancelled", "cancelled"]
+    assert w.store.token_count(last[streaming.chunks[0]["id"]].id) >= len(streaming.tokens) >= 3
 
 
 def _port_closed(url: str) -> bool:
