@@ -91,6 +91,18 @@ async def _probe(data_dir: Path) -> dict:
         await asyncio.sleep(0.025)
     report["chat_width_loom"] = window.chat.width()
     report["loom_min_width"] = window.loom_dock.minimumSizeHint().width()
+    # The Steering tab raised in the left dock, a vector listed in it (issue 33): the chat column it leaves.
+    import numpy as np
+    from engine import steering
+
+    window.controller.steering.add(steering.SteeringVector("a-vector-with-a-long-name", np.ones((4, 8))
+                                                          * (np.arange(4) > 0)[:, None]), keep=False)
+    window.steering_dock.raise_()
+    for _ in range(20):
+        QApplication.processEvents()
+        await asyncio.sleep(0.025)
+    report["chat_width_steering"] = window.chat.width()
+    window.chats_dock.raise_()
     window.inspector_dock.raise_()
     compare.close()
     closed = asyncio.get_running_loop().create_future()

@@ -64,6 +64,7 @@ def _fits(report: dict) -> None:
     assert report["inspector_width"] >= report["inspector_min_width"], report
     assert report["chat_width"] >= 300, report  # the conversation keeps a readable column
     assert report["chat_width_loom"] >= 300, report  # ... also with the Loom tab raised and rows drawn in it
+    assert report["chat_width_steering"] >= 300, report  # ... and with the Steering tab raised, a vector in it
 
 
 @pytest.mark.slow

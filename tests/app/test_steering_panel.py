@@ -82,7 +82,7 @@ def test_a_vector_for_another_model_is_refused_in_words_and_nothing_changes(qtbo
                       wrong)
     run_task(qtbot, panel.load_path(wrong), timeout_ms=30_000)
     assert panel.message.startswith("Not loaded: steering vector 'other-model' was made for a model with 12 layers of width 64")
-    assert "SmolLM2-135M-Instruct has llama, 30 layers of width 576" in panel.message
+    assert "SmolLM2-135M-Instruct has 30 layers of width 576" in panel.message
     assert (state.vectors, state.steering()) == before
     assert list(panel._rows) == [fits.digest]
 
