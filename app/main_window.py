@@ -46,6 +46,7 @@ from app.widgets.inspector import Inspector
 from app.loom_controller import LoomController
 from app.loom_options import remember_loom_options
 from app.widgets.loom_view import LoomView
+from app.widgets.model_diff_view import open_model_diff
 from app.widgets.sampling_panel import SamplingPanel
 from app.widgets.steering_panel import SteeringPanel
 from app.steering_state import FOLDER_NAME as STEERING_FOLDER, SteeringState
@@ -253,6 +254,7 @@ class MainWindow(QMainWindow):
             a.replay: lambda: open_replay(ctx, False),
             a.replay_with: lambda: open_replay(ctx, True),
             a.score: lambda: open_score(ctx),
+            a.compare_models: lambda: open_model_diff(ctx.host, ctx.store, ctx.parent),
             a.open_model: self.models.open_model_dialog,
             a.library: lambda: open_library(ctx, self.models),
             a.connect_server: self.models.open_connect_dialog,

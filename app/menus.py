@@ -54,6 +54,7 @@ class WindowActions:
     replay: QAction
     replay_with: QAction
     score: QAction
+    compare_models: QAction
     open_model: QAction
     library: QAction
     connect_server: QAction
@@ -103,6 +104,8 @@ class WindowActions:
             replay_with=act("Replay answer &with…",
                             tip="Change one setting, keep the seed, and see which tokens change"),
             score=act("Score &text…", tip="How surprising any text is to the model, token by token"),
+            compare_models=act("Compare mo&dels…", tip="The loaded model and a second one on one text: where their "
+                               "next-token distributions differ (KL per token), both models' ranks and alternatives"),
             open_model=act("&Open model…", QKeySequence.StandardKey.Open),
             library=act("Model &library…", "Ctrl+L", "The models on this machine (LM Studio, Ollama, Hugging Face "
                         "cache, GPT4All, Jan, your folders) and downloads"),
@@ -150,7 +153,7 @@ def build_menu_bar(window: QMainWindow, a: WindowActions, panels: Sequence[QActi
     chat.addSeparator()
     chat.addActions([a.search, a.rename])
     chat.addSeparator()
-    chat.addActions([a.compare, a.replay, a.replay_with, a.score])
+    chat.addActions([a.compare, a.replay, a.replay_with, a.score, a.compare_models])
 
     model = bar.addMenu("&Model")
     model.addActions([a.open_model, a.library, a.connect_server])

@@ -12,12 +12,16 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 SURPRISAL_MAX_BITS = 10.0  # -log2 p beyond this is "very surprising" (p < 0.1 %)
 ENTROPY_MAX_NATS = 4.0  # a spread over ~55 equally likely tokens
 STEERING_MAX_NATS = 1.0  # KL(steered ‖ unsteered) from here on: the steering decided this token
+# Two models on one text (app/widgets/model_diff_view.py): KL per token on a log scale, from rounding-level
+# agreement (a Q4 model against its float original: ~1e-3) to a different model (1 nat and more).
+DIVERGENCE_RANGE_NATS = (1e-4, 1.0)
 
 MODE_LABELS = {
     "probability": "Probability",
     "surprisal": "Surprisal",
     "entropy": "Entropy",
     "steering": "Steering effect",
+    "divergence": "Divergence between two models",
 }
 
 
@@ -35,6 +39,11 @@ def confidence(ev: TokenEvent, mode: str, steering_kl: float | None = None) -> f
         if steering_kl is None or not math.isfinite(steering_kl):
             return None
         return 1.0 - min(max(steering_kl, 0.0), STEERING_MAX_NATS) / STEERING_MAX_NATS
+    if mode == "divergence":  # the KL (or |Δ log-prob| of a span) given per token, on a log scale
+        if steering_kl is None or math.isnan(steering_kl):
+            return None
+        lo, hi = DIVERGENCE_RANGE_NATS
+        return 1.0 - min(max(math.log(max(steering_kl, lo) / lo) / math.log(hi / lo), 0.0), 1.0)
     raise ValueError(f"unknown colouring {mode!r}")
 
 
@@ -57,6 +66,8 @@ def legend_ends(mode: str) -> tuple[str, str]:
         return f"{SURPRISAL_MAX_BITS:.0f}+ bits", "0 bits"
     if mode == "steering":
         return f"KL {STEERING_MAX_NATS:g}+ nats", "0"
+    if mode == "divergence":
+        return f"{DIVERGENCE_RANGE_NATS[1]:g}+ nats", f"≤{DIVERGENCE_RANGE_NATS[0]:g}"
     return f"H {ENTROPY_MAX_NATS:.0f}+ nats", "0"
 
 

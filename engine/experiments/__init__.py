@@ -26,6 +26,9 @@ from engine.experiments.replay import (
     replay_verdict,
     token_diff,
 )
+from engine.experiments.model_diff import BackendThread, compare_models
+from engine.experiments.model_diff_types import ModelDiff, PositionDiff, SpanDiff, SpanModelDiff
+from engine.experiments.model_diff_vocab import VocabularyCheck, compare_vocabularies
 from engine.experiments.score import ScoredToken, ScoreResult, score, score_ids, score_step_by_step, text_ids
 from engine.experiments.trace import (
     TRACE_FORMAT,
@@ -40,6 +43,14 @@ from engine.experiments.trace import (
 )
 
 __all__ = [
+    "BackendThread",
+    "ModelDiff",
+    "PositionDiff",
+    "SpanDiff",
+    "SpanModelDiff",
+    "VocabularyCheck",
+    "compare_models",
+    "compare_vocabularies",
     "MAX_COLUMNS",
     "TRACE_FORMAT",
     "ColumnStats",
