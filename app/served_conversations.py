@@ -28,7 +28,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine import ModelInfo, TokenEvent
 from engine import reasoning
@@ -39,6 +39,9 @@ from app.state.model_record import model_record
 from app.state.observable import Signal
 from app.token_stream import FRAME_S, FrameHop
 
+if TYPE_CHECKING:  # the server's names load its web stack: only for the type checker here
+    from engine import ServedExchange
+
 log = logging.getLogger(__name__)
 
 SAVE_ERRORS = (sqlite3.Error, OSError)
@@ -46,7 +49,7 @@ TITLE_SNIPPET = 40  # characters of the client's last message in a served conver
 CLIENT_FINISH = "client"  # finish reason of an assistant turn the client sent (not generated here)
 
 
-def served_record(exchange: Any) -> dict[str, Any]:
+def served_record(exchange: "ServedExchange") -> dict[str, Any]:
     """What a conversation keeps of the request that made it (`Conversation.served`); the body's messages and
     prompt are the conversation's messages, so they are left out of this copy."""
     body = {k: v for k, v in dict(exchange.body or {}).items() if k not in ("messages", "prompt")}
@@ -57,7 +60,7 @@ def served_record(exchange: Any) -> dict[str, Any]:
     }
 
 
-def served_title(exchange: Any, when: float | None = None) -> str:
+def served_title(exchange: "ServedExchange", when: float | None = None) -> str:
     """"127.0.0.1:50312 at 21:40:07: What is 2+2?": the client, the time, and the start of its last message."""
     text = ""
     if exchange.messages:
@@ -109,13 +112,13 @@ class ServedConversations:
 
     # -- the server's thread -------------------------------------------------------------------
 
-    def on_start(self, exchange: Any) -> None:
+    def on_start(self, exchange: "ServedExchange") -> None:
         self._put("start", exchange)
 
     def on_token(self, exchange_id: str, choice: int, event: TokenEvent) -> None:
         self._put("token", exchange_id, choice, event)
 
-    def on_end(self, exchange: Any) -> None:
+    def on_end(self, exchange: "ServedExchange") -> None:
         self._put("end", exchange)
 
     def _put(self, kind: str, *args: Any) -> None:
@@ -164,7 +167,7 @@ class ServedConversations:
         if self._loop.time() - self._last_flush >= self.flush_interval_s:
             self._flush_all()
 
-    def _start(self, exchange: Any) -> None:
+    def _start(self, exchange: "ServedExchange") -> None:
         try:
             live = self._make(exchange)
         except SAVE_ERRORS as e:
@@ -175,7 +178,7 @@ class ServedConversations:
         self.recorded += 1
         self.started.emit(live.conv)
 
-    def _make(self, exchange: Any) -> Live:
+    def _make(self, exchange: "ServedExchange") -> Live:
         chat = exchange.endpoint == "chat.completions"
         messages = list(exchange.messages or ())
         lead: list[str] = []
@@ -207,13 +210,13 @@ class ServedConversations:
             conv.set_generating(answer, True)
         return Live(exchange.id, conv, answers)
 
-    def _prompt_text(self, exchange: Any) -> str:
+    def _prompt_text(self, exchange: "ServedExchange") -> str:
         if exchange.prompt is not None:
             return str(exchange.prompt)
         ids = list(exchange.prompt_ids or ())
         return f"(a prompt of {len(ids)} token ids: {ids[:32]}{'…' if len(ids) > 32 else ''})"
 
-    def _request_doc(self, exchange: Any) -> dict[str, Any]:
+    def _request_doc(self, exchange: "ServedExchange") -> dict[str, Any]:
         """What the answers were generated with, in the chat's own shape (Replay and Compare read it)."""
         doc: dict[str, Any] = {"reasoning": self.reasoning_format.to_dict(), "served": True}
         if exchange.sampler is not None:
@@ -228,7 +231,7 @@ class ServedConversations:
                        constraint=req.constraint.to_dict() if req.constraint is not None else None)
         return doc
 
-    def _model_doc(self, exchange: Any) -> dict[str, Any]:
+    def _model_doc(self, exchange: "ServedExchange") -> dict[str, Any]:
         if exchange.proxied or self.model is None:
             return {"name": exchange.model, "spec": exchange.upstream or "", "backend": "remote"}
         return model_record(self.model)
@@ -243,7 +246,7 @@ class ServedConversations:
         index = len(live.conv.tokens(answer))
         live.conv.append_tokens(answer, [event if event.index == index else replace(event, index=index)])
 
-    def _finish_exchange(self, exchange: Any) -> None:
+    def _finish_exchange(self, exchange: "ServedExchange") -> None:
         live = self._live.get(exchange.id)
         if live is None:  # its conversation could not be made: nothing to finish
             return
