@@ -79,7 +79,7 @@ def generate_events(
     *,
     recoverable: tuple[type[Exception], ...] = (),
     choose: Chooser | None = None,
-) -> Iterator[Event]:
+) -> Generator[Event, None, None]:
     """Run one generation on `backend`; yields TokenEvents then exactly one Done.
 
     `choose` (step mode): called with each sampled token's event before it is taken (its text not yet

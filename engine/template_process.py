@@ -40,7 +40,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO, NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class _Child:
         return code
 
 
-def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
+def _read_exactly(stream: IO[bytes], n: int) -> bytes | None:
     data = bytearray()
     while len(data) < n:
         chunk = stream.read(n - len(data))
@@ -265,7 +265,7 @@ class TemplateRenderer:
             child.ready = True
         return child
 
-    def _give_up(self, why: str) -> None:
+    def _give_up(self, why: str) -> NoReturn:
         self._unavailable = why
         log.warning("chat templates render in this process: no renderer process could be started (%s)", why)
         raise RendererUnavailable(why)

@@ -282,6 +282,7 @@ def resolve_chat_template(args: argparse.Namespace) -> None:
     if path is not None:
         text = read_text_file(path, option)
     else:
+        assert choice is not None  # one of the two is given (checked above)
         looks_like_path = "{{" not in choice and "{%" not in choice and choice.strip().lower() not in BUILTIN_TEMPLATES
         if looks_like_path and ("/" in choice or "\\" in choice or Path(choice).suffix in (".jinja", ".j2", ".txt")):
             text = read_text_file(choice, option)  # "no such file" in one line, not "not a built-in"

@@ -195,8 +195,8 @@ class CandidateMask:
     def allowed(self, scores: np.ndarray) -> np.ndarray:
         out = np.zeros(scores.size, dtype=np.bool_)
         accepting = self._m.is_accepting()
-        for t in np.flatnonzero(scores > -np.inf):
-            t = int(t)
+        for found in np.flatnonzero(scores > -np.inf):
+            t = int(found)
             if t in self._eos:
                 out[t] = accepting
                 continue

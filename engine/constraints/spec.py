@@ -149,7 +149,7 @@ def _build(kind: str, text: str, label: str) -> str:
             # of alternatives, the parser at most 2,000 at one place (past that it fails mid-answer).
             grammar = grammar_from("regex", "|".join(_regex_literal(o) for o in json.loads(text)))
         else:
-            grammar = grammar_from(kind, text)
+            grammar = grammar_from(kind, text)  # type: ignore[arg-type]  # `kind` was checked by the caller
     except ValueError as e:  # GBNF that does not convert; says the line and the place
         raise ConstraintError(f"the {label} cannot be read: {_strip(str(e))}") from None
     failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)

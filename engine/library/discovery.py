@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from functools import partial
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,16 +145,16 @@ def _read_location(scan: _Scan, location: Location) -> None:
     source = location.source
     if location.layout == "ollama":
         for model in ollama_models(location.path):
-            _guarded(scan, source, "gguf", model.blob, model.name, str(model.blob), lambda m=model: scan.add_gguf(
-                "ollama", m.blob, name=m.name, spec=str(m.blob), problem=m.problem))
+            _guarded(scan, source, "gguf", model.blob, model.name, str(model.blob), partial(
+                scan.add_gguf, "ollama", model.blob, name=model.name, spec=str(model.blob), problem=model.problem))
     elif location.layout == "huggingface":
-        for model in cached_models(location.path):
-            if model.kind == "gguf":
-                _guarded(scan, "huggingface", "gguf", model.path, split_part(model.path)[0], model.spec,
-                         lambda m=model: scan.add_gguf("huggingface", m.path, spec=m.spec))
+        for cached in cached_models(location.path):
+            if cached.kind == "gguf":
+                _guarded(scan, "huggingface", "gguf", cached.path, split_part(cached.path)[0], cached.spec,
+                         partial(scan.add_gguf, "huggingface", cached.path, spec=cached.spec))
             else:
-                _guarded(scan, "huggingface", "safetensors", model.path, model.repo_id, model.spec,
-                         lambda m=model: scan.add_folder("huggingface", m.path, m.repo_id, m.spec))
+                _guarded(scan, "huggingface", "safetensors", cached.path, cached.repo_id, cached.spec,
+                         partial(scan.add_folder, "huggingface", cached.path, cached.repo_id, cached.spec))
     else:
         found_all = list(find_models(location.path))
         per_folder: dict[Path, int] = {}
@@ -165,11 +166,11 @@ def _read_location(scan: _Scan, location: Location) -> None:
                 name = (lmstudio_name(location.path, found.path, per_folder.get(found.path.parent, 0) <= 1)
                         if source == "lmstudio" else display_name(found.path))
                 _guarded(scan, source, "gguf", found.path, name, str(found.path),
-                         lambda f=found, n=name: scan.add_gguf(source, f.path, name=n))
+                         partial(scan.add_gguf, source, found.path, name=name))
             else:
                 name = lmstudio_name(location.path, found.path, True) if source == "lmstudio" else found.path.name
                 _guarded(scan, source, "safetensors", found.path, name, str(found.path),
-                         lambda f=found, n=name: scan.add_folder(source, f.path, n, str(f.path)))
+                         partial(scan.add_folder, source, found.path, name, str(found.path)))
 
 
 def _default_cache() -> FactsCache:

@@ -139,7 +139,8 @@ def folder_facts(folder: Path) -> tuple[ModelFacts, str]:
         shards = sorted(folder.glob("*.safetensors"))[:MAX_SHARDS]
     except OSError:
         shards = []
-    weight_bytes, elements, dtypes = 0, 0, Counter()
+    weight_bytes, elements = 0, 0
+    dtypes: Counter[str] = Counter()
     for shard in shards:
         try:
             header = read_safetensors_header(shard)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 from urllib.parse import unquote, urlsplit
 
 from engine.errors import UsageError
@@ -182,9 +182,11 @@ def pull(
     """
     req = parse_pull(text)
     cancel = cancel or CancelToken()
-    common = dict(progress=progress, cancel=cancel, free_space=free_space, reserve_bytes=reserve_bytes)
+    common: dict[str, Any] = dict(progress=progress, cancel=cancel, free_space=free_space, reserve_bytes=reserve_bytes)
     if req.kind == "url":
-        target = _choose_target(url_target(text, models_folder), if_exists)
+        url_path = url_target(text, models_folder)
+        assert url_path is not None  # a URL always names its file
+        target = _choose_target(url_path, if_exists)
         path = download_url(req.url, target, expected_sha256=expected_sha256, **common)
         return PullResult(str(path), path)
     repo = repo_files(req.repo_id, req.revision)

@@ -76,7 +76,8 @@ def _materialize_resident(model: nn.Module, checkpoint: Checkpoint, device: torc
             owner_path, _, attr = name.rpartition(".")
             model.get_submodule(owner_path)._parameters[attr] = new
     if missing:
-        model.tie_weights()  # stored once under the other name of a tie the model did not make at build
+        # A transformers method (nn.Module's __getattr__ types it as a Tensor, hence the ignore):
+        model.tie_weights()  # type: ignore[operator]  # stored once under the other name of a tie the model did not make at build
         still = [n for n, p in model.named_parameters(remove_duplicate=False)
                  if p.device.type == "meta" and not n.startswith(layer_prefix + ".")]
         if still:
@@ -121,7 +122,7 @@ def attach(
     checkpoint = folder if isinstance(folder, Checkpoint) else Checkpoint(Path(folder))
     try:
         if device is None:
-            emb = model.get_input_embeddings().weight
+            emb = model.get_input_embeddings().weight  # type: ignore[operator]  # transformers' method
             device = emb.device if emb.device.type != "meta" else torch.device("cpu")
         device = torch.device(device)
         require_available(device)  # below: current_device(), streams and pinned memory, all of which need a driver
@@ -141,6 +142,7 @@ def attach(
                 key = _key_or_fail(checkpoint, t.name, base)
                 home = _home(t, tier, params[t.name], checkpoint, key, device, pin)
                 if tier is Tier.GPU or (tier is Tier.CPU and device.type == "cpu"):
+                    assert home is not None  # only the disk tier has no home
                     _set(t.module, t.attr, home)  # resident for good: compute reads it in place
                 else:
                     srcs.append(Source(t, key, home))  # host copy (CPU tier on a GPU) or None (disk)

@@ -112,7 +112,7 @@ class Checkpoint:
             )
         if e.nbytes == 0:
             return
-        buf = memoryview(out.view(-1).view(torch.uint8).numpy())  # (nbytes,) aliasing `out`
+        buf = memoryview(out.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # (nbytes,) aliasing `out`
         done = 0
         while done < e.nbytes:
             n = self._read_at(e.file, buf[done : done + _MAX_READ], e.offset + done)

@@ -34,7 +34,7 @@ class LayerTensor:
 
 def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     """('model.layers', the ModuleList) for a transformers causal LM; raises if there is no such list."""
-    config = model.config.get_text_config()
+    config = model.config.get_text_config()  # type: ignore[union-attr,operator]  # a transformers model's
     n = getattr(config, "num_hidden_layers", None)
     for name, module in model.named_modules():
         if (

@@ -43,7 +43,7 @@ def parameters_on_meta() -> Iterator[None]:
             param = nn.Parameter(param.to("meta"), requires_grad=False)
         original(module, name, param)
 
-    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
@@ -78,7 +78,7 @@ def plan_policy(
     resident = sum(
         p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith(prefix + ".")
     )
-    cfg = model.config.get_text_config()
+    cfg = model.config.get_text_config()  # type: ignore[union-attr,operator]  # a transformers model's
     tokens = min(context_tokens, int(getattr(cfg, "max_position_embeddings", 0) or context_tokens))
     dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
     mem = free_memory(device)

@@ -128,7 +128,8 @@ def generate_batch(
                          "unless its temperature is 0")
     settings = settings_for(sampler, seed, temperature=temperature, top_k=top_k, top_p=top_p,
                             greedy=sampler is None and not do_sample)
-    base_seed = settings.seed if settings.seed is not None else int(np.random.SeedSequence().entropy % 2**62)
+    # A fresh SeedSequence draws its entropy as one int.
+    base_seed = settings.seed if settings.seed is not None else int(np.random.SeedSequence().entropy % 2**62)  # type: ignore[operator]
     chains = [SamplerChain(settings.with_(seed=base_seed + r), vocab) for r in range(len(rows))]
     width = max(len(r) for r in rows)
     out = np.full((len(rows), width + max_new_tokens), PAD, dtype=np.int64)

@@ -66,7 +66,8 @@ def constrained_sample(
     """Ancestral sampling from the model masked by `constraint` (the `grammar` stage first in the chain)."""
     stage = GrammarStage(start_run(constraint, tokenizer, n_vocab))
     chain = SamplerChain(sampler, vocab=tokenizer, constraint=stage)
-    ids, out, total = list(prompt_ids), [], 0.0
+    ids, total = list(prompt_ids), 0.0
+    out: list[int] = []
     eos = tokenizer.eos_token_ids
     for _ in range(max_tokens):
         lp = next_logprobs(ids + out)

@@ -250,7 +250,8 @@ class LanguageModel:
         ids = list(_check_ids(prompt_ids, self.n_vocab))
         check_rows_fit([ids], max_tokens, self.context_length)
         chain = SamplerChain(settings_for(sampler, seed, temperature=temperature), self.tokenizer)
-        eos, out, total = set(eos_token_ids), [], 0.0
+        eos, total = set(eos_token_ids), 0.0
+        out: list[int] = []
         for _ in range(max_tokens):
             lp = self.next_token_logprobs_sync(ids + out)
             tok = chain.pick(lp, np.asarray(ids + out), top_n=0).token_id

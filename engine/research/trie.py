@@ -93,9 +93,10 @@ class TokenTrie:
         """(length, state) of the longest prefix of `tokens` that has a KV state; (0, None) if none."""
         best_len, best, n = 0, None, self.root
         for t in tokens:
-            n = n.children.get(t)
-            if n is None:
+            child = n.children.get(t)
+            if child is None:
                 break
+            n = child
             if n.state is not None:
                 best_len, best = n.depth, n
         if best is None:
@@ -133,7 +134,7 @@ class TokenTrie:
                 self.kv_bytes -= old.state_bytes
                 old.state, old.state_bytes = None, 0
             else:
-                self.row_bytes -= int(old.logprobs.nbytes)
+                self.row_bytes -= int(old.logprobs.nbytes) if old.logprobs is not None else 0
                 old.logprobs = None
             self._prune(old)
 

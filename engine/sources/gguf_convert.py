@@ -110,7 +110,7 @@ def _convert(path: Path, out: Path) -> None:
         raise ModelLoadError(f"could not read GGUF file {path}: {type(e).__name__}: {e}") from e
     # The de-quantized weights are plain tensors; drop the GGUF quantizer so
     # save_pretrained writes them as ordinary float32 safetensors.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers' attribute, not a submodule
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)

@@ -114,7 +114,7 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
             why = native.take_recent_errors() or "see the log"
             raise ModelLoadError(f"llama.cpp could not load {path.name}: {why}")
         self.ctx = None
-        self._batch = None
+        self._batch: native.Batch = None  # type: ignore[assignment]  # made below; None only once closed
         try:
             self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model)))
             cparams = llama_cpp.llama_context_default_params()
@@ -295,7 +295,7 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         if tokenizer is not None:
             tokenizer.detach()
         native.free_context(self.ctx, self._batch)
-        self.ctx = self._batch = None
+        self.ctx = self._batch = None  # type: ignore[assignment]  # closed: a later use fails
         if self.model:
             llama_cpp.llama_model_free(self.model)
         self.model = None

@@ -7,8 +7,10 @@ batch is its own sequence with its own positions, so no padding is needed:
 - `start` / `step`: every row's tokens go into one `llama_batch` (split only
   when a prefill exceeds `n_batch` tokens), one `llama_decode` per step for
   the whole batch;
-- `reorder` (beam search): sequences are re-pointed with `llama_memory_seq_cp`,
-  which in a unified cache shares cells instead of copying them;
+- `reorder` (beam search, the loom's drops): sequences are re-pointed with
+  `llama_memory_seq_cp`, which in a unified cache shares cells instead of
+  copying them; cells no row needs any more are kept by a graveyard sequence
+  rather than freed (see `reorder`);
 - `forward_rows` (the token trie): a row's cached prefix state is the bytes
   of its KV cache (`llama_state_seq_get_data`), restored into a sequence with
   `llama_state_seq_set_data`, so the trie can keep and evict states like
@@ -23,6 +25,7 @@ batch is its own sequence with its own positions, so no padding is needed:
 from __future__ import annotations
 
 import ctypes
+import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -33,6 +36,8 @@ import numpy as np
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.kv_share import reuse_backend_state
 from engine.backends.chunks import chunk_spans, stack_logprobs
+
+log = logging.getLogger(__name__)
 
 RowState = tuple[int, bytes]  # (cached positions, llama_state_seq_get_data bytes)
 # The most one-token rows of different sequences one `llama_batch` carries (see `_run`): 64 went wrong, 40 did not.
@@ -61,9 +66,13 @@ class LlamaCppRunner:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx or backend.n_ctx
         params.n_batch = params.n_ubatch = n_batch
-        params.n_seq_max = max_seqs
+        params.n_seq_max = max_seqs + 1  # + the graveyard (`reorder`)
+        self._grave = max_seqs  # the sequence id that keeps the cells rows left behind
+        self._grave_used = False
         self.n_outputs = n_outputs or max_seqs
-        params.n_outputs_max = self.n_outputs  # by default one row of logits per sequence per decode, never more
+        # By default one row of logits per sequence per decode, never more (llama.cpp asks room for every
+        # sequence id, the graveyard included).
+        params.n_outputs_max = max(self.n_outputs, max_seqs + 1)
         params.kv_unified = True  # one pool of cells shared by every sequence: seq_cp shares, not copies
         params.swa_full = True
         params.n_threads, params.n_threads_batch = backend.n_threads, backend.n_threads_batch
@@ -78,6 +87,10 @@ class LlamaCppRunner:
         self._helper: ThreadPoolExecutor | None = None  # made on the first step_in_background
 
     # --- helpers -------------------------------------------------------------------
+
+    def _clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self._grave_used = False
 
     def _check_rows(self, b: int, spare: int = 0) -> None:
         if b + spare > self.max_seqs:
@@ -119,7 +132,17 @@ class LlamaCppRunner:
     def _flush(self, pending: list[tuple[int, int]], out: np.ndarray) -> None:
         if self._batch.n == 0:
             return
-        native.decode(self.ctx, self._batch)
+        try:
+            native.decode(self.ctx, self._batch)
+        except native.DecodeError as e:
+            if e.code != 1 or not self._grave_used:
+                raise
+            # The cache is full of cells rows left behind: free them (llama.cpp restored the cache as it was
+            # before the failed call) and go on, with numbers that may now differ slightly (see `reorder`).
+            log.info("llama.cpp research context full: freeing the cells dropped rows left behind")
+            llama_cpp.llama_memory_seq_rm(self._mem, self._grave, -1, -1)
+            self._grave_used = False
+            native.decode(self.ctx, self._batch)
         self.forward_calls += 1
         self.tokens_evaluated += self._batch.n
         for r, idx in pending:
@@ -131,14 +154,14 @@ class LlamaCppRunner:
 
     def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         self._check_rows(len(prompts))
-        llama_cpp.llama_memory_clear(self._mem, True)
+        self._clear()
         self._lens = [len(p) for p in prompts]
         return self._run([(i, 0, list(p)) for i, p in enumerate(prompts)])
 
     def start_from_backend_cache(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         """`start([prompt])` from the backend's own KV cache of the prompt's first tokens (StartsFromBackendCache):
         the chat's prompt is cached there after an answer, so the loom computes only what is new."""
-        llama_cpp.llama_memory_clear(self._mem, True)
+        self._clear()
         reused = reuse_backend_state(self.backend, self.ctx, prompt, 0, limit=len(prompt) - 1)  # >= 1 token runs
         self._lens = [len(prompt)]
         return self._run([(0, reused, [int(t) for t in prompt[reused:]])]), reused
@@ -157,12 +180,22 @@ class LlamaCppRunner:
         return self._helper.submit(self.step, list(tokens))
 
     def reorder(self, rows: Sequence[int]) -> None:
+        """Row j continues old row `rows[j]` (beam search's parents; the loom's rows still running).
+
+        Cells that no row needs any more are not freed but kept by the graveyard sequence (masked out of every
+        row's attention, as any other sequence's cells are): llama.cpp 0.3.36 (CPU, flash attention) puts the
+        next tokens into freed cells, and then computes the remaining rows' logits up to ~1 away from the same
+        sequence decoded alone (a 6-row loom after its first row ended; keeping the cells: bit for bit,
+        tests/engine/test_decode_core.py). When the cache fills up, the graveyard is freed (`_flush`).
+        """
         b = len(self._lens)
         self._check_rows(b, spare=len(rows))  # each new row is parked under a spare sequence id
         for j, src in enumerate(rows):  # park each new row's source under a spare id first
             llama_cpp.llama_memory_seq_cp(self._mem, src, b + j, -1, -1)
         for i in range(b):
+            llama_cpp.llama_memory_seq_cp(self._mem, i, self._grave, -1, -1)  # its cells stay taken
             llama_cpp.llama_memory_seq_rm(self._mem, i, -1, -1)
+        self._grave_used = True
         for j in range(len(rows)):
             llama_cpp.llama_memory_seq_cp(self._mem, b + j, j, -1, -1)
             llama_cpp.llama_memory_seq_rm(self._mem, b + j, -1, -1)
@@ -178,7 +211,7 @@ class LlamaCppRunner:
     ) -> tuple[np.ndarray, list[RowState | None]]:
         """One `llama_batch` over rows (past_state_i, new_tokens_i); returns (B, V) logits and each row's state."""
         self._check_rows(len(rows))
-        llama_cpp.llama_memory_clear(self._mem, True)
+        self._clear()
         starts = []
         for i, (state, _) in enumerate(rows):
             if state is None:
@@ -194,7 +227,7 @@ class LlamaCppRunner:
         if keep_states:
             for i, (_, toks) in enumerate(rows):
                 states[i] = (starts[i] + len(toks), self._seq_bytes(i))
-        llama_cpp.llama_memory_clear(self._mem, True)
+        self._clear()
         return logits, states
 
     def _seq_bytes(self, seq: int) -> bytes:
@@ -221,7 +254,7 @@ class LlamaCppRunner:
         if bad:  # llama.cpp aborts on an out-of-range id
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
         spans = list(chunk_spans(len(ids), chunk, first))
-        llama_cpp.llama_memory_clear(self._mem, True)
+        self._clear()
         try:
             for lo, hi, keep in spans:
                 self._batch.clear()
@@ -235,7 +268,7 @@ class LlamaCppRunner:
                     yield np.stack([native.logits_row(self.ctx, i, self.n_vocab) for i in rows])  # (keep, V)
         finally:
             self._batch.clear()
-            llama_cpp.llama_memory_clear(self._mem, True)
+            self._clear()
 
     def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
         """(T, V) float32 log-probs at every position of `ids` (row t: the distribution of token t + 1)."""
@@ -246,4 +279,4 @@ class LlamaCppRunner:
             self._helper.shutdown(wait=True)  # a step still running uses the context
             self._helper = None
         native.free_context(self.ctx, self._batch)
-        self.ctx = self._batch = None
+        self.ctx = self._batch = None  # type: ignore[assignment]  # closed: a later use fails

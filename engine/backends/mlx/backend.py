@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import mlx.core as mx
 import numpy as np
@@ -43,7 +43,7 @@ class MlxBackend(CachedTokens, MlxSteering):  # steering: its layers wrapped whi
             self.model, config = load_model(Path(folder), trust_remote_code=trust_remote_code)
         except Exception as e:
             raise ModelLoadError(f"mlx-lm could not load the model in {folder}: {type(e).__name__}: {e}") from e
-        self._cache = None
+        self._cache: list[Any] | None = None  # mlx-lm's prompt cache, one entry per layer (made on first use)
         self._tokens: list[int] = []
         mx.reset_peak_memory()
         self.info = self._describe(folder, spec, display_name, config)
@@ -51,7 +51,7 @@ class MlxBackend(CachedTokens, MlxSteering):  # steering: its layers wrapped whi
     def _describe(self, folder: Path, spec: str, display_name: str, config: dict) -> ModelInfo:
         from mlx.utils import tree_flatten
 
-        params = tree_flatten(self.model.parameters())
+        params = cast(list[tuple[str, Any]], tree_flatten(self.model.parameters()))  # (name, array) pairs
         text_cfg = config.get("text_config", config)
         dtypes = {str(v.dtype).removeprefix("mlx.core.") for _, v in params}
         return ModelInfo(
@@ -65,7 +65,7 @@ class MlxBackend(CachedTokens, MlxSteering):  # steering: its layers wrapped whi
             vocab_size=int(text_cfg.get("vocab_size", 0)),
             bytes=sum(v.nbytes for _, v in params),
             backend=self.name,
-            device=f"{mx.default_device().type.name} (mlx {mx.__version__})",
+            device=f"{mx.default_device().type.name} (mlx {mx.__version__})",  # type: ignore[attr-defined]
         )
 
     def numeric_facts(self) -> NumericSetup:

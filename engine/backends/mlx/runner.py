@@ -22,7 +22,7 @@ class MlxRunner:
         self.model = model
         self.pad_id = pad_id
         self.forward_calls = 0
-        self._cache = None
+        self._cache: list[Any] | None = None  # BatchKVCache per layer, once started
 
     def _new_cache(self, left_padding: Sequence[int]) -> list:
         from mlx_lm.models.cache import BatchKVCache
@@ -49,7 +49,7 @@ class MlxRunner:
 
     def reorder(self, rows: Sequence[int]) -> None:
         idx = self.mx.array(list(rows), dtype=self.mx.int32)
-        for c in self._cache:
+        for c in self._cache or ():
             c.filter(idx)
 
     def supports_row_states(self) -> bool:
@@ -69,17 +69,18 @@ class MlxRunner:
         out_logits: list[np.ndarray | None] = [None] * len(rows)
         states: list[RowState | None] = [None] * len(rows)
         for n, members in groups.items():
-            past_lens = [0 if rows[i][0] is None else rows[i][0][0][0].shape[1] for i in members]
+            past: list[Any] = [rows[i][0] for i in members]  # each row's (K, V) per layer, or None
+            past_lens = [0 if st is None else st[0][0].shape[1] for st in past]
             lmax = max(past_lens)
             cache = self._new_cache([lmax - p for p in past_lens])
             if lmax:
-                template = next(rows[i][0] for i in members if rows[i][0] is not None)
+                template = next(st for st in past if st is not None)
                 for layer, c in enumerate(cache):
                     h, d = template[layer][0].shape[0], template[layer][0].shape[2]
                     ks, vs = [], []
                     for i, p in zip(members, past_lens):
                         pad = mx.zeros((h, lmax - p, d), dtype=template[layer][0].dtype)
-                        st = rows[i][0]
+                        st: Any = rows[i][0]
                         ks.append(mx.concatenate([pad, st[layer][0]], axis=1) if st is not None else mx.zeros((h, lmax, d), pad.dtype))
                         vs.append(mx.concatenate([pad, st[layer][1]], axis=1) if st is not None else mx.zeros((h, lmax, d), pad.dtype))
                     c.update_and_fetch(mx.stack(ks), mx.stack(vs))  # (B, H, Lmax, D); offsets become the true lengths
@@ -92,7 +93,7 @@ class MlxRunner:
                     states[i] = tuple(
                         (c.keys[j, :, lmax - p : lmax + n], c.values[j, :, lmax - p : lmax + n]) for c in cache
                     )
-        return np.stack(out_logits), states
+        return np.stack(out_logits), states  # type: ignore[arg-type]  # every row is in one group
 
     @staticmethod
     def state_nbytes(state: RowState) -> int:

@@ -96,7 +96,7 @@ def _complete(client: ServerClient, model: str, **body) -> dict | None:
 def _top(doc: dict | None) -> int:
     """How many alternatives the first generated token came with."""
     try:
-        lp = doc["choices"][0]["logprobs"]
+        lp = doc["choices"][0]["logprobs"]  # type: ignore[index]  # None (a refused probe) is caught below
         if lp.get("content"):  # llama.cpp server / chat-style
             return len(lp["content"][0].get("top_logprobs") or [])
         return len(lp["top_logprobs"][0] or {})

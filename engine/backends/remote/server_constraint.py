@@ -71,5 +71,5 @@ def _gbnf(constraint: Constraint) -> str | None:
     if constraint.kind == "gbnf" and "::=" in constraint.text:
         return constraint.text
     if constraint.kind == "choice":
-        return "root ::= " + " | ".join(json.dumps(o) for o in constraint.choices())
+        return "root ::= " + " | ".join(json.dumps(o) for o in constraint.choices() or ())
     return None

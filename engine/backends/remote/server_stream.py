@@ -98,12 +98,13 @@ def server_choice_events(
         for chunk in stream:
             if not isinstance(chunk, dict):
                 raise ServerResponseError(f"{host} streamed an event that is not a JSON object: {repr(chunk)[:60]}")
-            usage = chunk.get("usage") if isinstance(chunk.get("usage"), dict) else {}
+            given_usage = chunk.get("usage")
+            usage = given_usage if isinstance(given_usage, dict) else {}
             given = usage.get("prompt_tokens")
             prompt_len = given if isinstance(given, int) and not isinstance(given, bool) and given > 0 else prompt_len
             listed = chunk.get("choices")
             real = isinstance(listed, list) and bool(listed)
-            for choice in listed if real else [{}]:  # a usage chunk has no choices
+            for choice in listed if isinstance(listed, list) and real else [{}]:  # a usage chunk has no choices
                 i = choice.get("index", 0) if n > 1 and isinstance(choice, dict) else 0
                 if not isinstance(i, int) or not 0 <= i < n:
                     log.warning("%s streamed choice %r of the %d asked for: ignored", host, i, n)
@@ -156,7 +157,7 @@ def _request(backend, request: GenerationRequest) -> tuple[str, dict, int, int |
     body |= constraint_fields(request.constraint, caps.kind, chat, backend.client.options.host)  # before any request
     if chat:
         path = "/chat/completions"  # the server applies the model's own chat template
-        body["messages"] = [dict(m) for m in request.messages]
+        body["messages"] = [dict(m) for m in request.messages or ()]
         if n_top:
             body |= {"logprobs": True, "top_logprobs": min(n_top, CHAT_TOP_LOGPROBS_MAX)}
     else:

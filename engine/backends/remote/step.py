@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from engine.backends.remote import checks
 from engine.backends.remote.client import ServerClient
@@ -114,7 +115,7 @@ def next_token_top(
     kind: str,
 ) -> list[tuple[int, str, float]]:
     """The server's top-n (id, text, logprob) for the next token after `prompt` (one max_tokens=1 request)."""
-    body = {"model": model, "prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": 1,
+    body: dict[str, Any] = {"model": model, "prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": 1,
             "logprobs": n, "temperature": 0}
     if kind in ("vllm", "sglang"):
         body["return_tokens_as_token_ids"] = True

@@ -218,8 +218,9 @@ class RemoteTokenizer(Tokenizer):
         if self._pieces_compose and key and key[0] not in self._bos:
             # Its detokenize concatenates token pieces (llama_token_to_piece), so known pieces need no request.
             pieces = [self._exact_piece.get(i) for i in key]
-            if all(p is not None for p in pieces):
-                return "".join(pieces)
+            known = [p for p in pieces if p is not None]
+            if len(known) == len(pieces):
+                return "".join(known)
         if key in self._decoded:
             return self._decoded[key]
         text = self._decode_on_server(list(key))
@@ -274,7 +275,7 @@ class RemoteTokenizer(Tokenizer):
             return
         batchable = [t for t in new if self._separator is not None and self._separator[0] not in t]
         results: dict[str, list[int]] = {}
-        if len(batchable) > 1:
+        if len(batchable) > 1 and self._separator is not None:
             text, sep = self._separator
             ids = self._tokenize(text.join(batchable))[len(self._bos) :]
             parts: list[list[int]] = [[]]

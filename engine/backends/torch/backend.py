@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -116,13 +117,13 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
             else:
                 model = AutoModelForCausalLM.from_pretrained(
                     str(folder), dtype=self.dtype, trust_remote_code=trust_remote_code
-                ).to(self.device)
+                ).to(self.device)  # type: ignore[arg-type]  # transformers' stub of `to` wants a model
         except (ValueError, ModelLoadError):
             raise
         except Exception as e:
             raise ModelLoadError(f"could not load the model in {folder}: {type(e).__name__}: {e}") from e
         self.model = model.eval()
-        self._cache = None
+        self._cache: Any = None  # GrowingCache (or transformers' own), made by the first forward
         self._tokens: list[int] = []
         self.info = self._describe(folder, spec, display_name)
         self.compiled = None  # CompiledDecodeStep, swapped in by forward() once its thread has built it
@@ -272,6 +273,7 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
     def _lean_step(self, token: int) -> torch.Tensor:
         """One token through the lean step; its first use per model is checked against transformers' forward."""
         lean = self.lean
+        assert lean is not None  # forward() takes this path only with a lean step
         if lean.verified:
             return lean.step(token, self._cache, self.steering_tensor())
         try:

@@ -53,6 +53,10 @@ class GrowingLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = True
     is_compileable = False
+    # Allocated by `lazy_initialization` on the first update, before anything reads them (transformers types
+    # them Optional for layers that may stay empty).
+    keys: torch.Tensor
+    values: torch.Tensor
 
     def __init__(self, *, limit: int | None = None, grow_step: int = GROW_STEP):
         super().__init__()
@@ -123,8 +127,8 @@ class GrowingLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write (B, H, T, D) new keys/values in place; return views of what attention reads."""
         if self.static:
-            self.keys.index_copy_(2, self.position, key_states)
-            self.values.index_copy_(2, self.position, value_states)
+            self.keys.index_copy_(2, self.position, key_states)  # type: ignore[arg-type]  # set in static mode
+            self.values.index_copy_(2, self.position, value_states)  # type: ignore[arg-type]
             return self.keys, self.values
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -149,7 +153,8 @@ class GrowingLayer(CacheLayerMixin):
         return self.length - kv_offset + query_length(query), kv_offset
 
     def get_seq_length(self) -> int:
-        return self.position if self.static else self.length
+        # Static mode: the (1,) position tensor, so a compiled graph does not specialise on the length.
+        return self.position if self.static else self.length  # type: ignore[return-value]
 
     def get_max_length(self) -> int:
         return -1

@@ -33,6 +33,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -95,7 +97,7 @@ class CompiledDecodeStep:
 
     def __init__(self, model, *, tolerance: float | None = None):
         """`tolerance`: a fixed bound on the check's relative error (default: per dtype, see the module's notes)."""
-        self.step = None  # (ids (1, 1), GrowingCache) -> logits (1, 1, V), once ready
+        self.step: Callable[..., Any] | None = None  # (ids (1, 1), GrowingCache) -> logits (1, 1, V), once ready
         self.error: BaseException | None = None
         self._model = model
         self._tolerance = tolerance

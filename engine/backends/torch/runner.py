@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -52,9 +52,9 @@ class TorchRunner:
         self.pad_id = pad_id
         self.new_cache = new_cache
         self.forward_calls = 0
-        self._cache = None
-        self._mask = None  # (B, T_so_far) 0/1: which cached positions are real
-        self._next_pos = None  # (B,) position id of each row's next token
+        self._cache: Any = None  # transformers' cache of the rows (None before `start`)
+        self._mask: Any = None  # (B, T_so_far) 0/1: which cached positions are real
+        self._next_pos: Any = None  # (B,) position id of each row's next token
 
     def _call(self, ids, mask, positions, cache):
         foreground_step()  # a compile under way in the background pauses while the loom runs
@@ -224,7 +224,7 @@ class TorchRunner:
                         torch.cat([layer.keys[i, :, lmax - p : lmax], layer.keys[i, :, lmax + smax - n :]], dim=1),
                         torch.cat([layer.values[i, :, lmax - p : lmax], layer.values[i, :, lmax + smax - n :]], dim=1),
                     )
-                    for layer in cache.layers
+                    for layer in cast(Any, cache).layers  # full-attention layers: keys and values
                 )  # per layer: (H, p+n, D) keys and values
         return logits, states
 
