@@ -151,7 +151,10 @@ def test_a_served_request_streams_into_a_conversation_while_the_windows_chat_wai
     chat = w.on_send("Say hi.")
     qtbot.waitUntil(lambda: w.controller.busy, timeout=5000)
     mine = w.library.current.path()[-1]
-    waiting_seen = not client.finished.is_set() and not w.library.current.tokens(mine)
+    qtbot.waitUntil(lambda: w.chat.chat_view.widget_for(mine.id) is not None, timeout=5000)
+    footer = w.chat.chat_view.widget_for(mine.id).footer.text()  # what the person sees under the chat's answer
+    waiting_seen = not client.finished.is_set() and not w.library.current.tokens(mine) and \
+        "waiting for the model" in footer
     qtbot.waitUntil(chat.done, timeout=MODEL_WAIT_MS)
     assert chat.exception() is None and answered(w)
     assert waiting_seen, "the chat's answer should have waited while the served one streamed"
