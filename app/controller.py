@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from engine import GenerationRequest, GenerationStats, TokenEvent, reasoning
+from engine import GenerationRequest, GenerationStats, TokenEvent, loom, reasoning
 
 from app.engine_host import EngineHost, describe_error
 from app.experiments import model_reasoning_format
 from app.notebook import Prompt, prompt_for, prompt_ids
+from app.off_thread import to_loop
 from app.state.conversation import Conversation, Message
 from app.state.library import Library
 from app.state.model_match import other_model_notice
@@ -89,8 +90,11 @@ class ChatController:
         self._interrupted_by: str | None = None  # a signal asked the app to quit
         self._save_busy = False  # the last failed write met another connection's write lock (not a real failure)
         self.notice = Signal()  # (str) something the user should know about an answer that goes on anyway
-        # What an answer runs on, given the loaded engine: the loom's step mode wraps it (app/loom_controller.py).
-        self.engine_for_run: Callable[[Any], Any] = lambda engine: engine
+        # Step mode (the loom panel switches it: app/loom_controller.py): while on, an answer of a local model
+        # is submitted with this gate and waits at every distribution for the user's pick (`step_waiting`).
+        self.step_gate = loom.StepGate(self._on_step_waiting)
+        self.step_waiting = Signal()  # (TokenEvent) the distribution waiting for the pick, on the loop
+        self._step_hop: Callable[..., None] | None = None  # the running loop's way in, from the model's thread
 
     def last_answer_seed(self) -> int | None:
         """The seed of the open conversation's latest answer (saved with it, so it survives a restart);
@@ -331,6 +335,10 @@ class ChatController:
             await store.wait_writable()
             self._check_idle()  # another action may have started while this one waited
 
+    def _on_step_waiting(self, preview: TokenEvent) -> None:  # the model's worker thread
+        if self._step_hop is not None:
+            self._step_hop(preview)
+
     def _tell_other_model(self, message: Message) -> None:
         """Continuing another model's tokens on the loaded one: say so (its token ids may mean other tokens)."""
         engine = self.host.engine
@@ -399,7 +407,10 @@ class ChatController:
             if self._stop_requested:  # Stop pressed while waiting for the model
                 self._save(conv, message, lambda: conv.update_message(message, finish_reason="cancelled"))
                 return
-            self._stream = stream = TokenStream(self.engine_for_run(engine), request)
+            step = self.step_gate if self.step_gate.stepping and info.runs_locally else None
+            if step is not None:
+                self._step_hop = to_loop(self.step_waiting.emit)
+            self._stream = stream = TokenStream(engine, request, step=step)
             offset = len(prefix)
             last_flush = loop.time()
             async for batch in stream.batches():

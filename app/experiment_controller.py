@@ -253,12 +253,10 @@ class ScoreRun(ExperimentRun):
 
     async def _run(self, host: EngineHost) -> None:
         engine = await host.wait_engine()
-
-        def work(backend) -> tuple[experiments.ScoreResult, str]:  # on the model's worker thread
-            result = experiments.score(backend, self.text, top_n=self.top_n, cancelled=self._stop.is_set)
-            return result, engine.tokenizer.decode(list(result.token_ids[: result.context]))
-
-        self.result, self.context_text = await asyncio.wrap_future(engine.call(work))
+        result = await asyncio.wrap_future(engine.start_score(self.text, top_n=self.top_n, cancel=self._stop))
+        # The context's text: a decode of its tokens, off the UI thread.
+        context_text = await host.off_ui_thread(engine.tokenizer.decode, list(result.token_ids[: result.context]))
+        self.result, self.context_text = result, context_text
 
 
 class ExperimentController:

@@ -2,7 +2,10 @@
 
 Runs only when the user opens the view (the inspector's Layers tab): the
 engine's worker runs it between generations, never inside one, so the
-decode loop is not slowed while the view is closed. A position of the
+decode loop is not slowed while the view is closed. The prompt's tokens
+(the chat template renders) and the tokens' texts are made off the UI
+thread, as the chat's are; the app asks the engine for the capture by name
+(`Engine.start_layer_capture`) and never holds the model itself. A position of the
 layer view is the index of a predicted token in prompt + answer, so the
 answer's token i is position `len(prompt) + i`.
 
@@ -16,11 +19,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
-from engine import lens
+from engine import Engine, lens
 
 from app.engine_host import EngineHost
 from app.notebook import Prompt, prompt_for
@@ -67,24 +70,26 @@ async def layer_view(host: EngineHost, conv: Conversation, message: Message, ind
     history, answer = answer_parts(conv, message)
     if not 0 <= index < len(answer):
         raise ValueError(f"the answer has no token {index + 1}")
+    prompt = await host.off_ui_thread(history.token_ids, engine.tokenizer)
+    ids = prompt + answer
+    position = len(prompt) + index
+    (capture,) = await asyncio.wrap_future(engine.start_layer_capture(ids, [position], top_k=TOP_K, attention=True))
+    top_ids = {t for layer in capture.layers for t, _ in layer.top} | {capture.target_id}
+    token_texts, top_texts = await host.off_ui_thread(_texts, engine, ids[:position], top_ids)
+    return LensView(
+        index=index,
+        capture=capture,
+        token_texts=token_texts,
+        answer_start=len(prompt),
+        top_texts=top_texts,
+        model_name=engine.info.name,
+    )
 
-    def work(backend: Any) -> LensView:  # the model's worker thread
-        prompt = history.token_ids(engine.tokenizer)
-        ids = prompt + answer
-        position = len(prompt) + index
-        capture = lens.capture(backend, ids, [position], top_k=TOP_K, attention=True)[0]
-        decode = engine.tokenizer.decode
-        top_ids = {t for layer in capture.layers for t, _ in layer.top} | {capture.target_id}
-        return LensView(
-            index=index,
-            capture=capture,
-            token_texts=tuple(decode([t]) for t in ids[:position]),
-            answer_start=len(prompt),
-            top_texts={t: decode([t]) for t in top_ids},
-            model_name=backend.info.name,
-        )
 
-    return await asyncio.wrap_future(engine.call(work))
+def _texts(engine: Engine, ids: Sequence[int], top_ids: set[int]) -> tuple[tuple[str, ...], dict[int, str]]:
+    """(the text of each of `ids`, id -> text for `top_ids`): off the UI thread, a decode per token."""
+    decode = engine.tokenizer.decode
+    return tuple(decode([t]) for t in ids), {t: decode([t]) for t in top_ids}
 
 
 def heatmap_columns(n_answer: int, center: int, width: int = HEATMAP_WIDTH) -> tuple[int, ...]:
@@ -103,10 +108,7 @@ async def heatmap(host: EngineHost, conv: Conversation, message: Message, indice
     """The chosen tokens' per-layer probabilities at the answer tokens `indices`, on the model's worker."""
     engine = await host.wait_engine()
     history, answer = answer_parts(conv, message)
-
-    def work(backend: Any) -> LensHeatmap:  # the model's worker thread
-        prompt = history.token_ids(engine.tokenizer)
-        captures = lens.capture(backend, prompt + answer, [len(prompt) + i for i in indices], top_k=1)
-        return LensHeatmap(indices=indices, probs=np.stack([c.target_probs for c in captures], axis=1))
-
-    return await asyncio.wrap_future(engine.call(work))
+    prompt = await host.off_ui_thread(history.token_ids, engine.tokenizer)
+    captures = await asyncio.wrap_future(
+        engine.start_layer_capture(prompt + answer, [len(prompt) + i for i in indices], top_k=1))
+    return LensHeatmap(indices=indices, probs=np.stack([c.target_probs for c in captures], axis=1))

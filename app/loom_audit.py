@@ -3,7 +3,7 @@
 The loom makes N children as rows of one batch; a chat answer is decoded alone. With the same seeds and settings
 a row should come out the same either way: on llama.cpp's CPU backend bit for bit (an audit reports 0), on
 other backends within float rounding (the audit reports what it finds). Each child is rerun from what it stored
-(engine.experiments.audit.audit_rows on the model's worker thread), through the same recipe Replay uses.
+(`Engine.start_audit_rows`, on the model's worker thread), through the same recipe Replay uses.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from engine import experiments
-from engine.experiments.audit import LoomAudit, audit_rows
+from engine import LoomAudit, experiments
 
 from app.experiments import other_model, recipe_for
 from app.state.conversation import Conversation, Message
@@ -46,4 +45,4 @@ async def audit_question(host: Any, conv: Conversation, message: Message) -> Loo
         raise ValueError("no loom continuations here to audit: make some with Continue ×N first")
     engine = await host.wait_engine()
     rows = audit_inputs(conv, children, engine.info)
-    return await asyncio.wrap_future(engine.call(lambda backend: audit_rows(backend, rows)))
+    return await asyncio.wrap_future(engine.start_audit_rows(rows))

@@ -13,8 +13,9 @@ model can; this controller runs it on the model's worker thread and carries
 its events to the event loop. One loom run at a time, and never during a
 chat answer (they share the model).
 
-Step mode wraps the chat's next answer (`ChatController.engine_for_run`) so
-the decode loop waits for the user's pick after every distribution.
+Step mode is the chat's step gate (`ChatController.step_gate`): switched on
+here, the chat submits its next answers with it (`Engine.submit(..., step=)`),
+and the decode loop waits for the user's pick after every distribution.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine import Done, GenerationRequest, TokenEvent, loom, reasoning
-from engine.fingerprint import rows_with_fingerprint
+from engine import Done, Engine, GenerationRequest, TokenEvent, loom, reasoning
 
 from app.controller import TOP_N, Busy, ChatController
 from app.engine_host import describe_error
@@ -39,6 +39,7 @@ from app.state.model_record import model_record
 from app.state.observable import Signal
 from app.state.servers import server_samples
 from app.state.store import DatabaseBusy
+from app.token_stream import FrameHop
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +87,10 @@ class LoomController:
         self.children_added = Signal()  # (list[Message]) a run's children exist (they fill as tokens arrive)
         self.error = Signal()  # (str)
         self.notice = Signal()  # (str) something the user should know about a run that goes on anyway
-        self.step_waiting = Signal()  # (TokenEvent) step mode: the distribution waiting for the user's pick
+        self.step_waiting = chat.step_waiting  # (TokenEvent) step mode: the distribution waiting for the user's pick
         self.stepping_changed = Signal()  # (bool)
-        self.gate = loom.StepGate(self._on_step_waiting)
+        self.gate = chat.step_gate  # the chat's answers go through it while step mode is on
         self._cancel: threading.Event | None = None  # the run under way's; None when idle
-        self._loop: asyncio.AbstractEventLoop | None = None
-        chat.engine_for_run = self._engine_for_chat
 
     @property
     def busy(self) -> bool:
@@ -232,53 +231,42 @@ class LoomController:
         what was not written and writes it again from the event loop (`ChatController.retry_saving`)."""
         self.chat._save(conv, children[0] if children else None, write)
 
-    async def _stream(self, engine, conv: Conversation, children: list[Message], request: GenerationRequest,
+    async def _stream(self, engine: Engine, conv: Conversation, children: list[Message], request: GenerationRequest,
                       n: int, mode: str, cancel: threading.Event, offset: int) -> None:
-        """Run the children on the model's thread; their events reach the loop in order, a frame's worth at a time."""
-        loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue[list[loom.RowEvent] | BaseException | None] = asyncio.Queue()
-        pending: list[loom.RowEvent] = []
-        lock = threading.Lock()
+        """Run the children on the model's thread; their events reach the loop in order, a frame's worth at a time
+        (the chat's FrameHop), then the rows' end (None) or the error that ended them."""
+        inbox: asyncio.Queue[list[loom.RowEvent | BaseException | None]] = asyncio.Queue()
+        hop: FrameHop[loom.RowEvent | BaseException | None] = FrameHop(asyncio.get_running_loop(), inbox.put_nowait)
+        rows = engine.start_loom_rows(request, n, hop.put, mode=mode, cancel=cancel)
+        # Runs on the worker thread after its last event (or at once, if the rows already ended): the end follows them.
+        rows.add_done_callback(lambda f: hop.put(None if f.cancelled() or f.exception() is None else f.exception()))
+        while True:
+            items = await inbox.get()
+            ended = items[-1] is None or isinstance(items[-1], BaseException)
+            events = [ev for ev in items if isinstance(ev, loom.RowEvent)]
+            self._take(conv, children, events, offset)
+            if isinstance(items[-1], BaseException):
+                raise items[-1]
+            if ended:
+                return
 
-        def deliver() -> None:
-            with lock:
-                batch = pending[:]
-                pending.clear()
-            inbox.put_nowait(batch)
-
-        def job(backend) -> None:  # the model's worker thread
-            try:
-                rows = loom.continuation_events(backend, request, n, mode=mode, cancel=cancel)  # type: ignore[arg-type]
-                for ev in rows_with_fingerprint(backend, request, n, rows):
-                    with lock:
-                        first = not pending
-                        pending.append(ev)
-                    if first:
-                        loop.call_soon_threadsafe(deliver)
-                loop.call_soon_threadsafe(deliver)
-                loop.call_soon_threadsafe(inbox.put_nowait, None)
-            except BaseException as e:  # noqa: BLE001 - re-raised on the loop
-                loop.call_soon_threadsafe(inbox.put_nowait, e)
-
-        engine.call(job)
-        while (item := await inbox.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            by_row: dict[int, list[TokenEvent]] = {}
-            for ev in item:
-                child = children[ev.row]
-                if isinstance(ev.event, Done):
-                    if by_row.get(ev.row):
-                        conv.append_tokens(child, by_row.pop(ev.row))
-                    stats = {k: v for k, v in ev.event.stats.to_dict().items() if k not in ("text", "token_ids")}
-                    finish = ev.event.stats.finish_reason
-                    self._save(conv, [child], lambda c=child, f=finish, st=stats: conv.update_message(
-                        c, finish_reason=f, stats=st))
-                else:
-                    by_row.setdefault(ev.row, []).append(replace(ev.event, index=offset + ev.event.index))
-            for row, events in by_row.items():
-                conv.append_tokens(children[row], events)
-            self._save(conv, children, conv.flush)  # a busy database: the tokens wait in memory, the run goes on
+    def _take(self, conv: Conversation, children: list[Message], item: list[loom.RowEvent], offset: int) -> None:
+        """One frame's row events into the children: tokens appended, a finished row's stats and end written."""
+        by_row: dict[int, list[TokenEvent]] = {}
+        for ev in item:
+            child = children[ev.row]
+            if isinstance(ev.event, Done):
+                if by_row.get(ev.row):
+                    conv.append_tokens(child, by_row.pop(ev.row))
+                stats = {k: v for k, v in ev.event.stats.to_dict().items() if k not in ("text", "token_ids")}
+                finish = ev.event.stats.finish_reason
+                self._save(conv, [child], lambda c=child, f=finish, st=stats: conv.update_message(
+                    c, finish_reason=f, stats=st))
+            else:
+                by_row.setdefault(ev.row, []).append(replace(ev.event, index=offset + ev.event.index))
+        for row, events in by_row.items():
+            conv.append_tokens(children[row], events)
+        self._save(conv, children, conv.flush)  # a busy database: the tokens wait in memory, the run goes on
 
     # -- step mode ------------------------------------------------------------------------------
 
@@ -295,18 +283,6 @@ class LoomController:
     def pick(self, token_id: int | None) -> None:
         """Answer the waiting distribution: a token id, or None for the sampler's own pick."""
         self.gate.pick(token_id)
-
-    def _engine_for_chat(self, engine: Any) -> Any:
-        """What the chat's next answer runs on: through the step gate while step mode is on (local models)."""
-        if self.gate.stepping and engine.info.runs_locally:
-            self._loop = asyncio.get_running_loop()
-            return loom.SteppedEngine(engine, self.gate)
-        return engine
-
-    def _on_step_waiting(self, preview: TokenEvent) -> None:  # the model's worker thread
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self.step_waiting.emit, preview)
 
     # -- plumbing -------------------------------------------------------------------------------
 

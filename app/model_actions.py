@@ -35,6 +35,7 @@ from engine import (
 
 from app.action_context import ActionContext
 from app.engine_host import LoadState, describe_error
+from app.off_thread import run_off_thread
 from app.state.runtime_choices import remember_runtime, saved_runtime
 from app.state.servers import ApiKeys, prepare_connection, remember_server
 from app.widgets.connect_dialog import ConnectChoice, ConnectDialog
@@ -221,11 +222,8 @@ class ModelActions:
         return self._ctx.spawn(self._download_default_model())
 
     async def _download_default_model(self) -> bool:
-        loop = asyncio.get_running_loop()
-
-        def progress(message: str, fraction: float | None) -> None:  # download thread
-            text = message if fraction is None else f"{message}: {fraction:.0%}"
-            loop.call_soon_threadsafe(self._ctx.notify, text, 0)
+        def progress(message: str, fraction: float | None) -> None:  # on the loop, for each report of the download
+            self._ctx.notify(message if fraction is None else f"{message}: {fraction:.0%}", 0)
 
         self._downloading = True
         self._update_controls()
@@ -233,7 +231,8 @@ class ModelActions:
         try:
             # A plain thread, not the loop's default executor (qasync's QThreads outlive a closed window).
             with ThreadPoolExecutor(1, thread_name_prefix="logitlab-download") as pool:
-                await asyncio.wrap_future(pool.submit(download_default_model, progress))
+                await run_off_thread(lambda state: download_default_model(state.report), on_progress=progress,
+                                     executor=pool)
         except EngineError as e:
             self._ctx.notify("", 0)
             box = QMessageBox(

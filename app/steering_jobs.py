@@ -21,6 +21,7 @@ from engine import ModelInfo, steering as steer
 
 from app.engine_host import EngineHost
 from app.lens_jobs import answer_parts
+from app.off_thread import to_loop
 from app.state.conversation import Conversation, Message
 from app.state.observable import Signal
 from app.steering_shadows import SteeringShadows
@@ -76,7 +77,7 @@ class SteeringJobs:
             return
         name = engine.info.name
         try:
-            shape = await asyncio.wrap_future(engine.call(_shape_of))
+            shape = await asyncio.wrap_future(engine.start_residual_shape())
         except Exception as e:  # noqa: BLE001 - the panel says it cannot steer; the chat goes on
             log.warning("could not read the steering shape of %s: %s", name, e)
             shape = None
@@ -106,22 +107,13 @@ class SteeringJobs:
         engine = await self.host.wait_engine()
         if self.state.can_steer is False:
             raise steer.SteeringError(self.cannot_steer_text())
-        loop = asyncio.get_running_loop()
         cancel = self._cancel = threading.Event()
-
-        def progress(done: int, total: int) -> None:  # the model's worker thread
-            try:
-                loop.call_soon_threadsafe(self.training_progress.emit, done, total)
-            except RuntimeError:  # the loop is gone: nobody is watching
-                pass
-
-        def work(backend: Any) -> steer.SteeringVector:  # the model's worker thread
-            return steer.train_vector(backend, pairs, method=method, name=name, cancelled=cancel.is_set,
-                                      progress=progress)
+        progress = to_loop(self.training_progress.emit)  # called on the model's worker thread, emitted on the loop
 
         self.training_changed.emit(True)
         try:
-            vector = await asyncio.wrap_future(engine.call(work))
+            vector = await asyncio.wrap_future(engine.start_train_steering_vector(
+                pairs, method=method, name=name, cancel=cancel, progress=progress))
         finally:
             self._cancel = None
             self.training_changed.emit(False)
@@ -150,15 +142,13 @@ class SteeringJobs:
         if not 0 <= index < len(answer):
             raise ValueError(f"the answer has no token {index + 1}")
 
-        def work(backend: Any) -> EffectView:  # the model's worker thread
-            prompt = history.token_ids(engine.tokenizer)
-            effect = steer.steering_effect(backend, prompt + answer, len(prompt) + index, steering, top_k=TOP_K)
-            ids = {effect.token_id} | {t for t, _ in effect.steered_top + effect.unsteered_top} | {
-                s.token_id for s in effect.risers + effect.fallers}
-            decode = engine.tokenizer.decode
-            return EffectView(message.id, index, effect, {t: decode([t]) for t in ids})
-
-        return await asyncio.wrap_future(engine.call(work))
+        prompt = await self.host.off_ui_thread(history.token_ids, engine.tokenizer)  # the template renders
+        effect = await asyncio.wrap_future(
+            engine.start_steering_effect(prompt + answer, len(prompt) + index, steering, top_k=TOP_K))
+        ids = {effect.token_id} | {t for t, _ in effect.steered_top + effect.unsteered_top} | {
+            s.token_id for s in effect.risers + effect.fallers}
+        texts = await self.host.off_ui_thread(_texts_of, engine.tokenizer, ids)
+        return EffectView(message.id, index, effect, texts)
 
     async def shadow(self, conv: Conversation, message: Message) -> steer.SteeringShadow:
         """Every token of a steered answer scored without its steering (KL per token: the colour mode)."""
@@ -170,16 +160,11 @@ class SteeringJobs:
         if not answer:
             raise ValueError("the answer has no tokens yet")
 
-        def work(backend: Any) -> steer.SteeringShadow:  # the model's worker thread
-            prompt = history.token_ids(engine.tokenizer)
-            return steer.unsteered_shadow(backend, prompt + answer, len(prompt), steering)
-
-        return await asyncio.wrap_future(engine.call(work))
+        prompt = await self.host.off_ui_thread(history.token_ids, engine.tokenizer)  # the template renders
+        return await asyncio.wrap_future(engine.start_unsteered_shadow(prompt + answer, len(prompt), steering))
 
 
-def _shape_of(backend: Any) -> steer.ResidualShape | None:
-    """The loaded model's residual shape when it can steer, else None (on the worker thread)."""
-    if not steer.can_steer(backend):
-        return None
-    return backend.residual_shape()
+def _texts_of(tokenizer: Any, ids: set[int]) -> dict[int, str]:
+    """id -> text for each of `ids` (off the UI thread)."""
+    return {t: tokenizer.decode([t]) for t in ids}
 

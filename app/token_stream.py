@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Generic, TypeVar
 
-from engine import Done, Engine, GenerationRequest, GenerationStats, TokenEvent
+from engine import Done, Engine, GenerationRequest, GenerationStats, TokenEvent, loom
 
 FRAME_S = 1 / 60
 T = TypeVar("T")
@@ -74,12 +74,13 @@ class FrameHop(Generic[T]):
 class TokenStream:
     """`async for batch in stream.batches()`: lists of `TokenEvent`s; then `stats` holds the final stats."""
 
-    def __init__(self, engine: Engine, request: GenerationRequest, frame_s: float = FRAME_S):
+    def __init__(self, engine: Engine, request: GenerationRequest, frame_s: float = FRAME_S, *,
+                 step: loom.StepGate | None = None):
         self._batches: asyncio.Queue[list[TokenEvent | Done | BaseException]] = asyncio.Queue()
         self._hop: FrameHop[TokenEvent | Done | BaseException] = FrameHop(
             asyncio.get_running_loop(), self._batches.put_nowait, frame_s)
         self.stats: GenerationStats | None = None
-        self.handle = engine.submit(request, self._on_event)
+        self.handle = engine.submit(request, self._on_event, step=step)  # step: step mode's gate, or None
 
     def cancel(self) -> None:
         """Stop before the next token; the tokens already made still arrive, then `Done`."""

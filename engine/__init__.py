@@ -27,6 +27,7 @@ from engine.errors import (
 from engine.events import ConstraintStep, Done, GenerationStats, Rewind, StageSnapshot, TokenEvent, TokenProb
 from engine.constraints import KIND_LABELS as CONSTRAINT_KINDS, Constraint, ConstraintError
 from engine import experiments  # score, compare, token diff, JSONL traces (engine.experiments)
+from engine.experiments.audit import LoomAudit  # what Engine.start_audit_rows gives (the loom's audit)
 from engine import loom  # N continuations from one prefix, step mode (engine.loom)
 from engine import library  # models on this machine, and downloads (engine.library)
 from engine import chat_templates  # built-in and chosen chat templates, which one a model uses
@@ -94,6 +95,7 @@ __all__ = [
     "GenerationStats",
     "HubUnreachableError",
     "ImportedSettings",
+    "LoomAudit",
     "ModelInfo",
     "ModelLoadError",
     "ModelNotFoundError",

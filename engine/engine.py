@@ -17,7 +17,12 @@ from engine.request import GenerationRequest
 from engine.worker import EventCallback, GenerationHandle, ModelWorker
 
 if TYPE_CHECKING:
+    from engine.events import TokenEvent
     from engine.experiments import CompareResult, ScoreResult
+    from engine.experiments.audit import LoomAudit
+    from engine.fingerprint import Fingerprint
+    from engine.lens import LayerCapture
+    from engine.loom import RowEvent, StepGate
     from engine.steering import PairSet, ResidualShape, Steering, SteeringEffect, SteeringShadow, SteeringVector
     from engine.sampling.settings import SamplerSettings
 
@@ -83,9 +88,21 @@ class Engine:
         return round_trip_s(ready.result())
 
     def call(self, fn: Callable[[Backend], T]) -> Future[T]:
+        """Run `fn(backend)` on the model's worker thread: for engine code, the CLI and benchmarks. The window
+        never does (tests/app/test_boundaries.py): it asks for what it needs by name (the `start_*` methods)."""
         return self._worker.call(fn)
 
-    def submit(self, request: GenerationRequest, on_event: EventCallback) -> GenerationHandle:
+    def submit(self, request: GenerationRequest, on_event: EventCallback, *,
+               step: "StepGate | None" = None) -> GenerationHandle:
+        """Queue a generation; `on_event` gets every event on the worker thread.
+
+        `step`: step mode (engine.loom.StepGate) -- the decode loop waits at every distribution for the
+        gate's pick; for models that run here through the shared decode loop (refused in words otherwise).
+        """
+        if step is not None:
+            from engine.loom import SteppedEngine
+
+            return SteppedEngine(self, step).submit(request, on_event)
         return self._worker.submit(request, on_event)
 
     def generate(self, request: GenerationRequest) -> Iterator[Event]:
@@ -145,10 +162,21 @@ class Engine:
         cancel: "threading.Event | None" = None,
     ) -> "ScoreResult":
         """Teacher-forced scoring of a text or token ids (see `engine.experiments.score`); blocking."""
+        return self.start_score(text_or_ids, context=context, top_n=top_n, cancel=cancel).result()
+
+    def start_score(
+        self,
+        text_or_ids: "str | Sequence[int]",
+        *,
+        context: int | None = None,
+        top_n: int = 10,
+        cancel: "threading.Event | None" = None,
+    ) -> "Future[ScoreResult]":
+        """`score`, started on the worker; returns at once (setting `cancel` stops between positions)."""
         from engine.experiments.score import score
 
         stop = cancel or threading.Event()
-        return self.call(lambda b: score(b, text_or_ids, context=context, top_n=top_n, cancelled=stop.is_set)).result()
+        return self.call(lambda b: score(b, text_or_ids, context=context, top_n=top_n, cancelled=stop.is_set))
 
     def compare(
         self,
@@ -169,28 +197,76 @@ class Engine:
         request = prompt if isinstance(prompt, GenerationRequest) else GenerationRequest(prompt=prompt, **request_kwargs)
         return self.call(lambda b: compare(b, request, list(settings), seed=seed, cancel=cancel)).result()
 
-    # -- steering (engine.steering): each runs on the model's worker thread, between answers; blocking ------
+    # -- the layer view (engine.lens) and the loom (engine.loom): on the worker, between answers; at once ------
+
+    def start_layer_capture(self, token_ids: Sequence[int], positions: Sequence[int], *, top_k: int = 8,
+                            attention: bool = False) -> "Future[list[LayerCapture]]":
+        """The layer view (logit lens) of `positions` of `token_ids`, with the attention over each when
+        `attention` (see `engine.lens.capture`); MissingCapabilityError in words for a model without one."""
+        from engine.lens import capture
+
+        return self.call(lambda b: capture(b, token_ids, positions, top_k=top_k, attention=attention))
+
+    def start_loom_rows(self, request: GenerationRequest, n: int, on_event: "Callable[[RowEvent], None]", *,
+                        mode: str = "sample", cancel: "threading.Event | None" = None) -> "Future[None]":
+        """N continuations of `request` (batched where the model can; see `engine.loom.continuation_events`).
+
+        `on_event` gets every row's events on the worker thread, each row ending with its Done (whose stats
+        carry the row's fingerprint, marked as one of `n` rows); the future ends after the last one, or with
+        the error that ended the rows. Setting `cancel` stops every row before its next token.
+        """
+        from engine.fingerprint import rows_with_fingerprint
+        from engine.loom import continuation_events
+
+        def rows(backend: Backend) -> None:
+            events = continuation_events(backend, request, n, mode=mode, cancel=cancel)  # type: ignore[arg-type]  # a str: refused in words
+            for event in rows_with_fingerprint(backend, request, n, events):
+                on_event(event)
+
+        return self.call(rows)
+
+    def start_audit_rows(self, rows: "Sequence[tuple[GenerationRequest, Sequence[TokenEvent], Fingerprint | None]]",
+                         cancel: "threading.Event | None" = None) -> "Future[LoomAudit]":
+        """Rerun loom rows one by one as single answers and compare (see `engine.experiments.audit.audit_rows`)."""
+        from engine.experiments.audit import audit_rows
+
+        return self.call(lambda b: audit_rows(b, rows, cancel))
+
+    # -- steering (engine.steering): each runs on the model's worker thread, between answers ----------------
+    # The plain methods wait for the answer; their `start_*` forms return a Future at once (the window's).
 
     def residual_shape(self) -> "ResidualShape | None":
         """The layer count and width a steering vector must have for this model; None when it cannot steer."""
+        return self.start_residual_shape().result()
+
+    def start_residual_shape(self) -> "Future[ResidualShape | None]":
         from engine.capabilities import Steerable
 
-        return self.call(lambda b: b.residual_shape() if isinstance(b, Steerable) else None).result()
+        return self.call(lambda b: b.residual_shape() if isinstance(b, Steerable) else None)
 
     def steering_effect(
         self, token_ids: Sequence[int], position: int, steering: "Steering", *, top_k: int = 10
     ) -> "SteeringEffect":
         """What `steering` did to the token at `position` (see `engine.steering.steering_effect`); the chat's
         cache is untouched."""
+        return self.start_steering_effect(token_ids, position, steering, top_k=top_k).result()
+
+    def start_steering_effect(
+        self, token_ids: Sequence[int], position: int, steering: "Steering", *, top_k: int = 10
+    ) -> "Future[SteeringEffect]":
         from engine.steering.effect import steering_effect
 
-        return self.call(lambda b: steering_effect(b, token_ids, position, steering, top_k=top_k)).result()
+        return self.call(lambda b: steering_effect(b, token_ids, position, steering, top_k=top_k))
 
     def unsteered_shadow(self, token_ids: Sequence[int], first: int, steering: "Steering") -> "SteeringShadow":
         """An answer (`token_ids[first:]`) scored with and without `steering`: per token KL and log-probs."""
+        return self.start_unsteered_shadow(token_ids, first, steering).result()
+
+    def start_unsteered_shadow(self, token_ids: Sequence[int], first: int, steering: "Steering"
+                               ) -> "Future[SteeringShadow]":
         from engine.steering.effect import unsteered_shadow
 
-        return self.call(lambda b: unsteered_shadow(b, token_ids, first, steering)).result()
+        return self.call(lambda b: unsteered_shadow(b, token_ids, first, steering))
 
     def train_steering_vector(
         self,
@@ -204,11 +280,23 @@ class Engine:
         """A steering vector for this model from contrastive `pairs` (see `engine.steering.train_vector`).
 
         `progress(done, total)` is called on the worker thread; setting `cancel` stops between batches."""
+        return self.start_train_steering_vector(pairs, method=method, name=name, cancel=cancel,
+                                                progress=progress).result()
+
+    def start_train_steering_vector(
+        self,
+        pairs: "PairSet",
+        *,
+        method: str = "pca",
+        name: str | None = None,
+        cancel: "threading.Event | None" = None,
+        progress: "Callable[[int, int], None] | None" = None,
+    ) -> "Future[SteeringVector]":
         from engine.steering.train import train_vector
 
         stop = cancel or threading.Event()
         return self.call(lambda b: train_vector(b, pairs, method=method, name=name, cancelled=stop.is_set,
-                                                progress=progress)).result()
+                                                progress=progress))
 
     def close(self, timeout: float | None = 10.0, *, cancel: bool = False) -> bool:
         """Release the model after queued work (waiting at most `timeout` s); True when its thread has ended.

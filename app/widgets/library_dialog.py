@@ -2,9 +2,9 @@
 selected one; a hub id or a .gguf address downloads with a progress bar (bytes, speed, time left) and Cancel.
 
 Scans and downloads block (disk, network), so each runs on this dialog's own
-worker threads and comes back through `asyncio.wrap_future`; download
-progress hops to the event loop with `call_soon_threadsafe` (qasync's rule:
-worker threads never touch widgets). Closing the dialog cancels a download
+worker threads through `app.off_thread.run_off_thread`: the result and the
+download's progress come back on the event loop (qasync's rule: worker
+threads never touch widgets). Closing the dialog cancels a download
 under way; what arrived of a .gguf address is kept and the next download of
 it resumes. A .gguf address whose file name is already taken in the models
 folder asks first: replace it, keep both, or cancel.
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QColor
@@ -38,6 +39,7 @@ from PySide6.QtWidgets import (
 
 from engine import EngineError, library
 
+from app.off_thread import run_off_thread
 from app.state.model_library import LibraryRow, ModelLibraryState
 from app.state.store import Store
 from app.widgets.file_dialogs import open_folder
@@ -143,11 +145,12 @@ class LibraryDialog(QDialog):
         if self.scanning is not None and not self.scanning.done():
             return self.scanning
         self.rescan_button.setEnabled(False)
-        pending = asyncio.wrap_future(self._pool.submit(library.scan, self.state.locations(self._recent())))
+        locations = self.state.locations(self._recent())
+        pending = run_off_thread(lambda _state: library.scan(locations), executor=self._pool)
         self.scanning = asyncio.ensure_future(self._scanned(pending, select_spec))
         return self.scanning
 
-    async def _scanned(self, pending: asyncio.Future, select_spec: str) -> None:
+    async def _scanned(self, pending: Awaitable[list], select_spec: str) -> None:
         try:
             self.state.set_scan(await pending)
         except Exception as e:  # noqa: BLE001 - a scan bug must not take the dialog down; it is logged
@@ -220,16 +223,12 @@ class LibraryDialog(QDialog):
         if if_exists is None:
             self.progress_text.setText("Nothing was downloaded.")
             return None
-        loop = asyncio.get_running_loop()
         cancel = self._cancel = library.CancelToken()
-
-        def progress(p: library.DownloadProgress) -> None:  # download thread
-            loop.call_soon_threadsafe(self._show_progress, p)
-
         self._set_downloading(True)
         self.progress_text.setText(f"Starting the download of {text}…")
-        pending = asyncio.wrap_future(self._pool.submit(library.pull, text, progress=progress, cancel=cancel,
-                                                        if_exists=if_exists))
+        pending = run_off_thread(  # progress: the download thread reports, the dialog shows it on the loop
+            lambda state: library.pull(text, progress=state.report, cancel=cancel, if_exists=if_exists),
+            on_progress=self._show_progress, executor=self._pool)
         self.downloading = asyncio.ensure_future(self._downloaded(pending, text))
         return self.downloading
 
@@ -257,7 +256,7 @@ class LibraryDialog(QDialog):
         clicked = box.clickedButton()
         return "keep-both" if clicked is keep else "replace" if clicked is replace else None
 
-    async def _downloaded(self, pending: asyncio.Future, text: str) -> None:
+    async def _downloaded(self, pending: Awaitable[Any], text: str) -> None:
         try:
             result = await pending
         except EngineError as e:

@@ -61,3 +61,22 @@ def test_importing_and_building_the_window_loads_no_model_runtime(tmp_path):
         [sys.executable, "-c", code], cwd=APP.parent, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
+
+
+def _method_calls(source: str, name: str, filename: str = "<app>") -> list[int]:
+    """Lines of `source` that call a method called `name` on anything (`x.name(...)`)."""
+    return [node.lineno for node in ast.walk(ast.parse(source, filename))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name]
+
+
+def test_the_app_never_runs_its_own_code_on_the_raw_backend():
+    """`Engine.call(fn)` hands `fn` the loaded backend itself, on the model's thread: engine code, the CLI and
+    benchmarks use it; the window asks the engine for what it needs by name (`Engine.start_layer_capture`,
+    `start_loom_rows`, `start_score`, the steering ones...), so it never holds a backend. Step mode is an
+    argument of `Engine.submit`, not a wrapped engine."""
+    assert _method_calls("engine.call(lambda backend: backend.info)", "call") == [1]  # the check sees one
+    found = {str(p.relative_to(APP)): lines for p in sorted(APP.rglob("*.py"))
+             if (lines := _method_calls(p.read_text(), "call", str(p)))}
+    assert not found, f"the app calls .call(...) (the raw backend) at {found}: add an Engine method for it"
+    stepped = [p.name for p in APP.rglob("*.py") if "SteppedEngine" in p.read_text() or "engine_for_run" in p.read_text()]
+    assert not stepped, f"{stepped} wrap the engine for step mode: pass step= to Engine.submit / TokenStream"

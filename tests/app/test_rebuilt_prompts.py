@@ -158,23 +158,18 @@ def test_the_loom_leaves_reasoning_out_and_holds_each_child_to_the_constraint(qt
     assert all(Constraint.from_dict(c.request["constraint"]) == constraint for c in children)
 
 
-def test_the_notebook_passes_the_constraint_on_and_saves_it_with_the_part(qtbot, window):
+def test_the_notebook_passes_the_constraint_on_and_saves_it_with_the_part(qtbot, window, monkeypatch):
     from qt_helpers import answered
 
     seen: list = []
+    engine = window.host.engine
+    submit = engine.submit
 
-    class Spy:
-        def __init__(self, engine):
-            self._engine = engine
+    def spy(request, on_event, **kwargs):  # the loaded engine, remembering each request it is given
+        seen.append(request)
+        return submit(request, on_event, **kwargs)
 
-        def submit(self, request, on_event):
-            seen.append(request)
-            return self._engine.submit(request, on_event)
-
-        def __getattr__(self, name):
-            return getattr(self._engine, name)
-
-    window.controller.engine_for_run = Spy
+    monkeypatch.setattr(engine, "submit", spy)
     constraint = Constraint.regex(r"(yes|no)\.")
     window.settings.set_options(replace(window.settings.options, constraint=constraint))
     window.new_notebook()

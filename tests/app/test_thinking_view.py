@@ -105,24 +105,22 @@ def test_an_answer_without_reasoning_has_no_block(qtbot, window):
     assert not widget.thinking.isVisible() and widget.body.rendered_text == "Close with </think> after <think>."
 
 
-class _Spy:
-    """The loaded engine, remembering each request it is given."""
-
-    def __init__(self, engine, requests: list):
-        self._engine, self._requests = engine, requests
-
-    def submit(self, request, on_event):
-        self._requests.append(request)
-        return self._engine.submit(request, on_event)
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-
-def test_the_next_turns_prompt_leaves_the_earlier_reasoning_out(qtbot, window):
-    conv, answer = _answer(window, ["<think>", " secret", " plan", "</think>", "The", " answer", "."])
+def _spy_on_requests(monkeypatch, engine) -> list:
+    """The requests the loaded engine is given from now on."""
     requests: list = []
-    window.controller.engine_for_run = lambda engine: _Spy(engine, requests)
+    submit = engine.submit
+
+    def spy(request, on_event, **kwargs):
+        requests.append(request)
+        return submit(request, on_event, **kwargs)
+
+    monkeypatch.setattr(engine, "submit", spy)
+    return requests
+
+
+def test_the_next_turns_prompt_leaves_the_earlier_reasoning_out(qtbot, window, monkeypatch):
+    conv, answer = _answer(window, ["<think>", " secret", " plan", "</think>", "The", " answer", "."])
+    requests = _spy_on_requests(monkeypatch, window.host.engine)
     run_task(qtbot, window.controller.send("the cat"))
     (request,) = requests
     earlier = [m["content"] for m in request.messages if m["role"] == "assistant"]

@@ -1,0 +1,104 @@
+"""Work off the UI thread, and its progress and result back on the event loop: the app's one way (Qt-free).
+
+Orange3's `ConcurrentMixin` / `TaskState` in asyncio's terms. `run_off_thread(fn)` runs `fn(state)` on a worker
+thread and is awaited on the loop: the result comes back there, an exception is raised there, and cancelling the
+awaiting task asks the function to stop (`state.cancelled`) and drops what it still reports. `state.report(...)`
+called on the worker thread runs `on_progress(...)` on the loop, in order.
+
+`to_loop(fn)` is the same hop for a callback that a thread the app did not start calls (the model's worker
+thread calls the step gate's "waiting" and a training's progress): each call runs `fn(*args)` on the loop.
+
+qasync's rule is why: a worker thread never touches a widget or a Signal's subscribers itself; only the loop
+does. Every hop goes through `loop.call_soon_threadsafe` here. The documented exceptions (checked by
+tests/app/test_off_thread.py): `token_stream.FrameHop` batches a stream of items to the frame rate,
+`engine_host` hops the model's load progress, and `lifecycle` wakes the loop from a signal handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# For callers without a pool of their own. Not the loop's default executor: qasync's QThreads outlive a
+# closed window, and a plain pool's threads end with the interpreter.
+_shared: ThreadPoolExecutor | None = None
+_shared_lock = threading.Lock()
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = ThreadPoolExecutor(2, thread_name_prefix="logitlab-off-thread")
+        return _shared
+
+
+def to_loop(fn: Callable[..., Any], loop: asyncio.AbstractEventLoop | None = None) -> Callable[..., None]:
+    """A callable for any thread: each call runs `fn(*args)` on `loop` (default: the running one), in call order.
+
+    Once the loop is closed (the window is gone, nobody is watching) calls are dropped rather than raising
+    into the thread that made them.
+    """
+    target = loop or asyncio.get_running_loop()
+
+    def hop(*args: Any) -> None:
+        try:
+            target.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed
+            log.debug("dropped a call to %r: the event loop is closed", fn)
+
+    return hop
+
+
+class TaskState:
+    """What a function running off the UI thread is handed: report progress, and see whether to stop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_progress: Callable[..., Any] | None) -> None:
+        self._on_progress = on_progress
+        self._cancel = threading.Event()
+        self._hop = to_loop(self._deliver, loop)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the awaiting task was cancelled: stop at the next good point (the result is dropped)."""
+        return self._cancel.is_set()
+
+    @property
+    def cancel_event(self) -> threading.Event:
+        """The same as `cancelled`, for code that takes a `threading.Event` (a decode loop, a score)."""
+        return self._cancel
+
+    def report(self, *args: Any) -> None:
+        """Any thread: `on_progress(*args)` runs on the loop, unless the run was cancelled by then."""
+        if self._on_progress is not None and not self._cancel.is_set():
+            self._hop(*args)
+
+    def _deliver(self, *args: Any) -> None:  # on the loop
+        if self._on_progress is not None and not self._cancel.is_set():
+            self._on_progress(*args)
+
+
+async def run_off_thread(fn: Callable[[TaskState], T], *, on_progress: Callable[..., Any] | None = None,
+                         executor: Executor | None = None) -> T:
+    """`fn(state)` on a worker thread of `executor` (default: a small shared pool); its result on the loop.
+
+    `on_progress(*args)` runs on the loop for every `state.report(*args)`. An exception of `fn` is raised here.
+    Cancelling the awaiting task sets `state.cancelled` (a queued `fn` never starts) and returns at once; the
+    function's late result and progress are dropped.
+    """
+    loop = asyncio.get_running_loop()
+    state = TaskState(loop, on_progress)
+    future = (executor or _shared_pool()).submit(fn, state)
+    try:
+        return await asyncio.wrap_future(future, loop=loop)
+    except asyncio.CancelledError:
+        state.cancel_event.set()
+        future.cancel()  # still queued: it never starts
+        raise

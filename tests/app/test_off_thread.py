@@ -1,0 +1,136 @@
+"""app/off_thread.py: work off the UI thread comes back on the loop (result, progress, errors, cancel), and it is
+the app's one way across threads."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from app.off_thread import TaskState, run_off_thread, to_loop
+
+APP = Path(__file__).resolve().parents[2] / "app"
+
+# Where `call_soon_threadsafe` may appear in app/ besides app/off_thread.py, and why.
+HOPS_ALLOWED = {
+    "off_thread.py": "the mechanism itself",
+    "token_stream.py": "FrameHop: a stream of items batched to the frame rate (tokens, served requests)",
+    "engine_host.py": "the model's load progress: the one place the engine's own worker callbacks hop",
+    "lifecycle.py": "a POSIX signal handler wakes the loop (no thread involved; the signal-safe call)",
+}
+
+
+def test_result_and_progress_arrive_on_the_loop_in_order():
+    seen: list[tuple[int, bool]] = []
+
+    def work(state: TaskState) -> str:
+        assert threading.current_thread() is not threading.main_thread()
+        for i in range(50):
+            state.report(i)
+        return "done"
+
+    async def main() -> str:
+        return await run_off_thread(work, on_progress=lambda i: seen.append(
+            (i, threading.current_thread() is threading.main_thread())))
+
+    assert asyncio.run(main()) == "done"
+    # Every report ran on the loop's thread, in order, before the result came back.
+    assert seen == [(i, True) for i in range(50)]
+
+
+def test_an_exception_of_the_work_is_raised_on_the_loop():
+    def work(_state: TaskState) -> None:
+        raise ValueError("the file is not a model")
+
+    async def main() -> None:
+        await run_off_thread(work)
+
+    with pytest.raises(ValueError, match="not a model"):
+        asyncio.run(main())
+
+
+def test_cancelling_asks_the_work_to_stop_and_drops_its_late_progress():
+    started, release = threading.Event(), threading.Event()
+    shown: list[int] = []
+    stopped_early: list[bool] = []
+
+    def work(state: TaskState) -> int:
+        started.set()
+        release.wait(5)
+        stopped_early.append(state.cancelled)
+        state.report(1)  # after the cancel: nobody is watching any more
+        return 1
+
+    async def main() -> None:
+        task = asyncio.ensure_future(run_off_thread(work, on_progress=shown.append))
+        while not started.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        for _ in range(40):
+            if stopped_early:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # a report that hopped anyway would run now
+
+    asyncio.run(main())
+    assert stopped_early == [True] and shown == []
+
+
+def test_a_queued_work_cancelled_before_it_starts_never_runs():
+    ran: list[str] = []
+    gate = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        async def main() -> None:
+            busy = asyncio.ensure_future(run_off_thread(lambda _s: gate.wait(5), executor=pool))
+            queued = asyncio.ensure_future(run_off_thread(lambda _s: ran.append("queued"), executor=pool))
+            await asyncio.sleep(0.02)
+            queued.cancel()
+            await asyncio.sleep(0.02)  # the cancel reaches the pool while its one thread is still busy
+            gate.set()
+            await busy
+            await asyncio.sleep(0.05)
+
+        asyncio.run(main())
+    assert ran == []
+
+
+def test_to_loop_runs_a_foreign_threads_calls_on_the_loop_and_drops_them_once_it_is_closed():
+    calls: list[tuple[int, bool]] = []
+
+    async def main() -> asyncio.AbstractEventLoop:
+        hop = to_loop(lambda i: calls.append((i, threading.current_thread() is threading.main_thread())))
+        thread = threading.Thread(target=lambda: [hop(i) for i in range(5)])
+        thread.start()
+        thread.join()
+        await asyncio.sleep(0.02)
+        return asyncio.get_running_loop()
+
+    loop = asyncio.run(main())
+    assert calls == [(i, True) for i in range(5)]
+    late = to_loop(calls.append, loop)
+    late(99)  # the loop is closed: dropped, not raised into the caller's thread
+    assert calls[-1] == (4, True)
+
+
+def _calls_to(attr: str, path: Path) -> list[int]:
+    """Lines of `path` that call a method named `attr` on anything."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr]
+
+
+def test_only_the_off_thread_module_and_the_listed_exceptions_hop_to_the_loop():
+    files = sorted(APP.rglob("*.py"))
+    assert len(files) > 10
+    hopping = {str(p.relative_to(APP)): lines for p in files if (lines := _calls_to("call_soon_threadsafe", p))}
+    assert "off_thread.py" in hopping  # the check sees a call where there is one
+    unexpected = {path: lines for path, lines in hopping.items() if path not in HOPS_ALLOWED}
+    assert not unexpected, (f"call_soon_threadsafe outside app/off_thread.py: {unexpected}; use run_off_thread "
+                            "or to_loop (or add the file to HOPS_ALLOWED with the reason)")
