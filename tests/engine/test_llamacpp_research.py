@@ -132,3 +132,24 @@ def test_rows_decoded_together_equal_each_row_decoded_alone(fresh_default_llamac
     for i in range(64):
         assert np.array_equal(first[i], expected[i % 4][0]), i
         assert np.array_equal(after[i], expected[i % 4][1]), i
+
+
+def test_beams_past_a_full_cache_free_the_cells_dropped_rows_left(fresh_default_llamacpp, caplog):
+    """`reorder` keeps the cells of rows that left (exact numbers, tests/engine/test_decode_core.py); a long
+    beam-style run fills a small cache with them, and the runner then frees them and goes on."""
+    from engine.backends.llamacpp.runner import LlamaCppRunner
+
+    caplog.set_level("INFO", logger="engine.backends.llamacpp.runner")
+    runner = LlamaCppRunner(fresh_default_llamacpp, max_seqs=6, n_ctx=256)
+    try:
+        prompt = fresh_default_llamacpp.tokenizer.encode("Once upon a time", add_special_tokens=False)
+        runner.start([prompt])
+        runner.reorder([0, 0, 0])
+        for step in range(120):  # 3 new cells a step, 2 of them left behind: 244 dropped + 124 live > 256
+            logits = runner.step([11 + step % 7, 12, 13])
+            runner.reorder([0, 0, 0])  # the first row's beam wins: the other two rows' new cells are dropped
+        assert np.isfinite(logits).all() and logits.shape[0] == 3
+        assert runner._lens == [len(prompt) + 120] * 3
+        assert "freeing the cells dropped rows left behind" in caplog.text  # the cache did fill
+    finally:
+        runner.close()
