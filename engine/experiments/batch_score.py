@@ -11,11 +11,15 @@ the per-position numbers come from the same `_Scorer` as `score_ids`: the
 results equal `Engine.score`'s within float32 rounding (a context of another
 size may round differently; tests/engine/test_batch_score.py bounds it).
 
-Why not several texts in one forward: llama.cpp computes a batch that mixes
-sequences wrongly once it holds enough tokens (engine/backends/llamacpp/runner.py),
-and on the CPU its per-token cost was flat from 20 to 250 tokens per forward
-(measured: the default model, one thread, a shared 2-core machine), so packing
-would buy little there but wrong numbers.
+Why not several texts in one forward: on the CPU it buys nothing. Measured in CPU time
+(the default model, one thread, 100 sentences of ~10 tokens, a shared 2-core machine):
+a text costs 107 ms of llama_decode and logits whether it runs alone or packed with
+15-23 others as sequences of one `llama_decode` (96-100 ms both ways in another run),
+against 10-13 ms for building and freeing a scoring context and 7-9 ms for the
+per-position report; so `Engine.score`'s ~125 ms is at most ~1.2x this path's, and
+packing cannot change that. (Packed sequences are bit-identical to each alone on a
+context with `kv_unified = False`; the research runner's unified cache is the one
+that mixes them wrongly, engine/backends/llamacpp/runner.py.)
 """
 
 from __future__ import annotations

@@ -162,6 +162,8 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         """What changes the numbers here (NumericFacts): the libraries, device and dtype, the CPU threads of
         this answer (a matmul split another way sums in another order), which decode step ran, attention."""
         step = "compiled" if self.compiled is not None else "lean" if self.lean is not None else "transformers"
+        if getattr(self, "_lean_checked", False):  # the first lean step is checked: that step is transformers'
+            step += ", one step transformers' (the lean step's check)"
         return NumericSetup.of(
             ("torch", "transformers"), device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
             n_threads=torch.get_num_threads() if self.device.type == "cpu" else None, decode_step=step,
@@ -176,6 +178,7 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
     def trim_cache(self, keep: int) -> int:
         # Every answer's prompt starts here (engine.backends.base.prefill): its CPU threads are the cores
         # other programs leave free now (torch's count is per process; changed only when it differs).
+        self._lean_checked = False  # a new answer: the lean step's check (if any) belongs to this one
         if self._threads_per_answer is not None:
             n = self._threads_per_answer.now()
             if n != torch.get_num_threads():
@@ -285,6 +288,7 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
             return self._transformers_forward([token])
         self._cache.crop(-1)  # the same position again, through transformers
         theirs = self._transformers_forward([token])
+        self._lean_checked = True  # this answer's step came from transformers' forward, not the lean step
         err = relative_logit_error(ours, theirs)
         if err <= LEAN_TOLERANCE[self.dtype]:
             lean.verified = True
