@@ -127,6 +127,8 @@ def compare_models(
     ta, tb = _on_thread(a), _on_thread(b)
     started = time.perf_counter()
     backend_a, backend_b = _backend_of(ta), _backend_of(tb)
+    if ta is tb or backend_a is backend_b:  # one thread cannot run both sides at once (they wait on each other)
+        raise ValueError("models A and B are the same loaded model; to compare a model with itself, load it twice")
     vocab = compare_vocabularies(backend_a.tokenizer, backend_b.tokenizer)
 
     def ids_for(tok: Any) -> tuple[list[int], int]:
@@ -207,7 +209,11 @@ def _token_by_token(
     stop = threading.Event()  # set by whichever side ends early (error, cancel), so the other stops waiting
 
     def side_a(backend: Backend) -> int:
-        runner, blocks = _scoring_blocks(backend, ids, ctx, "comparing two models")
+        try:
+            runner, blocks = _scoring_blocks(backend, ids, ctx, "comparing two models")
+        except BaseException:
+            stop.set()  # B would wait for A's first chunk forever
+            raise
         at = ctx
         try:
             for block in blocks:

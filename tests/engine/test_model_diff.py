@@ -197,6 +197,35 @@ def test_same_vocabulary_without_a_position_runner_is_refused_in_words(default_l
             compare_models(a, b, "The cat sat on the mat.")
 
 
+def test_model_a_failing_before_its_first_chunk_ends_the_comparison_not_hangs_it(default_llamacpp, default_torch):
+    import threading
+
+    class NoRunner:  # model A without a position runner: it fails before it hands B anything
+        def __init__(self, backend):
+            self.info, self.tokenizer = backend.info, backend.tokenizer
+
+    outcome: list[BaseException] = []
+
+    def compare() -> None:
+        with BackendThread(NoRunner(default_llamacpp)) as a, BackendThread(default_torch) as b:
+            try:
+                compare_models(a, b, "The cat sat on the mat.")
+            except BaseException as e:  # noqa: BLE001 - what the test looks at
+                outcome.append(e)
+
+    t = threading.Thread(target=compare, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the comparison hung waiting for model A"
+    assert isinstance(outcome[0], MissingCapabilityError)
+
+
+def test_the_same_model_twice_is_refused_not_deadlocked(default_llamacpp):
+    with BackendThread(default_llamacpp) as a:
+        with pytest.raises(ValueError, match="the same loaded model; to compare a model with itself, load it twice"):
+            compare_models(a, a, "The cat sat on the mat.")
+
+
 def test_a_bare_backend_is_refused_with_what_to_do(default_llamacpp):
     with pytest.raises(TypeError, match="BackendThread"):
         compare_models(default_llamacpp, default_llamacpp, "The cat sat.")
