@@ -18,12 +18,15 @@ default (len(token_ids)) is the next token after the prompt.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.capabilities import LayerLens, require
 from engine.layer_capture import LayerCapture, LayerPrediction
+
+if TYPE_CHECKING:
+    from engine.backends.base import Backend
 
 DEFAULT_TOP_K = 10
 
@@ -89,7 +92,7 @@ def target_of(ids: Sequence[int], position: int) -> int | None:
     return int(ids[position]) if position < len(ids) else None
 
 
-def capture(backend: Any, token_ids: Sequence[int], positions: Sequence[int], *, top_k: int = DEFAULT_TOP_K,
+def capture(backend: Backend, token_ids: Sequence[int], positions: Sequence[int], *, top_k: int = DEFAULT_TOP_K,
             attention: bool = False) -> list[LayerCapture]:
     """The layer view of `positions` on `backend` (on its worker thread); MissingCapabilityError in words when
     the model has none (a server)."""

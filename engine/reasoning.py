@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.tokenizer import TokenizerLike
+
 log = logging.getLogger(__name__)
 
 
@@ -198,9 +200,9 @@ def prompt_history(messages: Sequence[dict[str, str]], fmt: ReasoningFormat) -> 
     return out
 
 
-def template_source(tokenizer: Any) -> str:
+def template_source(tokenizer: TokenizerLike) -> str:
     """The chat template text a tokenizer renders with, or "" when it has none or does not say."""
-    override = getattr(tokenizer, "template_override", None)  # one the user chose (engine.chat_templates)
+    override = tokenizer.template_override  # one the user chose (engine.chat_templates)
     if isinstance(override, str) and override:
         return override
     text = getattr(tokenizer, "chat_template", None)

@@ -12,7 +12,12 @@ only when one of these is first called.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine.model_info import ServerInfo
+
+if TYPE_CHECKING:
+    from engine.backends.base import Backend
 
 
 def split_server_spec(spec: str) -> tuple[str, str]:
@@ -72,7 +77,7 @@ def list_server_models(
         client.close()
 
 
-def round_trip_s(backend) -> float | None:
+def round_trip_s(backend: Backend) -> float | None:
     """Seconds the last complete request to a remote model's server took (network and the server's work).
 
     None for a local model, or before the first request.

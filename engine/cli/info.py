@@ -7,9 +7,8 @@ seen before a chat goes strangely.
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine.chat_templates import template_in_use
+from engine.tokenizer import TokenizerLike
 
 # Markers that name a template family: the first one found in a template's text names it.
 FAMILIES: tuple[tuple[str, str], ...] = (
@@ -29,7 +28,7 @@ def template_family(text: str) -> str:
     return next((name for marker, name in FAMILIES if marker in text), "")
 
 
-def chat_template_line(tokenizer: Any) -> str:
+def chat_template_line(tokenizer: TokenizerLike) -> str:
     """One `info` line: "chat template:  the model's own (ChatML, 1,234 characters)" or that it has none."""
     used = template_in_use(tokenizer)
     label = "chat template:  "
@@ -37,7 +36,7 @@ def chat_template_line(tokenizer: Any) -> str:
         return (label + "none: the model has no chat template, so chats use a plain User:/Assistant: transcript "
                 "(choose one with --chat-template)")
     own = getattr(tokenizer, "chat_template", None) or getattr(getattr(tokenizer, "hf", None), "chat_template", None)
-    text = getattr(tokenizer, "template_override", None) or own or ""
+    text = tokenizer.template_override or own or ""
     if not isinstance(text, str):  # a tokenizer whose template is not one text (a dict of named templates)
         text = ""
     facts = ", ".join(f for f in (template_family(text), f"{len(text):,} characters" if text else "") if f)

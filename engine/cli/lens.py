@@ -14,10 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.capabilities import LayerLens, require
+from engine.layer_capture import LayerCapture
 from engine.errors import UsageError
+
+if TYPE_CHECKING:
+    from engine.backends.base import Backend
 
 DEFAULT_TOP_K = 5
 
@@ -73,7 +77,7 @@ def cmd_lens(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]
             raise UsageError(f"--position {position} is outside 1..{len(ids)} (the prompt is {len(ids)} tokens; "
                              f"{len(ids)} is the next token after it)")
 
-        def work(backend):  # on the model's worker thread
+        def work(backend: Backend) -> LayerCapture:  # on the model's worker thread
             lens = require(backend, LayerLens, "the layer view")
             return lens.layer_capture(ids, [position], top_k=args.top_k)[0]
 

@@ -46,6 +46,8 @@ class _ChatTokenizer:
     """A template that renders every message whole (it drops no reasoning itself): one id per byte."""
 
     chat_template = ""
+    template_override = None  # the chat-template facts every tokenizer has (engine.tokenizer.TokenizerLike)
+    template_override_name = guessed_template = ""
 
     def chat_text(self, messages, add_generation_prompt: bool = False) -> str:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)

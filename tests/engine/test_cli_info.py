@@ -14,6 +14,7 @@ class Tok:
         self.has_chat_template = bool(template)
         self.template_override = override
         self.template_override_name = override_name
+        self.guessed_template = ""  # the chat-template facts every tokenizer has (engine.tokenizer.TokenizerLike)
 
 
 def test_the_models_own_template_is_named_by_its_family():
