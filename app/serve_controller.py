@@ -101,6 +101,7 @@ class ServeController:
         self.problem = Signal()  # (str) something about serving the user should know
         self._tasks: set[asyncio.Task] = set()
         self._proxy = False  # serving forwards to an upstream server, not the loaded model
+        self._start_done: asyncio.Future | None = None  # resolves when the start under way has ended
         # Starting (bind, wait until up), stopping (join the server's thread) and Stop on one answer block for a
         # moment: on this thread of our own. Not the loop's default executor (qasync's QThreads, which Qt
         # complains about at exit) and not the host's (closing the window shuts that down first).
@@ -138,10 +139,17 @@ class ServeController:
         engine = None if upstream else self.host.engine
         if engine is None and upstream is None:
             raise ServeError("no model is loaded: open one from Model ▸ Open model…, or give an upstream server")
+        self._set(ServeState(starting=True))
+        self._start_done = done = asyncio.get_running_loop().create_future()
+        try:
+            return await self._start(settings, upstream, engine)
+        finally:
+            done.set_result(None)
+
+    async def _start(self, settings: ServeSettings, upstream: str | None, engine: Any) -> ServeState:
         # Imported here: the server's web stack (uvicorn, Starlette) loads when serving starts, not with the window.
         from engine import ServeOptions, ServeSetupError, start_server
 
-        self._set(ServeState(starting=True))
         try:
             info = engine.info if engine is not None else None
             fmt = await self.host.off_ui_thread(model_reasoning_format, engine) if engine is not None else None
@@ -168,6 +176,8 @@ class ServeController:
 
     async def stop(self, reason: str = "") -> None:
         """Stop serving: answers under way end (each client's stream gets its last chunk), the thread ends."""
+        if self._start_done is not None and not self._start_done.done():
+            await asyncio.shield(self._start_done)  # a start under way (the window closing meanwhile): then stop it
         server, recorder = self.server, self.recorder
         if server is None:
             return

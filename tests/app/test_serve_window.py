@@ -7,6 +7,7 @@ running all the while. The Serve dialog's refusals and the database migration ne
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
@@ -349,3 +350,13 @@ def test_proxy_mode_records_what_the_upstream_answered(qtbot, served_window):
     finally:
         run_task(qtbot, w.serving.stop())
         upstream.stop()
+
+
+def test_closing_while_serving_starts_leaves_no_server_behind(qtbot, window):
+    starting = asyncio.ensure_future(window.serving.start(ServeSettings(port=0)))
+    qtbot.waitUntil(lambda: window.serving.state.starting or starting.done(), timeout=5000)
+    assert window.serving.state.starting
+    close_window(qtbot, window)  # the window's shutdown waits for the start, then stops what it started
+    qtbot.waitUntil(starting.done, timeout=15_000)
+    assert not window.serving.running and not window.serving.state.running
+    qtbot.waitUntil(lambda: not [t for t in threading.enumerate() if t.name.startswith("logitlab-serve-")])
