@@ -352,6 +352,7 @@ def test_proxy_mode_records_what_the_upstream_answered(qtbot, served_window):
         upstream.stop()
 
 
+@pytest.mark.slow
 def test_closing_while_serving_starts_leaves_no_server_behind(qtbot, window):
     starting = asyncio.ensure_future(window.serving.start(ServeSettings(port=0)))
     qtbot.waitUntil(lambda: window.serving.state.starting or starting.done(), timeout=5000)
