@@ -278,9 +278,9 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         lean = self.lean
         assert lean is not None  # forward() takes this path only with a lean step
         if lean.verified:
-            return lean.step(token, self._cache, self.steering_tensor())
+            return lean.step(token, self._cache, *self._lean_steer())
         try:
-            ours = lean.step(token, self._cache, self.steering_tensor())
+            ours = lean.step(token, self._cache, *self._lean_steer())
         except Exception as e:  # a model the step misjudged costs speed, never the answer; the cache is intact
             self.lean = None  # (layer lengths move only after every layer ran)
             log.warning("the lean decode step failed (%s: %s); decoding uses transformers' forward",
@@ -297,6 +297,11 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
             log.warning("the lean decode step differs from transformers' forward by %.3g of the largest logit; "
                         "decoding uses the latter", err)
         return theirs
+
+    def _lean_steer(self) -> tuple:
+        """The lean step's steering argument: none when unsteered (the step is called as before)."""
+        add = self.steering_tensor()
+        return () if add is None else (add,)
 
     def peak_memory_bytes(self) -> int:
         # The preallocated KV cache counts in full from when it is reserved, not only the filled part:
