@@ -9,7 +9,7 @@ then fixed, again with the reason. Local models hide the box.
 
 from __future__ import annotations
 
-from engine import ModelInfo, server_sampler_fields
+from engine import SAMPLER_CONTROLS, ModelInfo, server_sampler_fields
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QGroupBox, QLabel, QVBoxLayout, QWidget
 
@@ -17,14 +17,9 @@ from app.engine_host import EngineHost
 from app.state.servers import server_samples
 from app.state.settings import SettingsState
 
-# The controls a server may have no parameter for (temperature, top-p and the seed have their own rules).
-SERVER_LIMITED = (
-    "top_k", "min_p", "typical_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_last_n",
-    "xtc_probability", "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "top_n_sigma", "dry_multiplier",
-    "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat", "mirostat_tau",
-    "mirostat_eta", "adaptive_target", "adaptive_decay", "smoothing_factor", "smoothing_curve", "logit_bias",
-    "banned_strings",
-)
+# The controls a server may have no parameter for: every stage setting the registry lists (engine's
+# SAMPLER_CONTROLS), and the banned strings; temperature, top-p and the seed have their own rules.
+SERVER_LIMITED = (*(f for f in SAMPLER_CONTROLS if f not in ("temperature", "top_p")), "banned_strings")
 SERVER_SAMPLES_TIP = (
     "The server samples: fast, streaming, each token with the server's top-N log-probs (heatmap, alternatives). "
     "Its sampler stages are not visible and branching needs we-sample mode. "

@@ -193,9 +193,7 @@ def score_ids(
     try:
         return _score_all_positions(backend, runner, ids, context, top_n, cancelled)
     finally:
-        close = getattr(runner, "close", None)  # llama.cpp: its scoring context
-        if close is not None:
-            close()
+        runner.close()  # llama.cpp: its scoring context
 
 
 def _checked_ids(backend: Backend, token_ids: Sequence[int], context: int) -> list[int]:
