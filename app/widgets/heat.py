@@ -11,7 +11,9 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 
 SURPRISAL_MAX_BITS = 10.0  # -log2 p beyond this is "very surprising" (p < 0.1 %)
 ENTROPY_MAX_NATS = 4.0  # a spread over ~55 equally likely tokens
-STEERING_MAX_NATS = 1.0  # KL(steered ‖ unsteered) from here on: the steering decided this token
+# KL(steered ‖ unsteered) on a log scale: a light touch (0.02 nats) already shows, 2 nats and more is all red.
+STEERING_KNEE_NATS = 0.02
+STEERING_MAX_NATS = 2.0
 # Two models on one text (app/widgets/model_diff_view.py): KL per token on a log scale, from rounding-level
 # agreement (a Q4 model against its float original: ~1e-3) to a different model (1 nat and more).
 DIVERGENCE_RANGE_NATS = (1e-4, 1.0)
@@ -38,7 +40,8 @@ def confidence(ev: TokenEvent, mode: str, steering_kl: float | None = None) -> f
     if mode == "steering":  # KL per token from the answer's unsteered shadow (app/steering_shadows.py)
         if steering_kl is None or not math.isfinite(steering_kl):
             return None
-        return 1.0 - min(max(steering_kl, 0.0), STEERING_MAX_NATS) / STEERING_MAX_NATS
+        scale = math.log1p(STEERING_MAX_NATS / STEERING_KNEE_NATS)
+        return 1.0 - min(math.log1p(max(steering_kl, 0.0) / STEERING_KNEE_NATS) / scale, 1.0)
     if mode == "divergence":  # the KL (or |Δ log-prob| of a span) given per token, on a log scale
         if steering_kl is None or math.isnan(steering_kl):
             return None
