@@ -164,16 +164,21 @@ def request_for_run(run: Any, *, where: str = "the run") -> GenerationRequest:
     limit (the header's `max_new_tokens`, else as many tokens as it has) and stop strings; ValueError in words."""
     h = run.header
     ids = h.get("prompt_ids")
-    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                      for t in ids):
+    if not isinstance(ids, list) or not ids:
         raise ValueError(f"{where} has no prompt ids to replay (a trace exported with no model loaded has none)")
+    bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or t < 0), None)
+    if bad is not None:
+        raise ValueError(f"{where}'s prompt ids hold {bad!r}; token ids are whole numbers, 0 or more")
     settings = h.get("settings")
     if not isinstance(settings, dict):
         raise ValueError(f"{where} records no sampler settings, so it cannot be replayed")
     seed = h.get("seed", (run.end or {}).get("seed"))
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"{where} records no seed, so it cannot be replayed")
-    sampler = SamplerSettings.from_dict({**settings, "seed": seed})
+    try:
+        sampler = SamplerSettings.from_dict({**settings, "seed": seed})
+    except ValueError as e:
+        raise ValueError(f"{where}'s settings cannot be replayed: {e}") from None
     limit = h.get("max_new_tokens")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         limit = max(1, len(run.tokens))
