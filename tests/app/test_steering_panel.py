@@ -183,3 +183,31 @@ def test_the_token_view_colours_a_steered_answer_by_its_kl_per_token(qtbot, stee
     cursor = QTextCursor(body.document())
     cursor.setPosition(body._starts[0] + 1)
     assert cursor.charFormat().background().color().alpha() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_training_from_the_users_files_refuses_an_empty_one_and_can_be_cancelled(qtbot, steer_window, tmp_path):
+    w = steer_window
+    panel, state, jobs = w.steering_panel, w.controller.steering, w.controller.steering_jobs
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n", encoding="utf-8")
+    run_task(qtbot, panel.train_from_files([empty]), timeout_ms=30_000)
+    assert panel.message == "Not trained: empty.jsonl holds no pairs; each line is {\"positive\": \"...\", \"negative\": \"...\"}"
+    assert state.vectors == ()
+
+    # The user's own two text files, one prompt a line: trained off the UI thread, then cancelled midway.
+    pos, neg = tmp_path / "calm.txt", tmp_path / "angry.txt"
+    pos.write_text("\n".join(f"I feel calm and rested, day {i}." for i in range(40)), encoding="utf-8")
+    neg.write_text("\n".join(f"I feel furious and tense, day {i}." for i in range(40)), encoding="utf-8")
+    panel.count_box.setValue(40)
+    seen: list[tuple[int, int]] = []
+    jobs.training_progress.connect(lambda done, total: seen.append((done, total)))
+    task = panel.train_from_files([pos, neg])
+    qtbot.waitUntil(lambda: bool(seen), timeout=60_000)
+    assert panel.cancel_button.isEnabled() and not panel.train_button.isEnabled()
+    panel.cancel_button.click()
+    qtbot.waitUntil(task.done, timeout=60_000)
+    assert panel.message == "Training cancelled." and state.vectors == ()
+    assert seen[0][1] == 80 and seen[-1][0] < 80  # 80 prompts read in batches; stopped before the end
+    assert panel.train_button.isEnabled() and not panel.cancel_button.isEnabled()
