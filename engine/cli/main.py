@@ -24,7 +24,7 @@ from engine.cli.models import LIBRARY_COMMANDS, add_library_parsers
 from engine.cli.lens import add_lens_parser, cmd_lens
 from engine.cli.steer import add_steer_parser, add_steering_args, cmd_steer, steering_from_args
 from engine.cli.model_diff import add_model_diff_parser, cmd_compare_models
-from engine.cli.replay import add_replay_parser, cmd_replay
+from engine.cli.replay import add_audit_parser, add_replay_parser, cmd_audit, cmd_replay
 from engine.cli.serve import add_serve_parser, cmd_serve
 from engine.errors import EngineError
 from engine.events import Done, TokenEvent
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_diff_parser(sub, add_model_args)
     add_serve_parser(sub, add_model_args)
     add_replay_parser(sub, add_model_args)
+    add_audit_parser(sub, add_model_args)
     return parser
 
 
@@ -308,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                     "score": lambda a: cmd_score(a, _load), "lens": lambda a: cmd_lens(a, _load), "compare": lambda a: cmd_compare(a, _load),
                     "steer": lambda a: cmd_steer(a, _load),
                     "serve": lambda a: cmd_serve(a, _load), "replay": lambda a: cmd_replay(a, _load),
+                    "audit": lambda a: cmd_audit(a, _load),
                     "compare-models": lambda a: cmd_compare_models(a, _load)}
         return commands[args.command](args)
     except (EngineError, ValueError) as e:

@@ -78,3 +78,38 @@ def cmd_replay(args: argparse.Namespace, load: Callable[[argparse.Namespace], An
             print(f"  {verdict.fingerprint_text()}")
             worst = max(worst, 0 if verdict.identical else 1)
     return worst
+
+
+def add_audit_parser(sub, add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    from engine.cli.sampling_args import add_sampler_flags
+
+    a = sub.add_parser("audit", help="N loom continuations as one batch, each run again alone: the largest log-prob "
+                                     "difference per row and overall",
+                       description="Makes --rows continuations of the prompt as rows of one batch (as the loom "
+                                   "does, seeds seed..seed+N-1), reruns each as a single answer with its seed and "
+                                   "settings, and reports each row's verdict and largest |Δ log-prob|.")
+    a.add_argument("-p", "--prompt", required=True)
+    a.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    a.add_argument("--rows", type=int, default=4, help="continuations, 2 to 16 (default: 4)")
+    add_sampler_flags(a)
+    add_model_args(a)
+
+
+def cmd_audit(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
+    """Exit 0 when every row came out identical, 1 otherwise (the report says where and by how much)."""
+    import secrets
+
+    from engine.experiments.audit import audit_loom
+    from engine.loom import check_children
+    from engine.request import GenerationRequest
+
+    check_children(args.rows)
+    sampler = args.sampler if args.sampler.seed is not None else args.sampler.with_(seed=secrets.randbits(31))
+    prompt = {"messages": ({"role": "user", "content": args.prompt},)} if args.chat else {"prompt": args.prompt}
+    request = GenerationRequest(**prompt, sampler=sampler, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
+                                ignore_eos=args.ignore_eos, constraint=args.constraint)
+    with load(args) as engine:
+        audit = engine.call(lambda backend: audit_loom(backend, request, args.rows)).result()
+        print(f"{engine.info.name} ({engine.info.backend}), seed {sampler.seed}:")
+    print("\n".join(audit.lines()))
+    return 0 if audit.all_identical else 1

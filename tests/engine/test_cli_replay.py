@@ -77,3 +77,20 @@ def test_a_trace_that_cannot_be_replayed_is_refused_before_the_model_loads(name,
     assert run_cli(["replay", str(path)]) == 2
     line = one_error_line(capsys)
     assert len(line) < 300, line
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_cli_audit_on_llamacpp_reports_exactly_zero(capsys, default_model_folder):
+    assert run_cli(["audit", "-p", "Once upon a time", "--rows", "3", "-n", "8", "--temp", "0.9", "-s", "7",
+                    "--backend", "llamacpp"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:] == [f"row {r} (seed {7 + r}): identical; largest |Δ log-prob| 0" for r in range(3)] + [
+        "3 rows; largest |Δ log-prob| 0; every row identical"]
+
+
+@pytest.mark.parametrize("rows", ["1", "17"])
+def test_cli_audit_refuses_a_row_count_before_the_model_loads(rows, capsys, monkeypatch):
+    refuse_model_load(monkeypatch)
+    assert run_cli(["audit", "-p", "x", "--rows", rows]) == 2
+    assert "from 2 to 16" in one_error_line(capsys)
