@@ -8,7 +8,6 @@ arrive on that thread and hop to the event loop with `call_soon_threadsafe`
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 
 from engine import Engine, EngineError, ModelInfo, RuntimeSettings
 
+from app.off_thread import run_off_thread
 from app.state.observable import Signal
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class EngineHost:
 
     async def off_ui_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on a worker thread; the result (or its exception) comes back on the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._blocking, functools.partial(fn, *args))
+        return await run_off_thread(lambda _state: fn(*args), executor=self._blocking)  # app/off_thread.py
 
     def run_off_ui_thread(self, job: Callable[[], T], done: Callable[[T | None, BaseException | None], None]) -> bool:
         """Start `job` on a worker thread; `done(result, error)` runs on the event loop when it ends.

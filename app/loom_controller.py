@@ -8,9 +8,9 @@ them and they survive a restart): each inherits the kept tokens, then gets
 its own tokens, request (with a "loom" entry saying how it was made) and
 stats (with its seed).
 
-The engine side (`engine.loom`) runs the N children as one batch where the
-model can; this controller runs it on the model's worker thread and carries
-its events to the event loop. One loom run at a time, and never during a
+The engine side (`Engine.start_loom_rows`, engine.loom) runs the N children
+as one batch where the model can, on the model's worker thread; their events
+reach the event loop a frame at a time through the chat's `FrameHop`. One loom run at a time, and never during a
 chat answer (they share the model).
 
 Step mode is the chat's step gate (`ChatController.step_gate`): switched on

@@ -150,7 +150,7 @@ class LibraryDialog(QDialog):
         self.scanning = asyncio.ensure_future(self._scanned(pending, select_spec))
         return self.scanning
 
-    async def _scanned(self, pending: Awaitable[list], select_spec: str) -> None:
+    async def _scanned(self, pending: Awaitable[Any], select_spec: str) -> None:
         try:
             self.state.set_scan(await pending)
         except Exception as e:  # noqa: BLE001 - a scan bug must not take the dialog down; it is logged
