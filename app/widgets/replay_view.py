@@ -212,9 +212,12 @@ class ReplayView(QWidget):
         d, settings = run.diff, run.result.settings
         a, b = self.original.token_ids, self.replay.token_ids
         what = ", ".join(f"{k} {old} → {new}" for k, (old, new) in run.changed.items()) or "nothing changed"
-        verdict = f" Verdict: {run.verdict.describe()}." if run.verdict is not None else ""
+        v = run.verdict  # the tokens and their log-probs bit for bit, and what the fingerprints say differs
+        verdict = f" Verdict: {v.headline()}; {v.fingerprint_text()}." if v is not None else ""
         if d.identical:
-            self.summary.setText(f"All {len(a)} tokens match ({what}; seed {settings.seed}).{verdict}")
+            head = "Identical" if v is None or v.identical else f"Same tokens, probabilities within {v.max_logprob_diff:.3g}"
+            record = f" {v.fingerprint_text()[:1].upper()}{v.fingerprint_text()[1:]}." if v is not None else ""
+            self.summary.setText(f"{head}: all {len(a)} tokens match ({what}; seed {settings.seed}).{record}")
             return
         # Up to the first divergence the runs saw the same text, so these positions are where the change mattered.
         self.original.body.set_selected(None)
