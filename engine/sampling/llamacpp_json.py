@@ -230,7 +230,7 @@ def _order(samplers: list[str] | None, values: dict[str, Any], notes: list[str])
         if samplers is not None or any(values.get(f) not in (None, d) for f, d in _FILTER_NEUTRAL.items()):
             notes.append("mirostat is on: llama.cpp then runs only logit bias, temperature and mirostat, "
                          "so the other stages are left out of the order")
-        return tuple(n for n in DEFAULT_ORDER if n in _NOT_LISTED and n != "smoothing" or n == "temperature")
+        return tuple(n for n in DEFAULT_ORDER if n == "temperature" or n in _OUTSIDE_SAMPLERS)
     target = values.get("adaptive_target", -1)
     adaptive_on = isinstance(target, (int, float)) and not isinstance(target, bool) and target >= 0
     listed = samplers is not None and "adaptive_p" in samplers
@@ -250,8 +250,10 @@ def _order(samplers: list[str] | None, values: dict[str, Any], notes: list[str])
     return tuple(order)
 
 
-# Our stages that llama.cpp's `samplers` does not name (logit bias, smoothing, mirostat, ...).
+# Our stages that llama.cpp's `samplers` does not name (logit bias, smoothing, mirostat, ...), and those of them
+# llama.cpp has and runs outside that list (what its mirostat leaves on besides temperature).
 _NOT_LISTED = tuple(n for n in DEFAULT_ORDER if n not in TO_LLAMACPP_STAGE)
+_OUTSIDE_SAMPLERS = frozenset(row.name for row in STAGES if row.llamacpp_outside)
 # Fields whose non-neutral value mirostat (in llama.cpp) silently overrides.
 # Fields whose non-neutral value mirostat (in llama.cpp) silently overrides: the switches of the samplers it
 # replaces (all but temperature, and adaptive-p, which mirostat excludes).

@@ -118,6 +118,8 @@ class StageRow:
         llamacpp: {field: llama.cpp server JSON key}, every field llama.cpp has.
         llamacpp_sampler: its name in llama.cpp's `samplers` list (None: llama.cpp runs it outside that list,
             or has no such stage).
+        llamacpp_outside: llama.cpp has it but runs it outside `samplers` (a grammar, the logit bias, mirostat):
+            it stays on when llama.cpp's mirostat replaces the listed samplers.
         llamacpp_char: its letter when `samplers` is a string ("edskypmxt").
         sampler_aliases: more names llama.cpp's `samplers` accepts for it (lower case).
         json_aliases: {key in a pasted setup (SillyTavern, llama.cpp's other spellings): our field}.
@@ -138,6 +140,7 @@ class StageRow:
     on_survivors: bool = False
     llamacpp: Mapping[str, str] = field(default_factory=dict)
     llamacpp_sampler: str | None = None
+    llamacpp_outside: bool = False
     llamacpp_char: str | None = None
     sampler_aliases: tuple[str, ...] = ()
     json_aliases: Mapping[str, str] = field(default_factory=dict)
@@ -214,12 +217,12 @@ STAGES: tuple[StageRow, ...] = (
         "grammar", (), _grammar, lambda s: False,
         help="A constraint (JSON schema, regex, grammar) removes every token that cannot continue a valid answer; "
              "runs only when the answer has one",
-        server_rule="own",
+        llamacpp_outside=True, server_rule="own",
     ),
     StageRow(
         "logit_bias", ("logit_bias",), _logit_bias, lambda s: bool(s.logit_bias), switches=("logit_bias",),
         help="Add a fixed bias to chosen tokens' logits (by token id or text); -inf bans a token",
-        llamacpp={"logit_bias": "logit_bias"},
+        llamacpp={"logit_bias": "logit_bias"}, llamacpp_outside=True,
         server={"logit_bias": _on("logit_bias", *_VLLM_LIKE, "llama-cpp-python", "openai")}, server_rule="own",
         controls=(C("logit_bias", "Logit bias", 'Added to a token\'s logit, one per line: 15043 = -5 for a token id, '
                     '"hello" = 2 for every token of a text, ban (or -inf) to forbid it', lines=True),),
@@ -366,6 +369,7 @@ STAGES: tuple[StageRow, ...] = (
         switches=("mirostat",),
         help="Mirostat: truncate so each pick's surprise tracks a target (tau), learning as it goes",
         llamacpp={"mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"},
+        llamacpp_outside=True,
         json_aliases={"mirostat_mode": "mirostat"},
         server={"mirostat": _on("mirostat_mode", "llama-cpp-python"),
                 "mirostat_tau": _on("mirostat_tau", "llama-cpp-python"),
