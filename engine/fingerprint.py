@@ -255,7 +255,8 @@ def fingerprint_for(backend: "Backend", request: "GenerationRequest", seed: int)
     extras = {}
     for f in fields(request):
         value = getattr(request, f.name)
-        if f.name in _NOT_NUMERIC or value is None or value is False:
+        # None, False, or a value that says it changes nothing (an inactive steering: no vector, or strength 0)
+        if f.name in _NOT_NUMERIC or value is None or value is False or getattr(value, "active", True) is False:
             continue
         extras[f.name] = _record(value)
     return Fingerprint(

@@ -172,3 +172,29 @@ def test_torch_replay_on_other_threads_is_within_x_and_names_the_threads(fresh_d
     assert v.max_logprob_diff < 1e-3
     if v.kind == "within":
         assert v.headline() == f"same tokens, probabilities within {v.max_logprob_diff:.3g}"
+
+
+def test_steering_and_a_constraint_are_in_the_fingerprint_through_their_records(default_llamacpp):
+    """Any request field that changes the tokens is recorded by its own record (`to_dict`): steering (each vector's
+    content hash and strength) and a constraint; an inactive steering (strength 0) changes nothing and is left out."""
+    import numpy as np
+
+    from engine.constraints.spec import Constraint
+    from engine.fingerprint import fingerprint_for
+    from engine.steering import Steering, SteeringVector
+
+    directions = np.zeros((4, 8), dtype=np.float32)
+    directions[2, 3] = 1.0
+    vector = SteeringVector("calm", directions)
+    base = request()
+    steered = dataclasses.replace(base, steering=Steering.of((vector, 0.75), layer_start=2))
+    fp = fingerprint_for(default_llamacpp, steered, 11)
+    record = fp.extras["steering"]
+    assert record["vectors"][0]["strength"] == 0.75 and record["layer_start"] == 2
+    assert record["vectors"][0]["sha256"] == Steering.of((vector, 0.75)).to_dict()["vectors"][0]["sha256"]
+    plain = fingerprint_for(default_llamacpp, base, 11)
+    assert plain.extras == {} and plain.diff(fp) == ["steering"]
+    off = dataclasses.replace(base, steering=Steering.of((vector, 0.0)))
+    assert fingerprint_for(default_llamacpp, off, 11).extras == {}
+    constrained = dataclasses.replace(base, constraint=Constraint("regex", "[a-z]+"))
+    assert fingerprint_for(default_llamacpp, constrained, 11).extras["constraint"]["text"] == "[a-z]+"
