@@ -285,6 +285,9 @@ class MessageWidget(QFrame):
         if not m.generating:
             self.body.finish()
             self.thinking.body.finish()
+            if (want == "tokens" and self._heat_mode == "steering" and self._shadows is not None
+                    and self.body.steering_kl is None):
+                self._shadows.kl(self.conv, m)  # a steered answer just ended: coloured once its shadow is ready
         self._update_thinking_state()
 
     def _sync_tokens(self) -> None:

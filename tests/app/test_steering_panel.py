@@ -211,3 +211,18 @@ def test_training_from_the_users_files_refuses_an_empty_one_and_can_be_cancelled
     assert panel.message == "Training cancelled." and state.vectors == ()
     assert seen[0][1] == 80 and seen[-1][0] < 80  # 80 prompts read in batches; stopped before the end
     assert panel.train_button.isEnabled() and not panel.cancel_button.isEnabled()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_an_answer_streamed_in_the_steering_colouring_is_coloured_when_it_ends(qtbot, steer_window, tmp_path):
+    w = steer_window
+    loaded_vector(qtbot, w, tmp_path, 2.0)
+    w.view_options.set_heatmap(True)
+    w.view_options.set_mode("steering")
+    task = w.on_send(QUESTION)
+    qtbot.waitUntil(task.done, timeout=120_000)
+    answer = task.result()
+    body = w.chat.chat_view.widget_for(answer.id).body
+    qtbot.waitUntil(lambda: body.steering_kl is not None, timeout=60_000)
+    assert len(body.steering_kl) == len(w.library.current.tokens(answer))
