@@ -1,7 +1,7 @@
 """Model ▸ Connect to server…: an OpenAI-compatible server's URL, its model (from its own list), key and timeout.
 
 The model list is fetched on a worker thread (`list_server_models` blocks on the
-network) and handed back to the event loop with `asyncio.wrap_future`, so the
+network) and handed back to the event loop (`app.off_thread.run_off_thread`), so the
 window never waits on a server; a stale answer (the URL changed meanwhile) is
 dropped. A failure shows the engine's one-line message under the fields.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine_host import describe_error
+from app.off_thread import run_off_thread
 from app.state.servers import DEFAULT_TIMEOUT_S, ApiKeys, recent_servers, split_server_credentials
 from app.state.store import Store
 
@@ -174,10 +176,11 @@ class ConnectDialog(QDialog):
             list_server_models, text, api_key=self.key_edit.text().strip() or None,
             timeout_s=float(self.timeout.value()), connect_timeout_s=min(CONNECT_TIMEOUT_S, float(self.timeout.value())),
         )
-        self.listing = asyncio.ensure_future(self._list(asyncio.wrap_future(self._pool.submit(call)), asked, wanted))
+        self.listing = asyncio.ensure_future(self._list(run_off_thread(lambda _state: call(), executor=self._pool),
+                                                        asked, wanted))
         return self.listing
 
-    async def _list(self, pending: asyncio.Future, asked: int, wanted: str) -> None:
+    async def _list(self, pending: Awaitable[list[str]], asked: int, wanted: str) -> None:
         try:
             models = await pending
         except Exception as e:  # noqa: BLE001 - every failure is shown; nothing is connected yet
