@@ -23,6 +23,7 @@ from engine.constraints.spec import Constraint, ConstraintError
 from engine.errors import UsageError
 from engine.json_depth import json_depth
 from engine.sampling.llamacpp_json import LLAMACPP_DEFAULT_SEED, parse_llamacpp_json
+from engine.sampling.registry import CONTROLS
 from engine.sampling.settings import DEFAULT_SAMPLER, STAGE_NAMES, SamplerSettings
 
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -31,36 +32,10 @@ MAX_TOKEN_ID = 2**31 - 1  # llama_token is int32; a larger id can be no model's 
 MAX_SETTINGS_FILE_BYTES = 1 << 20
 MAX_JSON_DEPTH = 64  # a settings object is a few levels deep; Python's parser recurses once per level
 
-# (flags, SamplerSettings field, type, help). The first flag is llama.cpp's name, the others aliases.
-SAMPLER_FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
-    (("--temp", "--temperature"), "temperature", float, "temperature; 0 = greedy"),
-    (("--top-k",), "top_k", int, "keep the K most likely tokens; 0 = off"),
-    (("--top-p",), "top_p", float, "keep the most likely tokens up to this probability mass; 1 = off"),
-    (("--min-p",), "min_p", float, "drop tokens below this share of the top token's probability; 0 = off"),
-    (("--typical", "--typical-p"), "typical_p", float, "locally typical sampling; 1 = off"),
-    (("--repeat-penalty", "--repetition-penalty"), "repetition_penalty", float, "penalize repeated tokens; 1 = off"),
-    (("--repeat-last-n", "--penalty-last-n"), "penalty_last_n", int,
-     "how many recent tokens the penalties look at; -1 = all"),
-    (("--presence-penalty",), "presence_penalty", float, "presence penalty; 0 = off"),
-    (("--frequency-penalty",), "frequency_penalty", float, "frequency penalty; 0 = off"),
-    (("--xtc-probability",), "xtc_probability", float, "XTC: chance to remove the top choices; 0 = off"),
-    (("--xtc-threshold",), "xtc_threshold", float, "XTC: tokens above this probability count as top choices"),
-    (("--top-nsigma", "--top-n-sigma"), "top_n_sigma", float,
-     "keep tokens within N standard deviations of the top logit; <= 0 = off"),
-    (("--dynatemp-range",), "dynatemp_range", float, "dynamic temperature: vary it by up to this much; 0 = off"),
-    (("--dynatemp-exp", "--dynatemp-exponent"), "dynatemp_exponent", float,
-     "dynamic temperature: how the entropy maps to it; 1 = linear"),
-    (("--dry-multiplier",), "dry_multiplier", float, "DRY: penalty for extending a repeat; 0 = off"),
-    (("--dry-base",), "dry_base", float, "DRY: the penalty grows as base ** (repeat length - allowed length)"),
-    (("--dry-allowed-length",), "dry_allowed_length", int, "DRY: repeats up to this long are free"),
-    (("--dry-penalty-last-n",), "dry_penalty_last_n", int, "DRY: how many recent tokens to scan; -1 = all, 0 = off"),
-    (("--mirostat",), "mirostat", int, "mirostat version: 0 = off, 1 or 2"),
-    (("--mirostat-ent", "--mirostat-tau"), "mirostat_tau", float, "mirostat: target surprise in bits"),
-    (("--mirostat-lr", "--mirostat-eta"), "mirostat_eta", float, "mirostat: learning rate"),
-    (("--adaptive-target",), "adaptive_target", float, "adaptive-p: favour tokens near this probability; < 0 = off"),
-    (("--adaptive-decay",), "adaptive_decay", float, "adaptive-p: moving-average decay, 0 to 0.99"),
-    (("--smoothing-factor",), "smoothing_factor", float, "quadratic sampling: how hard to smooth; 0 = off"),
-    (("--smoothing-curve",), "smoothing_curve", float, "quadratic sampling: 1 = plain quadratic, more = steeper tail"),
+# (flags, SamplerSettings field, type, help), from the stage registry's controls (engine.sampling.registry). The
+# first flag is llama.cpp's name, the others aliases; a whole-number control takes an int.
+SAMPLER_FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = tuple(
+    (c.cli, c.field, int if c.decimals == 0 else float, c.cli_help) for c in CONTROLS.values() if c.cli
 )
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"'}

@@ -64,8 +64,9 @@ class Control:
     """The panel's control for one settings field: a number row (slider and spin box) or a list of lines.
 
     `slider_max`: the slider covers [minimum, slider_max], the spin box goes on to `maximum`; `special` is shown
-    instead of the minimum ("off"); `decimals` 0 is an integer box. A `lines` control is a text box, one entry a
-    line (the range fields are unused).
+    instead of the minimum ("off"); `decimals` 0 is an integer box (and an int on the command line). A `lines`
+    control is a text box, one entry a line (the range fields are unused). `cli`: the command line's flags for it
+    (llama.cpp's name first, then aliases; `logitlab-cli`), with `cli_help`.
     """
 
     field: str
@@ -78,6 +79,8 @@ class Control:
     slider_max: float | None = None
     special: str = ""
     lines: bool = False
+    cli: tuple[str, ...] = ()
+    cli_help: str = ""
 
 
 @dataclass(frozen=True)
@@ -245,10 +248,15 @@ STAGES: tuple[StageRow, ...] = (
                 "presence_penalty": _on("presence_penalty", *SERVER_KINDS),
                 "frequency_penalty": _on("frequency_penalty", *SERVER_KINDS)},
         controls=(
-            C("repetition_penalty", "Repetition", "Divides the logits of recent tokens; 1 = off", 0.05, 3.0, 0.01, 2, 2.0),
-            C("presence_penalty", "Presence", "Subtracted once from every recent token's logit; 0 = off", -2.0, 2.0, 0.05, 2),
-            C("frequency_penalty", "Frequency", "Subtracted per occurrence of a recent token; 0 = off", -2.0, 2.0, 0.05, 2),
-            C("penalty_last_n", "Look back", "How many recent tokens the penalties see", -1, 32768, 1, 0, 1024, "all"),
+            C("repetition_penalty", "Repetition", "Divides the logits of recent tokens; 1 = off", 0.05, 3.0, 0.01, 2, 2.0,
+              cli=("--repeat-penalty", "--repetition-penalty"), cli_help="penalize repeated tokens; 1 = off"),
+            C("presence_penalty", "Presence", "Subtracted once from every recent token's logit; 0 = off", -2.0, 2.0, 0.05, 2,
+              cli=("--presence-penalty",), cli_help="presence penalty; 0 = off"),
+            C("frequency_penalty", "Frequency", "Subtracted per occurrence of a recent token; 0 = off", -2.0, 2.0, 0.05, 2,
+              cli=("--frequency-penalty",), cli_help="frequency penalty; 0 = off"),
+            C("penalty_last_n", "Look back", "How many recent tokens the penalties see", -1, 32768, 1, 0, 1024, "all",
+              cli=("--repeat-last-n", "--penalty-last-n"),
+              cli_help="how many recent tokens the penalties look at; -1 = all"),
         ),
     ),
     StageRow(
@@ -261,11 +269,15 @@ STAGES: tuple[StageRow, ...] = (
         server={"dry_multiplier": {}}, server_rule="switch",
         controls=(
             C("dry_multiplier", "DRY strength", "DRY: penalises a token that would extend a phrase already in the text; "
-              "off = 0", 0.0, 5.0, 0.05, 2, 2.0, "off"),
-            C("dry_base", "DRY base", "DRY: the penalty grows as base ^ (repeat length − allowed length)", 1.0, 4.0, 0.05, 2),
-            C("dry_allowed_length", "DRY allowed", "DRY: repeats up to this many tokens are free", 0, 100, 1, 0, 20),
+              "off = 0", 0.0, 5.0, 0.05, 2, 2.0, "off",
+              cli=("--dry-multiplier",), cli_help="DRY: penalty for extending a repeat; 0 = off"),
+            C("dry_base", "DRY base", "DRY: the penalty grows as base ^ (repeat length − allowed length)", 1.0, 4.0, 0.05, 2,
+              cli=("--dry-base",), cli_help="DRY: the penalty grows as base ** (repeat length - allowed length)"),
+            C("dry_allowed_length", "DRY allowed", "DRY: repeats up to this many tokens are free", 0, 100, 1, 0, 20,
+              cli=("--dry-allowed-length",), cli_help="DRY: repeats up to this long are free"),
             C("dry_penalty_last_n", "DRY look back", "DRY: how many recent tokens are searched for repeats; all = the "
-              "whole text, 0 = off", -1, 32768, 1, 0, 4096, "all"),
+              "whole text, 0 = off", -1, 32768, 1, 0, 4096, "all",
+              cli=("--dry-penalty-last-n",), cli_help="DRY: how many recent tokens to scan; -1 = all, 0 = off"),
             C("dry_sequence_breakers", "DRY breakers", "DRY: a repeat never runs across these texts, one per line (\\n = "
               "a newline); empty = none", lines=True),
         ),
@@ -279,7 +291,9 @@ STAGES: tuple[StageRow, ...] = (
         json_aliases={"nsigma": "top_n_sigma"},
         server={"top_n_sigma": {}}, server_rule="switch",
         controls=(C("top_n_sigma", "Top-nσ", "Keep tokens whose logit is within n standard deviations of the top "
-                    "logit; off ≤ 0", 0.0, 10.0, 0.05, 2, 5.0, "off"),),
+                    "logit; off ≤ 0", 0.0, 10.0, 0.05, 2, 5.0, "off",
+              cli=("--top-nsigma", "--top-n-sigma"),
+              cli_help="keep tokens within N standard deviations of the top logit; <= 0 = off"),),
     ),
     StageRow(
         "smoothing", ("smoothing_factor", "smoothing_curve"),
@@ -290,9 +304,11 @@ STAGES: tuple[StageRow, ...] = (
         server={"smoothing_factor": {}}, server_rule="switch",
         controls=(
             C("smoothing_factor", "Smoothing", "Quadratic sampling: flattens the top and cuts the tail around the most "
-              "likely token (text-generation-webui); off = 0", 0.0, 10.0, 0.01, 2, 3.0, "off"),
+              "likely token (text-generation-webui); off = 0", 0.0, 10.0, 0.01, 2, 3.0, "off",
+              cli=("--smoothing-factor",), cli_help="quadratic sampling: how hard to smooth; 0 = off"),
             C("smoothing_curve", "Smoothing curve", "Quadratic sampling: 1 = plain quadratic, more = a steeper tail",
-              1.0, 10.0, 0.05, 2, 5.0),
+              1.0, 10.0, 0.05, 2, 5.0,
+              cli=("--smoothing-curve",), cli_help="quadratic sampling: 1 = plain quadratic, more = steeper tail"),
         ),
     ),
     StageRow(
@@ -300,7 +316,8 @@ STAGES: tuple[StageRow, ...] = (
         switches=("top_k",), help="Keep only the k most likely tokens", argmax_preserving=True, on_survivors=True,
         llamacpp={"top_k": "top_k"}, llamacpp_sampler="top_k", llamacpp_char="k",
         server={"top_k": _on("top_k", *_EXTENDED)},
-        controls=(C("top_k", "Top-k", "Keep the k most likely tokens; off = keep all", 0, 100000, 1, 0, 200, "off"),),
+        controls=(C("top_k", "Top-k", "Keep the k most likely tokens; off = keep all", 0, 100000, 1, 0, 200, "off",
+              cli=("--top-k",), cli_help="keep the K most likely tokens; 0 = off"),),
     ),
     StageRow(
         "typical_p", ("typical_p",), lambda s, c: make_typical_p(s.typical_p) if s.typical_p < 1 else None,
@@ -310,7 +327,8 @@ STAGES: tuple[StageRow, ...] = (
         llamacpp={"typical_p": "typical_p"}, llamacpp_sampler="typ_p", llamacpp_char="y",
         sampler_aliases=("typical_p", "typical-p", "typ"), json_aliases={"typ_p": "typical_p"},
         server={"typical_p": {}},
-        controls=(C("typical_p", "Typical-p", "Locally typical sampling mass; 1 = off", 0.01, 1.0, 0.01, 2),),
+        controls=(C("typical_p", "Typical-p", "Locally typical sampling mass; 1 = off", 0.01, 1.0, 0.01, 2,
+              cli=("--typical", "--typical-p"), cli_help="locally typical sampling; 1 = off"),),
     ),
     StageRow(
         "top_p", ("top_p",), lambda s, c: make_top_p(s.top_p) if s.top_p < 1 else None, lambda s: s.top_p < 1,
@@ -319,7 +337,8 @@ STAGES: tuple[StageRow, ...] = (
         llamacpp={"top_p": "top_p"}, llamacpp_sampler="top_p", llamacpp_char="p", sampler_aliases=("nucleus",),
         server={"top_p": _on("top_p", *SERVER_KINDS)},
         controls=(C("top_p", "Top-p", "Keep the most likely tokens up to this total probability; 1 = off",
-                    0.01, 1.0, 0.01, 2),),
+                    0.01, 1.0, 0.01, 2,
+              cli=("--top-p",), cli_help="keep the most likely tokens up to this probability mass; 1 = off"),),
     ),
     StageRow(
         "min_p", ("min_p",), lambda s, c: make_min_p(s.min_p) if s.min_p > 0 else None, lambda s: s.min_p > 0,
@@ -328,7 +347,8 @@ STAGES: tuple[StageRow, ...] = (
         llamacpp={"min_p": "min_p"}, llamacpp_sampler="min_p", llamacpp_char="m",
         server={"min_p": _on("min_p", *_EXTENDED)},
         controls=(C("min_p", "Min-p", "Drop tokens below min-p × the top probability; off = 0", 0.0, 1.0, 0.01, 2,
-                    None, "off"),),
+                    None, "off",
+              cli=("--min-p",), cli_help="drop tokens below this share of the top token's probability; 0 = off"),),
     ),
     StageRow(
         "xtc", ("xtc_probability", "xtc_threshold"),
@@ -341,8 +361,10 @@ STAGES: tuple[StageRow, ...] = (
         server={"xtc_probability": {}}, server_rule="switch",
         controls=(
             C("xtc_probability", "XTC chance", "How often XTC removes the top choices; off = 0", 0.0, 1.0, 0.01, 2,
-              None, "off"),
-            C("xtc_threshold", "XTC threshold", "Tokens above this probability count as top choices", 0.01, 0.5, 0.01, 2),
+              None, "off",
+              cli=("--xtc-probability",), cli_help="XTC: chance to remove the top choices; 0 = off"),
+            C("xtc_threshold", "XTC threshold", "Tokens above this probability count as top choices", 0.01, 0.5, 0.01, 2,
+              cli=("--xtc-threshold",), cli_help="XTC: tokens above this probability count as top choices"),
         ),
     ),
     StageRow(
@@ -357,11 +379,15 @@ STAGES: tuple[StageRow, ...] = (
         server={"temperature": _on("temperature", *SERVER_KINDS), "dynatemp_range": {}},
         controls=(
             C("temperature", "Temperature", "Divides the logits; 0 = greedy (always the most likely token)",
-              0.0, 5.0, 0.05, 2, 2.0, "0 (greedy)"),
+              0.0, 5.0, 0.05, 2, 2.0, "0 (greedy)",
+              cli=("--temp", "--temperature"), cli_help="temperature; 0 = greedy"),
             C("dynatemp_range", "Dyn. range", "Dynamic temperature: the temperature varies by up to ± this with the "
-              "distribution's entropy (confident → cooler); off = 0", 0.0, 5.0, 0.05, 2, 2.0, "off"),
+              "distribution's entropy (confident → cooler); off = 0", 0.0, 5.0, 0.05, 2, 2.0, "off",
+              cli=("--dynatemp-range",), cli_help="dynamic temperature: vary it by up to this much; 0 = off"),
             C("dynatemp_exponent", "Dyn. exponent", "Dynamic temperature: how entropy maps to temperature; 1 = linear",
-              0.05, 10.0, 0.05, 2, 4.0),
+              0.05, 10.0, 0.05, 2, 4.0,
+              cli=("--dynatemp-exp", "--dynatemp-exponent"),
+              cli_help="dynamic temperature: how the entropy maps to it; 1 = linear"),
         ),
     ),
     StageRow(
@@ -377,11 +403,14 @@ STAGES: tuple[StageRow, ...] = (
         server_rule="switch",
         controls=(
             C("mirostat", "Mirostat", "Mirostat: steers each pick toward a target surprise (1 or 2 = its version); "
-              "off = 0", 0, 2, 1, 0, None, "off"),
+              "off = 0", 0, 2, 1, 0, None, "off",
+              cli=("--mirostat",), cli_help="mirostat version: 0 = off, 1 or 2"),
             C("mirostat_tau", "Mirostat τ", "Mirostat: the target surprise in bits (higher = more varied text)",
-              0.1, 20.0, 0.1, 1, 10.0),
+              0.1, 20.0, 0.1, 1, 10.0,
+              cli=("--mirostat-ent", "--mirostat-tau"), cli_help="mirostat: target surprise in bits"),
             C("mirostat_eta", "Mirostat η", "Mirostat: how fast it corrects toward the target (learning rate)",
-              0.01, 1.0, 0.01, 2),
+              0.01, 1.0, 0.01, 2,
+              cli=("--mirostat-lr", "--mirostat-eta"), cli_help="mirostat: learning rate"),
         ),
     ),
     StageRow(
@@ -394,9 +423,11 @@ STAGES: tuple[StageRow, ...] = (
         server={"adaptive_target": {}}, server_rule="switch",
         controls=(
             C("adaptive_target", "Adaptive target", "Adaptive-p: favours tokens near this probability, adapting to the "
-              "recent picks; off below 0", -0.01, 1.0, 0.01, 2, None, "off"),
+              "recent picks; off below 0", -0.01, 1.0, 0.01, 2, None, "off",
+              cli=("--adaptive-target",), cli_help="adaptive-p: favour tokens near this probability; < 0 = off"),
             C("adaptive_decay", "Adaptive decay", "Adaptive-p: how long it remembers recent picks (≈ 1 / (1 − decay) "
-              "tokens)", 0.0, 0.99, 0.01, 2),
+              "tokens)", 0.0, 0.99, 0.01, 2,
+              cli=("--adaptive-decay",), cli_help="adaptive-p: moving-average decay, 0 to 0.99"),
         ),
     ),
 )

@@ -15,6 +15,7 @@ import pytest
 
 from engine.backends.remote.errors import UnsupportedByServerError
 from engine.backends.remote.server_params import PARAMETER_NAMES, server_parameters
+from engine.cli.main import build_parser, sampler_from_args
 from engine.sampling.chain import SamplerChain
 from engine.sampling.llamacpp_json import llamacpp_json, parse_llamacpp_json
 from engine.sampling.registry import CONTROLS, LLAMA_CPP_SERVER, SERVER_KINDS, STAGE_ROWS, STAGES, StageRow
@@ -129,3 +130,17 @@ def test_every_stage_setting_has_a_panel_control_and_the_stage_a_line_of_help(ro
             SamplerSettings(**{field: c.minimum})  # the control's range is one the settings accept
             SamplerSettings(**{field: c.maximum})
 
+
+
+@pytest.mark.parametrize("row", SETTING_ROWS, ids=lambda r: r.name)
+def test_every_number_setting_of_every_stage_has_a_command_line_flag(row: StageRow):
+    on = turned_on(row)
+    for field in row.fields:
+        c = CONTROLS[field]
+        if c.lines:  # lists have flags of their own (--logit-bias, --dry-sequence-breaker)
+            continue
+        assert c.cli and c.cli_help, f"{row.name}: {field} has no command-line flag"
+        value = getattr(on, field) if field in row.switches and row.active(on) else getattr(SamplerSettings(), field)
+        for flag in c.cli:
+            args = build_parser().parse_args(["generate", "--prompt", "x", flag, str(value)])
+            assert getattr(sampler_from_args(args), field) == value, f"{flag} {value}"
