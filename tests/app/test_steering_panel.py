@@ -92,6 +92,11 @@ def test_a_vector_for_another_model_is_refused_in_words_and_nothing_changes(qtbo
     assert panel.message.startswith("Not loaded: ") and "broken.gguf" in panel.message
     assert (state.vectors, state.steering()) == before
 
+    # Save…: a llama.cpp control-vector file that reads back as the same numbers.
+    saved = tmp_path / "fits-again.gguf"
+    run_task(qtbot, panel.save_path(fits, saved), timeout_ms=30_000)
+    assert panel.message == f"Saved fits to {saved}." and steer.load_vector(saved).digest == fits.digest
+
     # A strength that is not a number: said, and the vector keeps its strength.
     panel.set_strength(fits, float("nan"))
     assert "finite number" in panel.message and state.strength(fits) == 0.5
