@@ -25,6 +25,7 @@ from engine.errors import (
     TokenIdError,
 )
 from engine.events import ConstraintStep, Done, GenerationStats, Rewind, StageSnapshot, TokenEvent, TokenProb
+from engine.fingerprint import Fingerprint  # what an answer's numbers depend on (GenerationStats.fingerprint)
 from engine.constraints import KIND_LABELS as CONSTRAINT_KINDS, Constraint, ConstraintError
 from engine import experiments  # score, compare, token diff, JSONL traces (engine.experiments)
 from engine.experiments.audit import LoomAudit  # what Engine.start_audit_rows gives (the loom's audit)
@@ -93,6 +94,7 @@ __all__ = [
     "EngineError",
     "GenerationRequest",
     "GenerationStats",
+    "Fingerprint",
     "HubUnreachableError",
     "ImportedSettings",
     "LoomAudit",

@@ -159,13 +159,13 @@ def check_stats(value: Any) -> dict[str, Any] | None:
 def fingerprint_problem(stats: dict[str, Any]) -> str | None:
     """What is wrong with `stats["fingerprint"]` (engine.fingerprint: what the answer's numbers depend on);
     None when it is absent (an answer from before fingerprints) or right."""
-    from engine.fingerprint import check_fingerprint_dict
+    from engine import Fingerprint
 
     fp = stats.get("fingerprint")
     if fp is None:
         return None
     try:
-        check_fingerprint_dict(fp)
+        Fingerprint.from_dict(fp)
     except ValueError as e:
         return str(e)
     return None
