@@ -472,6 +472,7 @@ class MainWindow(QMainWindow):
 
     async def _shutdown(self) -> None:
         self.loom.stop()
+        self.controller.steering_jobs.cancel_training()  # stops between batches: the model is free to close
         try:  # first: no client gets a new answer, and what was served is written
             await self.serving.stop("the window closed")
         except Exception:  # noqa: BLE001 - closing must finish

@@ -231,3 +231,19 @@ def test_an_answer_streamed_in_the_steering_colouring_is_coloured_when_it_ends(q
     body = w.chat.chat_view.widget_for(answer.id).body
     qtbot.waitUntil(lambda: body.steering_kl is not None, timeout=60_000)
     assert len(body.steering_kl) == len(w.library.current.tokens(answer))
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_closing_the_window_while_training_stops_the_training(qtbot, steer_window):
+    w = steer_window
+    panel, jobs = w.steering_panel, w.controller.steering_jobs
+    panel.pairs_box.setCurrentIndex(panel.pairs_box.findData("calm-angry"))
+    panel.count_box.setValue(48)
+    seen: list[int] = []
+    jobs.training_progress.connect(lambda done, total: seen.append(done))
+    task = panel.start_training()
+    qtbot.waitUntil(lambda: bool(seen), timeout=60_000)
+    w.close()
+    qtbot.waitUntil(lambda: w._shutdown_done and task.done(), timeout=60_000)
+    assert panel.message == "Training cancelled." and w.controller.steering.vectors == ()
