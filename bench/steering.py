@@ -1,6 +1,7 @@
 """Decoding with a control vector against without it, on llama.cpp and torch; and training time from 32 pairs.
 
     python bench/steering.py [--model SPEC] [--tokens 64] [--repeat 5] [--pairs 32] [--backends llamacpp,torch]
+                             [--threads N]
 
 Per backend: the vector is trained there from the built-in happy-sad set (the time is printed), then
 greedy answers of `--tokens` tokens (end of sequence ignored) alternate plain / steered `--repeat` times
@@ -30,8 +31,11 @@ def speed(eng: Engine, steering: Steering | None, tokens: int) -> float:
     return stats.decode_tokens_per_s
 
 
-def bench_backend(spec: str | None, backend: str, tokens: int, repeat: int, n_pairs: int) -> None:
-    with Engine.load(spec, backend=backend) as eng:
+def bench_backend(spec: str | None, backend: str, tokens: int, repeat: int, n_pairs: int, threads: int | None) -> None:
+    # llama.cpp otherwise picks its threads per answer from the cores free at that moment: on a shared machine
+    # the plain and the steered answers could then run on different thread counts.
+    fixed = {"n_threads": threads} if threads and backend == "llamacpp" else {}
+    with Engine.load(spec, backend=backend, **fixed) as eng:
         pairs = builtin_pair_sets()["happy-sad"].limited(n_pairs)
         t0 = time.perf_counter()
         vector = eng.train_steering_vector(pairs)
@@ -55,9 +59,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=32)
     parser.add_argument("--backends", default="llamacpp,torch")
+    parser.add_argument("--threads", type=int, default=None, help="llama.cpp's threads, the same for every answer")
     args = parser.parse_args()
     for backend in args.backends.split(","):
-        bench_backend(args.model, backend.strip(), args.tokens, args.repeat, args.pairs)
+        bench_backend(args.model, backend.strip(), args.tokens, args.repeat, args.pairs, args.threads)
 
 
 if __name__ == "__main__":
