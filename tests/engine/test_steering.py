@@ -444,3 +444,37 @@ def test_engine_and_language_model_entry_points(tiny_torch):
         assert stats.generated_tokens == 3
     finally:
         engine.close()
+
+
+# --- the command line --------------------------------------------------------------------------------------------
+
+
+def test_cli_trains_a_vector_and_generates_with_it(tmp_path, capsys):
+    """`steer train` writes llama.cpp's control-vector GGUF; generate's llama.cpp flags steer the answer."""
+    pytest.importorskip("llama_cpp")
+    from cli_checks import run_cli
+
+    from engine.steering import load_vector
+
+    model = write_tiny_llama_gguf(tmp_path / "tiny.gguf", layers=LAYERS)
+    pos, neg = tmp_path / "pos.txt", tmp_path / "neg.txt"
+    pos.write_text("yes yes yes\nsure thing\nof course\n")
+    neg.write_text("no no no\nnever ever\nnot at all\n")
+    out = tmp_path / "yes.gguf"
+    assert run_cli(["steer", "train", "-m", str(model), "-t", "1", "--positive-file", str(pos), "--negative-file", str(neg),
+                    "--output", str(out), "--method", "mean"]) == 0
+    assert "3 pairs, mean" in capsys.readouterr().err
+    vector = load_vector(out)
+    assert (vector.n_layer, vector.n_embd, vector.name) == (LAYERS, 64, "yes")
+
+    def generate(*flags: str) -> str:
+        assert run_cli(["generate", "-m", str(model), "-t", "1", "-p", "the cat", "-n", "8", "--temp", "0",
+                        "--ignore-eos", *flags]) == 0
+        return capsys.readouterr().out
+
+    plain = generate()
+    assert generate("--control-vector-scaled", str(out), "0") == plain
+    steered = generate("--control-vector-scaled", f"{out}:40")
+    assert steered != plain
+    assert generate("--control-vector", str(out), "--control-vector", str(out), "--control-vector", str(out),
+                    "--control-vector", str(out)) != plain
