@@ -16,6 +16,7 @@ from typing import cast
 
 from engine.backends.base import Backend
 from engine.engine import Engine
+from engine.errors import EngineError
 from engine.events import Done, Event
 from engine.request import GenerationRequest
 
@@ -32,7 +33,10 @@ async def engine_events(engine: Engine, request: GenerationRequest, n: int,
         loop.call_soon_threadsafe(queue.put_nowait, item)
 
     if n == 1:
-        handle = engine.submit(request, lambda event: put((0, event)))
+        try:
+            handle = engine.submit(request, lambda event: put((0, event)))
+        except RuntimeError as e:  # the model closed while this request waited its turn (another model, quitting)
+            raise EngineError(f"the model was closed before this answer's turn ({e})") from None
         # The handle's own event is the one the worker watches: link ours to it.
         watcher = loop.create_task(_link(cancel, handle.cancel_event))
     else:
@@ -46,7 +50,10 @@ async def engine_events(engine: Engine, request: GenerationRequest, n: int,
             for row_event in rows:
                 put((row_event.row, row_event.event))
 
-        future = engine.call(job)
+        try:
+            future = engine.call(job)
+        except RuntimeError as e:
+            raise EngineError(f"the model was closed before this answer's turn ({e})") from None
         future.add_done_callback(lambda fut: put(fut.exception() or _FINISHED))
         watcher = None
     left = n

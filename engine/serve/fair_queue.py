@@ -11,12 +11,20 @@ requests the server is busy (503). Used from the server's event loop only.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from engine.serve.errors import ApiError
 from engine.serve.limits import MAX_WAITING
+
+
+CANCEL_POLL_S = 0.05  # how often a waiting request looks whether it was stopped (a threading.Event)
+
+
+class TurnAbandoned(Exception):
+    """The request was stopped (the window's Stop) while it waited: it never gets its turn."""
 
 
 class FairQueue:
@@ -33,8 +41,11 @@ class FairQueue:
         return sum(len(line) for line in self._lines.values())
 
     @asynccontextmanager
-    async def turn(self, client: str) -> AsyncIterator[None]:
-        """Wait for this client's turn at the model, hold it in the block; 503 when too many wait."""
+    async def turn(self, client: str, cancel: threading.Event | None = None) -> AsyncIterator[None]:
+        """Wait for this client's turn at the model, hold it in the block; 503 when too many wait.
+
+        `cancel` set while waiting raises `TurnAbandoned` at once (not after the answers ahead of it).
+        """
         if self.running >= self.max_running or self.waiting:
             if self.waiting >= self.max_waiting:
                 raise ApiError(503, f"the model is busy: {self.waiting} requests are waiting; try again shortly",
@@ -42,6 +53,10 @@ class FairQueue:
             ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._lines.setdefault(client, deque()).append(ticket)
             try:
+                while cancel is not None and not ticket.done():
+                    if cancel.is_set():
+                        raise TurnAbandoned()
+                    await asyncio.wait({ticket}, timeout=CANCEL_POLL_S)
                 await ticket
             except BaseException:
                 if ticket.done() and not ticket.cancelled():

@@ -29,7 +29,7 @@ from engine.events import Done, GenerationStats, TokenEvent
 from engine.serve.engine_run import engine_events
 from engine.serve.errors import ApiError
 from engine.serve.exchange import Endpoint, ServedChoice, ServedExchange, Sinks
-from engine.serve.fair_queue import FairQueue
+from engine.serve.fair_queue import FairQueue, TurnAbandoned
 from engine.serve.model_routes import ModelRoutes
 from engine.serve.parse import ParseContext, ServedRequest, parse_request
 from engine.serve.responses import AnswerWriter, finish_reason
@@ -124,22 +124,27 @@ class EngineService(ModelRoutes):
         exchange = active.exchange
         self.active[exchange.id] = active
         self.sinks.on_start(exchange)
-        async with self.queue.turn(exchange.client.rsplit(":", 1)[0]):
-            if active.cancel.is_set():
-                return
-            async for index, event in engine_events(self.engine, served.generation, served.n, active.cancel):
-                if isinstance(event, TokenEvent):
-                    active.events[index].append(event)
-                    self.sinks.on_token(exchange.id, index, event)
-                else:
-                    active.stats[index] = event.stats
-                yield index, event
+        try:
+            async with self.queue.turn(exchange.client.rsplit(":", 1)[0], cancel=active.cancel):
+                if active.cancel.is_set():
+                    return
+                async for index, event in engine_events(self.engine, served.generation, served.n, active.cancel):
+                    if isinstance(event, TokenEvent):
+                        active.events[index].append(event)
+                        self.sinks.on_token(exchange.id, index, event)
+                    else:
+                        active.stats[index] = event.stats
+                    yield index, event
+        except TurnAbandoned:
+            return  # stopped while it waited: no tokens; the caller ends the answer as stopped
 
     def _end(self, active: ActiveAnswer, *, error: str | None = None, disconnected: bool = False) -> ServedExchange:
         """Record the end of the answer and tell the sink (once)."""
         if self.active.pop(active.exchange.id, None) is None:
             return active.exchange
         def reason(stats: GenerationStats | None) -> str:
+            if stats is None and active.stopped and not error:
+                return "stop"  # stopped before its turn: the client is told the answer stopped, empty
             if stats is None and disconnected:
                 return "cancelled"  # the client went away: told nothing, its generation stopped before the next token
             return "error" if error and stats is None else finish_reason(stats)
@@ -165,6 +170,9 @@ class EngineService(ModelRoutes):
                     raise EngineError(event.stats.error or "the model failed in the middle of the answer")
                 else:
                     yield dumps(writer.final_chunk(index, finish_reason(event.stats)))
+            for index, stats in enumerate(active.stats):
+                if stats is None and active.stopped:  # stopped before its turn at the model: still a last chunk
+                    yield dumps(writer.final_chunk(index, "stop"))
             if served.include_usage:
                 yield dumps(writer.usage_chunk(sum(len(e) for e in active.events)))
             ended = True

@@ -288,3 +288,64 @@ def test_a_served_trace_replays_identically(client, engine, sink, tmp_path, caps
     capsys.readouterr()
     assert run_cli(["replay", str(path)]) == 0
     assert "run 0: identical" in capsys.readouterr().out
+
+
+def _background_stream(server, engine, started: threading.Event, lines: list[str]) -> threading.Thread:
+    """A long answer streamed on a thread (it holds the model); its lines are kept."""
+    def read() -> None:
+        with _long_stream(server, engine) as response:
+            for line in response.iter_lines():
+                lines.append(line)
+                started.set()
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    assert started.wait(60)
+    return thread
+
+
+def test_an_answer_stopped_before_its_turn_still_ends_with_a_last_chunk(server, engine, sink):
+    """Stop on an answer still waiting for the model: the client got `[DONE]` with no chunk saying it stopped."""
+    started, first_lines = threading.Event(), []
+    first = _background_stream(server, engine, started, first_lines)
+    first_id = sink.wait_starts(1)[0].id
+    client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+    stream = client.chat.completions.create(model=engine.info.name, messages=CHAT, max_tokens=50, stream=True)
+    chunks = []
+    for chunk in stream:  # its first chunk (the role) comes before its turn
+        chunks.append(chunk)
+        if len(chunks) == 1:
+            waiting = sink.wait_starts(2)[1].id
+            assert chunk.id == waiting and server.stop_request(waiting)
+    assert [c.choices[0].finish_reason for c in chunks] == [None, "stop"]  # the last chunk, then [DONE]
+    assert server.stop_request(first_id)
+    first.join(30)
+    ended = {ex.id: ex for ex in sink.wait_ends(2)}
+    assert ended[waiting].stopped and ended[waiting].choices[0].finish_reason == "stop"
+    assert not ended[waiting].choices[0].events and ended[waiting].error is None
+
+
+def test_a_request_waiting_when_the_model_closes_gets_an_error_event_not_a_broken_stream():
+    """The model closed (another model, quitting) while a request waited: the ASGI app raised ("Exception in ASGI
+    application") and the client's stream broke off; now it ends with OpenAI's error event and `[DONE]`."""
+    with served_default_model() as (engine, server, sink):
+        started, first_lines = threading.Event(), []
+        first = _background_stream(server, engine, started, first_lines)
+        sink.wait_starts(1)
+        lines: list[str] = []
+
+        def second() -> None:
+            with httpx.stream("POST", server.url + "/chat/completions", timeout=60, json={
+                    "model": engine.info.name, "messages": CHAT, "max_tokens": 20, "stream": True}) as response:
+                lines.extend(response.iter_lines())
+
+        waiting = threading.Thread(target=second, daemon=True)
+        waiting.start()
+        sink.wait_starts(2)
+        engine.close(cancel=True)
+        waiting.join(30)
+        first.join(30)
+    data = [line.removeprefix("data: ") for line in lines if line.startswith("data:")]
+    assert data[-1] == "[DONE]"
+    error = json.loads(data[-2])["error"]
+    assert "closed" in error["message"], error
