@@ -357,6 +357,16 @@ def test_torch_and_llamacpp_read_the_same_layer_outputs(tiny_torch, tiny_llama_f
     assert np.allclose(states[1, 0], tiny_torch.last_token_states([ids[:3]])[0, 0], atol=1e-5)  # padding is ignored
 
 
+def test_torch_reads_prompts_with_a_shared_prefix_as_it_reads_them_alone(tiny_torch):
+    tok = tiny_torch.tokenizer
+    heads = "a shared beginning of every prompt here, long enough to be run once: "
+    prompts = [tok.encode(heads + tail) for tail in ("one", "two two", "three three three")]
+    together = tiny_torch.last_token_states(prompts)
+    alone = np.stack([tiny_torch.last_token_states([p])[0] for p in prompts])
+    assert np.allclose(together, alone, atol=1e-4)
+    assert np.abs(together[0] - together[2]).max() > 1e-3
+
+
 # --- training ----------------------------------------------------------------------------------------------------
 
 

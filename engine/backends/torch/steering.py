@@ -6,7 +6,8 @@ layer's output, at every position, exactly where llama.cpp adds
 `direction.i` (`build_cvec` before `l_out-i`). The hooks are live only
 inside the backend's own forward (`SteeringHooks.applied`), so the batch
 and position runners that share the model (research API, loom, scoring)
-keep computing the unsteered model. The lean decode step skips the
+keep computing the unsteered model. Layer outputs for training are read by
+the same hooks (a prefix the prompts share runs once). The lean decode step skips the
 layers' modules, so it gets the same tensor and adds each row itself
 (lean.py); the compiled CUDA step is not used while steering.
 
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.backends.torch.compat import with_cache
 from engine.lens import check_positions
 from engine.steering.settings import Steering, SteeringKey, key_of
 from engine.steering.shape import ResidualShape
@@ -172,18 +174,53 @@ class TorchSteering:
             raise ValueError("every sequence needs at least one token")
         out = np.empty((len(seqs), shape.n_layer, shape.n_embd), dtype=np.float32)
         hooks = self._hooks()
+        body = getattr(self.model, "model", self.model)
+        # A prefix every prompt shares (a pair set's chat template and persona) runs once; each batch continues
+        # from copies of its keys and values, so only the prompts' own tokens run per batch.
+        shared = _shared_prefix(seqs)
+        prefix_cache = None
+        if shared:
+            from transformers import DynamicCache
+
+            prefix_cache = DynamicCache(config=self.model.config)
+            with hooks.applied(None):
+                body(input_ids=torch.tensor([seqs[0][:shared]], device=self.device), use_cache=True,
+                     **with_cache(body, prefix_cache))
         for lo in range(0, len(seqs), STATES_BATCH):
-            group = seqs[lo : lo + STATES_BATCH]
+            group = [s[shared:] for s in seqs[lo : lo + STATES_BATCH]]
             width = max(len(s) for s in group)
             ids = torch.zeros((len(group), width), dtype=torch.long, device=self.device)
-            mask = torch.zeros((len(group), width), dtype=torch.long, device=self.device)
-            for j, s in enumerate(group):  # right padding: each prompt's positions are its own 0..n-1
+            mask = torch.zeros((len(group), shared + width), dtype=torch.long, device=self.device)
+            mask[:, :shared] = 1
+            for j, s in enumerate(group):  # right padding: each prompt's positions are its own
                 ids[j, : len(s)] = torch.tensor(s)
-                mask[j, : len(s)] = 1
+                mask[j, shared : shared + len(s)] = 1
+            kwargs: dict[str, Any] = {"use_cache": False}
+            if prefix_cache is not None:
+                import copy
+
+                cache = copy.deepcopy(prefix_cache)
+                cache.batch_repeat_interleave(len(group))
+                kwargs = {"use_cache": True, **with_cache(body, cache)}
             last = torch.tensor([len(s) - 1 for s in group], device=self.device)
             rows = torch.arange(len(group), device=self.device)
             with hooks.applied(None), hooks.capturing() as captured:
-                getattr(self.model, "model", self.model)(input_ids=ids, attention_mask=mask, use_cache=False)
+                body(input_ids=ids, attention_mask=mask, **kwargs)
             for layer in range(shape.n_layer):
                 out[lo : lo + len(group), layer] = captured[layer][rows, last].float().cpu().numpy()
         return out
+
+
+MIN_SHARED = 8  # tokens: a shorter shared prefix is run with each prompt rather than reused
+
+
+def _shared_prefix(seqs: list[list[int]]) -> int:
+    """Tokens every one of `seqs` begins with, leaving each at least its last token to run (0 below MIN_SHARED)."""
+    n = min(len(s) for s in seqs) - 1
+    first = seqs[0]
+    for s in seqs[1:]:
+        i = 0
+        while i < n and s[i] == first[i]:
+            i += 1
+        n = i
+    return n if n >= MIN_SHARED and len(seqs) > 1 else 0
