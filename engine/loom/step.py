@@ -18,6 +18,7 @@ import queue
 import threading
 from collections.abc import Callable
 
+from engine.backends.base import Backend
 from engine.capabilities import MissingCapabilityError, OwnEvents
 from engine.decode import generate_events
 from engine.events import TokenEvent
@@ -82,7 +83,7 @@ class SteppedEngine:
         handle = GenerationHandle()
         gate = self.gate
 
-        def job(backend) -> None:
+        def job(backend: Backend) -> None:
             def events():
                 if isinstance(backend, OwnEvents):
                     raise MissingCapabilityError(
