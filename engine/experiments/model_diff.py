@@ -6,16 +6,18 @@
 
 How it runs (same tokenizer). Each model scores the text on its own worker
 thread with its own position runner (engine.capabilities.PositionRunners: the
-text in chunks of positions, every position's logits kept), both at once. A's
+text in chunks of positions, every position's logits kept), chunk for chunk. A's
 thread turns each chunk into log-probs and its own numbers (`own_stats`) and
 hands the chunk over a one-slot queue; B's thread does the same for its chunk
 and then, holding both (n, V) blocks, computes KL both ways and the cross ranks
 (`cross_stats`). So a full-vocabulary row never leaves the two worker threads,
-is never copied between them (the queue passes a reference), at most about
-three chunks per model are alive at once, and the two forwards overlap.
+is never copied between them (the queue passes a reference), and at most about
+three chunks per model are alive at once. The two models take turns at the
+forwards (one lock), while each chunk's numbers are computed beside the other
+model's forward: each backend's forward already uses the machine's cores.
 
-Different tokenizers: each model scores its own tokenization (`score_ids`, also
-both at once), and the two are aligned on byte offsets (model_diff_vocab.py).
+Different tokenizers: each model scores its own tokenization (`score_ids`, one
+after the other), and the two are aligned on byte offsets (model_diff_vocab.py).
 
 Either model is an `Engine`, a research `LanguageModel`, or anything with
 `call(fn) -> Future` running `fn(backend)` on the thread that owns the model
@@ -24,11 +26,12 @@ Either model is an `Engine`, a research `LanguageModel`, or anything with
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
@@ -108,12 +111,19 @@ def compare_models(
     continuation: str | None = None,
     top_n: int = 10,
     cancelled: Callable[[], bool] = lambda: False,
+    take_turns: bool = True,
 ) -> ModelDiff | SpanModelDiff:
     """Score `text` (or `continuation` after `context`) under models `a` and `b` and compare them.
 
     Same vocabulary (every id the same bytes): a `ModelDiff`, token by token, with KL of the full
     distributions. Otherwise a `SpanModelDiff` on byte-aligned spans (KL per token is not defined there).
     Blocks until both models are done; call it off the models' threads (and off a UI thread).
+
+    `take_turns` (default): the two models' forwards run one at a time, each chunk's numbers overlapping
+    the other model's forward. Each backend already spreads a forward over the machine's cores, and two at
+    once on the same cores wait on each other's thread barriers: on a 2-core machine the two at once took
+    twice as long as one after the other (bench/model_diff.py). False runs them at the same time (two
+    models on two devices).
 
     Raises:
         ValueError: no text, or a text of fewer than two tokens; a tokenizer that does not spell the text.
@@ -138,7 +148,7 @@ def compare_models(
 
     if vocab.same:
         ids, ctx = ids_for(backend_a.tokenizer)
-        positions, calls = _token_by_token(ta, tb, backend_a.tokenizer, ids, ctx, top_n, cancelled)
+        positions, calls = _token_by_token(ta, tb, backend_a.tokenizer, ids, ctx, top_n, cancelled, take_turns)
         return ModelDiff(_name(backend_a), _name(backend_b), tuple(ids), ctx, tuple(positions), vocab,
                          time.perf_counter() - started, calls)
     full = text if text is not None else (context or "") + (continuation or "")
@@ -150,6 +160,8 @@ def compare_models(
     spans_a = token_spans(backend_a.tokenizer, ids_a, full, f"model A's tokenizer ({backend_a.info.name})")
     spans_b = token_spans(backend_b.tokenizer, ids_b, full, f"model B's tokenizer ({backend_b.info.name})")
     fa = ta.call(lambda bk: score_ids(bk, ids_a, context=ctx_a, top_n=0, cancelled=cancelled))
+    if take_turns:
+        fa.result()  # B starts once A is done (see take_turns)
     fb = tb.call(lambda bk: score_ids(bk, ids_b, context=ctx_b, top_n=0, cancelled=cancelled))
     ra, rb = fa.result(), fb.result()
     spans = _span_diffs(full, spans_a, spans_b, ra, rb, backend_a.tokenizer, backend_b.tokenizer)
@@ -202,9 +214,11 @@ def _close_runner(runner: Any) -> None:
 
 
 def _token_by_token(
-    ta: ModelThread, tb: ModelThread, tok_a: Any, ids: list[int], ctx: int, top_n: int, cancelled: Callable[[], bool]
+    ta: ModelThread, tb: ModelThread, tok_a: Any, ids: list[int], ctx: int, top_n: int, cancelled: Callable[[], bool],
+    take_turns: bool = True,
 ) -> tuple[list[PositionDiff], tuple[int, int]]:
     targets = np.asarray(ids, dtype=np.int64)
+    turn: Any = threading.Lock() if take_turns else contextlib.nullcontext()  # held while a model runs a forward
     handoff: queue.Queue = queue.Queue(maxsize=1)  # A is at most one chunk ahead of B
     stop = threading.Event()  # set by whichever side ends early (error, cancel), so the other stops waiting
 
@@ -216,7 +230,7 @@ def _token_by_token(
             raise
         at = ctx
         try:
-            for block in blocks:
+            for block in _in_turn(blocks, turn):
                 if cancelled() or stop.is_set():
                     break
                 n = block.shape[0]
@@ -240,7 +254,7 @@ def _token_by_token(
         pending: list[OwnStats] = []  # A's chunks not yet matched (the two runners may chunk differently)
         a_done = False
         try:
-            for block in blocks:
+            for block in _in_turn(blocks, turn):
                 if cancelled():
                     break
                 at = ctx + len(out)
@@ -273,6 +287,16 @@ def _token_by_token(
         stop.set()
     calls_a = fa.result()  # A's error, if it had one, is raised here
     return positions, (calls_a, calls_b)
+
+
+def _in_turn(blocks: Iterator[np.ndarray], turn: Any) -> Iterator[np.ndarray]:
+    """`blocks`, each one's forward run while holding `turn`, so the two models' forwards never overlap."""
+    while True:
+        with turn:
+            block = next(blocks, None)
+        if block is None:
+            return
+        yield block
 
 
 def _take(pending: list[OwnStats], n: int) -> tuple[OwnStats | None, list[OwnStats]]:

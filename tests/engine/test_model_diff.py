@@ -283,3 +283,13 @@ def test_context_and_continuation_score_only_the_continuation(default_llamacpp, 
             compare_models(a, b, "Hi")
         with pytest.raises(ValueError, match="give a text"):
             compare_models(a, b)
+
+
+def test_taking_turns_and_running_at_once_give_the_same_numbers(default_llamacpp, default_torch):
+    with BackendThread(default_llamacpp) as a, BackendThread(default_torch) as b:
+        turns = compare_models(a, b, TEXT, take_turns=True)
+        at_once = compare_models(a, b, TEXT, take_turns=False)
+    assert [p.token_id for p in turns.positions] == [p.token_id for p in at_once.positions]
+    for x, y in zip(turns.positions, at_once.positions):
+        assert x.kl_ab == pytest.approx(y.kl_ab, abs=1e-6) and x.b.logprob == pytest.approx(y.b.logprob, abs=1e-6)
+        assert x.a_top_rank_in_b == y.a_top_rank_in_b
