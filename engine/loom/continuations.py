@@ -110,8 +110,10 @@ def continuation_events(
     cancel = cancel or threading.Event()
     seeds = row_seeds(request, n)
     # The batched rows run the sampler chain alone: banned strings (a step back) and a constraint (a matcher
-    # per row) live in the decode loop, so such children go one after another through it.
-    one_by_one = request.sampler.banned_strings or request.constraint is not None
+    # per row) live in the decode loop, and so does steering (the batch runners' contexts carry no control
+    # vector): such children go one after another through it.
+    steered = request.steering is not None and request.steering.active
+    one_by_one = request.sampler.banned_strings or request.constraint is not None or steered
     if mode == "sample" and request.server_sampling and isinstance(backend, ServerChildren):
         # The server samples: one request asks it for all N children (its `n`), one by one where it cannot.
         yield from (RowEvent(row, event) for row, event in backend.children_events(request, seeds, cancel))
@@ -126,6 +128,9 @@ def _check_beam(backend: Backend, request: GenerationRequest) -> None:
     if request.sampler.banned_strings:
         raise ValueError("beam search ranks the model's own continuations and cannot step back from banned "
                          "strings: sample the continuations, or clear the banned strings")
+    if request.steering is not None and request.steering.active:
+        raise ValueError("beam search runs on the model's batch runner, which carries no control vector: sample "
+                         "the continuations, or set the steering strengths to 0")
     if isinstance(backend, OwnEvents) or not isinstance(backend, BatchRunners):
         raise ValueError(f"beam search needs the model's whole next-token distribution for N rows at once, which "
                          f"{backend.info.name} does not give here: choose own seeds or the most likely first tokens")

@@ -488,3 +488,28 @@ def test_cli_trains_a_vector_and_generates_with_it(tmp_path, capsys):
     assert steered != plain
     assert generate("--control-vector", str(out), "--control-vector", str(out), "--control-vector", str(out),
                     "--control-vector", str(out)) != plain
+
+
+def test_loom_continuations_under_steering_are_the_steered_answers(tiny_cpp):
+    """The loom's batch runner carries no control vector: a steered request's children ran unsteered, in
+    silence. They now run one after another through the decode loop, each the steered answer of its seed."""
+    from engine.loom.continuations import continuation_events, row_seeds
+
+    shape = tiny_cpp.residual_shape()
+    s = Steering.of((random_vector(shape, scale=0.5), 1.5))
+    request = GenerationRequest(prompt="one two three four", sampler=SamplerSettings(temperature=1.0, seed=7),
+                                max_new_tokens=8, steering=s)
+    rows: dict[int, list[int]] = {}
+    for row_event in continuation_events(tiny_cpp, request, 3):
+        if isinstance(row_event.event, Done):
+            rows[row_event.row] = list(row_event.event.stats.token_ids)
+    for row, seed in enumerate(row_seeds(request, 3)):
+        def answer(steering):
+            req = GenerationRequest(prompt=request.prompt, sampler=request.sampler.with_(seed=seed),
+                                    max_new_tokens=8, steering=steering)
+            return list(list(generate_events(tiny_cpp, req))[-1].stats.token_ids)
+
+        assert rows[row] == answer(s), row
+        assert rows[row] != answer(None), row  # steering changes this answer: the check above means something
+    with pytest.raises(ValueError, match="control vector"):
+        list(continuation_events(tiny_cpp, request, 3, mode="beam"))
