@@ -21,9 +21,9 @@ before any forward pass (`ContextLengthError`, naming the prompt).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from engine.steering import Steering, SteeringEffect
 
 
+_T = TypeVar("_T")
 MIN_SHARED_PREFIX = 8  # tokens: below this, running the prefix separately costs more than it saves
 
 
@@ -387,7 +388,7 @@ class LanguageModel:
                            eos_token_ids=sorted(self.tokenizer.eos_token_ids), pad_id=self.runner.pad_id,
                            context_length=self.context_length)
 
-    def call(self, fn):  # (Callable[[Backend], T]) -> Future[T]
+    def call(self, fn: Callable[[Any], _T]) -> Future[_T]:
         """`fn(backend)` on this model's thread, the one every forward runs on (as `Engine.call`); used by
         engine.experiments.model_diff to compare two models."""
         return self._executor.submit(fn, self.backend)
