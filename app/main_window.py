@@ -2,7 +2,7 @@
 
 The menus' actions are typed (`WindowActions`) and connected here; what they
 do lives apart and gets an `ActionContext` rather than the window: loading
-models (`ModelActions`), experiments and exports (`experiment_actions`).
+models (`ModelActions`), experiments and exports (`app.actions.experiments`).
 Chat actions run as tasks on the qasync loop. Closing while an answer streams
 stops it, waits for the last tokens, writes them, then really closes.
 """
@@ -22,17 +22,17 @@ from PySide6.QtWidgets import (
 
 from engine import ModelInfo
 
-from app.action_context import ActionContext
-from app.controller import Busy, ChatController
+from app.actions.context import ActionContext
+from app.controllers.chat import Busy, ChatController
 from app.engine_host import EngineHost
-from app.experiment_actions import export_conversation, export_trace, open_compare, open_replay, open_score
+from app.actions.experiments import export_conversation, export_trace, open_compare, open_replay, open_score
 from app.logs import show_log_file
 from app.menus import WindowActions, build_menu_bar, show_about, show_shortcuts
-from app.library_actions import open_library
-from app.model_actions import ModelActions
-from app.serve_controller import ServeController
+from app.actions.library import open_library
+from app.actions.model import ModelActions
+from app.controllers.serve import ServeController
 from app.state.conversation import Message
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.recovery import DatabaseNotice
 from app.state.servers import ApiKeys
 from app.state.settings import Selection, SettingsState, ViewOptions
@@ -43,7 +43,7 @@ from app.widgets.banner import Banner
 from app.widgets.chat_pane import ChatPane
 from app.widgets.inspector import MIN_WIDTH as INSPECTOR_MIN_WIDTH
 from app.widgets.inspector import Inspector
-from app.loom_controller import LoomController
+from app.controllers.loom import LoomController
 from app.loom_options import remember_loom_options
 from app.widgets.loom_view import LoomView
 from app.widgets.model_diff_view import open_model_diff
@@ -56,7 +56,7 @@ from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
 from app.notebook import generate as continue_notebook, is_notebook
 from app.tab_order import DocksOnScreen
-from app.template_actions import TemplateActions
+from app.actions.templates import TemplateActions
 from app.template_default import default_system_prompt
 from app.widgets.notebook_view import NotebookView
 from app.window_geometry import (

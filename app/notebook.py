@@ -25,7 +25,7 @@ from app.state.conversation import Conversation, Message
 
 
 class Answerer(Protocol):
-    """What a notebook needs of the chat controller (app.controller.ChatController): no import of it, no circle."""
+    """What a notebook needs of the chat controller (app.controllers.chat.ChatController): no import of it, no circle."""
 
     async def continue_answer(self, message: Message) -> Message: ...
 

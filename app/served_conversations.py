@@ -34,7 +34,7 @@ from engine import ModelInfo, TokenEvent
 from engine import reasoning
 
 from app.state.conversation import Conversation, Message
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.model_record import model_record
 from app.state.observable import Signal
 from app.token_stream import FRAME_S, FrameHop

@@ -31,7 +31,7 @@ from engine import experiments  # score, compare, token diff, JSONL traces (engi
 from engine.experiments.audit import LoomAudit  # what Engine.start_audit_rows gives (the loom's audit)
 from engine import loom  # N continuations from one prefix, step mode (engine.loom)
 from engine import library  # models on this machine, and downloads (engine.library)
-from engine import chat_templates  # built-in and chosen chat templates, which one a model uses
+from engine import template_choice  # built-in and chosen chat templates, which one a model uses
 from engine import reasoning  # <think>…</think> in answers and in the next turn's prompt (engine.reasoning)
 from engine import lens  # the layer view (logit lens) and attention of a position (engine.lens)
 from engine import steering  # control vectors: load, save, train, apply, what they did (engine.steering)
@@ -119,7 +119,7 @@ __all__ = [
     "TokenProb",
     "default_model_path",
     "download_default_model",
-    "chat_templates",
+    "template_choice",
     "experiments",
     "final_distribution",
     "loom",

@@ -1,6 +1,6 @@
 """Chat templates rendered in a child process that is killed when a render runs past its time limit.
 
-A chat template is the model's code. `engine.chat_template` stops most
+A chat template is the model's code. `engine.template_render` stops most
 runaway templates from inside (a trace function on the template's own lines,
 size checks before big values are made), but two kinds escape any in-process
 limit: one long C call that holds the GIL (`sum` of 100,000 lists with

@@ -1,7 +1,7 @@
 """Qt-free state of the window: conversation trees, settings, presets, selection; and their SQLite store."""
 
 from app.state.conversation import Conversation, Message
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.observable import Signal
 from app.state.settings import BUILTIN_PRESETS, GenerationOptions, Selection, SettingsState, ViewOptions
 from app.state.store import Store

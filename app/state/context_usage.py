@@ -83,7 +83,7 @@ class ContextCounter:
         """Length of the chat prompt that asks `question`; None without a tokenizer or while it is counted."""
         if tokenizer is None:
             return None
-        # The chosen chat template (engine.chat_templates) and a notebook's text, which grows in place, count too.
+        # The chosen chat template (engine.template_choice) and a notebook's text, which grows in place, count too.
         key = (conv.id, question.id, conv.system_prompt, id(tokenizer), getattr(tokenizer, "template_override", None),
                conv.mode, len(question.content))
         n = self._prompts.get(key)
@@ -99,7 +99,7 @@ class ContextCounter:
         def count() -> int:
             if notebook_text is not None:  # a notebook: its raw text, no template (app/notebook.py)
                 return len(tokenizer.encode(notebook_text))
-            # Earlier answers' reasoning is left out as the send leaves it out (app/controller.py).
+            # Earlier answers' reasoning is left out as the send leaves it out (app/controllers/chat.py).
             fmt_key = (id(tokenizer), getattr(tokenizer, "template_override", None))
             fmt = self._formats.get(fmt_key)
             if fmt is None:

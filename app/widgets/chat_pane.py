@@ -16,9 +16,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.controller import ChatController
+from app.controllers.chat import ChatController
 from app.state.conversation import Conversation
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.write_queue import write_queue
 from app.state.settings import HEAT_MODES, Selection, ViewOptions
 from app.widgets.chat_view import ChatView

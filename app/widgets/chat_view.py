@@ -21,9 +21,9 @@ from collections.abc import Callable
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QLabel, QPushButton, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
-from app.controller import ChatController
+from app.controllers.chat import ChatController
 from app.state.conversation import Conversation, Message
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.write_queue import write_queue
 from app.state.settings import Selection, ViewOptions
 from app.theme import is_dark

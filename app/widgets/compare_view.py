@@ -24,10 +24,10 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine_host import EngineHost
-from app.experiment_controller import CompareRun, ExperimentController
+from app.controllers.experiment import CompareRun, ExperimentController
 from app.notebook import Prompt, prompt_for
 from app.state.conversation import Conversation, Message
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.settings import SettingsState
 from app.widgets.token_column import TokenColumn, mark_tokens
 from app.widgets.token_detail import TokenDetail

@@ -14,9 +14,9 @@ from engine import TokenEvent
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QTabWidget, QToolButton, QVBoxLayout, QWidget
 
-from app.controller import ChatController
+from app.controllers.chat import ChatController
 from app.state.conversation import Conversation, Message
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.servers import server_samples
 from app.state.settings import Selection
 from app.widgets.constraint_marks import constraint_summary, disallowed_reason, forced_badge

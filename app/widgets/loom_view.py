@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
     QSpinBox, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
 )
 
-from app.loom_controller import ExpandSettings, LoomController
+from app.controllers.loom import ExpandSettings, LoomController
 from app.state.conversation import Conversation, Message
 from app.state.loom_tree import LoomNode, answer_group, grow_tree, import_loom_file, representative, write_loom_file
 from app.state.settings import Selection
@@ -465,8 +465,8 @@ class LoomView(QWidget):
         self.stop_button.setEnabled(self._loom.busy)
 
     def audit(self) -> asyncio.Task:
-        """Rerun the focused question's loom rows one by one; the report goes to the status line (app/loom_audit.py)."""
-        from app.loom_audit import audit_question
+        """Rerun the focused question's loom rows one by one; the report goes to the status line (app/controllers/loom_audit.py)."""
+        from app.controllers.loom_audit import audit_question
 
         async def run() -> None:
             focus = self._focus_message()

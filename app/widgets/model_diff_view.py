@@ -1,7 +1,7 @@
 """Compare models: the loaded model (A) and a second one (B) on one text, every token coloured by how far
 the two models' next-token distributions are apart (KL(A‖B)).
 
-The second model is loaded for this window only (app/model_diff_controller.py `SecondModel`) and closed when
+The second model is loaded for this window only (app/controllers/model_diff.py `SecondModel`) and closed when
 the window closes or another is picked; the memory both hold is shown under the picker. Hovering a token shows
 both models' log-probs, ranks and top alternatives there; the list beside the text holds the largest
 divergences. With two different tokenizers the text is compared by byte spans (summed log-prob per span,
@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 
 from app.engine_host import EngineHost
 from app.state.store import Store
-from app.model_diff_controller import MemoryLine, ModelDiffRun, SecondModel, start_diff
+from app.controllers.model_diff import MemoryLine, ModelDiffRun, SecondModel, start_diff
 from app.theme import is_dark
 from app.widgets.escape_closes import close_on_escape
 from app.widgets.fmt import human_bytes, pct, visible

@@ -23,10 +23,10 @@ from PySide6.QtWidgets import (
     QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTextEdit, QToolButton, QToolTip, QVBoxLayout, QWidget,
 )
 
-from app.controller import ChatController
+from app.controllers.chat import ChatController
 from app.notebook import apply_text, is_notebook, notebook_text, spans
 from app.state.conversation import Conversation, Message
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.write_queue import write_queue
 from app.state.settings import Selection, ViewOptions
 from app.theme import is_dark

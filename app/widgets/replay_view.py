@@ -22,7 +22,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout, QWidget
 
 from app.engine_host import EngineHost
-from app.experiment_controller import ExperimentController, ReplayRun
+from app.controllers.experiment import ExperimentController, ReplayRun
 from app.experiments import AnswerRecipe, describe_model, recipe_for
 from app.state.conversation import Conversation, Message
 from app.widgets.token_column import CHANGED_COLOR, TokenColumn, mark_tokens, stats_text

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.controller import ChatController
+from app.controllers.chat import ChatController
 from app.state.settings import MAX_NEW_TOKENS_LIMIT, PRESET_DESCRIPTIONS, GenerationOptions, SettingsState
 from app.widgets.escaped_lines import format_lines as format_stop
 from app.widgets.escaped_lines import parse_lines as parse_stop

@@ -19,7 +19,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from app.engine_host import EngineHost
-from app.experiment_controller import ExperimentController, ScoreRun
+from app.controllers.experiment import ExperimentController, ScoreRun
 from app.state.conversation import Conversation
 from app.theme import is_dark
 from app.widgets.heat import HeatLegend

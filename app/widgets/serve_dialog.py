@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.serve_controller import ServeController, ServeError, ServeSettings, ServeState, is_loopback
+from app.controllers.serve import ServeController, ServeError, ServeSettings, ServeState, is_loopback
 
 KEY_HINT = ("Clients send it as “Authorization: Bearer KEY”. Needed for any address other than 127.0.0.1: "
             "anyone who can reach this machine could use the model otherwise.")

@@ -15,9 +15,9 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
 
-from app.serve_controller import ServeController
+from app.controllers.serve import ServeController
 from app.state.conversation import Conversation
-from app.state.library import Library
+from app.state.conversation_list import Library
 
 
 def describe_served(served: dict[str, Any]) -> str:

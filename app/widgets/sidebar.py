@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.write_queue import write_queue
 
 ID_ROLE = Qt.ItemDataRole.UserRole

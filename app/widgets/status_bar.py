@@ -11,7 +11,7 @@ from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QPainter, QPaintEvent
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
-from app.controller import ChatController
+from app.controllers.chat import ChatController
 from app.engine_host import EngineHost, LoadState
 from app.state.context_usage import ContextCounter
 from app.widgets.fmt import human_bytes
@@ -109,7 +109,7 @@ class StatusBar(QStatusBar):
         self.serve_label.setVisible(False)
         self.addWidget(self.progress_label)
         self.addWidget(self.progress)
-        # Which chat template the model's chats use, a warning when it has none (app/template_actions.py).
+        # Which chat template the model's chats use, a warning when it has none (app/actions/templates.py).
         self.template_label = ElidedLabel()
         self.template_label.setAccessibleName("Chat template")
         self._template_warns = False
@@ -216,7 +216,7 @@ class StatusBar(QStatusBar):
         self.showMessage(f"Loaded {info.name}", 4000)
 
     def show_serving(self, state) -> None:
-        """Model ▸ Serve…'s state (app/serve_controller.py `ServeState`): its address while it serves."""
+        """Model ▸ Serve…'s state (app/controllers/serve.py `ServeState`): its address while it serves."""
         self.serve_label.setText(state.status_text)
         self.serve_label.setToolTip(f"Serving {state.what} to OpenAI clients at {state.url}; every answer appears "
                                     "in the chats list (Model ▸ Serve… stops it)" if state.running else "")

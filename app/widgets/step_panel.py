@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QCheckBox, QLabel, QListWidget, QListWidgetItem, QVBoxLayout, QWidget
 
-from app.loom_controller import LoomController
+from app.controllers.loom import LoomController
 from app.widgets.fmt import pct, visible
 
 STEP_TIP = ("Pause the next answers after every token's distribution: Enter takes the sampler's pick, 1–9 the "

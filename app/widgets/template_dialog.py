@@ -1,18 +1,18 @@
 """Model ▸ Chat template…: which template the loaded model's chats use, with a preview of what it renders.
 
 The choices: the model's own (when it has one), the built-ins of
-`engine.chat_templates` (ChatML, Llama 3, Gemma, Mistral, Phi-3, the plain
+`engine.template_choice` (ChatML, Llama 3, Gemma, Mistral, Phi-3, the plain
 transcript), or a Jinja template pasted in. The preview renders a short chat
 with the chosen text in the engine's sandbox (a second at most), so a broken or
 refusing template says so before it is chosen. The dialog only chooses: the
-caller applies the choice and remembers it for the model (app/template_actions.py).
+caller applies the choice and remembers it for the model (app/actions/templates.py).
 """
 
 from __future__ import annotations
 
 import html
 
-from engine import chat_templates
+from engine import template_choice
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
@@ -43,7 +43,7 @@ class TemplateDialog(QDialog):
         self.choice_box.setAccessibleName("Template")
         if has_own:
             self.choice_box.addItem("The model's own", OWN)
-        for t in chat_templates.BUILTIN_TEMPLATES.values():
+        for t in template_choice.BUILTIN_TEMPLATES.values():
             self.choice_box.addItem(f"{t.label} (built-in)", t.name)
         self.choice_box.addItem("Paste a Jinja template…", CUSTOM)
         self.source_label = QLabel()
@@ -84,7 +84,7 @@ class TemplateDialog(QDialog):
     def _select(self, current: str | None) -> None:
         if current is None:
             data = OWN if self.has_own else "transcript"
-        elif current in chat_templates.BUILTIN_TEMPLATES:
+        elif current in template_choice.BUILTIN_TEMPLATES:
             data = current
         else:
             data = CUSTOM
@@ -95,7 +95,7 @@ class TemplateDialog(QDialog):
 
     def _on_choice(self) -> None:
         data = self.choice_box.currentData()
-        builtin = chat_templates.BUILTIN_TEMPLATES.get(data)
+        builtin = template_choice.BUILTIN_TEMPLATES.get(data)
         self.text_edit.setReadOnly(data != CUSTOM)
         if builtin is not None:
             self.source_label.setText(f"From {builtin.source}")
@@ -122,7 +122,7 @@ class TemplateDialog(QDialog):
             ok = False
         else:
             try:
-                self.preview.setPlainText(chat_templates.preview(text))
+                self.preview.setPlainText(template_choice.preview(text))
                 self.error_label.setText("")
             except ValueError as e:  # ChatTemplateError: broken, refusing, or over a limit
                 self.preview.clear()

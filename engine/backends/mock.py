@@ -39,7 +39,7 @@ class MockTokenizer:
         self.eos_token_ids = frozenset({EOS_ID})
         self._index = {p: i for i, p in enumerate(PIECES)}
         self.has_chat_template = False
-        self.template_override: str | None = None  # engine.chat_templates: rendered as the real tokenizers do
+        self.template_override: str | None = None  # engine.template_choice: rendered as the real tokenizers do
         self.template_override_name = ""
         self.guessed_template = ""
 

@@ -15,7 +15,7 @@ from engine import TokenEvent
 from PySide6.QtCore import QTimer
 
 from app.state.conversation import Conversation
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.store import Store
 
 

@@ -62,7 +62,7 @@ async def _probe(data_dir: Path) -> dict:
         await asyncio.sleep(0.02)
     free = window.screen().availableGeometry()
     hint = window.minimumSizeHint()
-    from app.experiment_actions import open_compare
+    from app.actions.experiments import open_compare
 
     compare = open_compare(window.context)
     for _ in range(40):  # past the refits after showing (app/window_geometry.py REFIT_AFTER_MS)

@@ -13,7 +13,7 @@ from engine.backends.mock import MockBackend
 from engine.experiments import first_divergence, read_trace
 
 from app.engine_host import EngineHost
-from app.experiment_actions import export_trace, open_compare, open_replay
+from app.actions.experiments import export_trace, open_compare, open_replay
 from qt_helpers import close_window, make_window, run_task, send
 
 

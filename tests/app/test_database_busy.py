@@ -262,7 +262,7 @@ def test_versions_and_the_system_prompt_changed_while_locked_are_written_after(q
 
 
 def test_closing_runs_the_actions_that_still_wait_for_the_lock(db_path):
-    from app.state.library import Library
+    from app.state.conversation_list import Library
     from app.state.store import Store
 
     store = Store(db_path)

@@ -16,11 +16,11 @@ import pytest
 
 from engine import SamplerSettings, experiments
 
-from app.controller import ChatController
+from app.controllers.chat import ChatController
 from app.engine_host import EngineHost
-from app.experiment_controller import ExperimentController
+from app.controllers.experiment import ExperimentController
 from app.experiments import recipe_for
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.settings import SettingsState
 
 
@@ -44,7 +44,7 @@ def _load(host: EngineHost, spec: str | None, backend: str) -> bool:
 
 def test_the_controller_loads_no_qt():
     """In a fresh interpreter (this one has Qt from the window tests' fixtures): no Qt module comes with it."""
-    code = "import sys, app.experiment_controller; print(sorted(m for m in sys.modules if 'PySide' in m or 'qasync' in m))"
+    code = "import sys, app.controllers.experiment; print(sorted(m for m in sys.modules if 'PySide' in m or 'qasync' in m))"
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]

@@ -12,7 +12,7 @@ from qt_helpers import send
 from engine import SamplerSettings
 from engine.experiments import read_trace
 
-from app.experiment_actions import export_trace
+from app.actions.experiments import export_trace
 from app.state.json_safe import json_safe, number_in
 from app.state.loom_import import import_loom_file
 
@@ -71,7 +71,7 @@ def test_loom_export_after_a_ban_is_standard_json_and_imports_back(window, banne
 
 def test_a_failed_export_leaves_no_partial_file_and_keeps_the_old_one(window, banned_answer, tmp_path, monkeypatch):
     """A value that cannot be written halfway through: no file, no temporary left, an older file untouched."""
-    import app.experiment_actions as actions
+    import app.actions.experiments as actions
 
     folder = tmp_path / "exports"
     folder.mkdir()

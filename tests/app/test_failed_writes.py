@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-import app.controller as controller_module
+import app.controllers.chat as controller_module
 from qt_helpers import close_window, make_window, run_task
 
 

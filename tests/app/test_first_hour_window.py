@@ -253,7 +253,7 @@ def test_the_title_ends_with_the_app_name_once(qtbot, window):
 
 @pytest.mark.parametrize("opener", ["compare", "score", "replay"])
 def test_esc_closes_compare_replay_and_score(qtbot, window, closing, opener):
-    from app.experiment_actions import open_compare, open_replay, open_score
+    from app.actions.experiments import open_compare, open_replay, open_score
 
     if opener == "replay":
         send(qtbot, window, "the cat")
@@ -312,14 +312,14 @@ class _Rendering:
         self.template = template
 
     def chat_text(self, messages, add_generation_prompt: bool = True) -> str:
-        from engine.chat_template import render_chat_template
+        from engine.template_render import render_chat_template
 
         return render_chat_template(self.template, {"messages": [dict(m) for m in messages],
                                                     "add_generation_prompt": add_generation_prompt})
 
 
 def test_the_default_system_prompt_is_read_from_the_template():
-    from engine.chat_templates import BUILTIN_TEMPLATES
+    from engine.template_choice import BUILTIN_TEMPLATES
 
     from app.template_default import default_system_prompt
 
@@ -393,7 +393,7 @@ def test_typing_follows_a_chat_that_becomes_a_notebook(qtbot, window):
     """A base model turns the empty chat into a notebook when it loads: the focus goes to the notebook's text."""
     _activate(qtbot, window)
     assert QApplication.focusWidget() is window.chat.composer.edit
-    window.library.new(mode="notebook")  # what app/template_actions.py does for a model without a template
+    window.library.new(mode="notebook")  # what app/actions/templates.py does for a model without a template
     qtbot.waitUntil(lambda: QApplication.focusWidget() is window.notebook.editor, timeout=3000)
     qtbot.keyClicks(QApplication.focusWidget(), "Once")
     assert window.notebook.editor.toPlainText() == "Once"

@@ -15,10 +15,10 @@ from PySide6.QtCore import Qt
 
 from engine import TokenEvent, TokenProb
 
-from app.controller import ChatController
+from app.controllers.chat import ChatController
 from app.engine_host import EngineHost
-from app.loom_controller import ExpandSettings, LoomController
-from app.state.library import Library
+from app.controllers.loom import ExpandSettings, LoomController
+from app.state.conversation_list import Library
 from app.state.loom_tree import LoomImportError, answer_group, build_tree, export_tree, import_tree
 from app.state.settings import SettingsState
 from app.state.store import Store
@@ -49,7 +49,7 @@ def _loom(host, store, **sampler) -> tuple[LoomController, Library]:
 
 
 def test_the_loom_controller_loads_no_qt():
-    code = "import sys, app.loom_controller, app.state.loom_tree; print(sorted(m for m in sys.modules if 'PySide' in m))"
+    code = "import sys, app.controllers.loom, app.state.loom_tree; print(sorted(m for m in sys.modules if 'PySide' in m))"
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]

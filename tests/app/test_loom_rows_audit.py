@@ -9,11 +9,11 @@ import pytest
 
 from engine.fingerprint import Fingerprint
 
-from app.controller import ChatController
+from app.controllers.chat import ChatController
 from app.engine_host import EngineHost
-from app.loom_audit import audit_question, loom_children
-from app.loom_controller import LoomController
-from app.state.library import Library
+from app.controllers.loom_audit import audit_question, loom_children
+from app.controllers.loom import LoomController
+from app.state.conversation_list import Library
 from app.state.settings import SettingsState
 
 

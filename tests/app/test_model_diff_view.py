@@ -1,4 +1,4 @@
-"""Compare models (app/widgets/model_diff_view.py, app/model_diff_controller.py) with real models: the chat's model
+"""Compare models (app/widgets/model_diff_view.py, app/controllers/model_diff.py) with real models: the chat's model
 is the default GGUF on llama.cpp, model B its float32 torch twin picked in the window. The token view is coloured
 by each token's KL, hover shows both models, and model B is closed when another is picked and when the window
 closes. Real models, not the mock: the point is the two real distributions (the mock has no position runner)."""

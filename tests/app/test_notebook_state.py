@@ -10,7 +10,7 @@ import pytest
 
 from app.notebook import Prompt, apply_text, notebook_text, prompt_for, spans
 from app.state.export import to_json_dict, to_markdown
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.recovery import open_database
 from app.state.store import REPAIR_MARKER_SUFFIX, SCHEMA, SCHEMA_VERSION, Store
 

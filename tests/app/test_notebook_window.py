@@ -9,10 +9,10 @@ import json
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialogButtonBox
 
-from engine import chat_templates
+from engine import template_choice
 
 from app.notebook import notebook_text
-from app.template_actions import TEMPLATES_KEY
+from app.actions.templates import TEMPLATES_KEY
 from qt_helpers import close_window, make_window, run_task
 
 PROMPT = " the quick brown fox"
@@ -121,7 +121,7 @@ def test_a_chat_with_a_base_model_warns_and_a_chosen_template_is_used_and_rememb
     assert "<|im_start|>assistant" in dialog.preview.toPlainText()
     dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
     tok = host.engine.tokenizer
-    assert tok.template_override == chat_templates.BUILTIN_TEMPLATES["chatml"].text
+    assert tok.template_override == template_choice.BUILTIN_TEMPLATES["chatml"].text
     assert w.status.template_label.text() == "Template: ChatML (built-in)"
     assert store.get_setting(TEMPLATES_KEY) == {host.info.spec or host.info.path or host.info.name: "chatml"}
 
@@ -137,4 +137,4 @@ def test_a_chat_with_a_base_model_warns_and_a_chosen_template_is_used_and_rememb
     # The model loads again (another session): the remembered template is applied.
     tok.template_override = None
     host.model_changed.emit(host.info)
-    assert tok.template_override == chat_templates.BUILTIN_TEMPLATES["chatml"].text
+    assert tok.template_override == template_choice.BUILTIN_TEMPLATES["chatml"].text

@@ -11,11 +11,11 @@ import pytest
 
 from engine import Constraint, GenerationStats, SamplerSettings, TokenEvent, TokenProb, reasoning
 
-import app.experiment_controller as experiment_controller
-from app.experiment_actions import open_compare
+import app.controllers.experiment as experiment_controller
+from app.actions.experiments import open_compare
 from app.experiments import recipe_for
 from app.state.context_usage import ContextCounter
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.loom_tree import export_tree
 from qt_helpers import run_task
 
@@ -68,7 +68,7 @@ def test_the_context_count_leaves_earlier_reasoning_out_as_the_send_does(store):
     question = _chat_with_reasoning(conv)
     tok = _ChatTokenizer()
     sent = reasoning.prompt_history(conv.history(question), reasoning.prompt_format(tok))
-    assert SECRET not in str(sent)  # what the chat sends (app/controller.py)
+    assert SECRET not in str(sent)  # what the chat sends (app/controllers/chat.py)
     used = ContextCounter().used(conv, tok)
     assert used == len(tok.chat_ids(sent, add_generation_prompt=True))
 
@@ -132,7 +132,7 @@ def test_compare_from_a_chat_leaves_reasoning_out_and_holds_the_constraint_throu
 
 @pytest.mark.slow
 def test_the_loom_leaves_reasoning_out_and_holds_each_child_to_the_constraint(qtbot, window, monkeypatch):
-    import app.loom_controller as loom_controller
+    import app.controllers.loom as loom_controller
 
     seen: list = []
     real = loom_controller.loom.continuation_events

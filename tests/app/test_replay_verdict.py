@@ -10,11 +10,11 @@ import pytest
 from engine import experiments
 from engine.fingerprint import Fingerprint
 
-from app.controller import ChatController
+from app.controllers.chat import ChatController
 from app.engine_host import EngineHost
-from app.experiment_controller import ExperimentController
+from app.controllers.experiment import ExperimentController
 from app.experiments import recipe_for
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.settings import SettingsState
 from app.state.store import Store
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.experiment_actions import open_replay
+from app.actions.experiments import open_replay
 from qt_helpers import run_task, send
 
 

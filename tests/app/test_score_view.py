@@ -9,7 +9,7 @@ import pytest
 from engine.backends.mock import MockBackend
 from engine.experiments import score
 
-from app.experiment_actions import open_score
+from app.actions.experiments import open_score
 from app.widgets.heat import confidence, heat_color
 from qt_helpers import run_task, send
 from PySide6.QtGui import QTextCursor

@@ -25,7 +25,7 @@ from engine.backends.mock import MockBackend
 from app.engine_host import EngineHost
 from app.experiments import recipe_for
 from app.lifecycle import _StopWorkOnClose
-from app.serve_controller import ServeSettings
+from app.controllers.serve import ServeSettings
 from app.state.store import SCHEMA, Store
 from app.widgets.sidebar import ID_ROLE
 from qt_helpers import answered, close_window, make_window, run_task

@@ -139,7 +139,7 @@ def test_connecting_to_a_server_with_a_long_model_name_does_not_widen_the_window
 def test_replay_opens_no_larger_than_the_screen(qtbot, window, closing):
     from qt_helpers import send
 
-    from app.experiment_actions import open_replay
+    from app.actions.experiments import open_replay
 
     send(qtbot, window, "the cat")
     free = window.screen().availableGeometry()  # the offscreen test screen: 800x800

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.experiment_actions import open_compare, open_replay
+from app.actions.experiments import open_compare, open_replay
 from qt_helpers import run_task
 from steering_helpers import QUESTION, loaded_vector, regenerate, steer_window, token_records  # noqa: F401
 

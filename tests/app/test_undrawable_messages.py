@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.widgets.message_widget import MessageWidget
 from app.widgets.undrawable_message import UndrawableMessage
 from qt_helpers import close_window, make_window, run_task

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.chat_templates import BUILTIN_TEMPLATES
+from engine.template_choice import BUILTIN_TEMPLATES
 from engine.cli.info import chat_template_line
 
 

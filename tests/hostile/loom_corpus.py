@@ -18,7 +18,7 @@ from typing import Any
 
 from engine import StageSnapshot, TokenEvent, TokenProb
 
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.loom_tree import export_tree
 from app.state.store import Store
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from loom_corpus import CORPUS, QUESTION, good_loom
 
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.loom_import import MAX_FILE_BYTES, LoomImportError, import_loom_file, read_loom_file
 from app.state.loom_tree import answer_group, build_tree
 from app.state.store import Store

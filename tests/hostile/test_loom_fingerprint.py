@@ -11,7 +11,7 @@ import sqlite3
 import pytest
 from loom_corpus import good_loom
 
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.loom_import import LoomImportError, import_loom_file
 from app.state.loom_tree import answer_group, export_tree
 from app.state.store import Store

@@ -33,7 +33,7 @@ from engine import (
     split_server_spec,
 )
 
-from app.action_context import ActionContext
+from app.actions.context import ActionContext
 from app.engine_host import LoadState, describe_error
 from app.off_thread import run_off_thread
 from app.state.runtime_choices import remember_runtime, saved_runtime

@@ -23,7 +23,7 @@ from app.engine_host import EngineHost, describe_error
 from app.experiments import model_reasoning_format
 from app.served_conversations import ServedConversations
 from app.state.conversation import Conversation
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.observable import Signal
 
 log = logging.getLogger(__name__)

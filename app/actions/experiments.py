@@ -13,7 +13,7 @@ from pathlib import Path
 
 from engine import atomic_text_file, experiments, write_text_atomic
 
-from app.action_context import ActionContext
+from app.actions.context import ActionContext
 from app.experiments import trace_lines
 from app.state.conversation import Message
 from app.state.export import to_json, to_markdown

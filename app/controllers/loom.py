@@ -29,7 +29,7 @@ from typing import Any
 
 from engine import Done, Engine, GenerationRequest, TokenEvent, loom, reasoning
 
-from app.controller import TOP_N, Busy, ChatController
+from app.controllers.chat import TOP_N, Busy, ChatController
 from app.engine_host import describe_error
 from app.experiments import model_reasoning_format
 from app.notebook import prompt_for

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from app.engine_host import EngineHost
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.settings import Selection, SettingsState
 from app.state.store import Store
 from app.steering_state import SteeringState

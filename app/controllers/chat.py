@@ -28,7 +28,7 @@ from app.experiments import model_reasoning_format
 from app.notebook import Prompt, prompt_for, prompt_ids
 from app.off_thread import to_loop
 from app.state.conversation import Conversation, Message
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.model_match import other_model_notice
 from app.state.model_record import model_record
 from app.state.observable import Signal
@@ -90,7 +90,7 @@ class ChatController:
         self._interrupted_by: str | None = None  # a signal asked the app to quit
         self._save_busy = False  # the last failed write met another connection's write lock (not a real failure)
         self.notice = Signal()  # (str) something the user should know about an answer that goes on anyway
-        # Step mode (the loom panel switches it: app/loom_controller.py): while on, an answer of a local model
+        # Step mode (the loom panel switches it: app/controllers/loom.py): while on, an answer of a local model
         # is submitted with this gate and waits at every distribution for the user's pick (`step_waiting`).
         self.step_gate = loom.StepGate(self._on_step_waiting)
         self.step_waiting = Signal()  # (TokenEvent) the distribution waiting for the pick, on the loop

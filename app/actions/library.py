@@ -4,8 +4,8 @@ running a model's own code, the same Recent list)."""
 
 from __future__ import annotations
 
-from app.action_context import ActionContext
-from app.model_actions import ModelActions
+from app.actions.context import ActionContext
+from app.actions.model import ModelActions
 from app.state.model_library import DEFAULT_SPEC, ModelLibraryState
 from app.widgets.library_dialog import LibraryDialog
 from app.widgets.model_picker import recent_models

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from engine import Engine, EngineError, ModelInfo, experiments
 
 from app.engine_host import EngineFactory, EngineHost, describe_error, start_engine
-from app.experiment_controller import ExperimentRun
+from app.controllers.experiment import ExperimentRun
 from app.state.observable import Signal
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from app.experiments import (
 )
 from app.notebook import Prompt
 from app.state.conversation import Conversation, Message
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.observable import Signal
 from app.steering_state import SteeringState
 from app.token_stream import TokenStream

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from engine import ModelInfo, chat_templates
+from engine import ModelInfo, template_choice
 
 from app.engine_host import EngineHost
 from app.notebook import NOTEBOOK, is_notebook
-from app.state.library import Library
+from app.state.conversation_list import Library
 from app.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class TemplateActions:
 
     def __init__(self, store: Store, host: EngineHost, library: Library, status: Any, parent: Any):
         self._store, self._host, self._library, self._status, self._parent = store, host, library, status, parent
-        self.used: chat_templates.TemplateInUse | None = None
+        self.used: template_choice.TemplateInUse | None = None
         self.dialog = None
         host.model_changed.connect(self._on_model_changed)
         library.current_changed.connect(self._on_conversation_changed)
@@ -86,10 +86,10 @@ class TemplateActions:
             return
         choice = remembered(self._store, info)
         try:
-            self.used = chat_templates.use_chat_template(tokenizer, choice)
+            self.used = template_choice.use_chat_template(tokenizer, choice)
         except ValueError as e:  # a remembered template that no longer renders: the model's own, and say why
             log.warning("the remembered chat template of %s is not used: %s", info.name, e)
-            self.used = chat_templates.use_chat_template(tokenizer, None)
+            self.used = template_choice.use_chat_template(tokenizer, None)
             self._status.showMessage(f"The chat template chosen for {info.name} is not used: {e}", 15000)
         current = self._library.current
         if self.used.kind == "fallback" and current is not None and not current.messages:
@@ -116,13 +116,13 @@ class TemplateActions:
         dialog.open()
         self.dialog = dialog
 
-    def choose(self, choice: str | None) -> chat_templates.TemplateInUse | None:
+    def choose(self, choice: str | None) -> template_choice.TemplateInUse | None:
         """Use `choice` for the loaded model from now on and remember it (None: the model's own)."""
         tokenizer, info = self._tokenizer(), self._host.info
         if tokenizer is None or info is None:
             return None
         try:
-            self.used = chat_templates.use_chat_template(tokenizer, choice)
+            self.used = template_choice.use_chat_template(tokenizer, choice)
         except ValueError as e:
             self._status.showMessage(f"That chat template cannot be used: {e}", 15000)
             return None
