@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,16 +20,19 @@ from app.engine_host import describe_error
 from app.state.conversation import Conversation, Message
 from app.state.observable import Signal
 
-if TYPE_CHECKING:
-    from app.steering_jobs import SteeringJobs
-
 log = logging.getLogger(__name__)
+
+
+class ShadowSource(Protocol):
+    """Where shadows are computed (app/steering_jobs.py `SteeringJobs`, which owns this cache)."""
+
+    async def shadow(self, conv: Conversation, message: Message) -> Any: ...
 
 
 class SteeringShadows:
     """KL(steered ‖ unsteered) per token of steered answers, computed when first asked for."""
 
-    def __init__(self, jobs: "SteeringJobs"):
+    def __init__(self, jobs: ShadowSource):
         self._jobs = jobs
         self._kl: dict[int, tuple[int, np.ndarray]] = {}  # message id -> (token count, KL per token)
         self._pending: set[int] = set()

@@ -215,7 +215,7 @@ class Engine:
         carry the row's fingerprint, marked as one of `n` rows); the future ends after the last one, or with
         the error that ended the rows. Setting `cancel` stops every row before its next token.
         """
-        from engine.fingerprint import rows_with_fingerprint
+        from engine.fingerprinting import rows_with_fingerprint
         from engine.loom import continuation_events
 
         def rows(backend: Backend) -> None:

@@ -167,7 +167,7 @@ class GenerationStats:
     constraint_logprob: float | None = None
     constraint_status: str = ""
     # What the numbers depend on (engine/fingerprint.py): model hash, backend and versions, threads, seed,
-    # settings. Set on the way out of the worker (engine.fingerprint.with_fingerprint); None on old records.
+    # settings. Set on the way out of the worker (engine.fingerprinting.with_fingerprint); None on old records.
     fingerprint: Fingerprint | None = None
 
     @property

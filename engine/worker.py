@@ -26,7 +26,7 @@ from engine.background_threads import BackgroundThread
 from engine.capabilities import MissingCapabilityError, OwnEvents
 from engine.decode import generate_events
 from engine.events import Done, Event
-from engine.fingerprint import with_fingerprint
+from engine.fingerprinting import with_fingerprint
 from engine.request import GenerationRequest
 from engine.steering.apply import steer_for_request
 

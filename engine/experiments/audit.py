@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from engine.backends.base import Backend
 from engine.events import Done, GenerationStats, TokenEvent
 from engine.experiments.replay import ReplayVerdict, replay_verdict
-from engine.fingerprint import Fingerprint, with_fingerprint
+from engine.fingerprint import Fingerprint
+from engine.fingerprinting import with_fingerprint
 from engine.request import GenerationRequest
 
 
@@ -112,7 +113,7 @@ def audit_loom(backend: Backend, request: GenerationRequest, n: int, *, mode: st
 
     Runs on the backend's worker thread.
     """
-    from engine.fingerprint import fingerprint_for
+    from engine.fingerprinting import fingerprint_for
     from engine.loom.continuations import continuation_events, row_seeds
 
     if request.sampler.seed is None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from engine.backends.base import Backend
 from engine.decode import generate_events, prompt_ids_for
 from engine.events import Done, GenerationStats, TokenEvent
-from engine.fingerprint import with_fingerprint
+from engine.fingerprinting import with_fingerprint
 from engine.experiments.score import LN2
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings

@@ -40,7 +40,7 @@ async def engine_events(engine: Engine, request: GenerationRequest, n: int,
         # The handle's own event is the one the worker watches: link ours to it.
         watcher = loop.create_task(_link(cancel, handle.cancel_event))
     else:
-        from engine.fingerprint import rows_with_fingerprint
+        from engine.fingerprinting import rows_with_fingerprint
         from engine.loom.continuations import continuation_events
 
         def job(backend: Backend) -> None:

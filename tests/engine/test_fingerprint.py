@@ -180,7 +180,7 @@ def test_steering_and_a_constraint_are_in_the_fingerprint_through_their_records(
     import numpy as np
 
     from engine.constraints.spec import Constraint
-    from engine.fingerprint import fingerprint_for
+    from engine.fingerprinting import fingerprint_for
     from engine.steering import Steering, SteeringVector
 
     directions = np.zeros((4, 8), dtype=np.float32)
