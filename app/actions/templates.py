@@ -44,7 +44,7 @@ def remember(store: Store, info: ModelInfo, choice: str | None) -> None:
     store.put_setting(TEMPLATES_KEY, choices)
 
 
-def status_text(used: "chat_templates.TemplateInUse | None", notebook: bool) -> tuple[str, str, bool]:
+def status_text(used: "template_choice.TemplateInUse | None", notebook: bool) -> tuple[str, str, bool]:
     """(label, tooltip, warn) for the status bar."""
     if notebook:
         return "Notebook · no template", "The notebook's text is continued as it is: no chat template applies.", False
@@ -110,7 +110,7 @@ class TemplateActions:
         if tokenizer is None or info is None:
             self._status.showMessage("Load a model first: the template is chosen for the loaded model.", 6000)
             return
-        has_own = bool(getattr(tokenizer, "has_chat_template", False)) and not getattr(tokenizer, "guessed_template", "")
+        has_own = tokenizer.has_chat_template and not tokenizer.guessed_template
         dialog = TemplateDialog(info.name, has_own, remembered(self._store, info), self._parent)
         dialog.accepted.connect(lambda: self.choose(dialog.choice()))
         dialog.open()

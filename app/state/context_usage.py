@@ -84,7 +84,7 @@ class ContextCounter:
         if tokenizer is None:
             return None
         # The chosen chat template (engine.template_choice) and a notebook's text, which grows in place, count too.
-        key = (conv.id, question.id, conv.system_prompt, id(tokenizer), getattr(tokenizer, "template_override", None),
+        key = (conv.id, question.id, conv.system_prompt, id(tokenizer), tokenizer.template_override,
                conv.mode, len(question.content))
         n = self._prompts.get(key)
         if n is not None:
@@ -100,7 +100,7 @@ class ContextCounter:
             if notebook_text is not None:  # a notebook: its raw text, no template (app/notebook.py)
                 return len(tokenizer.encode(notebook_text))
             # Earlier answers' reasoning is left out as the send leaves it out (app/controllers/chat.py).
-            fmt_key = (id(tokenizer), getattr(tokenizer, "template_override", None))
+            fmt_key = (id(tokenizer), tokenizer.template_override)
             fmt = self._formats.get(fmt_key)
             if fmt is None:
                 fmt = self._formats[fmt_key] = reasoning.prompt_format(tokenizer)

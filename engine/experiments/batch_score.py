@@ -158,9 +158,7 @@ def score_items(
     try:
         return score_on_runner(backend, runner, ids, top_n=top_n, cancelled=cancelled)
     finally:
-        close = getattr(runner, "close", None)  # llama.cpp: its scoring context
-        if close is not None:
-            close()
+        runner.close()  # llama.cpp: its scoring context
 
 
 # --- the CLI's batch file: one JSON item per line ------------------------------------------------

@@ -145,7 +145,7 @@ def _beams(runner, prompt: list[int], n: int, request: GenerationRequest, tok, c
     if isinstance(runner, StartsFromBackendCache):
         runner = _PromptFromBackendCache(runner)
     found = beam_search(runner, prompt, num_beams=n, num_return_sequences=n, max_new_tokens=request.max_new_tokens,
-                        eos_token_ids=eos, pad_id=getattr(runner, "pad_id", 0), context_length=context_length,
+                        eos_token_ids=eos, pad_id=runner.pad_id, context_length=context_length,
                         cancelled=cancel.is_set)
     return [list(b.generated) for b in found] or None
 
@@ -156,7 +156,7 @@ class _PromptFromBackendCache:
     def __init__(self, runner) -> None:
         self._runner = runner
         self.step, self.reorder = runner.step, runner.reorder
-        self.pad_id = getattr(runner, "pad_id", 0)
+        self.pad_id = runner.pad_id
 
     def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         if len(prompts) != 1:
@@ -291,9 +291,7 @@ def _batched(
             # (len(live), V): one forward for every live row
             logits = pending.result() if pending is not None else runner.step(tokens)
     finally:
-        close = getattr(runner, "close", None)
-        if close is not None:
-            close()
+        runner.close()
     log.debug("%d continuations: %d forward calls", n, runner.forward_calls)
 
 

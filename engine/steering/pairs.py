@@ -20,6 +20,7 @@ from typing import Any
 
 from engine.steering import builtin_pairs
 from engine.steering.errors import SteeringError
+from engine.tokenizer import TokenizerLike
 
 MAX_PAIR_FILE_BYTES = 16 << 20  # a pair file is prompts, not a corpus
 TokenPair = tuple[list[int], list[int]]
@@ -68,9 +69,8 @@ class PairSet:
         return out
 
 
-def _has_template(tokenizer: Any) -> bool:
-    has = getattr(tokenizer, "has_chat_template", False)
-    return bool(has() if callable(has) else has)
+def _has_template(tokenizer: TokenizerLike) -> bool:
+    return tokenizer.has_chat_template
 
 
 def builtin_pair_sets() -> dict[str, PairSet]:
