@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.backends.remote.step import chosen_tokens, parse_alternatives, position_entries
+from engine.decode_stats import generation_stats
 from engine.events import FinishReason, GenerationStats, TokenEvent, TokenProb, rest_entry
 
 
@@ -51,6 +52,7 @@ class UpstreamChoice:
     texts: list[str] = field(default_factory=list)
     finish: str | None = None  # the upstream's finish_reason
     t_first: float | None = None
+    t_last: float | None = None
 
     def feed(self, choice: dict[str, Any], whole: bool = False) -> list[TokenEvent]:
         """The events of one streamed chunk's choice (or, `whole`, of a whole answer's)."""
@@ -71,23 +73,18 @@ class UpstreamChoice:
             text = token_text if whole else (piece if k == len(tokens) - 1 else "")
             new.append(upstream_event(len(self.events), tid, text, token_text, lp, alts))
             self.events.append(new[-1])
-        if new and self.t_first is None:
-            self.t_first = time.perf_counter()
+        if new:
+            self.t_last = time.perf_counter()
+            if self.t_first is None:
+                self.t_first = self.t_last
         if isinstance(choice.get("finish_reason"), str):
             self.finish = choice["finish_reason"]
         return new
 
     def stats(self, t0: float, prompt_tokens: int, seed: int | None, ended: FinishReason | None = None,
               error: str | None = None) -> GenerationStats:
-        now = time.perf_counter()
         finish: FinishReason = ended or ("length" if self.finish == "length" else
                                          "cancelled" if self.finish is None else "eos")
-        n = len(self.events)
-        first = (self.t_first - t0) if self.t_first is not None else 0.0
-        decode_s = now - self.t_first if self.t_first is not None else 0.0
-        return GenerationStats(
-            finish_reason=finish, prompt_tokens=prompt_tokens, reused_tokens=0, generated_tokens=n,
-            time_to_first_token_s=first, decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
-            total_s=now - t0, peak_memory_bytes=0, seed=seed if seed is not None else -1, text="".join(self.texts),
-            token_ids=tuple(e.token_id for e in self.events), error=error,
-        )
+        return generation_stats(finish=finish, prompt_tokens=prompt_tokens, seed=seed if seed is not None else -1,
+                                token_ids=tuple(e.token_id for e in self.events), text="".join(self.texts),
+                                t0=t0, t_first=self.t_first, t_last=self.t_last, error=error)
