@@ -325,7 +325,9 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
 
     def position_runner(self, n_tokens: int) -> LlamaCppRunner:
         """Every position of one sequence (PositionRunners): one sequence, a cache of just this text,
-        room for one chunk of logits rows."""
+        room for one chunk of logits rows. Its threads are chosen as an answer's are (the cores other
+        programs leave free now): the scoring context takes the backend's counts when it is made."""
+        self._choose_threads()
         chunk = positions_per_chunk(self.n_vocab)
         return LlamaCppRunner(self, max_seqs=1, n_batch=chunk, n_ctx=max(n_tokens, chunk), n_outputs=chunk)
 

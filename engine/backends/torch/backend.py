@@ -219,6 +219,12 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         """Every position of one sequence (PositionRunners); its KV cache goes where the offload policy
         puts this backend's own, so scoring an offloaded model fits where generating does."""
         del n_tokens  # transformers' caches grow as needed
+        # Threads as for an answer (trim_cache): torch's barriers wait on a core another program holds; 1,000
+        # positions took 8-17 s on 2 threads beside one busy core, 4.5-4.9 s on 1 (bench/model_diff.py's text).
+        if self._threads_per_answer is not None:
+            n = self._threads_per_answer.now()
+            if n != torch.get_num_threads():
+                torch.set_num_threads(n)
         if self.offload is None:
             return TorchRunner(self.model)
         from engine.offload import make_kv_cache
