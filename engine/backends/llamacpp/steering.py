@@ -32,6 +32,7 @@ from engine.backends.llamacpp.lens import _Recorder
 from engine.lens import check_positions
 from engine.steering.settings import Steering, SteeringKey, key_of
 from engine.steering.shape import ResidualShape
+from engine.steering.shared_prefix import shared_prefix_length
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class LlamaCppSteering:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
         # A prefix every prompt shares (a pair set's chat template and persona) runs once, in sequence 0, and is
         # shared with the others (`seq_cp`: the same cells), so each decode runs only the prompts' own tokens.
-        shared = _shared_prefix(seqs)
+        shared = shared_prefix_length(seqs)
         rest = [len(s) - shared for s in seqs]
         # A decode's tokens: one micro-batch, so the callback sees them all at once; no more room than they need.
         room = max(min(self.n_batch, sum(rest)), max(rest), min(shared, self.n_batch))
@@ -185,21 +186,6 @@ class LlamaCppSteering:
             recorder.armed = False
             native.free_context(ctx, batch)
         return out
-
-
-MIN_SHARED = 8  # tokens: a shorter shared prefix is run with each prompt rather than copied
-
-
-def _shared_prefix(seqs: list[list[int]]) -> int:
-    """Tokens every one of `seqs` begins with, leaving each at least its last token to run (0 below MIN_SHARED)."""
-    n = min(len(s) for s in seqs) - 1
-    first = seqs[0]
-    for s in seqs[1:]:
-        i = 0
-        while i < n and s[i] == first[i]:
-            i += 1
-        n = i
-    return n if n >= MIN_SHARED and len(seqs) > 1 else 0
 
 
 def _groups(lengths: list[int], limit: int, n_seq: int) -> list[list[int]]:

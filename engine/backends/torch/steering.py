@@ -29,6 +29,7 @@ from engine.backends.torch.compat import with_cache
 from engine.lens import check_positions
 from engine.steering.settings import Steering, SteeringKey, key_of
 from engine.steering.shape import ResidualShape
+from engine.steering.shared_prefix import shared_prefix_length
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class TorchSteering:
         body = getattr(self.model, "model", self.model)
         # A prefix every prompt shares (a pair set's chat template and persona) runs once; each batch continues
         # from copies of its keys and values, so only the prompts' own tokens run per batch.
-        shared = _shared_prefix(seqs)
+        shared = shared_prefix_length(seqs)
         prefix_cache = None
         if shared:
             from transformers import DynamicCache
@@ -211,16 +212,3 @@ class TorchSteering:
         return out
 
 
-MIN_SHARED = 8  # tokens: a shorter shared prefix is run with each prompt rather than reused
-
-
-def _shared_prefix(seqs: list[list[int]]) -> int:
-    """Tokens every one of `seqs` begins with, leaving each at least its last token to run (0 below MIN_SHARED)."""
-    n = min(len(s) for s in seqs) - 1
-    first = seqs[0]
-    for s in seqs[1:]:
-        i = 0
-        while i < n and s[i] == first[i]:
-            i += 1
-        n = i
-    return n if n >= MIN_SHARED and len(seqs) > 1 else 0
