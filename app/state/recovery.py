@@ -233,8 +233,11 @@ def _padded_copy(source: Path, folder: Path) -> Path | None:
 
 
 def _copy(conn: sqlite3.Connection, store: Store, result: Salvage) -> None:
-    # A notebook stays a notebook: `mode` is read where the file has it (databases before version 2 do not).
-    columns = _CONVERSATION_COLUMNS + (("mode",) if _has_mode(conn) else ())
+    # A notebook stays a notebook: `mode` is read where the file has it (databases before version 2 do not);
+    # a served conversation stays served (`served_json`, version 3), its record read when it reads.
+    columns = _CONVERSATION_COLUMNS + (("mode",) if _has_column(conn, "mode") else ())
+    if "mode" in columns and _has_column(conn, "served_json"):
+        columns += ("served_json",)
     conversations = read_past_damage(conn, "conversations", ", ".join(columns), conversation_from_row)
     messages = read_past_damage(conn, "messages", ", ".join(_MESSAGE_COLUMNS), message_from_row)
     settings = read_past_damage(conn, "settings", "key, value", lambda r: (str(r[0]), str(r[1])))
@@ -244,14 +247,15 @@ def _copy(conn: sqlite3.Connection, store: Store, result: Salvage) -> None:
     result.messages_total = count_rows(conn, "SELECT count(*) FROM messages")
     result.tokens_total = count_rows(conn, "SELECT count(*) FROM tokens")
 
-    rows = {c.id: (c.id, c.title, c.system_prompt, c.created, c.updated, c.active_root_id, c.mode) for c in conversations.rows}
+    rows = {c.id: (c.id, c.title, c.system_prompt, c.created, c.updated, c.active_root_id, c.mode,
+                   None if c.served is None else json.dumps(c.served)) for c in conversations.rows}
     result.conversations = len(rows)
     for m in messages.rows:  # messages whose conversation row was lost: keep them under a placeholder
         if m.conversation_id not in rows:
             rows[m.conversation_id] = (m.conversation_id, f"Recovered conversation {m.conversation_id}", "", m.created,
-                                       m.created, None, "chat")
+                                       m.created, None, "chat", None)
             result.placeholders += 1
-    store.insert_rows("conversations", _CONVERSATION_COLUMNS + ("mode",), rows.values())
+    store.insert_rows("conversations", _CONVERSATION_COLUMNS + ("mode", "served_json"), rows.values())
 
     kept: set[int] = set()
     message_rows = []
@@ -278,9 +282,9 @@ def _copy(conn: sqlite3.Connection, store: Store, result: Salvage) -> None:
     result.settings = len(settings.rows) + len(presets.rows)
 
 
-def _has_mode(conn: sqlite3.Connection) -> bool:
+def _has_column(conn: sqlite3.Connection, name: str) -> bool:
     try:
-        return any(row[1] == "mode" for row in conn.execute("PRAGMA table_info(conversations)"))
+        return any(row[1] == name for row in conn.execute("PRAGMA table_info(conversations)"))
     except sqlite3.DatabaseError:
         return False
 

@@ -269,3 +269,21 @@ def test_unwritable_database_runs_on_a_temporary_one_and_says_so(qtbot, qloop, h
     finally:
         _make_writable(target)
     assert _digest(db) == before
+
+
+def test_a_served_conversation_is_recovered_as_served(tmp_path):
+    """Salvage copies the served record with its conversation (it was dropped: a recovered served conversation
+    became a plain chat, its client and request gone)."""
+    from app.state.recovery import salvage_into
+
+    source = Store(tmp_path / "source.sqlite3")
+    served = {"id": "chatcmpl-1", "client": "127.0.0.1:5000", "endpoint": "chat.completions"}
+    conv = source.create_conversation("served", served=served)
+    source.insert_message(conv.id, None, "user", "hello")
+    source.create_conversation("own")
+    source.close()
+    target = Store(tmp_path / "target.sqlite3")
+    result = salvage_into(tmp_path / "source.sqlite3", target)
+    rows = {r.title: r for r in target.conversations()}
+    assert result.conversations == 2 and rows["served"].served == served and rows["own"].served is None
+    target.close()
