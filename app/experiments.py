@@ -221,4 +221,6 @@ def trace_lines(conv: Conversation, message: Message, engine: Engine | None) -> 
         messages=history,
         max_new_tokens=req.get("max_new_tokens"),
         branch_index=message.branch_index,
+        # The steering it ran under (vectors by name and content hash, strengths, layer range), as recorded.
+        **({"steering": req["steering"]} if req.get("steering") else {}),
     )
