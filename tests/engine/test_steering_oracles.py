@@ -65,8 +65,10 @@ def _repeng_python() -> Path | str:
                               capture_output=True, text=True).stdout.strip()
         ours = next(p for p in sys.path if p.endswith("site-packages"))
         Path(site, "logitlab-project.pth").write_text(ours + "\n")  # torch, transformers, gguf: the project's
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", "repeng"], capture_output=True, text=True,
-                              timeout=600)
+        # Wheels only: repeng's numpy<2 has none for the newest Pythons, and a numpy built from source here would
+        # take many minutes; without a wheel the test says so and skips.
+        done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--only-binary=:all:", "repeng"],
+                              capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             return f"pip install repeng failed (offline?): {done.stderr.strip().splitlines()[-1:]}"
         subprocess.run([str(python), "-c", "import repeng"], check=True, capture_output=True, timeout=120)
