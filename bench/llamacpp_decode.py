@@ -229,6 +229,9 @@ def main() -> None:
     parser.add_argument("--torch", action="store_true", help="also decode and prefill on the torch backend")
     parser.add_argument("--gemma", action="store_true", help="Gemma 3 270M (262k vocabulary) as --model")
     parser.add_argument("--preset", default=None, help="measure this preset of the window against llama.cpp's chain")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="llama.cpp's decode threads, the same for every answer and for llama.cpp's own class "
+                             "(otherwise ours are chosen per answer from the cores free then)")
     parser.add_argument("--record-stages", action="store_true", help="with --preset: record every stage, as the window")
     parser.add_argument("--rounds", type=int, default=3, help="with --preset: alternating rounds")
     parser.add_argument("--long", type=int, default=0, help="with --preset: also tok/s by position up to N tokens")
@@ -246,7 +249,8 @@ def main() -> None:
 
     source = resolve_spec(args.model)
     t0 = time.perf_counter()
-    backend = LlamaCppBackend(source.path, spec=source.spec, display_name=source.name)
+    fixed = {"n_threads": args.threads} if args.threads else {}
+    backend = LlamaCppBackend(source.path, spec=source.spec, display_name=source.name, **fixed)
     print(f"model {source.name} ({backend.info.quantization}, {backend.info.file_bytes / 2**20:.1f} MiB), "
           f"loaded in {time.perf_counter() - t0:.2f} s; {backend.info.device}")
     prompt = backend.tokenizer.chat_ids([{"role": "user", "content": PROMPT}])
