@@ -193,14 +193,11 @@ def test_we_sample_on_a_text_only_server_costs_few_requests_per_token(server_url
     assert sent["/extras/tokenize"] <= 2 * 16 and sent["/extras/detokenize"] <= 16, sent
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open: llama-cpp-python's text-keyed top_logprobs spell every special token '' and keep the last one written "
-    "(the least likely): asked for 5 or 20 alternatives after 'What can I assist you with?', '' is the end of "
-    "turn at -0.116; asked for 64 (what we-sample mode asks), another special overwrites it and the end of turn "
-    "is gone from the top, so greedy runs on. Needs a second request whenever '' is among many alternatives"))
 def test_we_sample_chat_ends_at_the_end_of_turn_as_the_server_does(remote, server_url):
     """llama-cpp-python names special tokens "" and reports no log-probs when its own pick is the end of turn:
-    we-sample mode must still see that token and stop there, with the server's own greedy answer."""
+    we-sample mode must still see that token and stop there, with the server's own greedy answer. Among 64
+    text-keyed alternatives another special token's log-prob stood under "" (its dict keeps the last written):
+    the end of turn fell out of the top and greedy ran on past it."""
     # SmolLM2's own system prompt (its template adds it; the server-side ChatML guess does not): without it the
     # greedy answer to this question runs past 48 tokens on some llama.cpp builds, and the test needs its end.
     messages = ({"role": "system", "content": "You are a helpful AI assistant named SmolLM, trained by Hugging Face"},

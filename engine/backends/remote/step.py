@@ -120,12 +120,26 @@ def next_token_top(
     if kind in ("vllm", "sglang"):
         body["return_tokens_as_token_ids"] = True
     doc = client.post_json("/completions", body)  # a pure function of its input: safe to retry
+    picked_end = False
     if _stopped_without_logprobs(doc) and tokenizer is not None and tokenizer.eos_token_ids:
         # llama-cpp-python reports no log-probs when its pick is the end of turn (the answer is then empty).
         # Asked again with that token banned from its pick, it reports the same (raw) log-probs, end of turn
         # included, for the token it picks instead.
         body["logit_bias"] = {str(i): -100 for i in tokenizer.eos_token_ids}
         doc = client.post_json("/completions", body)
+        picked_end = True
+    top = _top_of(doc, client, tokenizer, n)
+    if picked_end and n > 1 and tokenizer is not None:
+        # Its text-keyed alternatives spell every special token "" and keep the last one written, the least
+        # likely: among 64 another special's log-prob can stand where the end of turn's should. The end of turn
+        # was its pick, so it is the most likely: its own top-1 gives its log-prob alone.
+        first = _top_of(client.post_json("/completions", {**body, "logprobs": 1}), client, tokenizer, 1)
+        if first and first[0][0] in tokenizer.eos_token_ids:
+            top = sorted([first[0], *(t for t in top if t[0] != first[0][0])], key=lambda t: -t[2])
+    return top
+
+
+def _top_of(doc, client: ServerClient, tokenizer: RemoteTokenizer | None, n: int) -> list[tuple[int, str, float]]:
     try:
         entries = position_entries(doc["choices"][0]["logprobs"])
         return [t for t in parse_alternatives(entries[0], tokenizer, asked=n) if t[0] >= 0]
