@@ -112,7 +112,9 @@ def test_replay_verdicts_on_llamacpp(fresh_default_llamacpp):
     backend.trim_cache(0)
     again, done2 = run(backend, request())
     v = replay_verdict(first, again, done.stats.fingerprint, done2.stats.fingerprint)
-    assert v.kind == "identical" and v.max_logprob_diff == 0.0 and v.fingerprint_changes == ()
+    assert v.kind == "identical" and v.max_logprob_diff == 0.0
+    # Only the thread counts may differ (chosen per answer from the cores free then; the floats do not move).
+    assert all(c.startswith(("n_threads ", "n_threads_batch ")) for c in v.fingerprint_changes)
     assert v.headline() == "identical"
     # A changed setting: where it diverges, which tokens, and the fingerprint field that differs.
     other, done3 = run(backend, request(top_k=2))
