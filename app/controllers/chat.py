@@ -448,9 +448,9 @@ class ChatController:
                 self.error.emit(f"the answer stopped after {stats.generated_tokens} tokens: {stats.error or 'unknown error'}")
         except Exception as e:  # noqa: BLE001 - shown to the user; the partial answer is kept
             log.warning("generation failed: %s", e, exc_info=not isinstance(e, ValueError))
-            self._save(conv, message, lambda: conv.update_message(
-                message, finish_reason="error", stats={"error": describe_error(e)}))
-            self.error.emit(describe_error(e))
+            why = describe_error(e)  # now: `e` is gone once this block ends, and the save may run later
+            self._save(conv, message, lambda: conv.update_message(message, finish_reason="error", stats={"error": why}))
+            self.error.emit(why)
         finally:
             # Busy must end whatever the writes do, or the window can never close.
             self._stream = None

@@ -16,7 +16,7 @@ from dataclasses import fields
 from typing import TextIO
 
 from engine.cli.input import bad_utf8, check_args, runtime_settings_from
-from engine.cli.options import EXIT_USAGE, RANK_HELP, OneLineParser, add_model_args, add_sampling_args
+from engine.cli.options import EXIT_USAGE, OneLineParser, add_model_args, add_sampling_args
 from engine.cli.sampling_args import resolve_sampling
 from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
