@@ -215,7 +215,9 @@ class ModelDiffView(QWidget):
 
     def _fill_models(self, recent: list[dict[str, str]]) -> None:
         info = self.host.info
-        if info is not None and info.backend == "llamacpp":  # a GGUF: its float twin is the natural reference
+        # A GGUF file (whichever backend runs it): its float twin, converted from the same file, is the natural
+        # reference; the file's format says so, not the backend's name.
+        if info is not None and info.runs_locally and info.path.lower().endswith(".gguf"):
             self.model_box.addItem(f"{info.name} on torch (float, converted from the GGUF)",
                                    (self.host.spec or DEFAULT_SPEC, "torch"))
         for row in recent:
