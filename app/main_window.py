@@ -14,7 +14,7 @@ import logging
 import sqlite3
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
     QApplication, QDockWidget, QFrame, QMainWindow, QMessageBox, QScrollArea, QVBoxLayout, QWidget,
@@ -59,14 +59,10 @@ from app.tab_order import DocksOnScreen
 from app.actions.templates import TemplateActions
 from app.template_default import default_system_prompt
 from app.widgets.notebook_view import NotebookView
-from app.window_geometry import (
-    Size, available_rect, clamp_framed, expected_frame, keep_frame_on_screen, rect_of, same_screen_size,
-)
+from app.window_layout import DEFAULT_SIZE, restore_layout, save_layout
 
 log = logging.getLogger(__name__)
 
-GEOMETRY_KEY = "window_geometry"
-DEFAULT_SIZE = (1400, 880)  # the first start's window, where the screen has room for it
 DEFAULT_DOCK_WIDTHS = (300, 470)  # chats, inspector: their widths in a window of the default size
 # The sampling dock never asks for more (its panel scrolls sideways inside it): with the inspector's 320 and
 # the chat's ~370, the window's minimum width stays well within a 1024-pixel screen.
@@ -214,7 +210,7 @@ class MainWindow(QMainWindow):
         host.model_changed.connect(self._on_model_changed)
 
         self.library.open_last()
-        self._restore_geometry()
+        restore_layout(self)
         self._on_busy_changed(False)
         self._update_title()
         self.focus_input()  # without it Qt focused the first control (the heatmap box), and typing went nowhere
@@ -450,7 +446,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if self._shutdown_done:
-            self._save_geometry()
+            save_layout(self)
             self.host.model_changed.disconnect(self._on_model_changed)
             self.models.detach()
             self.store.damaged.disconnect(self._on_damage_read)
@@ -466,7 +462,7 @@ class MainWindow(QMainWindow):
         if not self._closing:
             self._closing = True
             self.notebook.commit_draft()  # what was typed in a notebook is kept
-            self._save_geometry()
+            save_layout(self)
             self.hide()
             asyncio.ensure_future(self._shutdown())
 
@@ -484,18 +480,6 @@ class MainWindow(QMainWindow):
         finally:
             self._shutdown_done = True
             self.close()
-
-    def _save_geometry(self) -> None:
-        free = available_rect(self, by_position=True)
-        try:
-            self.store.put_setting(
-                GEOMETRY_KEY,
-                {"geometry": self.saveGeometry().toBase64().data().decode(), "state": self.saveState().toBase64().data().decode(),
-                 # the screen's free area it was saved on: restored on another size, the layout starts afresh
-                 "screen": [free.width, free.height] if free is not None else None},
-            )
-        except sqlite3.Error as e:  # the window closes all the same
-            log.warning("could not save the window geometry: %s", e)
 
     # -- the database: notices, failed writes, quitting on a signal -------------------------
 
@@ -585,36 +569,3 @@ class MainWindow(QMainWindow):
         left = max(left, min(self.sampling.minimumWidth(), room))
         right = max(INSPECTOR_MIN_WIDTH, min(right, width - max(left, SIDE_PANEL_MIN_WIDTH) - CHAT_MIN_WIDTH))
         self.resizeDocks([self.chats_dock, self.inspector_dock], [left, right], Qt.Orientation.Horizontal)
-
-    def _restore_geometry(self) -> None:
-        keep_frame_on_screen(self)  # once the window manager has framed it, the frame is on the screen too
-        saved = self.store.get_setting(GEOMETRY_KEY)
-        if not saved:
-            free = available_rect(self)
-            if free is None:
-                self.size_to_fit(*DEFAULT_SIZE)
-            else:
-                # The free area less the frame (title bar, borders) the window manager will put around it.
-                frame = expected_frame(self)
-                self.size_to_fit(free.width - frame.left - frame.right, free.height - frame.top - frame.bottom)
-                self.move(free.x, free.y)  # a window's pos() is its frame's: the title bar starts at the top
-            return
-        self.restoreGeometry(QByteArray.fromBase64(saved["geometry"].encode()))
-        self.restoreState(QByteArray.fromBase64(saved["state"].encode()))
-        self._fit_restored(saved.get("screen"))
-
-    def _fit_restored(self, saved_screen: object) -> None:
-        """A restored layout fits the screen it opens on: saved on a screen of another size, it is sized as a
-        first start there (side panels scaled, a small layout grows on a large screen); then it is clamped
-        to the screen, so no panel lies past its edge."""
-        free = available_rect(self, by_position=True)
-        if free is None or self.isMaximized() or self.isFullScreen():
-            return
-        valid = isinstance(saved_screen, list) and len(saved_screen) == 2 and all(isinstance(v, int) for v in saved_screen)
-        screen = Size(*saved_screen) if valid else None
-        if screen is not None and not same_screen_size(screen, free):
-            self.size_to_fit(free.width, free.height)
-        least = self.minimumSizeHint()
-        x, y, width, height = clamp_framed(rect_of(self.geometry()), expected_frame(self), free,
-                                           Size(least.width(), least.height()))
-        self.setGeometry(x, y, width, height)
