@@ -111,12 +111,19 @@ def rows_with_fingerprint(backend: "Backend", request: "GenerationRequest", n: i
     """The loom's `RowEvent`s with each row's Done carrying its fingerprint, marked as one of `n` rows
     (`extras["loom_rows"]`: it was decoded with its siblings, where a backend may round otherwise)."""
     for ev in row_events:
-        stats = ev.event.stats if isinstance(ev.event, Done) else None
-        if stats is not None and stats.fingerprint is None:
-            try:
-                fp = fingerprint_for(backend, request, stats.seed)
-                fp = replace(fp, extras={**fp.extras, "loom_rows": n})
-                ev = replace(ev, event=Done(replace(stats, fingerprint=fp)))
-            except Exception:  # noqa: BLE001 - never lose a row over its fingerprint
-                log.warning("could not make a loom row's fingerprint", exc_info=True)
-        yield ev
+        yield row_with_fingerprint(backend, request, ev, {"loom_rows": n})
+
+
+def row_with_fingerprint(backend: "Backend", request: "GenerationRequest", ev: Any, extras: dict[str, Any]) -> Any:
+    """A `RowEvent` whose Done carries its fingerprint with `extras` added (how the row was batched); other
+    events as they are."""
+    stats = ev.event.stats if isinstance(ev.event, Done) else None
+    if stats is None or stats.fingerprint is not None:
+        return ev
+    try:
+        fp = fingerprint_for(backend, request, stats.seed)
+        fp = replace(fp, extras={**fp.extras, **extras})
+        return replace(ev, event=Done(replace(stats, fingerprint=fp)))
+    except Exception:  # noqa: BLE001 - never lose a row over its fingerprint
+        log.warning("could not make a batch row's fingerprint", exc_info=True)
+        return ev

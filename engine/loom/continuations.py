@@ -37,17 +37,17 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import wait
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.capabilities import BackgroundStep, BatchRunners, OwnEvents, ServerChildren, StartsFromBackendCache
+from engine.capabilities import BatchRunners, OwnEvents, ServerChildren, StartsFromBackendCache
 from engine.decode import check_context, generate_events, prompt_ids_for
-from engine.decode_row import AnswerRow, Taken
+from engine.decode_row import AnswerRow
 from engine.decode_stats import generation_stats
+from engine.loom.batch_loop import RowEvent, decode_rows
 from engine.events import Done, Event, FinishReason, GenerationStats, TokenEvent
 from engine.request import GenerationRequest
 
@@ -58,14 +58,6 @@ MIN_CHILDREN, MAX_CHILDREN = 2, 16
 # continuations (beam search over the model's distribution; the sampler's settings do not choose them)
 Mode = Literal["sample", "top", "beam"]
 MODES = ("sample", "top", "beam")
-
-
-@dataclass(frozen=True, slots=True)
-class RowEvent:
-    """One event of one child: `row` in 0..N-1; `event` a TokenEvent (index among the child's new tokens) or Done."""
-
-    row: int
-    event: Event
 
 
 def check_children(n: int) -> None:
@@ -109,18 +101,26 @@ def continuation_events(
         _check_beam(backend, request)
     cancel = cancel or threading.Event()
     seeds = row_seeds(request, n)
-    # The batched rows run the sampler chain alone: banned strings (a step back) and a constraint (a matcher
-    # per row) live in the decode loop, and so does steering (the batch runners' contexts carry no control
-    # vector): such children go one after another through it.
-    steered = request.steering is not None and request.steering.active
-    one_by_one = request.sampler.banned_strings or request.constraint is not None or steered
     if mode == "sample" and request.server_sampling and isinstance(backend, ServerChildren):
         # The server samples: one request asks it for all N children (its `n`), one by one where it cannot.
         yield from (RowEvent(row, event) for row, event in backend.children_events(request, seeds, cancel))
-    elif isinstance(backend, OwnEvents) or not isinstance(backend, BatchRunners) or one_by_one:
+    elif not runs_in_batch(backend, request):
         yield from _one_after_another(backend, request, seeds, mode, cancel)
     else:
         yield from _batched(backend, request, seeds, mode, cancel)
+
+
+def runs_in_batch(backend: Backend, request: GenerationRequest) -> bool:
+    """Whether `request`'s answers can be rows of one of `backend`'s batch runners (`decode_rows`).
+
+    The batched rows run the sampler chain alone: banned strings (a step back) and a constraint (a matcher per
+    row) live in the decode loop, and so does steering (the batch runners' contexts carry no control vector);
+    a model with its own event stream (a server) or without batch runners has no batch to share.
+    """
+    if isinstance(backend, OwnEvents) or not isinstance(backend, BatchRunners):
+        return False
+    steered = request.steering is not None and request.steering.active
+    return not (request.sampler.banned_strings or request.constraint is not None or steered)
 
 
 def _check_beam(backend: Backend, request: GenerationRequest) -> None:
@@ -244,52 +244,13 @@ def _batched(
             firsts = [int(t) for t in order]
         runner.reorder([0] * n)  # N rows over the one prefix
         logits = np.repeat(logits, n, axis=0)  # (N, V)
-        live = list(range(n))  # batch row i is child live[i]
-        while live:
-            # Every row's token first (the next forward needs them all), then the next forward starts, and the
-            # tokens' reports (stage snapshots, top-N, entropy) are built while it runs where the runner can
-            # step on a helper thread (BackgroundStep), as the decode loop overlaps them (OverlappedForward).
-            tokens: list[int] = []
-            still: list[int] = []  # batch rows that go on
-            shown: list[tuple[int, Taken]] = []
-            for i, r in enumerate(live):
-                row = rows[r]
-                force: int | None
-                if forced is not None:
-                    force = forced[r][row.step]
-                else:
-                    force = firsts[r] if row.step == 0 else None
-                taken = row.take(row.choose(logits[i], force), logits[i])
-                # Rows that could step back (banned strings) or be refused (a constraint) go one by one.
-                assert taken is not None and taken.step_back is None
-                shown.append((r, taken))
-                if not taken.ends:
-                    tokens.append(taken.token_id)
-                    still.append(i)
-            pending = None
-            if still and not cancel.is_set():
-                if len(still) < len(live):
-                    runner.reorder(still)  # drop the rows that ended: later steps compute only the live ones
-                if isinstance(runner, BackgroundStep):
-                    pending = runner.step_in_background(tokens)
-            try:
-                for r, taken in shown:
-                    yield RowEvent(r, rows[r].event(taken))
-                    if taken.ends:
-                        yield done(r)
-            finally:
-                if pending is not None and not pending.done():
-                    wait([pending])  # the runner is the step's until it returns (a consumer that stopped reading)
-            if not still:
-                break
-            if cancel.is_set():
-                for i in still:
-                    rows[live[i]].end("cancelled")
-                    yield done(live[i])
-                break
-            live = [live[i] for i in still]
-            # (len(live), V): one forward for every live row
-            logits = pending.result() if pending is not None else runner.step(tokens)
+
+        def force(r: int, row: AnswerRow) -> int | None:
+            if forced is not None:
+                return forced[r][row.step]
+            return firsts[r] if row.step == 0 else None
+
+        yield from decode_rows(runner, rows, logits, force=force, stopped=lambda r: cancel.is_set(), done=done)
     finally:
         runner.close()
     log.debug("%d continuations: %d forward calls", n, runner.forward_calls)
