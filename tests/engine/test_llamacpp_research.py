@@ -153,3 +153,39 @@ def test_beams_past_a_full_cache_free_the_cells_dropped_rows_left(fresh_default_
         assert "freeing the cells dropped rows left behind" in caplog.text  # the cache did fill
     finally:
         runner.close()
+
+
+def test_prompts_that_begin_alike_compute_their_beginning_once_and_equal_each_alone(fresh_default_llamacpp):
+    """A shared beginning (a chat template's system prompt) is computed once, or taken from the backend's own
+    cache, and its cells shared by every row; each row's logits are still its prompt's alone, bit for bit."""
+    from engine.backends.llamacpp.runner import LlamaCppRunner
+
+    backend = fresh_default_llamacpp
+    tok = backend.tokenizer
+    head = tok.encode("You are a careful assistant who answers in one short sentence, always politely, and never "
+                      "in more than twenty words.", add_special_tokens=False)
+    assert len(head) >= 16  # long enough to be taken from the backend's cache (kv_share.MIN_REUSE)
+    tails = [tok.encode(t, add_special_tokens=False) for t in (" Why is the sky blue?", " Hi", " Name a fish.")]
+    prompts = [head + t for t in tails]
+
+    def alone(prompt: list[int]) -> np.ndarray:
+        runner = LlamaCppRunner(backend, max_seqs=2)
+        try:
+            return runner.start([prompt])[0]
+        finally:
+            runner.close()
+
+    expected = [alone(p) for p in prompts]
+    for cached in (False, True):
+        if cached:
+            backend.forward(head)  # the backend's own context now holds the beginning
+        runner = LlamaCppRunner(backend, max_seqs=8)
+        try:
+            logits = runner.start(prompts)
+            evaluated = runner.tokens_evaluated
+        finally:
+            runner.close()
+        for i in range(len(prompts)):
+            assert np.array_equal(logits[i], expected[i]), (cached, i)
+        computed_head = 0 if cached else len(head)
+        assert evaluated == computed_head + sum(len(t) for t in tails), cached

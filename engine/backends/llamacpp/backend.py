@@ -320,7 +320,9 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         return layer_capture(self, token_ids, positions, top_k=top_k, attention=attention)
 
     def batch_runner(self) -> LlamaCppRunner:
-        """Several sequences per llama_batch on a second context over the same weights (BatchRunners)."""
+        """Several sequences per llama_batch on a second context over the same weights (BatchRunners). Its
+        threads are chosen as an answer's are (the cores other programs leave free now)."""
+        self._choose_threads()
         return LlamaCppRunner(self)
 
     def position_runner(self, n_tokens: int) -> LlamaCppRunner:

@@ -35,11 +35,15 @@ import numpy as np
 
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.kv_share import reuse_backend_state
+from engine.backends.base import common_prefix_len
 from engine.backends.chunks import chunk_spans, stack_logprobs
 
 log = logging.getLogger(__name__)
 
 RowState = tuple[int, bytes]  # (cached positions, llama_state_seq_get_data bytes)
+# Prompts that begin alike compute their common beginning once when it is at least this long (shorter: the
+# extra llama_decode call costs about what it saves).
+MIN_SHARED_PREFIX = 8
 # The most one-token rows of different sequences one `llama_batch` carries (see `_run`): 64 went wrong, 40 did not.
 MULTI_SEQUENCE_TOKENS = 24
 
@@ -153,10 +157,26 @@ class LlamaCppRunner:
     # --- the runner moves -------------------------------------------------------------
 
     def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """Prefill every prompt (row i is sequence i); (len(prompts), V) logits of each one's last token.
+
+        What all the prompts begin with (a chat template's system prompt, a shared document) is computed once,
+        or taken from the backend's own cache where it holds it, and its cells are shared by every row
+        (`llama_memory_seq_cp` in the unified cache); each row then computes only its own rest. The rows' keys
+        and values are the same either way (tests/engine/test_llamacpp_research.py), so the logits are too.
+        """
         self._check_rows(len(prompts))
         self._clear()
         self._lens = [len(p) for p in prompts]
-        return self._run([(i, 0, list(p)) for i, p in enumerate(prompts)])
+        shared = min(common_prefix_len(prompts[0], p) for p in prompts)
+        shared = min(shared, min(len(p) for p in prompts) - 1)  # every row runs at least one token: its logits
+        if len(prompts) < 2 or shared < MIN_SHARED_PREFIX:
+            return self._run([(i, 0, list(p)) for i, p in enumerate(prompts)])
+        have = reuse_backend_state(self.backend, self.ctx, prompts[0][:shared], 0, limit=shared)
+        if have < shared:
+            self._run([(0, have, [int(t) for t in prompts[0][have:shared]])])
+        for i in range(1, len(prompts)):
+            llama_cpp.llama_memory_seq_cp(self._mem, 0, i, -1, -1)
+        return self._run([(i, shared, [int(t) for t in p[shared:]]) for i, p in enumerate(prompts)])
 
     def start_from_backend_cache(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         """`start([prompt])` from the backend's own KV cache of the prompt's first tokens (StartsFromBackendCache):
