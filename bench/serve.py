@@ -7,8 +7,11 @@
   `--rounds`, alternating so drift hits both alike. Last line of the part: `ratio_served_vs_direct=X.XX`
   (goal >= 0.9).
 - **8 streams at once**: eight clients stream at the same time; every one must finish. Prints the aggregate
-  tokens/s (all tokens / wall time) and each stream's time to its first token (the model serves one answer at
-  a time, fairly between clients, so the later ones wait).
+  tokens/s (all tokens / wall time), each stream's time to its first token, and how many answers shared each
+  batch (requests that wait for the model together run as rows of one batch where the model has batch
+  runners: the first one finds the model free and runs alone, the other seven wait and then share). Then the
+  same eight one after another: `sequential_tok_s=` and `concurrent_vs_sequential=` (what sharing the
+  batch gives, in the same run).
 
     python bench/serve.py [--tokens 128] [--rounds 3] [--streams 8] [--stream-tokens 32]
 """
@@ -38,6 +41,7 @@ class LastRequest:
 
     def __init__(self) -> None:
         self.exchange: ServedExchange | None = None
+        self.batch_rows: list[int] = []  # per ended answer: how many rows its batch had (1: it ran alone)
 
     def on_start(self, exchange: ServedExchange) -> None:
         self.exchange = exchange
@@ -46,7 +50,9 @@ class LastRequest:
         pass
 
     def on_end(self, exchange: ServedExchange) -> None:
-        pass
+        stats = exchange.choices[0].stats if exchange.choices else None
+        if stats is not None and stats.fingerprint is not None:
+            self.batch_rows.append(int(stats.fingerprint.extras.get("batch_rows", 1)))
 
 
 def served_stream(client: openai.OpenAI, model: str, tokens: int) -> tuple[int, float, float]:
@@ -114,6 +120,7 @@ def main() -> None:
             c = openai.OpenAI(base_url=server.url, api_key="bench", max_retries=0, timeout=600)
             results[i] = served_stream(c, model, args.stream_tokens)
 
+        sink.batch_rows.clear()
         t0 = time.perf_counter()
         threads = [threading.Thread(target=one, args=(i,)) for i in range(args.streams)]
         for t in threads:
@@ -127,6 +134,14 @@ def main() -> None:
               f"wall_s={wall:.2f}")
         print(f"aggregate_tok_s={total / wall:.1f}")
         print("ttft_s=" + ",".join(f"{t:.2f}" for t in ttfts))
+        time.sleep(0.5)  # the last answer's end reaches the sink
+        print("batch_rows=" + ",".join(str(r) for r in sorted(sink.batch_rows)))
+        concurrent = total / wall
+        t0 = time.perf_counter()
+        sequential_total = sum(served_stream(client, model, args.stream_tokens)[0] for _ in range(args.streams))
+        sequential = sequential_total / (time.perf_counter() - t0)
+        print(f"sequential_tok_s={sequential:.1f}")
+        print(f"concurrent_vs_sequential={concurrent / sequential:.2f}")
     finally:
         server.stop()
         engine.close()

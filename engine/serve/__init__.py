@@ -17,7 +17,8 @@ The seam for a window (or any other viewer)::
   upstream_api_key=None, options=ServeOptions()) -> RunningServer`: returns once the server listens. It runs
   uvicorn on its own daemon thread ("logitlab-serve-PORT") with its own asyncio loop, so the caller's loop
   (the window's qasync loop) never waits on it; generations run on the engine's worker thread, one served
-  answer at a time (taking turns between clients), so a chat of the window's own waits at most one answer. `upstream=URL` is proxy
+  turn at a time (taking turns between clients; requests that waited together share a turn as rows of one
+  batch where the model has batch runners), so a chat of the window's own waits at most one served turn. `upstream=URL` is proxy
   mode (no engine). Raises `ServeSetupError` (a ValueError, one line of words): a non-loopback host without
   an API key, a port that is taken, neither an engine nor an upstream.
 - `sink`: an `ExchangeSink` (or a list of them), three methods, **called on the server's thread**, between
@@ -50,10 +51,10 @@ The seam for a window (or any other viewer)::
 Files, one job each: `app.py` (routes, API key, error JSON), `body.py` (size, depth, JSON), `fields.py`
 (typed field readers), `parse.py` (body -> GenerationRequest through the llama.cpp mapping), `responses.py`
 (OpenAI response and chunk shapes, log-probs), `service.py` (engine mode: run, record, stop),
-`engine_run.py` (the engine's events on the loop; `n` through the loom's batch), `fair_queue.py` (turns
-per client), `model_routes.py` (models, tokenize, detokenize, props), `proxy.py` + `proxy_events.py`
-(proxy mode), `exchange.py` (the record and the sink protocol), `trace_sink.py`, `running.py` (the thread),
-`limits.py`, `errors.py`.
+`engine_run.py` (the engine's events on the loop; `n` through the loom's batch; a shared batch's riders),
+`fair_queue.py` (turns per client, and the riders that share one), `model_routes.py` (models, tokenize,
+detokenize, props), `proxy.py` + `proxy_events.py` (proxy mode), `exchange.py` (the record and the sink
+protocol), `trace_sink.py`, `running.py` (the thread), `limits.py`, `errors.py`.
 """
 
 from engine.serve.exchange import ExchangeSink, ServedChoice, ServedExchange

@@ -2,7 +2,10 @@
 
 `n` = 1 is an ordinary generation (`Engine.submit`); `n` > 1 asks the loom for N children of the prompt
 (`engine.loom.continuation_events`): one batch on a backend with batch runners, one after another otherwise,
-each child seeded `seed + index`. Events cross from the model's worker thread with `call_soon_threadsafe`.
+each child seeded `seed + index`. Several requests that waited together can share one batch
+(`shared_batch`: each a `Rider`, their answers rows of one batch runner, `engine.loom.shared_batch`); each
+then reads its own events (`rider_events`). Events cross from the model's worker thread with
+`call_soon_threadsafe`.
 Setting `cancel` (a client gone, the window's Stop) ends the generation before its next token; the stream then
 still ends with each choice's `Done` (finish reason "cancelled").
 """
@@ -11,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import cast
 
 from engine.backends.base import Backend
@@ -21,6 +26,63 @@ from engine.events import Done, Event
 from engine.request import GenerationRequest
 
 _FINISHED = object()  # the worker's job is over (after the last Done, or after an error)
+
+
+@dataclass(eq=False)
+class Rider:
+    """A served request that can be rows of a shared batch: what the batch runs, and where its events go.
+
+    `cells`: the KV cache positions its rows can fill (its prompt, and `n` answers of `max_new_tokens`); the
+    queue is made on the server's loop, where `rider_events` reads it.
+    """
+
+    request: GenerationRequest
+    n: int
+    cancel: threading.Event
+    cells: int
+    queue: asyncio.Queue[object] = field(default_factory=asyncio.Queue)
+
+
+def shared_batch(engine: Engine, riders: Sequence[Rider], on_done: Callable[[], None]) -> None:
+    """Run the riders' answers as one batch on the model's worker; each rider's events go to its queue.
+
+    `on_done` is called on the server's loop when the batch is over (the model is free again), also when it
+    could not start. Call on the server's loop.
+    """
+    from engine.loom.shared_batch import BatchJob, shared_batch_events
+
+    loop = asyncio.get_running_loop()
+    jobs = [BatchJob(r.request, r.n, r.cancel) for r in riders]
+
+    def put(rider: Rider, item: object) -> None:
+        loop.call_soon_threadsafe(rider.queue.put_nowait, item)
+
+    def job(backend: Backend) -> None:
+        for j, row_event in shared_batch_events(backend, jobs):
+            put(riders[j], (row_event.row, row_event.event))
+
+    def finished(fut: Future[None]) -> None:
+        for rider in riders:
+            put(rider, fut.exception() or _FINISHED)
+        loop.call_soon_threadsafe(on_done)
+
+    try:
+        future = engine.call(job)
+    except RuntimeError as e:  # the model closed while these requests waited their turn
+        failed: Future[None] = Future()
+        failed.set_exception(EngineError(f"the model was closed before this answer's turn ({e})"))
+        finished(failed)
+        return
+    future.add_done_callback(finished)
+
+
+async def rider_events(rider: Rider) -> AsyncIterator[tuple[int, Event]]:
+    """The rider's events from its shared batch (as `engine_events` gives them); leaving early ends its rows."""
+    try:
+        async for item in _drain(rider.queue, rider.n):
+            yield item
+    finally:
+        rider.cancel.set()
 
 
 async def engine_events(engine: Engine, request: GenerationRequest, n: int,
@@ -56,26 +118,33 @@ async def engine_events(engine: Engine, request: GenerationRequest, n: int,
             raise EngineError(f"the model was closed before this answer's turn ({e})") from None
         future.add_done_callback(lambda fut: put(fut.exception() or _FINISHED))
         watcher = None
-    left = n
     try:
-        while left:
-            item = await queue.get()
-            if item is _FINISHED:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            index, event = cast("tuple[int, Event | BaseException]", item)
-            if isinstance(event, BaseException):
-                raise event
-            yield index, event
-            if isinstance(event, Done):
-                left -= 1
+        async for item in _drain(queue, n):
+            yield item
     finally:
         cancel.set()  # leaving early (the client went away): the generation stops before its next token
         if n == 1:
             handle.cancel_event.set()
         if watcher is not None:
             watcher.cancel()
+
+
+async def _drain(queue: asyncio.Queue[object], n: int) -> AsyncIterator[tuple[int, Event]]:
+    """(choice, event) items from a worker's queue until each of the `n` choices had its Done; raises the
+    worker's error."""
+    left = n
+    while left:
+        item = await queue.get()
+        if item is _FINISHED:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        index, event = cast("tuple[int, Event | BaseException]", item)
+        if isinstance(event, BaseException):
+            raise event
+        yield index, event
+        if isinstance(event, Done):
+            left -= 1
 
 
 async def _link(ours: threading.Event, theirs: threading.Event) -> None:

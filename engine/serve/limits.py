@@ -13,4 +13,5 @@ MAX_TOP_LOGPROBS = 100  # alternatives per token in an answer (chat top_logprobs
 MAX_STOPS = 16  # stop strings per request
 MAX_STOP_CHARS = 1000  # characters per stop string
 MAX_MESSAGES = 10_000  # messages in one chat request
+MAX_BATCH_ROWS = 16  # answers (a request's n each) that share one batch of the model's forwards
 MAX_WAITING = 64  # requests waiting for a model before the server answers 503 (busy)

@@ -15,7 +15,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +25,14 @@ from starlette.responses import JSONResponse, Response
 
 from engine.engine import Engine
 from engine.errors import ContextLengthError, EngineError
-from engine.events import Done, GenerationStats, TokenEvent
-from engine.serve.engine_run import engine_events
+from engine.events import Done, Event, GenerationStats, TokenEvent
+from engine.loom.continuations import runs_in_batch
+from engine.loom.shared_batch import cells_needed
+from engine.serve.engine_run import Rider, engine_events, rider_events, shared_batch
 from engine.serve.errors import ApiError
 from engine.serve.exchange import Endpoint, ServedChoice, ServedExchange, Sinks
 from engine.serve.fair_queue import FairQueue, TurnAbandoned
+from engine.serve.limits import MAX_BATCH_ROWS
 from engine.serve.model_routes import ModelRoutes
 from engine.serve.parse import ParseContext, ServedRequest, parse_request
 from engine.serve.responses import AnswerWriter, finish_reason
@@ -89,7 +92,8 @@ class EngineService(ModelRoutes):
         self.context = ParseContext(model=info.name, context_length=info.context_length, tokenizer=engine.tokenizer,
                                     runs_locally=info.runs_locally, top_n=options.top_n,
                                     record_stages=options.record_stages)
-        self.queue = FairQueue(max_waiting=options.max_waiting)
+        self.backend = engine.wait_ready()  # only asked what it can do (its capabilities), never called here
+        self.queue = FairQueue(max_waiting=options.max_waiting, joins=self._joins)
         self.active: dict[str, ActiveAnswer] = {}
 
     def stop_request(self, answer_id: str) -> bool:
@@ -119,16 +123,43 @@ class EngineService(ModelRoutes):
 
     # --- running --------------------------------------------------------------------------------------------
 
+    def _rider(self, active: ActiveAnswer, served: ServedRequest) -> Rider | None:
+        """The request as a possible row of a shared batch; None where it runs alone (`runs_in_batch`)."""
+        request = served.generation
+        if not runs_in_batch(self.backend, request):
+            return None
+        return Rider(request, served.n, active.cancel,
+                     cells=cells_needed(len(served.prompt_ids), served.n, request.max_new_tokens))
+
+    def _joins(self, taken: Sequence[Rider], candidate: Rider) -> bool:
+        """Whether a waiting request can share the batch of those `taken`: at most MAX_BATCH_ROWS answers, and
+        room in the model's context for all their prompts and answers (the batch runner's KV cache is one
+        context's size)."""
+        room = self.context.context_length or 0
+        return (sum(r.n for r in taken) + candidate.n <= MAX_BATCH_ROWS
+                and sum(r.cells for r in taken) + candidate.cells <= room)
+
     async def _run(self, active: ActiveAnswer, served: ServedRequest) -> AsyncIterator[tuple[int, TokenEvent | Done]]:
-        """The answer's events, after its turn at the model; records them and tells the sink."""
+        """The answer's events, after its turn at the model (alone, or in a batch with other requests that
+        waited with it); records them and tells the sink."""
         exchange = active.exchange
         self.active[exchange.id] = active
         self.sinks.on_start(exchange)
+        rider = self._rider(active, served)
         try:
-            async with self.queue.turn(exchange.client.rsplit(":", 1)[0], cancel=active.cancel):
-                if active.cancel.is_set():
-                    return
-                async for index, event in engine_events(self.engine, served.generation, served.n, active.cancel):
+            async with self.queue.turn(exchange.client.rsplit(":", 1)[0], cancel=active.cancel,
+                                       rider=rider) as turn:
+                if active.cancel.is_set() and not turn.joined and not turn.riders:
+                    return  # stopped as its turn came (with riders it still starts their batch: its rows end at once)
+                source: AsyncIterator[tuple[int, Event]]
+                if turn.joined or turn.riders:
+                    assert rider is not None
+                    if turn.riders:  # this request's turn, shared: the model is free when the batch is done
+                        shared_batch(self.engine, [rider, *turn.riders], turn.hand_over())
+                    source = rider_events(rider)
+                else:
+                    source = engine_events(self.engine, served.generation, served.n, active.cancel)
+                async for index, event in source:
                     if isinstance(event, TokenEvent):
                         active.events[index].append(event)
                         self.sinks.on_token(exchange.id, index, event)

@@ -82,3 +82,58 @@ def test_past_the_waiting_limit_the_server_is_busy():
         await asyncio.gather(*tasks)
 
     asyncio.run(main())
+
+
+def test_riders_waiting_together_share_the_next_turn_in_fair_order():
+    """Requests that can share a batch come along with the next turn, as many as `joins` lets, each client's
+    oldest first; one that cannot share (no rider) keeps its place and its line's later requests wait."""
+    log: list[tuple[str, object]] = []
+
+    async def main() -> None:
+        queue = FairQueue(max_running=1, joins=lambda taken, candidate: len(taken) < 3)
+        hold = asyncio.Event()
+
+        async def request(client: str, name: str, rider: bool = True) -> None:
+            async with queue.turn(client, rider=name if rider else None) as turn:
+                log.append((name, "joined" if turn.joined else list(turn.riders)))
+                if name == "first":
+                    await hold.wait()
+
+        tasks = [asyncio.ensure_future(request("a", "first"))]
+        await asyncio.sleep(0)
+        for client, name, rider in [("a", "a1", True), ("a", "a2", True), ("b", "b1", False), ("b", "b2", True),
+                                    ("c", "c1", True), ("c", "c2", True)]:
+            tasks.append(asyncio.ensure_future(request(client, name, rider)))
+            await asyncio.sleep(0)
+        hold.set()
+        await asyncio.gather(*tasks)
+        assert queue.running == 0 and queue.waiting == 0
+
+    asyncio.run(main())
+    turns = [(name, what) for name, what in log if what != "joined"]
+    # b (never served) goes first but runs alone; then c's oldest, with a's and b's next (joins: 3 in all; c,
+    # holding the turn, counts as just served); then a's last (served before c), with c's next.
+    assert turns == [("first", []), ("b1", []), ("c1", ["a1", "b2"]), ("a2", ["c2"])]
+    assert {name for name, what in log if what == "joined"} == {"a1", "b2", "c2"}
+
+
+def test_a_handed_over_turn_ends_when_released_not_with_its_block():
+    async def main() -> None:
+        queue = FairQueue(max_running=1)
+        async with queue.turn("a") as turn:
+            release = turn.hand_over()
+        assert queue.running == 1  # the batch it started still runs
+        waiter = asyncio.ensure_future(_enter(queue, "b"))
+        await asyncio.sleep(0.01)
+        assert not waiter.done() and queue.waiting == 1
+        release()
+        release()  # once only: a second call frees nothing more
+        await waiter
+        assert queue.running == 0
+
+    asyncio.run(main())
+
+
+async def _enter(queue: FairQueue, client: str) -> None:
+    async with queue.turn(client):
+        pass
