@@ -246,7 +246,7 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         The llama_decode calls that finished stay cached; the one stopped leaves nothing behind.
         `cancelled` is polled from a helper thread.
         """
-        self._choose_threads()  # every answer's prompt comes this way (engine.backends.base.prefill)
+        self.choose_threads()  # every answer's prompt comes this way (engine.backends.base.prefill)
         with self._abort.watching(cancelled):
             try:
                 return self.forward(token_ids)
@@ -255,16 +255,18 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
                     return None
                 raise
 
-    def _choose_threads(self) -> None:
-        """llama.cpp's threads for the answer about to start: every core other programs leave free now."""
+    def choose_threads(self) -> tuple[int, int]:
+        """llama.cpp's threads for the answer (or the runner's call) about to start: every core other programs
+        leave free now, unless the user chose a count. Returns (decode, prompt) threads."""
         if self._threads_per_answer is None or not self.ctx:
-            return
+            return self.n_threads, self.n_threads_batch
         n = self._threads_per_answer.now()
         batch = n if self._batch_threads_follow else self.n_threads_batch
         if (n, batch) != (self.n_threads, self.n_threads_batch):
             llama_cpp.llama_set_n_threads(self.ctx, n, batch)
             log.debug("llama.cpp: %d decode threads, %d prompt threads for this answer", n, batch)
             self.n_threads, self.n_threads_batch = n, batch
+        return self.n_threads, self.n_threads_batch
 
     def forward_during(self, token_ids: Sequence[int], work: Callable[[], T]) -> tuple[np.ndarray, T]:
         """`forward` on this thread, `work()` on a helper thread meanwhile (OverlappedForward).
@@ -322,14 +324,14 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
     def batch_runner(self) -> LlamaCppRunner:
         """Several sequences per llama_batch on a second context over the same weights (BatchRunners). Its
         threads are chosen as an answer's are (the cores other programs leave free now)."""
-        self._choose_threads()
+        self.choose_threads()
         return LlamaCppRunner(self)
 
     def position_runner(self, n_tokens: int) -> LlamaCppRunner:
         """Every position of one sequence (PositionRunners): one sequence, a cache of just this text,
         room for one chunk of logits rows. Its threads are chosen as an answer's are (the cores other
         programs leave free now): the scoring context takes the backend's counts when it is made."""
-        self._choose_threads()
+        self.choose_threads()
         chunk = positions_per_chunk(self.n_vocab)
         return LlamaCppRunner(self, max_seqs=1, n_batch=chunk, n_ctx=max(n_tokens, chunk), n_outputs=chunk)
 

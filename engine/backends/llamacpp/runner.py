@@ -79,7 +79,7 @@ class LlamaCppRunner:
         params.n_outputs_max = max(self.n_outputs, max_seqs + 1)
         params.kv_unified = True  # one pool of cells shared by every sequence: seq_cp shares, not copies
         params.swa_full = True
-        params.n_threads, params.n_threads_batch = backend.n_threads, backend.n_threads_batch
+        params.n_threads, params.n_threads_batch = self._threads = backend.n_threads, backend.n_threads_batch
         params.offload_kqv = backend.gpu_plan.offload_kqv
         params.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(backend.model, params)
@@ -93,8 +93,18 @@ class LlamaCppRunner:
     # --- helpers -------------------------------------------------------------------
 
     def _clear(self) -> None:
-        llama_cpp.llama_memory_clear(self._mem, True)
+        # The cells' metadata only: a cell is written before any row attends to it, and zeroing the buffers of
+        # a whole context (~190 MB at the default model's 8,192) cost ~10 ms per scored text.
+        llama_cpp.llama_memory_clear(self._mem, False)
         self._grave_used = False
+
+    def _follow_threads(self) -> None:
+        """Run the coming call on the threads an answer would get now (the cores other programs leave free:
+        the backend's `choose_threads`); a runner made at load would otherwise keep that moment's count."""
+        wanted = self.backend.choose_threads()
+        if wanted != self._threads:
+            llama_cpp.llama_set_n_threads(self.ctx, *wanted)
+            self._threads = wanted
 
     def _check_rows(self, b: int, spare: int = 0) -> None:
         if b + spare > self.max_seqs:
@@ -165,6 +175,7 @@ class LlamaCppRunner:
         and values are the same either way (tests/engine/test_llamacpp_research.py), so the logits are too.
         """
         self._check_rows(len(prompts))
+        self._follow_threads()
         self._clear()
         self._lens = [len(p) for p in prompts]
         shared = min(common_prefix_len(prompts[0], p) for p in prompts)
@@ -181,6 +192,7 @@ class LlamaCppRunner:
     def start_from_backend_cache(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         """`start([prompt])` from the backend's own KV cache of the prompt's first tokens (StartsFromBackendCache):
         the chat's prompt is cached there after an answer, so the loom computes only what is new."""
+        self._follow_threads()
         self._clear()
         reused = reuse_backend_state(self.backend, self.ctx, prompt, 0, limit=len(prompt) - 1)  # >= 1 token runs
         self._lens = [len(prompt)]
@@ -274,6 +286,7 @@ class LlamaCppRunner:
         if bad:  # llama.cpp aborts on an out-of-range id
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
         spans = list(chunk_spans(len(ids), chunk, first))
+        self._follow_threads()
         self._clear()
         try:
             for lo, hi, keep in spans:
