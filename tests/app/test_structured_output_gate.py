@@ -15,7 +15,7 @@ from PySide6.QtCore import QTimer
 
 from engine import Constraint
 
-from app.widgets.structured_output import StructuredOutputBox
+from app.widgets.structured_output import CHECK_DELAY_MS, StructuredOutputBox
 from qt_helpers import run_task
 
 
@@ -87,19 +87,28 @@ def test_while_a_grammar_is_checked_nothing_is_sent_under_the_old_one(qtbot, win
 
 
 def test_a_big_grammar_is_built_off_the_ui_thread(qtbot, window):
+    """A pasted 900-rule grammar is checked (about a second of llguidance's GBNF conversion, pure Python) while
+    the window stays live.
+
+    The paste goes the user's way: the editor's text changes, and the check starts when the typing pauses
+    (`CHECK_DELAY_MS`). Starting the build in the same moment as the paste (calling `apply()` at once) froze the
+    window up to ~0.9 s in a process that had made a window before: laying out the 900 pasted lines asks for
+    the interpreter lock at every step, and each time waits behind the conversion's thread; laid out first
+    (12 ms), the build froze nothing. A shorter switch interval hid it, and made PySide abort at exit.
+    """
     box = _box(window)
-    # 900 chained GBNF rules: under the limit, and about a second of llguidance's GBNF conversion.
     grammar = "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(900)) + 'r900 ::= "b"\n'
+    box.mode.setCurrentIndex(box.mode.findText("Grammar"))
+    qtbot.waitUntil(lambda: not box.checking, timeout=60_000)
     # A full collection in a process that has run the whole suite pauses every thread for longer than the bound
     # (0.69 s seen): not what is measured here, so it runs before and not during the measurement.
     gc.collect()
     gc.disable()
     try:
         ticks = _Ticks()
-        box.mode.setCurrentIndex(box.mode.findText("Grammar"))
         t0 = time.monotonic()
-        box.editor.setPlainText(grammar)  # pasted
-        box.apply()
+        box.editor.setPlainText(grammar)  # pasted: checked once the typing pauses
+        assert box.checking and box.valid is None and window.settings.constraint_problem is not None
         qtbot.waitUntil(lambda: not box.checking, timeout=60_000)
         took = time.monotonic() - t0
         ticks.timer.stop()
@@ -107,12 +116,7 @@ def test_a_big_grammar_is_built_off_the_ui_thread(qtbot, window):
         gc.enable()
     assert box.valid, box.status.text()
     assert window.settings.options.constraint is not None and window.settings.options.constraint.kind == "gbnf"
-    assert took > 0.2  # a real build happened meanwhile
-    if ticks.largest >= 0.25 and took < 2 * ticks.largest:
-        # Open: built first in a process the window stays live (0.03 s gap for a 0.57 s build); built after another
-        # window has checked a constraint, one stretch of the build keeps the UI thread waiting ~0.5 s (seen with
-        # any test of this file before this one). Said in the round-4 note; not yet explained.
-        pytest.xfail(f"the window froze {ticks.largest:.2f} s of a {took:.2f} s build (open: a later build in one process)")
+    assert took > CHECK_DELAY_MS / 1000 + 0.2  # a real build happened after the pause
     assert ticks.largest < 0.25, f"the window froze {ticks.largest:.2f} s while the grammar was built"
 
 
