@@ -15,13 +15,16 @@ backend and measures, as bench/decode.py and bench/loom.py do:
   cannot be faster than reading its weights): `floor_fraction` = floor time /
   our time per token (1.0 = a step costs no more than its matmuls);
 - the loom: N children of T tokens in one batch against N regenerations one
-  after another: `loom_speedup`.
+  after another: `loom_speedup`;
+- a server's clients: N different requests as rows of one batch (what the
+  server does with requests that wait together) against the N one after
+  another: `shared_batch_speedup`.
 
 On CUDA the backend's compiled decode step is built first and waited for
 (`--compile off` measures the eager step). Each shape's figures print as
 `name=value [shape]`; the last lines are the figures of the last shape
-(by default the 1B one), `ratio_vs_generate=`, `floor_fraction=` and
-`loom_speedup=`, one per line. `--quick` runs a tiny shape with few tokens
+(by default the 1B one), `ratio_vs_generate=`, `floor_fraction=`,
+`loom_speedup=` and `shared_batch_speedup=`, one per line. `--quick` runs a tiny shape with few tokens
 (the CPU test of this script, tests/engine/test_gpu_figures.py). Under
 8 minutes on one H100 with the defaults (estimated; see docs/gpu.md).
 """
@@ -132,6 +135,41 @@ def loom_speedup(backend, n: int, tokens: int, repeats: int) -> float:
     return best_seq / best_bat
 
 
+def shared_batch_speedup(backend, n: int, tokens: int, repeats: int) -> float:
+    """N different requests (a server's clients that waited together) as rows of one batch
+    (`engine.loom.shared_batch`) over the same N answered one after another."""
+    from engine.decode import generate_events
+    from engine.events import TokenEvent
+    from engine.loom.shared_batch import BatchJob, shared_batch_events
+    from engine.request import GenerationRequest
+    from engine.sampling import SamplerSettings
+
+    requests = [GenerationRequest(messages=({"role": "user", "content": f"{LOOM_PROMPT} Version {r}: {'more ' * r}"},),
+                                  sampler=SamplerSettings(temperature=0.8, top_p=0.95, seed=r),
+                                  max_new_tokens=tokens, top_n=20, ignore_eos=True) for r in range(n)]
+
+    def sequential() -> int:
+        return sum(sum(isinstance(e, TokenEvent) for e in generate_events(backend, r)) for r in requests)
+
+    def batched() -> int:
+        return sum(isinstance(ev.event, TokenEvent) for _, ev in shared_batch_events(backend, [BatchJob(r) for r in requests]))
+
+    sequential()  # warm-up
+    batched()
+    best_seq = best_bat = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        made_seq = sequential()
+        best_seq = min(best_seq, time.perf_counter() - t)
+        t = time.perf_counter()
+        made_bat = batched()
+        best_bat = min(best_bat, time.perf_counter() - t)
+    assert made_seq == made_bat == n * tokens, (made_seq, made_bat)
+    print(f"  shared batch: {n} requests x {tokens} tokens one after another {best_seq:.2f} s, "
+          f"together {best_bat:.2f} s")
+    return best_seq / best_bat
+
+
 def measure(shape: Shape, folder: Path, device: torch.device, args) -> dict[str, float]:
     from engine.backends.torch.backend import TorchBackend
 
@@ -169,6 +207,7 @@ def measure(shape: Shape, folder: Path, device: torch.device, args) -> dict[str,
             "ratio_vs_generate": statistics.median(a) / statistics.median(b),
             "floor_fraction": floor_ms / ours_ms,
             "loom_speedup": loom_speedup(backend, args.loom_n, args.loom_tokens, args.repeats),
+            "shared_batch_speedup": shared_batch_speedup(backend, args.loom_n, args.loom_tokens, args.repeats),
         }
     finally:
         backend.close()
