@@ -1,7 +1,9 @@
 """The server (engine.serve) against the engine called directly, on the default model, in the same run.
 
 - **one stream**: tokens/s of a streamed chat answer through `logitlab-cli serve`'s server with the official
-  `openai` client vs the same request run on the `Engine` directly (`engine.generate`: the very
+  `openai` client, run in a process of its own as a real client is (also printed: the client in this
+  process, where its parsing competes with the server and the model for one interpreter on 2 cores), vs the
+  same request run on the `Engine` directly (`engine.generate`: the very
   `GenerationRequest` the server ran, read from its record: same prompt ids, settings, seed, top-N and stage
   records, `ignore_eos` so both make exactly `--tokens` tokens). Timed from sending to the last token, best of
   `--rounds`, alternating so drift hits both alike. Last line of the part: `ratio_served_vs_direct=X.XX`
@@ -13,12 +15,14 @@
   same eight one after another: `sequential_tok_s=` and `concurrent_vs_sequential=` (what sharing the
   batch gives, in the same run).
 
-    python bench/serve.py [--tokens 128] [--rounds 3] [--streams 8] [--stream-tokens 32]
+    python bench/serve.py [--tokens 128] [--rounds 3] [--streams 8] [--stream-tokens 32] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import threading
 import time
@@ -69,6 +73,15 @@ def served_stream(client: openai.OpenAI, model: str, tokens: int) -> tuple[int, 
     return n, time.perf_counter() - t0, (first or t0) - t0
 
 
+def client_process_stream(url: str, model: str, tokens: int) -> tuple[int, float, float]:
+    """`served_stream` run by a client in a process of its own (as SillyTavern or a script would be): the
+    client's parsing then does not compete with the server and the model for this process's interpreter."""
+    out = subprocess.run([sys.executable, __file__, "--as-client", url, model, str(tokens)], capture_output=True,
+                         text=True, timeout=600, check=True).stdout
+    n, seconds, first = json.loads(out.strip().splitlines()[-1])
+    return int(n), float(seconds), float(first)
+
+
 def direct_stream(engine: Engine, request) -> tuple[int, float]:
     t0 = time.perf_counter()
     n = 0
@@ -86,9 +99,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--stream-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="llama.cpp threads, held for the whole run (default: chosen per answer from the free cores)")
+    ap.add_argument("--as-client", nargs=3, metavar=("URL", "MODEL", "TOKENS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.as_client:  # the client process of `client_process_stream`
+        url, model_name, tokens = args.as_client
+        client = openai.OpenAI(base_url=url, api_key="bench", max_retries=0, timeout=600)
+        print(json.dumps(served_stream(client, model_name, int(tokens))))
+        return
 
-    engine = Engine.load()
+    engine = Engine.load(n_threads=args.threads) if args.threads else Engine.load()
     sink = LastRequest()
     server = start_server(engine, sink=sink)
     client = openai.OpenAI(base_url=server.url, api_key="bench", max_retries=0, timeout=600)
@@ -100,18 +121,24 @@ def main() -> None:
 
         request = replace(sink.exchange.request, max_new_tokens=args.tokens)
         direct_stream(engine, replace(request, max_new_tokens=8))
-        served_rates, direct_rates = [], []
+        client_process_stream(server.url, model, 8)  # warm the client process's path too
+        served_rates, in_process_rates, direct_rates = [], [], []
         for _ in range(args.rounds):
-            n, s, _ = served_stream(client, model, args.tokens)
+            n, s, _ = client_process_stream(server.url, model, args.tokens)
             served_rates.append(n / s)
+            n1, s1, _ = served_stream(client, model, args.tokens)
+            in_process_rates.append(n1 / s1)
             n2, s2 = direct_stream(engine, request)
             direct_rates.append(n2 / s2)
-            print(f"round: served {n} tokens {n / s:.1f} tok/s, direct {n2} tokens {n2 / s2:.1f} tok/s", flush=True)
-        served, direct = max(served_rates), max(direct_rates)
+            print(f"round: served {n} tokens {n / s:.1f} tok/s (client in its own process), "
+                  f"{n1 / s1:.1f} tok/s (client in this process), direct {n2} tokens {n2 / s2:.1f} tok/s", flush=True)
+        served, in_process, direct = max(served_rates), max(in_process_rates), max(direct_rates)
         print(f"model={model} backend={engine.info.backend} tokens={args.tokens} top_n={request.top_n} "
               f"record_stages={request.record_stages}")
         print(f"direct_tok_s={direct:.1f}")
         print(f"served_tok_s={served:.1f}")
+        print(f"served_in_process_tok_s={in_process:.1f}")
+        print(f"ratio_in_process_client_vs_direct={in_process / direct:.2f}")
         print(f"ratio_served_vs_direct={served / direct:.2f}")
 
         results: dict[int, tuple[int, float, float]] = {}
