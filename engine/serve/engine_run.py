@@ -138,13 +138,22 @@ async def _drain(queue: asyncio.Queue[object], n: int) -> AsyncIterator[tuple[in
         if item is _FINISHED:
             return
         if isinstance(item, BaseException):
-            raise item
+            raise _in_words(item)
         index, event = cast("tuple[int, Event | BaseException]", item)
         if isinstance(event, BaseException):
-            raise event
+            raise _in_words(event)
         yield index, event
         if isinstance(event, Done):
             left -= 1
+
+
+def _in_words(error: BaseException) -> BaseException:
+    """The worker's error as the server reports it: ours and a bad value as they are (the client is told their
+    words with the right status), anything else (a model's runtime failing mid-batch) as an EngineError
+    naming it, so a stream still ends with an error event rather than breaking off."""
+    if isinstance(error, (EngineError, ValueError)) or not isinstance(error, Exception):
+        return error
+    return EngineError(f"the model failed: {type(error).__name__}: {error}")
 
 
 async def _link(ours: threading.Event, theirs: threading.Event) -> None:

@@ -127,3 +127,43 @@ def test_a_client_leaving_a_shared_batch_ends_alone_and_the_model_is_free_after(
     # The model is free again: a request now runs at once (alone: nothing waits with it).
     r = httpx.post(server.url + "/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
     assert r.status_code == 200 and r.json()["choices"][0]["text"] is not None
+
+
+class FailingRunner:
+    """The model's batch runner, failing on its third step (a runtime error inside the model)."""
+
+    def __init__(self, runner) -> None:
+        self._r, self.steps = runner, 0
+        self.pad_id, self.reorder, self.start, self.close = runner.pad_id, runner.reorder, runner.start, runner.close
+
+    @property
+    def forward_calls(self) -> int:
+        return self._r.forward_calls
+
+    def step(self, tokens):
+        self.steps += 1
+        if self.steps == 3:
+            raise RuntimeError("llama_decode returned -3")
+        return self._r.step(tokens)
+
+
+def test_a_batch_that_fails_ends_every_clients_stream_with_an_error_event(served, monkeypatch):
+    engine, server, sink = served
+    backend = engine.wait_ready()
+    original = backend.batch_runner
+    monkeypatch.setattr(backend, "batch_runner", lambda: FailingRunner(original()))
+    holder, reader = hold_the_model(server, sink)
+    out: dict = {}
+    threads = [post(server, "/completions", {"prompt": f"Story {i}:", "max_tokens": 20, "stream": True}, out, i)
+               for i in range(2)]
+    sink.wait_starts(3)
+    assert server.stop_request(holder)
+    for t in threads + [reader]:
+        t.join(120)
+    for i in range(2):
+        lines = out[i]
+        assert lines[-1] == "data: [DONE]", lines[-3:]
+        assert '"error"' in lines[-2] and "llama_decode returned -3" in lines[-2], lines[-3:]
+    monkeypatch.setattr(backend, "batch_runner", original)
+    r = httpx.post(server.url + "/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200  # the model is free and answers again
