@@ -6,7 +6,7 @@ of the selected row, often the chosen token's, stay readable.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QModelIndex, QRectF, QSize, Qt
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPalette
 from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem
 
@@ -27,7 +27,7 @@ def _soft_selection(painter: QPainter, option: QStyleOptionViewItem) -> None:
 class SoftSelectionDelegate(QStyledItemDelegate):
     """Plain text cells with the translucent selection."""
 
-    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex) -> None:
         _soft_selection(painter, option)
         opt = QStyleOptionViewItem(option)
         opt.state &= ~QStyle.StateFlag.State_Selected
@@ -38,7 +38,7 @@ class SoftSelectionDelegate(QStyledItemDelegate):
 class BarDelegate(QStyledItemDelegate):
     """Paints PROB_ROLE as a bar with its percentage; CHOSEN_ROLE rows in the accent colour."""
 
-    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex) -> None:
         _soft_selection(painter, option)
         prob = index.data(PROB_ROLE)
         text_color = option.palette.color(QPalette.ColorRole.Text)
@@ -71,7 +71,7 @@ class BarDelegate(QStyledItemDelegate):
         painter.drawText(text_rect, Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignRight, pct(prob))
         painter.restore()
 
-    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:  # noqa: N802 - Qt's name
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex) -> QSize:  # noqa: N802 - Qt's name
         """At least the number's line height and a little air, whatever font the row's other cells use."""
         hint = super().sizeHint(option, index)
         return QSize(hint.width(), max(hint.height(), option.fontMetrics.height() + 4))

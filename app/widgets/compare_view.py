@@ -39,6 +39,12 @@ from app.window_geometry import fit_to_screen
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
 
 
+def _edited_settings(col: TokenColumn) -> SamplerSettings:
+    """The settings in `col`'s editor (ValueError in words when a field is invalid)."""
+    assert col.editor is not None  # add_column always gives its columns settings, so each has an editor
+    return col.editor.settings()
+
+
 class CompareView(QWidget):
     """A window: the prompt, the columns, and the clicked token's details."""
 
@@ -91,11 +97,11 @@ class CompareView(QWidget):
         self.stop_button.clicked.connect(self.stop)
         self.add_button.clicked.connect(lambda: self.add_column())
         bar = QHBoxLayout()
-        for w in (self.run_button, self.stop_button, self.add_button):
-            bar.addWidget(w)
+        for button in (self.run_button, self.stop_button, self.add_button):
+            bar.addWidget(button)
         bar.addSpacing(12)
-        for w in (QLabel("Max tokens"), self.max_tokens, QLabel("Seed"), self.seed, self.same_seed):
-            bar.addWidget(w)
+        for control in (QLabel("Max tokens"), self.max_tokens, QLabel("Seed"), self.seed, self.same_seed):
+            bar.addWidget(control)
         bar.addStretch(1)
         self.status = QLabel()
         self.status.setTextFormat(Qt.TextFormat.PlainText)  # errors quote the user's and the model's text
@@ -115,8 +121,8 @@ class CompareView(QWidget):
         split.setSizes([560, 200])
 
         lay = QVBoxLayout(self)
-        for w in (QLabel("Prompt"), self.prompt, self.prompt_note, self.steering_knob):
-            lay.addWidget(w)
+        for part in (QLabel("Prompt"), self.prompt, self.prompt_note, self.steering_knob):
+            lay.addWidget(part)
         lay.addLayout(bar)
         lay.addWidget(self.status)
         lay.addWidget(split, 1)
@@ -133,7 +139,7 @@ class CompareView(QWidget):
             self.status.setText(f"At most {MAX_COLUMNS} columns.")
             return None
         if settings is None:
-            settings = self.columns[-1].editor.settings() if self.columns else self._settings.options.sampler
+            settings = _edited_settings(self.columns[-1]) if self.columns else self._settings.options.sampler
         col = TokenColumn(f"Column {len(self.columns) + 1}", settings)
         col.duplicate_requested.connect(self._on_duplicate)
         col.remove_requested.connect(self._on_remove)
@@ -146,7 +152,7 @@ class CompareView(QWidget):
 
     def _on_duplicate(self, col: TokenColumn) -> None:
         try:
-            self.add_column(col.editor.settings())
+            self.add_column(_edited_settings(col))
         except ValueError as e:
             self.status.setText(str(e))
 
@@ -188,7 +194,7 @@ class CompareView(QWidget):
         self.prompt_note.setText(note)
 
     def messages(self) -> "tuple[dict[str, str], ...] | Prompt":
-        if self._anchored():
+        if self._anchor is not None and self._anchored():  # (_anchored() checks it too; this says so to mypy)
             conv, user = self._anchor
             prompt = prompt_for(conv, user)  # a notebook's text before the answer (raw), else the chat
             return prompt if prompt.text is not None else tuple(conv.history(user))
@@ -218,7 +224,7 @@ class CompareView(QWidget):
         out = []
         for i, col in enumerate(self.columns):
             try:
-                s = col.editor.settings()
+                s = _edited_settings(col)
             except ValueError as e:
                 raise ValueError(f"column {i + 1}: {e}") from None
             seed = self.seed.value() if self.same_seed.isChecked() else self.seed.value() + i
@@ -227,7 +233,7 @@ class CompareView(QWidget):
 
     def run(self) -> asyncio.Task | None:
         """Start a comparison of every column; the task ends with the run (None when the input is invalid)."""
-        if self.running:
+        if self._run is not None and self._run.running:  # self.running
             return self._run.task
         self._update_prompt_note()  # the structured output may have changed since the window opened
         try:
@@ -253,19 +259,23 @@ class CompareView(QWidget):
         self._ran[index].append(batch)
 
     def _on_column_finished(self, index: int) -> None:
+        assert self._run is not None  # the run's signals are connected only once it is stored in self._run
         result = self._run.columns[index]
+        assert result.summary is not None  # a column's summary is set when it ends, before `column_finished`
         self._ran[index].finish(result.stats, result.summary)
         self._ran[index].take_button.setEnabled(True)
 
     def _on_finished(self) -> None:
         run = self._run
+        assert run is not None  # the run's signals are connected only once it is stored in self._run
         self._set_running(False)
         done = run.done
         if run.error is not None or not done:
             self.status.setText(f"Comparison failed: {run.error}" if run.error else "Stopped before any column ran.")
             return
-        prompt = done[0].stats.prompt_tokens
-        computed = sum(c.stats.prefilled_tokens for c in done)
+        stats = [c.stats for c in done if c.stats is not None]  # all of them: `done` is the columns with stats
+        prompt = stats[0].prompt_tokens
+        computed = sum(s.prefilled_tokens for s in stats)
         shared = f"prompt {prompt} tokens, {computed} computed over {len(done)} columns"
         if run.divergence is None:
             self.status.setText(f"All columns are identical ({shared}).")

@@ -94,8 +94,8 @@ class ReplayView(QWidget):
         else:
             self.field.hide()
             self.value.hide()
-        for w in (self.run_button, self.keep_button):
-            bar.addWidget(w)
+        for button in (self.run_button, self.keep_button):
+            bar.addWidget(button)
         bar.addStretch(1)
         self.summary = QLabel(f"Seed {self.recipe.sampler.seed}; settings as stored with the answer.")
         self.summary.setTextFormat(Qt.TextFormat.PlainText)  # token texts and errors are text, never markup
@@ -165,6 +165,7 @@ class ReplayView(QWidget):
 
     def _on_finished(self) -> None:
         run = self._run
+        assert run is not None  # `finished` is connected only to the run just stored in self._run
         self.run_button.setEnabled(True)
         if run.error is not None:
             if run.other_model is not None:
@@ -210,24 +211,26 @@ class ReplayView(QWidget):
 
     def _show_diff(self, run: ReplayRun) -> None:
         d, settings = run.diff, run.result.settings
+        assert d is not None  # the run sets its diff right after its summary, before `finished`
         a, b = self.original.token_ids, self.replay.token_ids
         what = ", ".join(f"{k} {old} → {new}" for k, (old, new) in run.changed.items()) or "nothing changed"
         v = run.verdict  # the tokens and their log-probs bit for bit, and what the fingerprints say differs
         verdict = f" Verdict: {v.headline()}; {v.fingerprint_text()}." if v is not None else ""
-        if d.identical:
+        first = d.first_divergence
+        if first is None:  # identical
             head = "Identical" if v is None or v.identical else f"Same tokens, probabilities within {v.max_logprob_diff:.3g}"
             record = f" {v.fingerprint_text()[:1].upper()}{v.fingerprint_text()[1:]}." if v is not None else ""
             self.summary.setText(f"{head}: all {len(a)} tokens match ({what}; seed {settings.seed}).{record}")
             return
         # Up to the first divergence the runs saw the same text, so these positions are where the change mattered.
         self.original.body.set_selected(None)
-        mark_tokens(self.original.body, [d.first_divergence])
-        mark_tokens(self.replay.body, [d.first_divergence])
-        later = [i for i in d.changed if i > d.first_divergence]
+        mark_tokens(self.original.body, [first])
+        mark_tokens(self.replay.body, [first])
+        later = [i for i in d.changed if i > first]
         mark_tokens(self.original.body, later, CHANGED_COLOR)
         mark_tokens(self.replay.body, later, CHANGED_COLOR)
         self.summary.setText(
-            f"First divergence at token {d.first_divergence + 1} ({what}; seed {settings.seed}); "
+            f"First divergence at token {first + 1} ({what}; seed {settings.seed}); "
             f"{len(d.changed)} of {max(len(a), len(b))} positions differ. Tokens before it are identical: "
             f"the change did not alter what could be drawn there.{verdict}"
         )
