@@ -133,7 +133,7 @@ class ExperimentRun:
 class CompareRun(ExperimentRun):
     """Columns generated one after another on the loaded model (the prompt is computed once, then reused)."""
 
-    def __init__(self, messages: tuple[dict[str, str], ...], settings: list[SamplerSettings],
+    def __init__(self, messages: tuple[dict[str, str], ...] | Prompt, settings: list[SamplerSettings],
                  max_new_tokens: int, stop: tuple[str, ...], top_n: int, constraint: Constraint | None = None,
                  steering: steer.Steering | None = None):
         super().__init__()
@@ -285,7 +285,7 @@ class ExperimentController:
 
     # -- runs ------------------------------------------------------------------------------
 
-    def compare(self, messages: tuple[dict[str, str], ...], settings: list[SamplerSettings], *,
+    def compare(self, messages: tuple[dict[str, str], ...] | Prompt, settings: list[SamplerSettings], *,
                 max_new_tokens: int, stop: tuple[str, ...] = (), constraint: Constraint | None = None,
                 steering: steer.Steering | None = None) -> CompareRun:
         """Generate one column per settings (each with its seed filled in), one after another.
