@@ -16,14 +16,19 @@ def test_llamacpp_position_runner_uses_the_free_cores(tiny_gguf):
 
     backend = LlamaCppBackend(tiny_gguf, spec="tiny", display_name="tiny", n_ctx=64)
     try:
-        counts = iter([2, 1])
-        backend._threads_per_answer.now = lambda: next(counts)  # what the free cores would say, run by run
+        free = {"cores": 2}
+        backend._threads_per_answer.now = lambda: free["cores"]  # what the free cores would say now
         for expected in (2, 1):
+            free["cores"] = expected
             runner = backend.position_runner(8)
             try:
                 assert int(llama_cpp.llama_n_threads_batch(runner.ctx)) == expected
                 assert int(llama_cpp.llama_n_threads(runner.ctx)) == expected
                 assert sum(c.shape[0] for c in runner.position_logits([1, 2, 3, 4])) == 4  # and it scores
+                # A runner kept for many calls (LanguageModel's, made at load) follows the free cores per call.
+                free["cores"] = 3 - expected
+                assert sum(c.shape[0] for c in runner.position_logits([1, 2, 3])) == 3
+                assert int(llama_cpp.llama_n_threads(runner.ctx)) == 3 - expected
             finally:
                 runner.close()
     finally:
