@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from decode import ours, theirs, weights_floor_ms  # noqa: E402  (bench/decode.py: the same measurements)
 from gpu_shapes import SHAPES, TINY, Shape  # noqa: E402
+from loom import best_alternating  # noqa: E402  (bench/loom.py: the same alternating timing)
 
 from engine.quiet import quiet_third_party  # noqa: E402
 
@@ -120,16 +121,7 @@ def loom_speedup(backend, n: int, tokens: int, repeats: int) -> float:
         children, _ = collect(continuation_events(backend, request, n), n)
         return sum(len(c) for c in children)
 
-    sequential()  # warm-up: the prompt is cached for the sequential runs, as after a first answer
-    batched()
-    best_seq = best_bat = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        made_seq = sequential()
-        best_seq = min(best_seq, time.perf_counter() - t)
-        t = time.perf_counter()
-        made_bat = batched()
-        best_bat = min(best_bat, time.perf_counter() - t)
+    best_seq, best_bat, made_seq, made_bat = best_alternating(sequential, batched, repeats)
     assert made_seq == made_bat == n * tokens, (made_seq, made_bat)
     print(f"  loom: {n} x {tokens} tokens one after another {best_seq:.2f} s, together {best_bat:.2f} s")
     return best_seq / best_bat
@@ -154,16 +146,7 @@ def shared_batch_speedup(backend, n: int, tokens: int, repeats: int) -> float:
     def batched() -> int:
         return sum(isinstance(ev.event, TokenEvent) for _, ev in shared_batch_events(backend, [BatchJob(r) for r in requests]))
 
-    sequential()  # warm-up
-    batched()
-    best_seq = best_bat = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        made_seq = sequential()
-        best_seq = min(best_seq, time.perf_counter() - t)
-        t = time.perf_counter()
-        made_bat = batched()
-        best_bat = min(best_bat, time.perf_counter() - t)
+    best_seq, best_bat, made_seq, made_bat = best_alternating(sequential, batched, repeats)
     assert made_seq == made_bat == n * tokens, (made_seq, made_bat)
     print(f"  shared batch: {n} requests x {tokens} tokens one after another {best_seq:.2f} s, "
           f"together {best_bat:.2f} s")

@@ -56,6 +56,23 @@ def batching_ceiling(backend, prompt: list[int], n: int, steps: int = 20) -> flo
     return n * per_step[1] / per_step[n]
 
 
+def best_alternating(sequential, batched, repeats: int) -> tuple[float, float, int, int]:
+    """Warm both up, then time them in turn `repeats` times (so drift hits both alike); returns (best sequential
+    seconds, best batched seconds, tokens the last sequential run made, tokens the last batched run made)."""
+    sequential()  # warm-up: the prompt is cached for the sequential runs, as after a first answer
+    batched()
+    best_seq = best_bat = float("inf")
+    made_seq = made_bat = 0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        made_seq = sequential()
+        best_seq = min(best_seq, time.perf_counter() - t)
+        t = time.perf_counter()
+        made_bat = batched()
+        best_bat = min(best_bat, time.perf_counter() - t)
+    return best_seq, best_bat, made_seq, made_bat
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model spec (default: the default model)")
@@ -94,16 +111,7 @@ def main() -> None:
         return sum(len(t) for t in tokens)
 
     ceiling = batching_ceiling(backend, prompt_ids_for(backend.tokenizer, request), args.n)
-    sequential()  # warm-up: the prompt is cached for the sequential runs, as after a first answer
-    batched()
-    best_seq = best_bat = float("inf")
-    for _ in range(args.repeats):
-        t = time.perf_counter()
-        made_seq = sequential()
-        best_seq = min(best_seq, time.perf_counter() - t)
-        t = time.perf_counter()
-        made_bat = batched()
-        best_bat = min(best_bat, time.perf_counter() - t)
+    best_seq, best_bat, made_seq, made_bat = best_alternating(sequential, batched, args.repeats)
     assert made_seq == made_bat == args.n * args.tokens, (made_seq, made_bat)
     print(f"one after another: {best_seq:.2f} s ({made_seq / best_seq:.0f} tokens/s)")
     print(f"together (batched): {best_bat:.2f} s ({made_bat / best_bat:.0f} tokens/s)")
