@@ -96,6 +96,18 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def shared_prefix_length(seqs: Sequence[Sequence[int]], minimum: int = 1) -> int:
+    """Tokens every one of `seqs` begins with, leaving each at least its last token to run (its logits); 0 when
+    that is under `minimum`, or for fewer than two sequences. What a batch computes once and shares."""
+    if len(seqs) < 2:
+        return 0
+    n = min(len(s) for s in seqs) - 1
+    first = seqs[0]
+    for s in seqs[1:]:
+        n = min(n, common_prefix_len(first, s))
+    return n if n >= minimum else 0
+
+
 @runtime_checkable
 class InterruptibleForward(Protocol):
     """Can stop a forward part way, when asked from another thread (llama.cpp's abort callback)."""

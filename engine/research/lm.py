@@ -29,6 +29,7 @@ import numpy as np
 
 from engine.research.batch_generate import Generation, settings_for, as_rows, check_rows_fit, generate_batch
 from engine.research.beam import BeamResult, beam_search
+from engine.backends.base import shared_prefix_length
 from engine.capabilities import BatchRunners, LayerLens, require
 from engine.research.constrained import ConstrainedSample, allowed_mask, constrained_sample, run_for
 from engine.research.trie import TokenTrie
@@ -134,13 +135,8 @@ class LanguageModel:
         """
         if not self._states or len(chunk) < 2:
             return
-        lcp = min(len(k) for k in chunk) - 1  # each row keeps at least its own last token
+        lcp = shared_prefix_length(chunk, 0)  # each row keeps at least its own last token
         first = chunk[0]
-        for k in chunk[1:]:
-            i = 0
-            while i < lcp and k[i] == first[i]:
-                i += 1
-            lcp = i
         depth, _ = self.trie.deepest_state(first[:lcp])
         if lcp - depth >= MIN_SHARED_PREFIX:
             self.batch_next_token_logprobs_sync([first[:lcp]])

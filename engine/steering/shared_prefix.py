@@ -8,17 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine.backends.base import shared_prefix_length as common_shared_prefix
+
 MIN_SHARED = 8  # tokens: a shorter shared prefix is run with each prompt rather than reused
 
 
 def shared_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
     """Tokens every one of `seqs` begins with, leaving each at least its last token to run (0 below MIN_SHARED,
     or for a single prompt)."""
-    n = min(len(s) for s in seqs) - 1
-    first = seqs[0]
-    for s in seqs[1:]:
-        i = 0
-        while i < n and s[i] == first[i]:
-            i += 1
-        n = i
-    return n if n >= MIN_SHARED and len(seqs) > 1 else 0
+    return common_shared_prefix(seqs, MIN_SHARED)

@@ -35,7 +35,7 @@ import numpy as np
 
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.kv_share import reuse_backend_state
-from engine.backends.base import common_prefix_len
+from engine.backends.base import shared_prefix_length
 from engine.backends.chunks import chunk_spans, stack_logprobs
 
 log = logging.getLogger(__name__)
@@ -178,9 +178,8 @@ class LlamaCppRunner:
         self._follow_threads()
         self._clear()
         self._lens = [len(p) for p in prompts]
-        shared = min(common_prefix_len(prompts[0], p) for p in prompts)
-        shared = min(shared, min(len(p) for p in prompts) - 1)  # every row runs at least one token: its logits
-        if len(prompts) < 2 or shared < MIN_SHARED_PREFIX:
+        shared = shared_prefix_length(prompts, MIN_SHARED_PREFIX)  # every row keeps at least one token to run
+        if not shared:
             return self._run([(i, 0, list(p)) for i, p in enumerate(prompts)])
         have = reuse_backend_state(self.backend, self.ctx, prompts[0][:shared], 0, limit=shared)
         if have < shared:
