@@ -322,9 +322,8 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         return layer_capture(self, token_ids, positions, top_k=top_k, attention=attention)
 
     def batch_runner(self) -> LlamaCppRunner:
-        """Several sequences per llama_batch on a second context over the same weights (BatchRunners). Its
-        threads are chosen as an answer's are (the cores other programs leave free now)."""
-        self.choose_threads()
+        """Several sequences per llama_batch on a second context over the same weights (BatchRunners). Each
+        `start` takes the threads an answer would get then (the cores other programs leave free)."""
         return LlamaCppRunner(self)
 
     def position_runner(self, n_tokens: int) -> LlamaCppRunner:
