@@ -52,7 +52,12 @@ def test_audit_of_the_loom_rows_on_llamacpp_reports_exactly_zero(llamacpp_host, 
     assert [r.seed for r in audit.rows] == [c.stats["seed"] for c in children]
     assert audit.max_logprob_diff == 0.0 and audit.all_identical, audit.lines()
     assert all(r.verdict.tokens == len(conv.tokens(c)) - 2 for r, c in zip(audit.rows, children))
-    assert all(r.verdict.fingerprint_changes == ("loom_rows 4 -> (none)",) for r in audit.rows)
+    for r in audit.rows:
+        # the rerun is a single answer, not a row of four; the thread count follows the free cores per answer
+        # (engine/backends/llamacpp/threads.py), so on a busy machine it may differ too, and the audit says so
+        changes = set(r.verdict.fingerprint_changes)
+        assert "loom_rows 4 -> (none)" in changes
+        assert all(c.startswith(("n_threads ", "n_threads_batch ")) for c in changes - {"loom_rows 4 -> (none)"})
     assert audit.lines()[-1] == "4 rows; largest |Δ log-prob| 0; every row identical"
 
 
