@@ -1,7 +1,7 @@
 """Two models, one text: 1,000 tokens of the default model (Q4_1 GGUF on llama.cpp) against its float32 torch twin.
 
     python bench/model_diff.py [--tokens 1000] [--repeat 1] [--no-alone] [--model-a SPEC --backend-a llamacpp]
-                               [--model-b SPEC --backend-b torch]
+                               [--model-b SPEC --backend-b torch] [--no-floor]
 
 Loads both models (not timed), runs `compare_models` once on a text of exactly
 `--tokens` scored tokens (the project's own docs, cut to length; this first run
@@ -11,6 +11,10 @@ of the full 49k distributions. Prints `model_diff_seconds_1000_tokens=<best
 timed run>`, the per-token KL summary and the machine's load before and after
 (`/proc/loadavg`): this runs on shared machines, where the load changes what a
 second costs.
+
+When A is on llama.cpp it also times llama-cpp-python's own `Llama.eval` of
+A's tokens (bench/llamacpp_floor.py) and prints `llamacpp_eval_floor_seconds=`:
+A's forward alone, which any comparison on this machine pays at least.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ def main() -> None:
     ap.add_argument("--backend-b", default="torch")
     ap.add_argument("--no-alone", dest="alone", action="store_false",
                     help="skip timing each model scoring the text by itself")
+    ap.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="skip timing llama.cpp's own Llama.eval of the text (bench/llamacpp_floor.py)")
     args = ap.parse_args()
     print(f"load before: {loadavg()}", flush=True)
     t0 = time.perf_counter()
@@ -81,6 +87,15 @@ def main() -> None:
                 eng.score(text)
                 print(f"{name} alone (Engine.score, the whole machine to itself): {time.perf_counter() - t:.2f} s",
                       flush=True)
+        if args.floor and a.info.backend == "llamacpp":
+            from llamacpp_floor import llama_eval_seconds
+
+            backend = a.wait_ready()
+            ids, _ = text_ids(a.tokenizer, text)
+            floor = llama_eval_seconds(str(backend.path), backend, [ids[:-1]])
+            print(f"floor: llama-cpp-python's own Llama.eval of A's {len(ids) - 1} tokens ({backend.n_threads} "
+                  f"threads, only the last position's logits): {floor:.2f} s", flush=True)
+            print(f"llamacpp_eval_floor_seconds={floor:.2f}")
         s = diff.summary_dict()
         print(f"{s['tokens']} tokens scored under both; forward calls A/B {diff.forward_calls}")
         print(f"per-token KL(A||B) nats: mean {s['mean_kl_ab']:.5f} median {s['median_kl_ab']:.5f} "

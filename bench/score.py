@@ -1,6 +1,6 @@
 """What scoring costs: many texts on one context vs one `Engine.score` call each; one text in one pass vs step by step.
 
-    python bench/score.py [--model SPEC] [--backend auto] [--texts 100] [--threads N]
+    python bench/score.py [--model SPEC] [--backend auto] [--texts 100] [--threads N] [--no-floor]
     python bench/score.py --one-text [--model SPEC] [--backend torch] [--repeat 2] [--no-step]
 
 Default: 100 short sentences scored by `LanguageModel.score` (every text on the
@@ -9,6 +9,10 @@ built per call), the same numbers asserted (log-probs and entropies within
 1e-4, token ids and ranks equal), and printed as `batch_score_speedup=<x>`
 together with the machine's load (`/proc/loadavg`): on a shared machine the
 compute per token, which both sides pay, grows with the load, and the ratio shrinks.
+On llama.cpp it also times llama-cpp-python's own `Llama.eval` of the same
+tokens, one eval per text and all joined in one (bench/llamacpp_floor.py), and
+prints `batch_score_ceiling=`: the 100 calls' time over the joined eval's, a
+speedup no batching on llama.cpp can pass on that machine.
 
 `--one-text`: `score` runs the text through the backend's research runner, every
 position's logits kept, one forward per chunk of positions (256 at the default
@@ -91,6 +95,7 @@ def batch_main(args: argparse.Namespace) -> None:
         singles = [eng.score(t) for t in texts]
         one_by_one = time.perf_counter() - t0
         device = eng.info.device
+        floor = llamacpp_floor(eng, singles) if args.floor and eng.info.backend == "llamacpp" else None
     lm = LanguageModel.load(args.model, backend=args.backend, load_options={"n_threads": args.threads})
     try:
         lm.score(texts[:1])  # warm-up
@@ -104,8 +109,27 @@ def batch_main(args: argparse.Namespace) -> None:
     print(f"{device}: {len(texts)} texts, {n} tokens scored; {len(texts)} Engine.score calls {one_by_one:.2f} s "
           f"({one_by_one / len(texts) * 1000:.0f} ms each); LanguageModel.score {batched:.2f} s "
           f"({batched / len(texts) * 1000:.0f} ms each); largest log-prob difference {worst:.2g} (bound {TOLERANCE})")
+    if floor is not None:
+        each, joined, threads = floor
+        print(f"floor: llama-cpp-python's own Llama.eval of the same tokens ({threads} threads, only the last "
+              f"position's logits): "
+              f"{each:.2f} s one eval per text, {joined:.2f} s all in one eval; so no batching of these texts on "
+              f"llama.cpp here can be faster than {one_by_one / joined:.2f}x the {len(texts)} Engine.score calls")
+        print(f"batch_score_ceiling={one_by_one / joined:.2f}")
     print(f"load after: {loadavg()}")
     print(f"batch_score_speedup={one_by_one / batched:.2f}")
+
+
+def llamacpp_floor(eng: Engine, singles) -> tuple[float, float, int]:
+    """llama.cpp's own `Llama.eval` of every text's forward (bench/llamacpp_floor.py): one eval per text, and every
+    text's tokens joined in one eval (what the largest possible batch would compute)."""
+    from llamacpp_floor import llama_eval_seconds
+
+    backend = eng.wait_ready()
+    groups = [r.token_ids[:-1] for r in singles]  # the last token predicts nothing, so it is not run
+    joined = [t for g in groups for t in g]
+    each = llama_eval_seconds(str(backend.path), backend, groups)
+    return each, llama_eval_seconds(str(backend.path), backend, [joined]), backend.n_threads
 
 
 def main() -> None:
@@ -115,6 +139,8 @@ def main() -> None:
     p.add_argument("--texts", type=int, default=100, help="sentences scored (batch)")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads for both sides (default: the engine's)")
     p.add_argument("--one-text", action="store_true", help="one text: one pass vs step by step")
+    p.add_argument("--no-floor", dest="floor", action="store_false",
+                   help="skip timing llama.cpp's own Llama.eval of the same tokens (bench/llamacpp_floor.py)")
     p.add_argument("--repeat", type=int, default=2, help="copies of the sample text (--one-text)")
     p.add_argument("--no-step", action="store_true", help="skip the (slow) step-by-step run (--one-text)")
     args = p.parse_args()

@@ -1,0 +1,31 @@
+"""The floor under a llama.cpp figure: llama-cpp-python's own `Llama.eval` of the same tokens, same run.
+
+Scoring and model comparison on a CPU are bound by the model's forward. This times llama.cpp's own class
+(the same file, context, batch, threads and kernels as our backend: bench/llamacpp_decode.py `llama_class`)
+evaluating the same token ids, keeping only the last position's logits, so it costs less than any scoring can
+(scoring keeps every position's). A goal below this floor is out of reach on that machine for any code on
+llama.cpp; the benches print it beside their figure (bench/model_diff.py, bench/score.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from llamacpp_decode import llama_class
+
+
+def llama_eval_seconds(path: str, backend, groups: Sequence[Sequence[int]], repeat: int = 2) -> float:
+    """Best of `repeat` runs of evaluating every group of ids from an empty cache, one `Llama.eval` per group."""
+    llm = llama_class(path, backend)
+    try:
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for ids in groups:
+                llm.reset()
+                llm.eval(list(ids))
+            best = min(best, time.perf_counter() - t0)
+        return best
+    finally:
+        llm.close()
