@@ -125,14 +125,16 @@ class ProbTable(QTreeWidget):
     def select_token(self, token_id: int) -> bool:
         for i in range(self.topLevelItemCount()):
             item = self.topLevelItem(i)
+            assert item is not None, "i is below topLevelItemCount, so the item exists"
             if int(item.data(0, TOKEN_ID_ROLE)) == token_id:
                 self.setCurrentItem(item)
                 return True
         return False
 
     def keyPressEvent(self, event) -> None:
-        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and self.currentItem() is not None:
-            self._on_activated(self.currentItem())
+        current = self.currentItem()
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and current is not None:
+            self._on_activated(current)
             return
         super().keyPressEvent(event)
 

@@ -83,11 +83,11 @@ class StageView(QWidget):
         if notes:
             self.note.setText(f"{self.note.text()} <b>{'; '.join(html.escape(n) for n in notes).capitalize()}.</b>")
         if ev.rewind is not None:  # a banned string: the answer stepped back to here
-            r = ev.rewind
-            taken = f"{r.withdrawn} token{'s were' if r.withdrawn != 1 else ' was'} taken back"
+            back = ev.rewind
+            taken = f"{back.withdrawn} token{'s were' if back.withdrawn != 1 else ' was'} taken back"
             self.note.setText(
                 f"{self.note.text()} <b>Stepped back: the answer would have written the banned string "
-                f"{html.escape(repr(r.phrase))}, so {taken} and {html.escape(repr(r.banned_token_text))} is banned here.</b>")
+                f"{html.escape(repr(back.phrase))}, so {taken} and {html.escape(repr(back.banned_token_text))} is banned here.</b>")
         columns = ["Token", "Model"] + [s.stage.replace("_", "-") for s in stages]
         self.table.setColumnCount(len(columns))
         headers = ["Token", f"model\nall\nH {ev.entropy:.2f}"]
@@ -95,7 +95,9 @@ class StageView(QWidget):
             headers.append(f"{s.stage.replace('_', '-')}\n{_count(s.survivors)} · {s.mass_kept:.0%}\nH {s.entropy:.2f}")
         self.table.setHorizontalHeaderLabels(headers)
         for c, s in enumerate(stages, start=2):
-            self.table.horizontalHeaderItem(c).setToolTip(
+            header_item = self.table.horizontalHeaderItem(c)
+            assert header_item is not None, "setHorizontalHeaderLabels just made an item for every column"
+            header_item.setToolTip(
                 f"{s.stage}: {s.survivors:,} tokens survive, holding {s.mass_kept:.1%} of the probability "
                 f"that entered the stage; entropy after it {s.entropy:.3f} nats"
             )
