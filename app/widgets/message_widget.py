@@ -246,8 +246,10 @@ class MessageWidget(QFrame):
         elif mode == "tokens":
             tokens = self.conv.tokens(m)
             steered = self._shadows is not None and self._heat_mode == "steering"
+            kl = self._shadows.kl(self.conv, m) if steered and self._shadows is not None else None
+            # the bodies hold a plain list of floats (what model_diff_view gives them too), not the shadow's array
             self.body.steering_kl = self.thinking.body.steering_kl = (
-                self._shadows.kl(self.conv, m) if steered and self._shadows is not None else None)
+                None if kl is None else [float(x) for x in kl])
             has, self._content_start = self._token_split(tokens)
             self._show_thinking(has)
             self.thinking.set_muted(False)
@@ -323,6 +325,7 @@ class MessageWidget(QFrame):
             return
         m = self.message
         open_ = m.generating and not self._split(m.content).finished
+        n: int | None
         if self.body.mode == "tokens":
             n = self._content_start
         else:  # counted once the answer is done (a walk over its tokens)
