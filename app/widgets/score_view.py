@@ -131,6 +131,7 @@ class ScoreView(QWidget):
 
     def _on_finished(self) -> None:
         run = self._run
+        assert run is not None, "finished is connected only to the run kept in self._run, which is never cleared"
         self.score_button.setEnabled(True)
         self.stop_button.setEnabled(False)
         if run.error is not None:

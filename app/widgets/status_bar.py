@@ -165,7 +165,9 @@ class StatusBar(QStatusBar):
             label.set_limit(None)
         # What is missing, laid out with every label whole: what the layout squeezed out of them, and what
         # the message lacks left of the first label.
-        self.layout().activate()
+        layout = self.layout()
+        assert layout is not None, "QStatusBar lays out its own widgets: its constructor makes the layout"
+        layout.activate()
         shown = [w for w in (self.template_label, *self._labels) if not w.isHidden()]
         squeezed = sum(max(0, w.sizeHint().width() - w.width()) for w in shown)
         room = min((w.geometry().left() for w in shown), default=self.width())
@@ -260,7 +262,7 @@ class StatusBar(QStatusBar):
         info, engine = self._host.info, self._host.engine
         server = info.server if info is not None else None
         self.server_label.setVisible(server is not None)
-        if server is None:
+        if info is None or server is None:
             return
         rtt = engine.round_trip_s if engine is not None else None
         latency = f"{rtt * 1000:.0f} ms" if rtt is not None else "— ms"
@@ -285,7 +287,8 @@ class StatusBar(QStatusBar):
         engine = self._host.engine
         # A remote model's tokenizer is HTTP: never from this (the UI) thread; finished answers still count.
         local = engine is not None and (info is None or info.runs_locally)
-        used = self._context.used(self._context_conv, engine.tokenizer if local else None)
+        tokenizer = engine.tokenizer if engine is not None and local else None
+        used = self._context.used(self._context_conv, tokenizer)
         total = f"{info.context_length:,}" if info and info.context_length else "?"
         failed = used is None and self._context.error is not None
         shown = "?" if failed else "—" if used is None else f"{used:,}"
