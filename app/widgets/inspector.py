@@ -179,20 +179,21 @@ class Inspector(QWidget):
 
     def _update_header(self) -> None:
         ev = self.selected_event()
-        if ev is None:
+        # A selected event means a conversation, its message and an index (selected_event reads all three).
+        conv, message, index = self._conv, self._selected_message(), self._selection.index
+        if ev is None or conv is None or message is None or index is None:
             self.token_label.setText("<span style='font-size:15px'><b>No token selected</b></span>")
             self.metrics_label.setText("Turn on the token view (Ctrl+H) and click a token, or click the chart below.")
             return
-        n = len(self._conv.tokens(self._selected_message())) if self._conv else 0
+        n = len(conv.tokens(message))
         badges = "".join(f" <i>{html.escape(b)}</i>" for b, on in (("forced", ev.forced), ("end of sequence", ev.special),
                                                         (forced_badge(ev), bool(forced_badge(ev)))) if on)
         if ev.token_bytes is not None:  # a piece of a multi-byte character: its bytes, and the character
-            tokens = self._conv.tokens(self._selected_message()) if self._conv else []
-            character = completed_character(tokens, self._selection.index)
+            character = completed_character(conv.tokens(message), index)
             badges += f" · bytes of “{html.escape(character)}”" if character else " · <i>part of a character</i>"
         self.token_label.setText(
             f"<span style='font-size:17px'><b><code>{html.escape(visible(ev.token_text, ev.token_bytes))}</code></b></span>"
-            f"&nbsp;&nbsp;token {self._selection.index + 1} of {n} · id {ev.token_id}{badges}"
+            f"&nbsp;&nbsp;token {index + 1} of {n} · id {ev.token_id}{badges}"
         )
         # Every number goes in as text: pct() says "<0.1%", which rich text would read as a tag and drop.
         esc = html.escape
@@ -213,7 +214,9 @@ class Inspector(QWidget):
         token_id = self.table.selected_token()
         ok = ev is not None and token_id is not None and not self._controller.busy
         server = self._server_samples()
-        refused = disallowed_reason(ev, token_id) if ok else None  # the answer's constraint does not allow it here
+        refused = None  # why the answer's constraint does not allow the token here
+        if ok and ev is not None and token_id is not None:
+            refused = disallowed_reason(ev, token_id)
         self.branch_button.setEnabled(ok and not server and refused is None)
         self.continue_button.setEnabled(self.selected_event() is not None and not self._controller.busy)
         self.branch_button.setToolTip(SERVER_BRANCH_TIP if server else BRANCH_TIP)
