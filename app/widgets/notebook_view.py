@@ -114,9 +114,11 @@ class NotebookView(QWidget):
         self.version_label = QLabel()
         self.version_label.setTextFormat(Qt.TextFormat.PlainText)
         self.version_label.setAccessibleName("Version of the part at the cursor")
-        self.previous_button = QToolButton(text="‹")
+        self.previous_button = QToolButton()
+        self.previous_button.setText("‹")
         self.previous_button.setAccessibleName("Previous version")
-        self.next_button = QToolButton(text="›")
+        self.next_button = QToolButton()
+        self.next_button.setText("›")
         self.next_button.setAccessibleName("Next version")
         self.previous_button.clicked.connect(lambda: self._show_version(-1))
         self.next_button.clicked.connect(lambda: self._show_version(+1))
@@ -329,16 +331,17 @@ class NotebookView(QWidget):
     def _update_versions(self) -> None:
         part = self.part_at_cursor()
         sibs = self._conv.siblings(part) if part is not None and self._conv is not None else []
-        if len(sibs) > 1:
+        k: int | None = None  # the part's place among its versions, when it has more than one
+        if part is not None and len(sibs) > 1:
             k = sibs.index(part)
             who = "model's" if part.is_assistant else "your"
             self.version_label.setText(f"{who} part at the cursor: version {k + 1} / {len(sibs)}")
         else:
             self.version_label.setText("")
-        self.previous_button.setVisible(len(sibs) > 1)
-        self.next_button.setVisible(len(sibs) > 1)
-        self.previous_button.setEnabled(len(sibs) > 1 and sibs.index(part) > 0 and not self._controller.busy)
-        self.next_button.setEnabled(len(sibs) > 1 and sibs.index(part) < len(sibs) - 1 and not self._controller.busy)
+        self.previous_button.setVisible(k is not None)
+        self.next_button.setVisible(k is not None)
+        self.previous_button.setEnabled(k is not None and k > 0 and not self._controller.busy)
+        self.next_button.setEnabled(k is not None and k < len(sibs) - 1 and not self._controller.busy)
 
     def _show_version(self, offset: int) -> None:
         self.commit_draft()
