@@ -68,11 +68,13 @@ def shared_batch_events(backend: Backend, jobs: Sequence[BatchJob]) -> Iterator[
             owner.append((j, r))
             rows.append(AnswerRow.start(backend, job.request, prompt, t0, seed=seed))
     first_row = {j: owner.index((j, 0)) for j in range(len(jobs))}
+    reused = [0] * len(jobs)  # per job: its prompt's tokens the runner did not compute for it (set at start)
 
     def done(i: int) -> RowEvent:
         j, _ = owner[i]
-        # Each job's first row computed its prompt; its other rows share it.
-        stats = rows[i].stats(reused_tokens=0 if first_row[j] == i else len(prompts[j]),
+        # Each job's first row computed its prompt, less a beginning the runner shared or took from the
+        # backend's cache; the job's other rows copy that row's prompt whole.
+        stats = rows[i].stats(reused_tokens=reused[j] if first_row[j] == i else len(prompts[j]),
                               peak_memory_bytes=backend.peak_memory_bytes())
         return RowEvent(i, Done(stats))
 
@@ -83,6 +85,7 @@ def shared_batch_events(backend: Backend, jobs: Sequence[BatchJob]) -> Iterator[
         runner = backend.batch_runner()
         try:
             logits = runner.start(prompts)  # (jobs, V): every prompt once
+            reused[:] = runner.reused_prompt_tokens
             expand = [j for j, _ in owner]
             if expand != list(range(len(jobs))):
                 runner.reorder(expand)  # a job's n rows over its one prompt

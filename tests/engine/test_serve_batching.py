@@ -140,6 +140,10 @@ class FailingRunner:
     def forward_calls(self) -> int:
         return self._r.forward_calls
 
+    @property
+    def reused_prompt_tokens(self) -> tuple[int, ...]:
+        return self._r.reused_prompt_tokens
+
     def step(self, tokens):
         self.steps += 1
         if self.steps == 3:

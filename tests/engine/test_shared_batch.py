@@ -13,7 +13,9 @@ from dataclasses import replace
 
 import pytest
 
-from engine.decode import generate_events
+from engine.backends.base import shared_prefix_length
+from engine.backends.llamacpp.runner import MIN_SHARED_PREFIX
+from engine.decode import generate_events, prompt_ids_for
 from engine.events import Done, TokenEvent
 from engine.loom.shared_batch import BatchJob, shared_batch_events
 from engine.request import GenerationRequest
@@ -74,6 +76,14 @@ def test_each_row_is_its_requests_own_answer(fresh_default_llamacpp, monkeypatch
             assert getattr(mine_stats, field) == getattr(st, field), f"job {j} row {r}: {field}"
         assert st.fingerprint is not None and st.fingerprint.extras["batch_rows"] == 4
     assert stats[1, 0].finish_reason == "length" and stats[0, 0].prompt_tokens != stats[1, 0].prompt_tokens
+    # What each answer says it reused: the chat template's common beginning (its system prompt) was computed
+    # once, by the first job's row, from an empty cache; the other jobs' rows copied it; the first job's
+    # second row copied that row's whole prompt.
+    prompts = [prompt_ids_for(backend.tokenizer, job.request) for job in jobs]
+    common = shared_prefix_length(prompts, MIN_SHARED_PREFIX)
+    assert common >= MIN_SHARED_PREFIX
+    assert runners[0].reused_prompt_tokens == (0, common, common)
+    assert [stats[k].reused_tokens for k in [(0, 0), (0, 1), (1, 0), (2, 0)]] == [0, len(prompts[0]), common, common]
 
 
 @pytest.mark.slow

@@ -67,6 +67,7 @@ class LlamaCppRunner:
         self.n_batch = n_batch
         self.forward_calls = 0
         self.tokens_evaluated = 0
+        self.reused_prompt_tokens: tuple[int, ...] = ()  # per prompt of the last start: tokens not computed for it
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx or backend.n_ctx
         params.n_batch = params.n_ubatch = n_batch
@@ -180,8 +181,11 @@ class LlamaCppRunner:
         self._lens = [len(p) for p in prompts]
         shared = shared_prefix_length(prompts, MIN_SHARED_PREFIX)  # every row keeps at least one token to run
         if not shared:
+            self.reused_prompt_tokens = (0,) * len(prompts)
             return self._run([(i, 0, list(p)) for i, p in enumerate(prompts)])
         have = reuse_backend_state(self.backend, self.ctx, prompts[0][:shared], 0, limit=shared)
+        # The first row computes the common beginning (past what the backend's cache held); the others copy it.
+        self.reused_prompt_tokens = (have,) + (shared,) * (len(prompts) - 1)
         if have < shared:
             self._run([(0, have, [int(t) for t in prompts[0][have:shared]])])
         for i in range(1, len(prompts)):
@@ -194,6 +198,7 @@ class LlamaCppRunner:
         self._follow_threads()
         self._clear()
         reused = reuse_backend_state(self.backend, self.ctx, prompt, 0, limit=len(prompt) - 1)  # >= 1 token runs
+        self.reused_prompt_tokens = (reused,)
         self._lens = [len(prompt)]
         return self._run([(0, reused, [int(t) for t in prompt[reused:]])]), reused
 

@@ -22,6 +22,7 @@ class MlxRunner:
         self.model = model
         self.pad_id = pad_id
         self.forward_calls = 0
+        self.reused_prompt_tokens: tuple[int, ...] = ()  # left-padded rows: every prompt runs in full
         self._cache: list[Any] | None = None  # BatchKVCache per layer, once started
 
     def _new_cache(self, left_padding: Sequence[int]) -> list:
@@ -40,6 +41,7 @@ class MlxRunner:
         """Nothing of its own to free: the cache goes with the runner (`BatchRunner.close`)."""
 
     def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        self.reused_prompt_tokens = (0,) * len(prompts)
         ids, mask = left_pad(prompts, self.pad_id)
         self._cache = self._new_cache((mask == 0).sum(1).tolist())
         return self._last_logits(ids, self._cache)

@@ -51,6 +51,7 @@ class RemoteRunner:
         self.pad_id = pad_id
         self.vocab = max(vocab, backend.vocab_size)
         self.forward_calls = 0
+        self.reused_prompt_tokens: tuple[int, ...] = ()  # what a server caches of a prompt, it does not say
         self._rows: list[list[int]] = []
         parallel = backend.caps.token_prompts and backend.caps.kind in PARALLEL_KINDS
         self._pool = ThreadPoolExecutor(MAX_PARALLEL, thread_name_prefix="logitlab-remote") if parallel else None
@@ -97,6 +98,7 @@ class RemoteRunner:
 
     def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         self._rows = [list(p) for p in prompts]  # no padding: each request carries its own row
+        self.reused_prompt_tokens = (0,) * len(prompts)
         return self._forward(self._rows)
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:

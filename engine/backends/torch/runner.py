@@ -52,6 +52,7 @@ class TorchRunner:
         self.pad_id = pad_id
         self.new_cache = new_cache
         self.forward_calls = 0
+        self.reused_prompt_tokens: tuple[int, ...] = ()  # left-padded rows: every prompt runs in full
         self._cache: Any = None  # transformers' cache of the rows (None before `start`)
         self._mask: Any = None  # (B, T_so_far) 0/1: which cached positions are real
         self._next_pos: Any = None  # (B,) position id of each row's next token
@@ -71,6 +72,7 @@ class TorchRunner:
 
     def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         torch = self.torch
+        self.reused_prompt_tokens = (0,) * len(prompts)
         ids, mask = left_pad(prompts, self.pad_id)
         ids_t = torch.from_numpy(ids).to(self.device)
         self._mask = torch.from_numpy(mask).to(self.device)
