@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine import LoomAudit
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QComboBox, QDoubleSpinBox, QFileDialog, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QProgressBar, QPushButton,
@@ -66,6 +67,26 @@ class _Build:
     root: LoomNode | None = None
 
 
+def _children(item: QTreeWidgetItem) -> list[QTreeWidgetItem]:
+    """`item`'s child rows, in order."""
+    out = []
+    for i in range(item.childCount()):
+        child = item.child(i)
+        assert child is not None, "every index below childCount() holds a child row"
+        out.append(child)
+    return out
+
+
+def _top_level_items(tree: QTreeWidget) -> list[QTreeWidgetItem]:
+    """`tree`'s top-level rows, in order."""
+    out = []
+    for i in range(tree.topLevelItemCount()):
+        item = tree.topLevelItem(i)
+        assert item is not None, "every index below topLevelItemCount() holds a row"
+        out.append(item)
+    return out
+
+
 class LoomView(QWidget):
     def __init__(self, loom: LoomController, selection: Selection, parent: QWidget | None = None):
         super().__init__(parent)
@@ -75,7 +96,7 @@ class LoomView(QWidget):
         self._conv: Conversation | None = None
         self._root: LoomNode | None = None
         self._tasks: set[asyncio.Task] = set()
-        self.last_audit = None  # the latest audit of the loom rows (engine.experiments.audit.LoomAudit)
+        self.last_audit: LoomAudit | None = None  # the latest audit of the loom rows
         self.setAccessibleName("Loom")
         self._rebuild_timer = QTimer(self, singleShot=True, interval=REBUILD_MS)
         self._rebuild_timer.timeout.connect(self._on_rebuild_due)
@@ -126,7 +147,8 @@ class LoomView(QWidget):
         self.entropy_spin = QDoubleSpinBox(minimum=0.0, maximum=12.0, value=1.5, singleStep=0.1)
         self.entropy_spin.setToolTip("Open forks whose entropy (nats) is at least this")
         self.entropy_spin.setAccessibleName("Entropy threshold")
-        self.min_p_spin = QDoubleSpinBox(minimum=0.0, maximum=1.0, value=0.0, singleStep=0.05, specialValueText="off")
+        self.min_p_spin = QDoubleSpinBox(minimum=0.0, maximum=1.0, value=0.0, singleStep=0.05)
+        self.min_p_spin.setSpecialValueText("off")
         self.min_p_spin.setAccessibleName("Min-p threshold")
         self.depth_spin = QSpinBox(minimum=1, maximum=8, value=2)
         self.depth_spin.setAccessibleName("Auto-expand depth")
@@ -335,7 +357,7 @@ class LoomView(QWidget):
             self._fill(item)
             item.setExpanded(True)
             made += item.childCount()
-            queue.extend(item.child(i) for i in range(item.childCount()))
+            queue.extend(_children(item))
 
     def current_node(self) -> LoomNode | None:
         item = self.tree.currentItem()
@@ -350,9 +372,10 @@ class LoomView(QWidget):
     def _find_item(self, node: LoomNode) -> QTreeWidgetItem | None:
         """`node`'s row, made (and its ancestors' rows opened) if it was not yet."""
         chain = []
-        while node is not None:
-            chain.append(node)
-            node = node.parent
+        up: LoomNode | None = node
+        while up is not None:
+            chain.append(up)
+            up = up.parent
         chain.reverse()
         item = self.tree.topLevelItem(0)
         if item is None or item.data(0, NODE) is not chain[0]:
@@ -360,18 +383,20 @@ class LoomView(QWidget):
         for below in chain[1:]:
             self._fill(item)
             item.setExpanded(True)
-            item = next((item.child(i) for i in range(item.childCount()) if item.child(i).data(0, NODE) is below), None)
-            if item is None:
+            found = next((child for child in _children(item) if child.data(0, NODE) is below), None)
+            if found is None:
                 return None
+            item = found
         return item
 
     def items(self) -> list[QTreeWidgetItem]:
         """Every row made so far, depth first (for tests and keyboard checks)."""
-        out, stack = [], [self.tree.topLevelItem(i) for i in range(self.tree.topLevelItemCount())][::-1]
+        out: list[QTreeWidgetItem] = []
+        stack = _top_level_items(self.tree)[::-1]
         while stack:
             it = stack.pop()
             out.append(it)
-            stack.extend(it.child(i) for i in range(it.childCount() - 1, -1, -1))
+            stack.extend(_children(it)[::-1])
         return out
 
     def open_node(self, node: LoomNode | None) -> None:
@@ -475,10 +500,10 @@ class LoomView(QWidget):
             self.audit_button.setEnabled(False)
             self.status.setText("Audit: rerunning each row alone…")
             try:
-                self.last_audit = await audit_question(self._loom.host, self._conv, focus)
+                self.last_audit = audit = await audit_question(self._loom.host, self._conv, focus)
             finally:
                 self._update_buttons()
-            self.status.setText("Audit: " + "\n".join(self.last_audit.lines()))
+            self.status.setText("Audit: " + "\n".join(audit.lines()))
 
         return self._start(run())
 
