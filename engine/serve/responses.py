@@ -69,9 +69,12 @@ def completion_logprobs(events: list[TokenEvent], req: ServedRequest, offset: in
             "content": [chat_logprob(e, req) for e in events]}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage; `cached_tokens`: the prompt's tokens taken from a cache instead of computed (OpenAI's and
+    llama.cpp server's `prompt_tokens_details.cached_tokens`)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 class AnswerWriter:
@@ -122,14 +125,14 @@ class AnswerWriter:
                                                         "finish_reason": reason}])
         return self._doc("text_completion", [{"index": index, "text": "", "logprobs": None, "finish_reason": reason}])
 
-    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
         doc = self._doc("chat.completion.chunk" if self.chat else "text_completion", [])
-        doc["usage"] = usage(len(self.req.prompt_ids), completion_tokens)
+        doc["usage"] = usage(len(self.req.prompt_ids), completion_tokens, cached_tokens)
         return doc
 
     # --- whole -----------------------------------------------------------------------------------------------
 
-    def whole(self, per_choice: list[tuple[list[TokenEvent], str, str]]) -> dict[str, Any]:
+    def whole(self, per_choice: list[tuple[list[TokenEvent], str, str]], cached_tokens: int) -> dict[str, Any]:
         """The response to a request without stream: per choice (its events, its text, its finish reason)."""
         want = self.req.top_logprobs is not None
         choices = []
@@ -145,5 +148,5 @@ class AnswerWriter:
                 lp = completion_logprobs(shown, self.req) if want else None
                 choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": reason})
         doc = self._doc("chat.completion" if self.chat else "text_completion", choices)
-        doc["usage"] = usage(len(self.req.prompt_ids), completion_tokens)
+        doc["usage"] = usage(len(self.req.prompt_ids), completion_tokens, cached_tokens)
         return doc

@@ -205,7 +205,7 @@ class EngineService(ModelRoutes):
                 if stats is None and active.stopped:  # stopped before its turn at the model: still a last chunk
                     yield dumps(writer.final_chunk(index, "stop"))
             if served.include_usage:
-                yield dumps(writer.usage_chunk(sum(len(e) for e in active.events)))
+                yield dumps(writer.usage_chunk(sum(len(e) for e in active.events), cached_tokens(active.stats)))
             ended = True
             self._end(active)
             yield "[DONE]"
@@ -253,7 +253,13 @@ class EngineService(ModelRoutes):
             raise ApiError(500, f"the model failed in the middle of the answer: {failed[0].error}")
         exchange = self._end(active)
         per_choice = [(list(c.events), c.text, c.finish_reason) for c in exchange.choices]
-        return JSONResponse(writer.whole(per_choice))
+        return JSONResponse(writer.whole(per_choice, cached_tokens(active.stats)))
+
+
+def cached_tokens(stats: Sequence[GenerationStats | None]) -> int:
+    """The prompt's tokens not computed for this request: what its first answer reused (from the model's cache,
+    or a beginning computed once for a shared batch); its other answers copy that answer's prompt."""
+    return stats[0].reused_tokens if stats and stats[0] is not None else 0
 
 
 def _engine_error(e: BaseException) -> ApiError:

@@ -64,6 +64,11 @@ def test_chat_whole_and_streamed_agree_with_the_engine(client, engine, sink, ser
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
     first, second = sink.wait_ends(2)
+    # The usage's cached tokens are what each answer reused: the second found the same prompt in the model's
+    # cache (all of it but the last token, which runs to give the first token's logits).
+    assert whole.usage.prompt_tokens_details.cached_tokens == first.choices[0].stats.reused_tokens
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == second.choices[0].stats.reused_tokens
+    assert second.choices[0].stats.reused_tokens == whole.usage.prompt_tokens - 1
     # The record: the same answer, every token with its top-N and the sampler's stages, seed 5 as asked.
     for ex in (first, second):
         assert ex.choices[0].text == text and ex.seed == 5 and not ex.proxied and ex.client.startswith("127.0.0.1:")
