@@ -63,8 +63,8 @@ class BatchRunner(Protocol):
     `forward_calls` counts model calls, so tests can check batching batches; `pad_id` fills the left of
     shorter prompts; `reused_prompt_tokens`, after `start`, says per prompt how many of its first tokens
     were not computed for it (taken from the backend's cache, or a common beginning computed once for every
-    row: llama.cpp), all zeros where each prompt ran in full. `close()` frees what the runner holds of its own (llama.cpp: its context, which must go
-    before the model); call it on the backend's worker thread.
+    row: llama.cpp), all zeros where each prompt ran in full. `close()` frees what the runner holds of its
+    own (llama.cpp: its context, which must go before the model); call it on the backend's worker thread.
     """
 
     forward_calls: int
