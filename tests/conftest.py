@@ -105,7 +105,9 @@ def tiny_llama_folder(tmp_path_factory, default_model_folder) -> Path:
 def tiny_torch(tiny_llama_folder):
     from engine.backends.torch.backend import TorchBackend
 
-    backend = TorchBackend(tiny_llama_folder, spec=str(tiny_llama_folder), display_name="tiny-llama")
+    # One thread, fixed: tests compare its runs with each other bit for bit, and torch sums in another order on
+    # another thread count (which per-answer threads would change with the machine's load between two runs).
+    backend = TorchBackend(tiny_llama_folder, spec=str(tiny_llama_folder), display_name="tiny-llama", n_threads=1)
     yield backend
     backend.close()
 

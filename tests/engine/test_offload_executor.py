@@ -60,10 +60,11 @@ def tiny_torch_without_lean_step(tiny_torch, monkeypatch):
 
 def _resident_backend(folder):
     """The reference: the same model resident, through transformers' forward (no lean step, whose matmul
-    kernel may be oneDNN's and round differently)."""
+    kernel may be oneDNN's and round differently), on tiny_torch's fixed one thread (a thread count chosen per
+    answer from the machine's load could differ between the two runs, and sum in another order)."""
     from engine.backends.torch.backend import TorchBackend
 
-    backend = TorchBackend(folder, spec="tiny", display_name="tiny")
+    backend = TorchBackend(folder, spec="tiny", display_name="tiny", n_threads=1)
     backend.lean = None
     return backend
 
@@ -120,7 +121,7 @@ def test_bfloat16_compute_from_a_float32_file(tiny_llama_folder):
     # Streamed weights are converted on the way in, as from_pretrained converts them at load.
     from engine.backends.torch.backend import TorchBackend
 
-    backend = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny", dtype="bfloat16")
+    backend = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny", dtype="bfloat16", n_threads=1)
     try:
         want = greedy(backend, 6)
         handle = attach(backend.model, tiny_llama_folder, POLICIES["half-on-disk"])

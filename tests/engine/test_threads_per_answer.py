@@ -110,3 +110,26 @@ def test_torch_on_the_cpu_sets_its_threads_before_each_answer(tiny_llama_folder)
     finally:
         backend.close()
         torch.set_num_threads(before)
+
+
+def test_torch_with_a_count_chosen_keeps_it_at_every_answer(tiny_llama_folder):
+    """A fixed `n_threads` is not the free cores' choice, and it is set again at each answer and scoring run:
+    torch's count is per process, so another model (or anything else) may have changed it in between."""
+    torch = pytest.importorskip("torch")
+    from engine.backends.base import prefill
+    from engine.backends.torch.backend import TorchBackend
+
+    before = torch.get_num_threads()
+    backend = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny", device="cpu", n_threads=1)
+    try:
+        assert backend._threads_per_answer is None and torch.get_num_threads() == 1
+        for other in (2, 3):
+            torch.set_num_threads(other)  # another model's answer, in the same process
+            prefill(backend, [1, 2, 3])
+            assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        backend.position_runner(8).close()
+        assert torch.get_num_threads() == 1
+    finally:
+        backend.close()
+        torch.set_num_threads(before)

@@ -93,16 +93,22 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         trust_remote_code: bool = False,
         offload=None,
         compile_step: bool | None = None,
+        n_threads: int | None = None,
     ):
         """`compile_step`: build a torch.compile'd decode step in the background (None: the
-        LOGITLAB_TORCH_COMPILE environment variable, else on for CUDA and off for the CPU)."""
+        LOGITLAB_TORCH_COMPILE environment variable, else on for CUDA and off for the CPU). `n_threads`: CPU
+        threads for every answer (None: the cores other programs leave free at each answer's start, see
+        engine/cpu_load.py). A fixed count makes two runs sum in the same order, so their floats repeat bit for
+        bit whatever else the machine does; it is set again at each answer, as torch's count is per process."""
         from transformers import AutoModelForCausalLM
 
         self.device = pick_device(device)
         self._threads_per_answer = None  # on the CPU: threads chosen for each answer (engine/cpu_load.py)
+        self._fixed_threads = n_threads if self.device.type == "cpu" else None
         if self.device.type == "cpu":
-            torch.set_num_threads(usable_cores())
-            self._threads_per_answer = ThreadsPerAnswer(fallback=usable_cores())
+            torch.set_num_threads(n_threads or usable_cores())
+            if not n_threads:
+                self._threads_per_answer = ThreadsPerAnswer(fallback=usable_cores())
         self.dtype = pick_dtype(dtype, self.device)
         self.tokenizer = Tokenizer.from_folder(folder, trust_remote_code)
         self.offload = None  # OffloadHandle when weights are streamed (engine.offload)
@@ -179,11 +185,14 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         # Every answer's prompt starts here (engine.backends.base.prefill): its CPU threads are the cores
         # other programs leave free now (torch's count is per process; changed only when it differs).
         self._lean_checked = False  # a new answer: the lean step's check (if any) belongs to this one
-        if self._threads_per_answer is not None:
-            n = self._threads_per_answer.now()
-            if n != torch.get_num_threads():
-                torch.set_num_threads(n)
+        self._take_threads()
         return super().trim_cache(keep)
+
+    def _take_threads(self) -> None:
+        """Set torch's CPU threads for the work about to start: the fixed count, or the free cores now."""
+        n = self._fixed_threads or (self._threads_per_answer.now() if self._threads_per_answer is not None else None)
+        if n is not None and n != torch.get_num_threads():
+            torch.set_num_threads(n)
 
     def _cut_cache(self, keep: int) -> bool:
         if self._cache is None:
@@ -221,10 +230,7 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         del n_tokens  # transformers' caches grow as needed
         # Threads as for an answer (trim_cache): torch's barriers wait on a core another program holds; 1,000
         # positions took 8-17 s on 2 threads beside one busy core, 4.5-4.9 s on 1 (bench/model_diff.py's text).
-        if self._threads_per_answer is not None:
-            n = self._threads_per_answer.now()
-            if n != torch.get_num_threads():
-                torch.set_num_threads(n)
+        self._take_threads()
         if self.offload is None:
             return TorchRunner(self.model)
         from engine.offload import make_kv_cache
