@@ -77,16 +77,6 @@ def _children(item: QTreeWidgetItem) -> list[QTreeWidgetItem]:
     return out
 
 
-def _top_level_items(tree: QTreeWidget) -> list[QTreeWidgetItem]:
-    """`tree`'s top-level rows, in order."""
-    out = []
-    for i in range(tree.topLevelItemCount()):
-        item = tree.topLevelItem(i)
-        assert item is not None, "every index below topLevelItemCount() holds a row"
-        out.append(item)
-    return out
-
-
 class LoomView(QWidget):
     def __init__(self, loom: LoomController, selection: Selection, parent: QWidget | None = None):
         super().__init__(parent)
@@ -392,7 +382,7 @@ class LoomView(QWidget):
     def items(self) -> list[QTreeWidgetItem]:
         """Every row made so far, depth first (for tests and keyboard checks)."""
         out: list[QTreeWidgetItem] = []
-        stack = _top_level_items(self.tree)[::-1]
+        stack = _children(self.tree.invisibleRootItem())[::-1]  # the top-level rows are its children
         while stack:
             it = stack.pop()
             out.append(it)
