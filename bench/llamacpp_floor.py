@@ -15,17 +15,21 @@ from collections.abc import Sequence
 from llamacpp_decode import llama_class
 
 
-def llama_eval_seconds(path: str, backend, groups: Sequence[Sequence[int]], repeat: int = 2) -> float:
-    """Best of `repeat` runs of evaluating every group of ids from an empty cache, one `Llama.eval` per group."""
+def llama_eval_seconds(path: str, backend, runs: Sequence[Sequence[Sequence[int]]], repeat: int = 2) -> list[float]:
+    """Per run (a list of groups of ids): the best of `repeat` timings of evaluating every group from an empty
+    cache, one `Llama.eval` per group. The model is loaded once for all runs."""
     llm = llama_class(path, backend)
     try:
-        best = float("inf")
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            for ids in groups:
-                llm.reset()
-                llm.eval(list(ids))
-            best = min(best, time.perf_counter() - t0)
-        return best
+        timings = []
+        for groups in runs:
+            best = float("inf")
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                for ids in groups:
+                    llm.reset()
+                    llm.eval(list(ids))
+                best = min(best, time.perf_counter() - t0)
+            timings.append(best)
+        return timings
     finally:
         llm.close()

@@ -92,7 +92,7 @@ def main() -> None:
 
             backend = a.wait_ready()
             ids, _ = text_ids(a.tokenizer, text)
-            floor = llama_eval_seconds(str(backend.path), backend, [ids[:-1]])
+            [floor] = llama_eval_seconds(str(backend.path), backend, [[ids[:-1]]])
             print(f"floor: llama-cpp-python's own Llama.eval of A's {len(ids) - 1} tokens ({backend.n_threads} "
                   f"threads, only the last position's logits): {floor:.2f} s", flush=True)
             print(f"llamacpp_eval_floor_seconds={floor:.2f}")

@@ -128,8 +128,8 @@ def llamacpp_floor(eng: Engine, singles) -> tuple[float, float, int]:
     backend = eng.wait_ready()
     groups = [r.token_ids[:-1] for r in singles]  # the last token predicts nothing, so it is not run
     joined = [t for g in groups for t in g]
-    each = llama_eval_seconds(str(backend.path), backend, groups)
-    return each, llama_eval_seconds(str(backend.path), backend, [joined]), backend.n_threads
+    each, one = llama_eval_seconds(str(backend.path), backend, [groups, [joined]])
+    return each, one, backend.n_threads
 
 
 def main() -> None:
