@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import Engine, GenerationRequest, TokenEvent
+from engine import Engine, GenerationRequest, SamplerSettings, TokenEvent
 from engine.backends.mock import MockBackend
 
 from app.main_window import NOTHING_SAVED
@@ -37,8 +37,11 @@ def template_db(tmp_path_factory) -> Path:
     """A checkpointed database: 12 conversations, each a question and a 60-token answer with full records."""
     with Engine.from_backend(MockBackend(delay_s=0)) as engine:
         engine.wait_ready()
+        # Seeded: an unseeded draw at temperature 1 ends on the mock's EOS before 60 tokens about 1 time in 120
+        # (8 of 1000 runs), and the length assert below would fail every test of the module.
         request = GenerationRequest(
-            messages=({"role": "user", "content": "the cat"},), max_new_tokens=TOKENS, top_n=20, record_stages=True
+            messages=({"role": "user", "content": "the cat"},), max_new_tokens=TOKENS, top_n=20, record_stages=True,
+            sampler=SamplerSettings(seed=1),
         )
         events = [e for e in engine.generate(request) if isinstance(e, TokenEvent)]
     assert len(events) == TOKENS
