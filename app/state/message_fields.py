@@ -18,7 +18,7 @@ with one line a user can read.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable, TypeGuard
 
 from app.state.steering_record import steering_record_problem
 
@@ -59,12 +59,12 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """An integer (not true/false) that fits a database integer."""
     return isinstance(value, int) and not isinstance(value, bool) and -INT_LIMIT <= value < INT_LIMIT
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     """A finite number (not true/false)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -109,7 +109,7 @@ def _mapping(value: Any, name: str) -> dict[str, Any] | None:
     return value
 
 
-def _typed(doc: dict[str, Any], name: str, keys: tuple[str, ...], ok, what: str) -> None:
+def _typed(doc: dict[str, Any], name: str, keys: tuple[str, ...], ok: Callable[[Any], bool], what: str) -> None:
     for key in keys:
         if key in doc and doc[key] is not None and not ok(doc[key]):
             raise FieldError(f"its {name} field {key!r} is {_kind(doc[key])}, not {what}")
@@ -191,7 +191,8 @@ def check_branch_index(value: Any, tokens: int | None = None) -> int | None:
     return value
 
 
-ANSWER_CHECKS = {
+# Each takes a stored value and returns it checked (check_branch_index's token count is optional).
+ANSWER_CHECKS: dict[str, Callable[[Any], Any]] = {
     "request": check_request,
     "model": check_model,
     "stats": check_stats,

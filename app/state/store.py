@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine import TokenEvent
 
@@ -43,6 +43,9 @@ from app.state.stored_rows import (  # noqa: F401  (read from here by recovery a
 from app.state.write_lock import (  # noqa: F401  (read from here by the controllers)
     BUSY_TEXT, BUSY_TIMEOUT_S, OPEN_TIMEOUT_S, DatabaseBusy, busy_as_database_busy, is_busy,
 )
+
+if TYPE_CHECKING:  # write_queue imports this module
+    from app.state.write_queue import WriteQueue
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +125,13 @@ _CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, active_root
 _TOKEN_COLUMNS = "idx, token_id, text, token_text, logprob, sampler_logprob, rank, entropy, forced, special, top_json"
 
 
+def _inserted_id(cur: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just made (sqlite3 sets it after every INSERT into these rowid tables)."""
+    if cur.lastrowid is None:
+        raise sqlite3.DatabaseError("the database did not report the new row's id")
+    return cur.lastrowid
+
+
 class NewerSchemaError(sqlite3.DatabaseError):
     """The database was written by a newer Logit Lab (schema version above ours): never downgrade it."""
 
@@ -144,7 +154,8 @@ class Store:
         self.busy = False
         self._deferred_settings: dict[str, str] = {}  # key -> JSON: settings written while the lock was held elsewhere
         self._deferred_presets: dict[str, str | None] = {}  # name -> JSON (None: deleted), as the settings
-        self.write_queue = None  # the UI's actions waiting for the lock (app/state/write_queue.py), made on first use
+        # The UI's actions waiting for the lock (app/state/write_queue.py), made on first use.
+        self.write_queue: WriteQueue | None = None
         # Explicit transactions only. Opening waits long for a lock held elsewhere (no window yet); every
         # later write waits at most BUSY_TIMEOUT_S, then raises DatabaseBusy (see the module doc).
         self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=OPEN_TIMEOUT_S)
@@ -392,7 +403,7 @@ class Store:
             "INSERT INTO conversations(title, system_prompt, created, updated, mode, served_json) VALUES (?, ?, ?, ?, ?, ?)",
             (title, system_prompt, now, now, mode, None if served is None else json.dumps(without_url_credentials(served))),
         )
-        return ConversationRow(int(cur.lastrowid), title, system_prompt, now, now, None, mode, served)
+        return ConversationRow(_inserted_id(cur), title, system_prompt, now, now, None, mode, served)
 
     def update_conversation(self, conversation_id: int, **fields: Any) -> None:
         allowed = {"title", "system_prompt", "active_root_id", "mode"}
@@ -476,7 +487,7 @@ class Store:
         )
         self.touch_conversation(conversation_id)
         return MessageRow(
-            int(cur.lastrowid), conversation_id, parent_id, role, content, now, None, None, branch_index, request, model, None
+            _inserted_id(cur), conversation_id, parent_id, role, content, now, None, None, branch_index, request, model, None
         )
 
     def update_message(self, message_id: int, **fields: Any) -> None:

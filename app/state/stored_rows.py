@@ -88,7 +88,8 @@ def conversation_from_row(r: tuple[Any, ...]) -> ConversationRow:
         raise TypeError("conversation without a title")
     if len(r) > 6 and r[6] not in MODES:
         raise ValueError(f"unknown conversation mode {r[6]!r}")
-    return ConversationRow(*r[:7], served=_served(r[7]) if len(r) > 7 else None)
+    return ConversationRow(r[0], r[1], r[2], r[3], r[4], r[5], mode=r[6] if len(r) > 6 else "chat",
+                           served=_served(r[7]) if len(r) > 7 else None)
 
 
 def _served(text: Any) -> dict[str, Any] | None:
