@@ -52,8 +52,9 @@ def load_model(
             "weights=GPU%,CPU% cache=GPU%", or "auto"; None keeps every weight resident.
             llamacpp: the weights' GPU share becomes a share of the layers on the GPU.
         n_ctx, n_threads, n_threads_batch, n_gpu_layers, n_batch: how the model runs here, as
-            `engine.runtime_settings.RuntimeSettings` describes them (None: the engine chooses); today
-            llama.cpp's settings, so another backend refuses them in words. A window keeping a
+            `engine.runtime_settings.RuntimeSettings` describes them (None: the engine chooses); llama.cpp's
+            settings, of which torch takes n_threads (its CPU threads); a backend refuses in words what it
+            does not take (`engine.backends.select.RUNTIME_SETTINGS_TAKEN`). A window keeping a
             `RuntimeSettings` passes `**settings.load_kwargs()`.
 
     Raises:
@@ -78,7 +79,7 @@ def load_model(
     if progress:
         progress(f"loading {source.name} ({name})", None)
     try:
-        loaded = open_folder(name, folder, source, device, dtype, trust_remote_code, offload)
+        loaded = open_folder(name, folder, source, device, dtype, trust_remote_code, offload, runtime.load_kwargs())
     except ValueError as e:
         if is_remote_code_error(e) and not trust_remote_code:
             raise refusal(folder) from e

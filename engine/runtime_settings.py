@@ -1,7 +1,8 @@
 """How a model runs on this machine (threads, context, GPU layers, batch size): set when it loads.
 
-Today these are llama.cpp's settings (GGUF files): other backends refuse a
-value they would not use, rather than ignore it. Every field is None by
+These are llama.cpp's settings (GGUF files); torch takes the threads (on the
+CPU). A backend refuses a value it would not use, rather than ignore it
+(`engine.backends.select.RUNTIME_SETTINGS_TAKEN`). Every field is None by
 default, which means the engine's choice (see each field). The window keeps
 one of these per model and loads with `load_model(spec, **settings.load_kwargs())`;
 the CLI builds one from `--threads`, `--threads-batch`, `--n-ctx`,
@@ -58,8 +59,9 @@ class RuntimeSettings:
     """Load-time settings; None: the engine chooses.
 
     Attributes:
-        n_threads: CPU threads while generating, one token at a time. Default: one fewer than the usable
-            CPUs, at most the physical cores (engine/backends/llamacpp/threads.py says why).
+        n_threads: CPU threads while generating, one token at a time (llama.cpp, torch on the CPU). Default:
+            chosen for each answer from the cores free at its start (engine/cpu_load.py): every physical
+            core on an idle machine, fewer beside busy programs.
         n_threads_batch: CPU threads while reading a prompt. Default: n_threads.
         n_ctx: tokens of context to allocate. Default: the model's, lowered when its cache would not fit
             comfortably in free memory.

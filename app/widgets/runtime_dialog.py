@@ -29,7 +29,7 @@ AUTOMATIC = "automatic"
 # The value just below the lowest is shown as "automatic".
 TIPS: dict[str, str] = {
     "n_ctx": "Tokens of context to allocate; automatic: the model's own, capped so its KV cache fits a memory budget",
-    "n_threads": "CPU threads while generating; automatic: one fewer than the CPUs, at most the physical cores",
+    "n_threads": "CPU threads while generating; automatic: for each answer, the cores other programs leave free",
     "n_threads_batch": "CPU threads while reading a prompt; automatic: as many as for generating",
     "n_gpu_layers": "Layers on the GPU, -1 for all; automatic: all on a GPU build",
     "n_batch": "Prompt tokens per model call; automatic: 512",

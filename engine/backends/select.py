@@ -81,13 +81,25 @@ def checks_torch_device(backend: str | None) -> bool:
     return backend == "torch"
 
 
+# The `RuntimeSettings` fields each backend takes (a backend not named takes none). torch takes the CPU threads
+# only: it grows its cache as it goes, reads a prompt in one call with the same threads, and places layers with
+# `offload` rather than a layer count.
+RUNTIME_SETTINGS_TAKEN: dict[str, tuple[str, ...]] = {
+    "llamacpp": ("n_threads", "n_threads_batch", "n_ctx", "n_gpu_layers", "n_batch"),
+    "torch": ("n_threads",),
+}
+
+
 def runtime_refusal(backend: str, settings: list[str]) -> str | None:
     """Why `backend` cannot take these `RuntimeSettings` fields, in words; None when it takes them all."""
-    if backend == "llamacpp" or not settings:
+    taken = RUNTIME_SETTINGS_TAKEN.get(backend, ())
+    refused = [name for name in settings if name not in taken]
+    if not refused:
         return None
+    takes = f", which takes only {', '.join(taken)}" if taken else ""
     return (
-        f"{', '.join(settings)}: threads, context length, GPU layers and batch size are settings of "
-        f"llama.cpp models (.gguf files); this model runs on {backend}, so leave them out"
+        f"{', '.join(refused)}: threads, context length, GPU layers and batch size are settings of "
+        f"llama.cpp models (.gguf files); this model runs on {backend}{takes}, so leave them out"
     )
 
 
@@ -133,8 +145,11 @@ def open_direct(backend: str, source, progress, offload, runtime_kwargs: dict) -
     return LlamaCppBackend(source.path, spec=source.spec, display_name=source.name, offload=offload, **runtime_kwargs)
 
 
-def open_folder(backend: str, folder, source, device, dtype, trust_remote_code: bool, offload) -> Backend:
-    """A torch or MLX backend for a local Hugging Face folder."""
+def open_folder(
+    backend: str, folder, source, device, dtype, trust_remote_code: bool, offload, runtime_kwargs: dict | None = None
+) -> Backend:
+    """A torch or MLX backend for a local Hugging Face folder; `runtime_kwargs`: the `RuntimeSettings` fields
+    given, already checked against RUNTIME_SETTINGS_TAKEN (torch: n_threads)."""
     if backend == "mlx":
         from engine.backends.mlx.backend import MlxBackend
 
@@ -151,6 +166,7 @@ def open_folder(backend: str, folder, source, device, dtype, trust_remote_code: 
         dtype=dtype,
         trust_remote_code=trust_remote_code,
         offload=offload,
+        **(runtime_kwargs or {}),
     )
 
 

@@ -44,7 +44,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=int, default=None, metavar="N",
                    help="llamacpp: the context to allocate (default: the file's, lowered if its KV cache would not fit in memory)")
     p.add_argument("-t", "--threads", dest="n_threads", type=int, default=None, metavar="N",
-                   help="llamacpp: CPU threads (default: chosen for each answer from the cores free at that moment: "
+                   help="llamacpp, torch on the CPU: CPU threads (default: chosen for each answer from the cores free at that moment: "
                         "every physical core on an idle machine, fewer beside busy programs)")
     p.add_argument("-tb", "--threads-batch", dest="n_threads_batch", type=int, default=None, metavar="N",
                    help="llamacpp: CPU threads while reading the prompt (default: as --threads)")

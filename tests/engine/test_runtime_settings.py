@@ -24,8 +24,35 @@ def test_settings_check_themselves_and_say_every_problem():
 def test_settings_for_a_backend_that_does_not_use_them_are_refused_before_loading():
     from engine.open_model import load_model
 
-    with pytest.raises(ValueError, match="n_threads: .*llama.cpp models .*runs on torch"):
-        load_model(None, backend="torch", n_threads=2)  # the default model would be converted first
+    with pytest.raises(ValueError, match="n_ctx: .*llama.cpp models .*runs on torch, which takes only n_threads"):
+        load_model(None, backend="torch", n_threads=2, n_ctx=512)  # the default model would be converted first
+
+
+def test_torch_takes_the_cpu_threads_and_holds_them_for_every_answer(tiny_llama_folder):
+    """`--threads` / the runtime dialog's threads reach torch on the CPU: the count holds whatever the
+    machine's load, and the dialog is told it can set threads and why it cannot set the rest."""
+    import torch
+
+    from engine.decode import generate_events
+    from engine.events import Done
+    from engine.open_model import load_model
+    from engine.request import GenerationRequest
+    from engine.sampling import SamplerSettings
+
+    before = torch.get_num_threads()
+    backend = load_model(str(tiny_llama_folder), backend="torch", n_threads=1)
+    try:
+        facts = backend.info.runtime
+        assert facts.takes == ("n_threads",) and facts.in_use.n_threads == 1
+        assert facts.why_not("n_threads") is None and "torch chooses it" in (facts.why_not("n_ctx") or "")
+        torch.set_num_threads(2)  # another model, or a library, changes the process's count
+        request = GenerationRequest(prompt_ids=[1, 5, 9], sampler=SamplerSettings(temperature=0), max_new_tokens=2)
+        events = list(generate_events(backend, request))
+        assert isinstance(events[-1], Done) and torch.get_num_threads() == 1
+        assert dict(backend.numeric_facts().settings)["n_threads"] == 1
+    finally:
+        backend.close()
+        torch.set_num_threads(before)
 
 
 def test_llamacpp_leaves_a_cpu_free_for_other_programs():

@@ -41,10 +41,18 @@ from engine.devices import check_device_name, require_available
 from engine.errors import ModelLoadError
 from engine.fingerprint import NumericSetup
 from engine.model_info import ModelInfo
+from engine.runtime_settings import RuntimeFacts, RuntimeSettings
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+# The runtime settings torch leaves to itself, and why (the runtime dialog shows it under each).
+TORCH_CHOOSES_FIELDS = ("n_threads_batch", "n_ctx", "n_gpu_layers", "n_batch")
+TORCH_CHOOSES = (
+    "torch chooses it: its cache grows with the text, a prompt is read in one call on the same threads, and "
+    "layers are placed by offload; context length, prompt threads, GPU layers and batch size are settings of "
+    "llama.cpp models (.gguf files)"
+)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # How far the lean decode step may be from transformers' forward, relative to the largest logit: float32
 # is bit-identical on the CPU with torch's matmul kernel and ~1e-6 off with oneDNN's (cpu_linear, checked);
@@ -103,6 +111,8 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         from transformers import AutoModelForCausalLM
 
         self.device = pick_device(device)
+        if n_threads is not None and self.device.type != "cpu":
+            raise ValueError(f"threads (n_threads) are the CPU's; this model runs on {self.device}, so leave them out")
         self._threads_per_answer = None  # on the CPU: threads chosen for each answer (engine/cpu_load.py)
         self._fixed_threads = n_threads if self.device.type == "cpu" else None
         if self.device.type == "cpu":
@@ -162,7 +172,16 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
             bytes=nbytes,
             backend=self.name,
             device=device,
+            runtime=self._runtime_facts(),
         )
+
+    def _runtime_facts(self) -> RuntimeFacts:
+        """What the runtime settings dialog may set: the CPU threads, on the CPU; the rest is llama.cpp's."""
+        on_cpu = self.device.type == "cpu"
+        threads = (self._fixed_threads or torch.get_num_threads()) if on_cpu else None
+        gpu = () if on_cpu else (("n_threads", f"threads are the CPU's; this model runs on {self.device}"),)
+        return RuntimeFacts(in_use=RuntimeSettings(n_threads=threads), takes=("n_threads",) if on_cpu else (),
+                            reasons=gpu + tuple((name, TORCH_CHOOSES) for name in TORCH_CHOOSES_FIELDS))
 
     def numeric_facts(self) -> NumericSetup:
         """What changes the numbers here (NumericFacts): the libraries, device and dtype, the CPU threads of
