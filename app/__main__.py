@@ -85,7 +85,8 @@ def run(argv: list[str] | None = None) -> int:
     from app.qt_compat import guard_none_refcount
 
     guard_none_refcount()
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    existing = QApplication.instance()  # a plain QCoreApplication there makes QApplication() say so
+    app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
     app.setApplicationName("Logit Lab")
     app.setApplicationDisplayName("Logit Lab")
     app.setApplicationVersion(__version__)

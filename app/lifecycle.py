@@ -49,13 +49,20 @@ def open_session(appearance: str | None = None, host: EngineHost | None = None) 
     from app.main_window import APPEARANCE_KEY
 
     app = QApplication.instance()
+    if not isinstance(app, QApplication):  # checked before the database opens: nothing is left half-open
+        raise RuntimeError("the window needs a QApplication: make one before opening the session")
     opened = open_database(database_path())
     store = opened.store
     theme = Theme(app, appearance or store.get_setting(APPEARANCE_KEY, "system"))
     host = host or EngineHost()
     window = MainWindow(store, host, theme)
     closed = asyncio.get_running_loop().create_future()
-    window.closed.connect(lambda: closed.done() or closed.set_result(None))
+
+    def mark_closed() -> None:
+        if not closed.done():
+            closed.set_result(None)
+
+    window.closed.connect(mark_closed)
     install_quit_handlers(window)
     window.installEventFilter(_StopWorkOnClose(host, window))
     window.show()

@@ -76,13 +76,14 @@ def setup_logging(verbose: bool = False) -> Path | None:
         console = logging.StreamHandler(sys.stderr)
         console.setFormatter(formatter)
         root.addHandler(console)
-    path: Path | None = log_file()
+    path = log_file()
+    written: Path | None = path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handler = logging.handlers.RotatingFileHandler(path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
     except OSError as e:  # read-only home, full disk: run without a file rather than not at all
         log.warning("cannot write the log file %s: %s", path, e)
-        path = None
+        written = None
     else:
         handler.setFormatter(formatter)
         root.addHandler(handler)
@@ -90,7 +91,7 @@ def setup_logging(verbose: bool = False) -> Path | None:
     logging.captureWarnings(True)
     sys.excepthook = _log_uncaught
     threading.excepthook = _log_uncaught_in_thread
-    return path
+    return written
 
 
 def _is_devnull(stream: object) -> bool:
@@ -108,6 +109,9 @@ def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
     if args.exc_type is SystemExit:
         return
     name = args.thread.name if args.thread is not None else "?"
+    if args.exc_value is None:  # threading allows a type without a value; logging's exc_info needs the exception
+        logging.getLogger("app").critical("uncaught %s in thread %s", args.exc_type.__name__, name)
+        return
     logging.getLogger("app").critical(
         "uncaught exception in thread %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback)
     )

@@ -364,7 +364,9 @@ class MainWindow(QMainWindow):
         return self._spawn(self.controller.branch(message, index, token_id))
 
     def _on_generation_started(self, message: Message) -> None:
-        if message.branch_index is not None and not message.tokens[message.branch_index:]:
+        # Its tokens are loaded by now (a branch's kept part is set, a continued answer's read, before it starts).
+        tokens = message.tokens
+        if message.branch_index is not None and tokens is not None and not tokens[message.branch_index:]:
             # A new branch: select its forced token, so the inspector follows the branch.
             self.selection.set(message.id, message.branch_index)
 

@@ -72,7 +72,8 @@ class WindowActions:
     def create(cls, owner: QWidget) -> "WindowActions":
         """The actions with their texts, shortcuts and tips; added to `owner` so shortcuts work with no menu bar."""
 
-        def act(text: str, shortcut: str | QKeySequence | None = None, tip: str = "") -> QAction:
+        def act(text: str, shortcut: str | QKeySequence | QKeySequence.StandardKey | None = None,
+                tip: str = "") -> QAction:
             action = QAction(text, owner)
             if shortcut:
                 action.setShortcut(QKeySequence(shortcut))

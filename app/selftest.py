@@ -106,7 +106,8 @@ def run(argv: list[str] | None = None) -> int:
 
     report["imports_done_at"] = time.time()
     guard_none_refcount()
-    qt_app = QApplication.instance() or QApplication(sys.argv[:1])
+    existing = QApplication.instance()  # a plain QCoreApplication there makes QApplication() say so
+    qt_app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
     # The same identity as app.__main__.run, so the self-test shows what a user sees.
     qt_app.setApplicationName("Logit Lab")
     qt_app.setApplicationDisplayName("Logit Lab")
@@ -199,7 +200,12 @@ async def _load_and_answer(window, args: argparse.Namespace, report: dict) -> in
     window.settings.set_max_new_tokens(args.tokens)
     conv = window.library.new()
     first_token_at: list[float] = []
-    conv.tokens_appended.connect(lambda _message, _index: first_token_at or first_token_at.append(time.perf_counter()))
+
+    def note_first_token(_message: object, _index: object) -> None:
+        if not first_token_at:
+            first_token_at.append(time.perf_counter())
+
+    conv.tokens_appended.connect(note_first_token)
     if args.progress:
         report_progress(conv)
     if args.fail_writes_after is not None:

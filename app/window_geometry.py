@@ -86,7 +86,8 @@ def frame_of(widget: QWidget) -> Margins | None:
 def expected_frame(widget: QWidget) -> Margins:
     """The frame `widget` will likely get before it has one: its parent window's (framed by the same window
     manager), else none known (`keep_frame_on_screen` corrects the size once the frame is there)."""
-    parent = widget.parentWidget().window() if widget.parentWidget() is not None else None
+    parent_widget = widget.parentWidget()
+    parent = parent_widget.window() if parent_widget is not None else None
     known = frame_of(parent) if parent is not None else None
     return known if known is not None else NO_FRAME
 
@@ -120,8 +121,13 @@ class _RefitOnShow(QObject):
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() == QEvent.Type.Show and watched is self.parent():
             for delay in REFIT_AFTER_MS:
-                QTimer.singleShot(delay, self, lambda: refit_to_frame(self.parent()))
+                QTimer.singleShot(delay, self, self._refit)
         return False
+
+    def _refit(self) -> None:
+        window = self.parent()  # the widget it was made for (keep_frame_on_screen)
+        if isinstance(window, QWidget):
+            refit_to_frame(window)
 
 
 def keep_frame_on_screen(widget: QWidget) -> None:

@@ -65,8 +65,9 @@ def _fit_restored(self: MainWindow, saved_screen: object) -> None:
     free = available_rect(self, by_position=True)
     if free is None or self.isMaximized() or self.isFullScreen():
         return
-    valid = isinstance(saved_screen, list) and len(saved_screen) == 2 and all(isinstance(v, int) for v in saved_screen)
-    screen = Size(*saved_screen) if valid else None
+    screen: Size | None = None
+    if isinstance(saved_screen, list) and len(saved_screen) == 2 and all(isinstance(v, int) for v in saved_screen):
+        screen = Size(*saved_screen)
     if screen is not None and not same_screen_size(screen, free):
         self.size_to_fit(free.width, free.height)
     least = self.minimumSizeHint()

@@ -42,7 +42,8 @@ class WriteQueue:
     def __init__(self, store: Store):
         self.store = store
         self.waiting: list[_Waiting] = []
-        self.failed = None  # optional callback (what, error text): an action failed for another reason than the lock
+        # Optional callback (what, error text): an action failed for another reason than the lock.
+        self.failed: Callable[[str, str], None] | None = None
         self._task: asyncio.Task | None = None
 
     def run(self, what: str, action: Callable[[], Any], atomic: bool = True) -> bool:

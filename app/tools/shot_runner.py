@@ -56,7 +56,8 @@ def run_shot(argv: list[str] | None, prog: str, take: Take, *, model_help: str =
 
     os.environ[DATA_DIR_ENV] = tempfile.mkdtemp(prefix="logitlab-shot-")
     guard_none_refcount()
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    existing = QApplication.instance()  # a plain QCoreApplication there makes QApplication() say so
+    app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
     app.setQuitOnLastWindowClosed(False)
     model = args.model or default_model()
     with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
