@@ -127,7 +127,7 @@ class EngineHost:
         ok = False
         try:
             # Passed only when set, so factories that know nothing of remote code or runtime settings keep working.
-            extra = {"trust_remote_code": True} if trust_remote_code else {}
+            extra: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code else {}
             extra.update(runtime.load_kwargs() if runtime is not None else {})
             new = self._factory(spec, backend, progress, **extra)
             ready = asyncio.wrap_future(new.ready)

@@ -33,7 +33,7 @@ class MessageEdit(ComposerEdit):
     cancelled = Signal()
 
     def event(self, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.ShortcutOverride and (
+        if event.type() == QEvent.Type.ShortcutOverride and isinstance(event, QKeyEvent) and (
             _is_enter(event) or event.key() == Qt.Key.Key_Escape
         ):
             event.accept()  # delivered as a key press to this box, not as the window's shortcut

@@ -492,7 +492,7 @@ class MessageBody(QTextBrowser):
         else:
             QToolTip.showText(self.cursor().pos(), link_tooltip(url), self.viewport())
 
-    def loadResource(self, kind: int, name: QUrl):  # noqa: N802 - Qt's name
+    def loadResource(self, kind: int, name: QUrl | str) -> None:  # noqa: N802 - Qt's name
         """Nothing: an answer's image or style sheet would name a local file (or a path relative to ours)."""
         return None
 

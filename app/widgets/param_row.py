@@ -79,7 +79,10 @@ class ParamRow(QWidget):
         """Show `value` without emitting `edited` (the state changed elsewhere)."""
         for w in (self.spin, self.slider):
             w.blockSignals(True)
-        self.spin.setValue(value)
+        if isinstance(self.spin, QSpinBox):  # an integer parameter (decimals 0): its values are whole already
+            self.spin.setValue(round(value))
+        else:
+            self.spin.setValue(value)
         self.slider.setValue(self._to_slider(self.spin.value()))
         for w in (self.spin, self.slider):
             w.blockSignals(False)
@@ -90,7 +93,10 @@ class ParamRow(QWidget):
     def _on_slider(self, position: int) -> None:
         value = self.spec.minimum + position * self.spec.step
         self.spin.blockSignals(True)
-        self.spin.setValue(int(round(value)) if self.spec.decimals == 0 else round(value, self.spec.decimals))
+        if isinstance(self.spin, QSpinBox):  # decimals 0
+            self.spin.setValue(round(value))
+        else:
+            self.spin.setValue(round(value, self.spec.decimals))
         self.spin.blockSignals(False)
         self.edited.emit(self.spec.name, self.spin.value())
 

@@ -101,9 +101,11 @@ class VectorRow(QFrame):
         self.remove_button.clicked.connect(lambda: panel.state.remove(self.vector))
 
     def show_state(self, strength: float, unfit: str, can_steer: bool) -> None:
-        for w, value in ((self.slider, round(strength * SLIDER_STEPS)), (self.spin, strength)):
+        for w in (self.slider, self.spin):
             w.blockSignals(True)
-            w.setValue(value)
+        self.slider.setValue(round(strength * SLIDER_STEPS))
+        self.spin.setValue(strength)
+        for w in (self.slider, self.spin):
             w.blockSignals(False)
         self.unfit_label.setText(unfit)
         self.unfit_label.setVisible(bool(unfit))
@@ -252,11 +254,11 @@ class SteeringPanel(QWidget):
                 row.deleteLater()
         can = st.can_steer is not False
         for i, r in enumerate(rows):
-            row = self._rows.get(r.vector.digest)
-            if row is None:
-                row = self._rows[r.vector.digest] = VectorRow(self, r.vector)
-                self.rows_box.insertWidget(i + 1, row)  # after the "no vectors yet" line
-            row.show_state(r.strength, r.unfit, can)
+            shown = self._rows.get(r.vector.digest)
+            if shown is None:
+                shown = self._rows[r.vector.digest] = VectorRow(self, r.vector)
+                self.rows_box.insertWidget(i + 1, shown)  # after the "no vectors yet" line
+            shown.show_state(r.strength, r.unfit, can)
         self.empty_label.setVisible(not rows)
         if st.can_steer is False:
             self.note.setText(f"<b>{_escape(self.jobs.cannot_steer_text())}.</b> The vectors stay for a model that can.")

@@ -73,7 +73,11 @@ class SettingsEditor(QWidget):
         return self._base.with_(**values)
 
     def set_value(self, name: str, value: float) -> None:
-        self.boxes[name].setValue(value)
+        box = self.boxes[name]
+        if isinstance(box, QSpinBox):  # an integer field (top-k): rounded, where Qt would cut 39.9 to 39
+            box.setValue(round(value))
+        else:
+            box.setValue(value)
 
 
 def mark_tokens(body: MessageBody, indices: list[int] | tuple[int, ...], color: QColor = DIVERGENCE_COLOR) -> None:
