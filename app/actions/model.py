@@ -108,8 +108,7 @@ class ModelActions:
         request = LoadRequest(spec, backend, trust_remote_code)
         host = self._ctx.host
         try:
-            base = server_base(spec)
-            if base is not None:
+            if spec is not None and server_base(spec) is not None:
                 # Its key, URL credentials and timeout, never in the store: the spec loaded, shown and
                 # remembered is the URL without credentials (they are kept with the key).
                 spec = prepare_connection(self._ctx.store, self._keys, spec)

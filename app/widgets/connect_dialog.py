@@ -77,7 +77,9 @@ class ConnectDialog(QDialog):
         self.model_box.setAccessibleName("Model on the server")
         self.url_box.setEditable(True)
         self.url_box.setAccessibleName("Server URL")
-        self.url_box.lineEdit().setPlaceholderText("http://127.0.0.1:8000/v1")
+        url_edit = self.url_box.lineEdit()
+        if url_edit is not None:  # it has one: made editable just above
+            url_edit.setPlaceholderText("http://127.0.0.1:8000/v1")
         self.url_box.addItems([r["url"] for r in self._recent])
         # A long URL or model name scrolls inside its box rather than widening the dialog past the screen.
         for box in (self.url_box, self.model_box):
@@ -136,7 +138,8 @@ class ConnectDialog(QDialog):
         lay.addWidget(self.message)
         lay.addWidget(self.buttons)
 
-        self.url_box.lineEdit().editingFinished.connect(self._on_url_edited)
+        if url_edit is not None:
+            url_edit.editingFinished.connect(self._on_url_edited)
         self.url_box.activated.connect(lambda _i: self._on_url_edited())
         self.model_box.currentTextChanged.connect(lambda _t: self._update_connect_button())
         self.finished.connect(lambda _result: self._pool.shutdown(wait=False))

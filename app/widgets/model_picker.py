@@ -51,9 +51,15 @@ def folder_code_files(spec: str | None) -> tuple[str, ...]:
     return custom_code_files(folder) if folder.is_dir() else ()
 
 
-def remote_code_confirmation(parent: QWidget | None, model: str, files: tuple[str, ...]) -> QMessageBox:
+class RemoteCodeConfirmation(QMessageBox):
+    """The question `remote_code_confirmation` asks; `allow_button` is the one that allows the code."""
+
+    allow_button: QPushButton
+
+
+def remote_code_confirmation(parent: QWidget | None, model: str, files: tuple[str, ...]) -> RemoteCodeConfirmation:
     """Ask before running a model's own code, naming the files; the caller connects the "allow" button."""
-    box = QMessageBox(
+    box = RemoteCodeConfirmation(
         QMessageBox.Icon.Warning,
         "Run this model's own code?",
         f"{model} ships its own Python code, which would run with your rights:\n\n"
@@ -91,7 +97,9 @@ class ModelPicker(QDialog):
         self.spec_box = QComboBox()
         self.spec_box.setEditable(True)
         self.spec_box.setAccessibleName("Model")
-        self.spec_box.lineEdit().setPlaceholderText("a folder, a .gguf file, or a hub id like org/name")
+        spec_edit = self.spec_box.lineEdit()
+        if spec_edit is not None:  # it has one: made editable just above
+            spec_edit.setPlaceholderText("a folder, a .gguf file, or a hub id like org/name")
         specs = [r["spec"] for r in recent]
         for spec in [current_spec or DEFAULT_SPEC, DEFAULT_SPEC, *specs]:
             if self.spec_box.findText(spec) < 0:

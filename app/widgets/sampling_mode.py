@@ -53,10 +53,11 @@ class SamplingModeBox(QGroupBox):
             self._settings.set_server_sampling(on)
 
     def update_from(self, info: ModelInfo | None) -> None:
-        facts = info.server if info is not None else None
-        self.setVisible(facts is not None)
-        if facts is None:
+        if info is None or info.server is None:  # no model, or a local one: nothing to choose
+            self.setVisible(False)
             return
+        self.setVisible(True)
+        facts = info.server
         on = server_samples(self._settings.options.server_sampling, info)
         self.server_samples.blockSignals(True)
         self.server_samples.setChecked(on)

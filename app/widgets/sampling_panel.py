@@ -211,7 +211,10 @@ class SamplingPanel(QScrollArea):
                 w.installEventFilter(self)
 
     def _fit_width(self) -> None:
-        width = self.widget().minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width()
+        body = self.widget()
+        if body is None:  # no controls to fit yet
+            return
+        width = body.minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width()
         if width != self.minimumWidth():
             self.setMinimumWidth(width)
             self.min_width_changed.emit(width)
