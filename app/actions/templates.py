@@ -9,7 +9,7 @@ an empty conversation becomes a notebook when such a model loads (app/notebook.p
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine import ModelInfo, template_choice
 
@@ -17,6 +17,9 @@ from app.engine_host import EngineHost
 from app.notebook import NOTEBOOK, is_notebook
 from app.state.conversation_list import Library
 from app.state.store import Store
+
+if TYPE_CHECKING:  # imported when the dialog first opens
+    from app.widgets.template_dialog import TemplateDialog
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ class TemplateActions:
     def __init__(self, store: Store, host: EngineHost, library: Library, status: Any, parent: Any):
         self._store, self._host, self._library, self._status, self._parent = store, host, library, status, parent
         self.used: template_choice.TemplateInUse | None = None
-        self.dialog = None
+        self.dialog: TemplateDialog | None = None  # the latest one opened
         host.model_changed.connect(self._on_model_changed)
         library.current_changed.connect(self._on_conversation_changed)
         if host.engine is not None and host.info is not None:

@@ -354,8 +354,7 @@ class ExperimentController:
             anchor = (conv, conv.add_message(None, "user", prompt.strip()))
         conv, user = anchor
         if self.library.current is not conv:  # opening gives the library's own object for it
-            self.library.open(conv.id)
-            conv = self.library.current
+            conv = self.library.open(conv.id)  # the conversation it makes current
             user = conv.messages[user.id]
         answer = add_answer(conv, user, column.events, stats=column.stats, sampler=column.settings,
                             max_new_tokens=column.max_new_tokens, stop=column.stop, model=column.model,

@@ -123,8 +123,8 @@ class LayerView(QWidget):
         return m.id, i
 
     def _start(self) -> None:
-        wanted = self._wanted()
-        if wanted is None:
+        wanted, conv, message = self._wanted(), self._conv, self._message
+        if wanted is None or conv is None or message is None:  # _wanted() is None whenever either is
             if self._message is not None and self._message.generating and self.isVisible():
                 self.status.setText("The layer view opens when the answer is finished.")
                 self._settle.start(WAIT_FOR_ANSWER_MS)  # look again: nothing tells this view the answer ended
@@ -135,7 +135,7 @@ class LayerView(QWidget):
         self._generation += 1
         if self._task is not None and not self._task.done():
             self._task.cancel()  # its worker call still finishes; its result is dropped
-        self._task = asyncio.ensure_future(self._compute(self._generation, self._conv, self._message, wanted[1]))
+        self._task = asyncio.ensure_future(self._compute(self._generation, conv, message, wanted[1]))
 
     async def _compute(self, generation: int, conv: Conversation, message: Message, index: int) -> None:
         self.status.setText(f"Reading the layers at token {index + 1}…")
