@@ -32,7 +32,10 @@ async def take_compare_screenshot(window, out_dir: str | Path, size: tuple[int, 
     try:
         view.prompt.setPlainText(PROMPT)
         view.max_tokens.setValue(48)
-        view.columns[1].editor.set_value("top_p", 0.5)
+        editor = view.columns[1].editor
+        if editor is None:  # every column Compare adds has one
+            raise RuntimeError("Compare's second column has no settings to change")
+        editor.set_value("top_p", 0.5)
         view.resize(*size)
         view.show()
         task = view.run()

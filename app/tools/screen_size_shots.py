@@ -55,9 +55,10 @@ async def _shoot(out: Path) -> None:
         window.settings.apply_preset("Balanced")
         window.settings.update_sampler(seed=7)
         window.settings.set_max_new_tokens(64)
-        window.library.new()
+        conv = window.library.new()  # the conversation send() answers in
         answer = await window.controller.send(PROMPT)
-        conv = window.library.current
+        if answer is None:  # send() answers every non-empty prompt
+            raise RuntimeError("the window did not answer the prompt")
         tokens = conv.tokens(answer)
         window.view_options.set_heatmap(True)
         window.selection.set(answer.id, _interesting_token(tokens))

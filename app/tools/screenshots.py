@@ -10,7 +10,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
 
 from app.main_window import MainWindow
 
@@ -27,7 +27,7 @@ async def _settle(seconds: float = 0.4) -> None:
         await asyncio.sleep(seconds / 3)
 
 
-def _save(window: MainWindow, path: Path) -> None:
+def _save(window: QWidget, path: Path) -> None:  # the main window, or one it opened (Compare)
     window.grab().save(str(path))
     log.info("saved %s", path)
 

@@ -15,9 +15,13 @@ import os
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-Take = Callable[[object, str, tuple[int, int]], Awaitable[Path]]
+if TYPE_CHECKING:  # Qt and the window load after the arguments are read
+    from app.main_window import MainWindow
+
+# take(window, out_dir, (width, height)) drives the window and saves its picture(s); what it returns is not used.
+Take = Callable[["MainWindow", str, tuple[int, int]], Awaitable[object]]
 
 
 async def _session(take: Take, model: str | None, backend: str | None, out: str, size: tuple[int, int]) -> None:
