@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import os
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTextEdit, QToolButton, QToolTip, QVBoxLayout, QWidget,
@@ -60,11 +60,29 @@ class NotebookEditor(QPlainTextEdit):
     def mouseReleaseEvent(self, event: QMouseEvent) -> None:
         super().mouseReleaseEvent(event)
         if event.button() == Qt.MouseButton.LeftButton and not self.textCursor().hasSelection():
-            self.clicked.emit(self.cursorForPosition(event.position().toPoint()).position())
+            self.clicked.emit(self.character_at(event.position().toPoint()))
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:
         super().mouseMoveEvent(event)
-        self.hovered.emit(self.cursorForPosition(event.position().toPoint()).position(), event.globalPosition().toPoint())
+        self.hovered.emit(self.character_at(event.position().toPoint()), event.globalPosition().toPoint())
+
+    def character_at(self, point: QPoint) -> int:
+        """The document position of the character under `point` (viewport coordinates).
+
+        `cursorForPosition` gives the nearest boundary between characters: on a character's right half that is
+        the position after it, so a click there selected the next token (a one-character token such as "."
+        could not be clicked on its right half at all). The character before that boundary is the one under
+        the point when the point lies between its two edges on the same line (either text direction).
+        """
+        cursor = self.cursorForPosition(point)
+        position = cursor.position()
+        if position > cursor.block().position():
+            before = QTextCursor(cursor)
+            before.setPosition(position - 1)
+            left, right = self.cursorRect(before), self.cursorRect(cursor)
+            if left.top() == right.top() and min(left.left(), right.left()) <= point.x() < max(left.left(), right.left()):
+                return position - 1
+        return position
 
     def focusOutEvent(self, event) -> None:
         super().focusOutEvent(event)

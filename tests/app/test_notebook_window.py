@@ -6,16 +6,27 @@ from __future__ import annotations
 
 import json
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QDialogButtonBox
 
-from engine import template_choice
+from engine import TokenEvent, template_choice
 
 from app.notebook import notebook_text
 from app.actions.templates import TEMPLATES_KEY
 from qt_helpers import close_window, make_window, run_task
 
 PROMPT = " the quick brown fox"
+
+
+def _inside(editor, position: int, share: float) -> QPoint:
+    """A viewport point `share` of the way across the character at document `position` (0.5: its middle)."""
+    cursor = QTextCursor(editor.document())
+    cursor.setPosition(position)
+    left = editor.cursorRect(cursor)
+    cursor.setPosition(position + 1)
+    right = editor.cursorRect(cursor)
+    return QPoint(round(left.left() + share * (right.left() - left.left())), left.center().y())
 
 
 def _generate(qtbot, w, text: str):
@@ -57,12 +68,13 @@ def test_notebook_tokens_are_coloured_inspected_branched_and_an_edit_keeps_the_o
     tokens = conv.tokens(part)
     assert len(w.notebook.editor.extraSelections()) == sum(1 for t in tokens if t.text)
 
-    # A click on the third generated token selects it for the inspector.
+    # A click on the third generated token selects it for the inspector. In the middle of its first character:
+    # the caret's place after that character was the boundary with the next token when the mock drew a
+    # one-character token there (".", ",", "é": about 1 answer in 200), and the click selected token 3.
     view = w.notebook
     position = view.token_position(part.id, 2)
     cursor = view.editor.textCursor()
-    cursor.setPosition(position + 1)
-    point = view.editor.cursorRect(cursor).center()
+    point = _inside(view.editor, position, 0.5)
     qtbot.mouseClick(view.editor.viewport(), Qt.MouseButton.LeftButton, pos=point)
     assert (w.selection.message_id, w.selection.index) == (part.id, 2)
     assert w.inspector.selected_event() is tokens[2]
@@ -87,6 +99,30 @@ def test_notebook_tokens_are_coloured_inspected_branched_and_an_edit_keeps_the_o
     view.editor.setTextCursor(cursor)
     qtbot.mouseClick(view.previous_button, Qt.MouseButton.LeftButton)
     assert view.editor.toPlainText() == PROMPT + branch.content
+
+
+def test_a_click_anywhere_on_a_tokens_characters_selects_that_token(window, qtbot):
+    """The right half of a token's last character is still that token: the editor's nearest caret place there
+    is the next token's start, which a click used to select (a one-character token could only be clicked on
+    its left half)."""
+    w = window
+    w.new_notebook()
+    conv = w.library.current
+    prompt = conv.add_message(None, "user", PROMPT)
+    part = conv.add_message(prompt, "assistant")
+    pieces = (" cat", ".", " dog")
+    events = [TokenEvent(index=i, token_id=10 + i, text=p, token_text=p, logprob=-0.5, sampler_logprob=-0.5, rank=0,
+                         entropy=1.0, top_model=(), top_sampler=()) for i, p in enumerate(pieces)]
+    conv.set_tokens(part, events, "".join(pieces))
+    conv.update_message(part, finish_reason="length")
+    conv.flush()
+    view = w.notebook
+    qtbot.waitUntil(lambda: view.editor.toPlainText() == PROMPT + "".join(pieces), timeout=5000)
+    dot, cat_end = view.token_position(part.id, 1), view.token_position(part.id, 1) - 1
+    for position, share, index in ((dot, 0.25, 1), (dot, 0.75, 1), (cat_end, 0.75, 0), (dot + 1, 0.25, 2)):
+        w.selection.clear()
+        qtbot.mouseClick(view.editor.viewport(), Qt.MouseButton.LeftButton, pos=_inside(view.editor, position, share))
+        assert (w.selection.message_id, w.selection.index) == (part.id, index), (position, share)
 
 
 def test_a_notebook_survives_a_restart_and_exports_as_text(window, qtbot, store, host, tmp_path):
