@@ -38,7 +38,6 @@ from PySide6.QtWidgets import (
 )
 
 from engine import EngineError, library
-from engine.library.pull import IfExists
 
 from app.off_thread import run_off_thread
 from app.state.model_library import LibraryRow, ModelLibraryState
@@ -233,7 +232,7 @@ class LibraryDialog(QDialog):
         self.downloading = asyncio.ensure_future(self._downloaded(pending, text))
         return self.downloading
 
-    def _if_exists(self, text: str) -> IfExists | None:
+    def _if_exists(self, text: str) -> library.IfExists | None:
         """"refuse" when nothing is in the way; else what the user chose ("replace", "keep-both"; None: cancel)."""
         try:
             target = library.url_target(text)
@@ -243,7 +242,7 @@ class LibraryDialog(QDialog):
             return "refuse"
         return self.ask_if_exists(target)
 
-    def ask_if_exists(self, target: Path) -> IfExists | None:
+    def ask_if_exists(self, target: Path) -> library.IfExists | None:
         """Ask what to do with a file of the same name already in the models folder (tests replace this)."""
         box = QMessageBox(QMessageBox.Icon.Question, "A file with this name exists",
                           f"{library.printable(target.name)} is already in {library.printable(str(target.parent))} "

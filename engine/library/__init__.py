@@ -18,7 +18,7 @@ from engine.library.errors import (
 from engine.library.locations import Location, default_locations
 from engine.library.memory import MachineMemory
 from engine.library.progress import CancelToken, DownloadProgress, format_bytes
-from engine.library.pull import IF_EXISTS_CHOICES, PullResult, pull, url_target
+from engine.library.pull import IF_EXISTS_CHOICES, IfExists, PullResult, pull, url_target
 
 __all__ = [
     "IF_EXISTS_CHOICES",
@@ -30,6 +30,7 @@ __all__ = [
     "DownloadError",
     "DownloadInterrupted",
     "DownloadProgress",
+    "IfExists",
     "LibraryEntry",
     "Location",
     "MachineMemory",
