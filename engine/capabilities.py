@@ -228,6 +228,17 @@ class BackgroundStep(Protocol):
 
 
 @runtime_checkable
+class AdmitsRows(Protocol):
+    """(A BatchRunner:) new rows join a batch that is already decoding (a server's continuous batching)."""
+
+    def admit(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """Prefill each prompt as a new row after the rows there now (row B + i holds `prompts[i]`); returns
+        their (len(prompts), V) last-position logits. The rows already there keep their caches and positions,
+        and compute what they would have without the newcomers."""
+        ...
+
+
+@runtime_checkable
 class StartsFromBackendCache(Protocol):
     """(A BatchRunner:) begins one row from the keys and values the backend already holds for its prefix."""
 

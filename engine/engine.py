@@ -92,6 +92,11 @@ class Engine:
         never does (tests/app/test_boundaries.py): it asks for what it needs by name (the `start_*` methods)."""
         return self._worker.call(fn)
 
+    @property
+    def has_queued_work(self) -> bool:
+        """Whether work waits for the model behind what it runs now (the window's chat behind a server's batch)."""
+        return self._worker.has_queued_work
+
     def submit(self, request: GenerationRequest, on_event: EventCallback, *,
                step: "StepGate | None" = None) -> GenerationHandle:
         """Queue a generation; `on_event` gets every event on the worker thread.

@@ -170,6 +170,11 @@ class ModelWorker:
         return ended
 
     @property
+    def has_queued_work(self) -> bool:
+        """Whether work waits behind what runs now (a running batch then stops taking newcomers)."""
+        return not self._jobs.empty()
+
+    @property
     def busy(self) -> bool:
         """Whether the thread still runs (loading, working, or releasing the model)."""
         return self._thread.is_alive()

@@ -36,6 +36,9 @@ def add_serve_parser(sub: Any, add_model_args: Callable[[argparse.ArgumentParser
     p.add_argument("--record-top-n", type=int, default=20, metavar="N",
                    help="alternatives recorded per token, whatever the client asks for (default 20)")
     p.add_argument("--no-stages", action="store_true", help="do not record each sampler stage per token")
+    p.add_argument("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false",
+                   help="requests that come while a shared batch runs wait for the next turn instead of joining "
+                        "it (llama.cpp server's name; joining is on by default)")
 
 
 def check_serve_args(args: argparse.Namespace) -> None:
@@ -63,7 +66,8 @@ def cmd_serve(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any
     engine = None if args.upstream else load(args)
     try:
         sink = TraceDirectorySink(args.record_dir, engine.info if engine else None) if args.record_dir else None
-        options = ServeOptions(top_n=args.record_top_n, record_stages=not args.no_stages)
+        options = ServeOptions(top_n=args.record_top_n, record_stages=not args.no_stages,
+                               cont_batching=args.cont_batching)
         server = start_server(engine, args.host, args.port, args.api_key, sink, upstream=args.upstream,
                               upstream_api_key=args.upstream_api_key, options=options)
         what = f"serving {engine.info.name}" if engine is not None else f"forwarding to {args.upstream}"

@@ -37,8 +37,14 @@ def decode_rows(
     force: Callable[[int, AnswerRow], int | None],
     stopped: Callable[[int], bool],
     done: Callable[[int], RowEvent],
+    admit: Callable[[int], np.ndarray | None] | None = None,
 ) -> Iterator[RowEvent]:
     """Run every row to its end; yields each row's TokenEvents, then its `done(row)`.
+
+    `admit(held)`, where given, is called between steps, when the runner holds exactly the `held` rows that go
+    on: it may append answer rows to `rows` after having the runner admit their prompts (`AdmitsRows`), and
+    returns their (k, V) first logits (None: nobody joined). With `held` 0 what it admits is all that keeps
+    the batch going; when it admits nothing then, the loop ends.
 
     `logits` is (len(rows), V), row i's next-token logits; `force(row, answer_row)` is the token a row must take
     at its current step (None: its sampler chooses). Rows that could step back (banned strings) or be refused
@@ -78,8 +84,6 @@ def decode_rows(
         finally:
             if pending is not None and not pending.done():
                 wait([pending])  # the runner is the step's until it returns (a consumer that stopped reading)
-        if not going:
-            return
         live = [live[i] for i in going]
         # Rows stopped while this step's reports were read take no further token (as the decode loop checks
         # its cancel before each token).
@@ -98,3 +102,13 @@ def decode_rows(
                 runner.reorder(keep)
             logits = runner.step([tokens[j] for j in keep])
         live = [live[j] for j in keep]
+        if admit is not None:
+            # Between steps, with no forward under way: newcomers join (the runner's rows are the live ones;
+            # with none left, it is emptied first).
+            if not live:
+                runner.reorder([])
+            before, going_on = len(rows), len(live)
+            fresh = admit(going_on)
+            if fresh is not None and len(rows) > before:
+                live += range(before, len(rows))
+                logits = np.concatenate([logits, fresh]) if going_on else fresh

@@ -9,22 +9,29 @@ exactly as the single-answer loop makes them; what can differ is the model's ari
 row's fingerprint records (`extras["batch_rows"]`, for a replay's verdict).
 
 Every request keeps its own cancel: a client that goes away ends its rows (finish "cancelled"), the others go on.
+
+Requests can also join while the batch runs (continuous batching), where the runner admits rows
+(`engine.capabilities.AdmitsRows`: llama.cpp's, whose rows are sequences of their own): they are offered to the
+batch's `BatchInbox`, and between two steps the batch prefills them as new rows and goes on with them. It stops
+taking newcomers when no row goes on, or when other work waits for the model (`others_waiting`: the window's own
+chat), so nothing waits behind a batch that never ends.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.backends.base import Backend
-from engine.capabilities import BatchRunners
+from engine.capabilities import AdmitsRows, BatchRunner, BatchRunners
 from engine.decode import check_context, prompt_ids_for
 from engine.decode_row import AnswerRow
 from engine.events import Done
 from engine.fingerprinting import row_with_fingerprint
+from engine.loom.batch_inbox import BatchInbox
 from engine.loom.batch_loop import RowEvent, decode_rows
 from engine.loom.continuations import row_seeds, runs_in_batch
 from engine.request import GenerationRequest
@@ -44,31 +51,48 @@ def cells_needed(prompt_tokens: int, job_n: int, max_new_tokens: int) -> int:
     return prompt_tokens + job_n * max_new_tokens
 
 
-def shared_batch_events(backend: Backend, jobs: Sequence[BatchJob]) -> Iterator[tuple[int, RowEvent]]:
+def shared_batch_events(backend: Backend, jobs: Sequence[BatchJob], inbox: BatchInbox[BatchJob] | None = None,
+                        others_waiting: Callable[[], bool] | None = None) -> Iterator[tuple[int, RowEvent]]:
     """(job index, RowEvent) for every row of every job; each job's rows are numbered 0..n-1 and end with Done.
+
+    `inbox`: where more jobs join while the batch runs (opened once the runner is started, if it admits rows;
+    closed when no row goes on, or when `others_waiting()` says other work waits for the model). A joined job's
+    index follows the others', in the order it was offered.
 
     Runs on the backend's worker thread. Raises ValueError when a job cannot be a batch row (`runs_in_batch`),
     ContextLengthError when a prompt and its answer do not fit the model's context.
     """
     if not isinstance(backend, BatchRunners):
         raise ValueError(f"{backend.info.name} has no batch runner to share")
-    for job in jobs:
-        if not runs_in_batch(backend, job.request):
-            raise ValueError("a request with banned strings, a structured output or steering runs alone, "
-                             "through the decode loop")
+    jobs = list(jobs)  # joined jobs are appended
     tok = backend.tokenizer
     t0 = time.perf_counter()
-    prompts = [prompt_ids_for(tok, job.request) for job in jobs]
-    for job, prompt in zip(jobs, prompts):
-        check_context(len(prompt), job.request.max_new_tokens, backend.info.context_length)
+    prompts: list[list[int]] = []
     owner: list[tuple[int, int]] = []  # answer row -> (job, the job's row)
     rows: list[AnswerRow] = []
-    for j, (job, prompt) in enumerate(zip(jobs, prompts)):
-        for r, seed in enumerate(row_seeds(job.request, job.n)):
-            owner.append((j, r))
-            rows.append(AnswerRow.start(backend, job.request, prompt, t0, seed=seed))
-    first_row = {j: owner.index((j, 0)) for j in range(len(jobs))}
-    reused = [0] * len(jobs)  # per job: its prompt's tokens the runner did not compute for it (set at start)
+    first_row: dict[int, int] = {}  # job -> its first answer row
+    reused: list[int] = []  # per job: its prompt's tokens the runner did not compute for it (set at start)
+
+    def add_rows(job_list: Sequence[BatchJob], since: float) -> list[list[int]]:
+        """Each job's prompt and answer rows (checked first: nothing is added when one cannot run here)."""
+        for job in job_list:
+            if not runs_in_batch(backend, job.request):
+                raise ValueError("a request with banned strings, a structured output or steering runs alone, "
+                                 "through the decode loop")
+        new = [prompt_ids_for(tok, job.request) for job in job_list]
+        for job, prompt in zip(job_list, new):
+            check_context(len(prompt), job.request.max_new_tokens, backend.info.context_length)
+        for job, prompt in zip(job_list, new):
+            j = len(prompts)
+            prompts.append(prompt)
+            reused.append(0)
+            first_row[j] = len(rows)
+            for r, seed in enumerate(row_seeds(job.request, job.n)):
+                owner.append((j, r))
+                rows.append(AnswerRow.start(backend, job.request, prompt, since, seed=seed))
+        return new
+
+    add_rows(jobs, t0)
 
     def done(i: int) -> RowEvent:
         j, _ = owner[i]
@@ -81,6 +105,23 @@ def shared_batch_events(backend: Backend, jobs: Sequence[BatchJob]) -> Iterator[
     def stopped(i: int) -> bool:
         return jobs[owner[i][0]].cancel.is_set()
 
+    def admit(runner: BatchRunner, held: int) -> Any:
+        """Between steps (decode_rows' `admit`): the jobs offered since the last call become rows after the
+        `held` ones, each job's prompt prefilled once and copied to its n rows; None when nobody joined."""
+        assert inbox is not None
+        newcomers = inbox.take(close=not held or (others_waiting is not None and others_waiting()))
+        if not newcomers:
+            return None
+        assert isinstance(runner, AdmitsRows)  # only such a runner is given this hook
+        first_job = len(jobs)
+        jobs.extend(newcomers)
+        logits = runner.admit(add_rows(newcomers, time.perf_counter()))  # one row per job
+        expand = [j - first_job for j, _ in owner[len(owner) - sum(job.n for job in newcomers):]]
+        if expand != list(range(len(newcomers))):
+            runner.reorder(list(range(held)) + [held + k for k in expand])  # a job's n rows over its one prompt
+            logits = logits[expand]
+        return logits
+
     def events() -> Iterator[RowEvent]:
         runner = backend.batch_runner()
         try:
@@ -90,25 +131,41 @@ def shared_batch_events(backend: Backend, jobs: Sequence[BatchJob]) -> Iterator[
             if expand != list(range(len(jobs))):
                 runner.reorder(expand)  # a job's n rows over its one prompt
                 logits = logits[expand]
+            joins = None
+            if inbox is not None and isinstance(runner, AdmitsRows):
+                joins = lambda held: admit(runner, held)  # noqa: E731
+            elif inbox is not None:
+                inbox.close()  # no newcomers from now on; those offered so far run after this batch
             yield from decode_rows(runner, rows, logits, force=lambda i, row: row.forced_here(), stopped=stopped,
-                                   done=done)
+                                   done=done, admit=joins)
         finally:
             runner.close()
 
-    total = len(rows)
-
     def told(i: int, event: RowEvent) -> tuple[int, RowEvent]:
-        """The event under its job's own row number; a Done with its fingerprint, marked as one of `total`
-        rows decoded together (and of the job's n siblings)."""
+        """The event under its job's own row number; a Done with its fingerprint, marked as one of the rows
+        decoded together so far (and of the job's n siblings)."""
         j, r = owner[i]
-        extras: dict[str, Any] = {"batch_rows": total} if jobs[j].n == 1 else {"batch_rows": total,
-                                                                                "loom_rows": jobs[j].n}
+        extras: dict[str, Any] = {"batch_rows": len(rows)}
+        if jobs[j].n > 1:
+            extras["loom_rows"] = jobs[j].n
         return j, row_with_fingerprint(backend, jobs[j].request, RowEvent(r, event.event), extras)
 
-    if all(job.cancel.is_set() for job in jobs):
-        for i, row in enumerate(rows):
-            row.end("cancelled")
-            yield told(i, done(i))
-        return
-    for ev in events():
-        yield told(ev.row, ev)
+    try:
+        if all(job.cancel.is_set() for job in jobs):
+            for i, row in enumerate(rows):
+                row.end("cancelled")
+                yield told(i, done(i))
+        else:
+            for ev in events():
+                yield told(ev.row, ev)
+        # An accepted offer is never dropped: those the batch did not admit (its runner cannot, or it never
+        # began) run now, as a batch of their own, numbered after the others.
+        late = inbox.take(close=True) if inbox is not None else []
+        if late:
+            offset = len(jobs)
+            jobs.extend(late)
+            for j, ev in shared_batch_events(backend, late):
+                yield offset + j, ev
+    finally:
+        if inbox is not None:
+            inbox.take(close=True)  # on an error too: later offers wait for their own turn

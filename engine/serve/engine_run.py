@@ -3,8 +3,9 @@
 `n` = 1 is an ordinary generation (`Engine.submit`); `n` > 1 asks the loom for N children of the prompt
 (`engine.loom.continuation_events`): one batch on a backend with batch runners, one after another otherwise,
 each child seeded `seed + index`. Several requests that waited together can share one batch
-(`shared_batch`: each a `Rider`, their answers rows of one batch runner, `engine.loom.shared_batch`); each
-then reads its own events (`rider_events`). Events cross from the model's worker thread with
+(`shared_batch`: each a `Rider`, their answers rows of one batch runner, `engine.loom.shared_batch`), and
+requests that come while it runs can join it (`SharedBatch.join`); each then reads its own events
+(`rider_events`). Events cross from the model's worker thread with
 `call_soon_threadsafe`.
 Setting `cancel` (a client gone, the window's Stop) ends the generation before its next token; the stream then
 still ends with each choice's `Done` (finish reason "cancelled").
@@ -23,6 +24,8 @@ from engine.backends.base import Backend
 from engine.engine import Engine
 from engine.errors import EngineError
 from engine.events import Done, Event
+from engine.loom.batch_inbox import BatchInbox
+from engine.loom.shared_batch import BatchJob
 from engine.request import GenerationRequest
 
 _FINISHED = object()  # the worker's job is over (after the last Done, or after an error)
@@ -41,28 +44,46 @@ class Rider:
     cancel: threading.Event
     cells: int
     queue: asyncio.Queue[object] = field(default_factory=asyncio.Queue)
+    ended: bool = False  # its events are over (read to the end, or its client left): its rows are leaving
 
 
-def shared_batch(engine: Engine, riders: Sequence[Rider], on_done: Callable[[], None]) -> None:
+@dataclass(eq=False)
+class SharedBatch:
+    """A batch under way: its riders so far (those that started it, then those that joined), and its inbox."""
+
+    riders: list[Rider]
+    inbox: BatchInbox[BatchJob]
+
+    def join(self, rider: Rider) -> bool:
+        """Offer `rider` to the running batch; False when it no longer takes newcomers (it waits its turn)."""
+        return self.inbox.offer(BatchJob(rider.request, rider.n, rider.cancel),
+                                on_accept=lambda: self.riders.append(rider))
+
+
+def shared_batch(engine: Engine, riders: Sequence[Rider], on_done: Callable[[], None]) -> SharedBatch:
     """Run the riders' answers as one batch on the model's worker; each rider's events go to its queue.
 
-    `on_done` is called on the server's loop when the batch is over (the model is free again), also when it
-    could not start. Call on the server's loop.
+    Requests can `join` the returned batch while it runs. `on_done` is called on the server's loop when the
+    batch is over (the model is free again), also when it could not start. Call on the server's loop.
     """
-    from engine.loom.shared_batch import BatchJob, shared_batch_events
+    from engine.loom.shared_batch import shared_batch_events
 
     loop = asyncio.get_running_loop()
+    batch = SharedBatch(list(riders), BatchInbox())
     jobs = [BatchJob(r.request, r.n, r.cancel) for r in riders]
 
     def put(rider: Rider, item: object) -> None:
         loop.call_soon_threadsafe(rider.queue.put_nowait, item)
 
     def job(backend: Backend) -> None:
-        for j, row_event in shared_batch_events(backend, jobs):
-            put(riders[j], (row_event.row, row_event.event))
+        # A joined job's index is its place in `batch.riders`: both follow the inbox's order of offers.
+        for j, row_event in shared_batch_events(backend, jobs, batch.inbox,
+                                                others_waiting=lambda: engine.has_queued_work):
+            put(batch.riders[j], (row_event.row, row_event.event))
 
     def finished(fut: Future[None]) -> None:
-        for rider in riders:
+        # The inbox is closed by now (shared_batch_events closes it however it ends): no rider is added after this.
+        for rider in batch.riders:
             put(rider, fut.exception() or _FINISHED)
         loop.call_soon_threadsafe(on_done)
 
@@ -72,8 +93,9 @@ def shared_batch(engine: Engine, riders: Sequence[Rider], on_done: Callable[[], 
         failed: Future[None] = Future()
         failed.set_exception(EngineError(f"the model was closed before this answer's turn ({e})"))
         finished(failed)
-        return
+        return batch
     future.add_done_callback(finished)
+    return batch
 
 
 async def rider_events(rider: Rider) -> AsyncIterator[tuple[int, Event]]:
@@ -82,6 +104,7 @@ async def rider_events(rider: Rider) -> AsyncIterator[tuple[int, Event]]:
         async for item in _drain(rider.queue, rider.n):
             yield item
     finally:
+        rider.ended = True
         rider.cancel.set()
 
 

@@ -14,6 +14,11 @@ first, round after round): the turn's `Turn.riders`. Those requests' own `turn` 
 answers come through the rider, from the batch the first one runs) and they hold no turn of their own. The
 turn's holder may `hand_over()` its end to whatever runs the batch, so that the model is free only when the
 batch is done, even if the holder's client left first.
+
+Joining a batch under way: a rider that comes while the model is busy, with nobody waiting, is first offered
+to `join_running` (the running batch, if it takes newcomers); taken, its turn says `joined` at once. With
+anyone waiting it waits too, so a request that runs alone (or did not fit the batch) is never overtaken by
+later ones, and the batch, taking no newcomers, ends.
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ class FairQueue:
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.joins = joins
+        # A running batch's offer: True when it takes the rider now (set while a batch that admits rows runs).
+        self.join_running: Callable[[Any], bool] | None = None
         self.running = 0
         self._lines: OrderedDict[str, deque[_Ticket]] = OrderedDict()
         self._last_turn: dict[str, int] = {}  # client -> the number of its latest turn (fewer: served longer ago)
@@ -90,6 +97,11 @@ class FairQueue:
         this request can share a turn (see the module's docstring).
         """
         ticket = _Ticket(asyncio.get_running_loop().create_future(), rider)
+        if (rider is not None and self.running and not self.waiting and self.join_running is not None
+                and self.join_running(rider)):
+            self._note_turn(client)
+            yield Turn(joined=True)
+            return
         if self.running >= self.max_running or self.waiting:
             if self.waiting >= self.max_waiting:
                 raise ApiError(503, f"the model is busy: {self.waiting} requests are waiting; try again shortly",

@@ -15,7 +15,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from engine.errors import ContextLengthError, EngineError
 from engine.events import Done, Event, GenerationStats, TokenEvent
 from engine.loom.continuations import runs_in_batch
 from engine.loom.shared_batch import cells_needed
-from engine.serve.engine_run import Rider, engine_events, rider_events, shared_batch
+from engine.serve.engine_run import Rider, SharedBatch, engine_events, rider_events, shared_batch
 from engine.serve.errors import ApiError
 from engine.serve.exchange import Endpoint, ServedChoice, ServedExchange, Sinks
 from engine.serve.fair_queue import FairQueue, TurnAbandoned
@@ -73,11 +73,14 @@ class ServeOptions:
         top_n: alternatives recorded per token (the window's inspector), whatever the client asked for.
         record_stages: record each sampler stage's distribution per token (the window's stage view).
         max_waiting: requests waiting for the model before the server answers 503.
+        cont_batching: requests that come while a shared batch runs join it (where the model's batch runner
+            admits rows: llama.cpp); off, they wait for the next turn (llama.cpp server's `--no-cont-batching`).
     """
 
     top_n: int = 20
     record_stages: bool = True
     max_waiting: int = 64
+    cont_batching: bool = True
 
 
 class EngineService(ModelRoutes):
@@ -139,6 +142,28 @@ class EngineService(ModelRoutes):
         return (sum(r.n for r in taken) + candidate.n <= MAX_BATCH_ROWS
                 and sum(r.cells for r in taken) + candidate.cells <= room)
 
+    def _run_batch(self, riders: list[Rider], release: Callable[[], None]) -> None:
+        """Start a shared batch that later requests can join while it runs (`_join_running`)."""
+        batch: SharedBatch | None = None
+
+        def over() -> None:
+            if self.queue.join_running == join:
+                self.queue.join_running = None
+            release()
+
+        def join(candidate: Rider) -> bool:
+            assert batch is not None
+            going_on = [r for r in batch.riders if not r.ended]
+            room = self.context.context_length or 0
+            # Rows: those still going; the KV cache: every rider's cells, as a row's stay taken after it ends.
+            return (sum(r.n for r in going_on) + candidate.n <= MAX_BATCH_ROWS
+                    and sum(r.cells for r in batch.riders) + candidate.cells <= room
+                    and batch.join(candidate))
+
+        if self.options.cont_batching:
+            self.queue.join_running = join
+        batch = shared_batch(self.engine, riders, over)
+
     async def _run(self, active: ActiveAnswer, served: ServedRequest) -> AsyncIterator[tuple[int, TokenEvent | Done]]:
         """The answer's events, after its turn at the model (alone, or in a batch with other requests that
         waited with it); records them and tells the sink."""
@@ -155,7 +180,7 @@ class EngineService(ModelRoutes):
                 if turn.joined or turn.riders:
                     assert rider is not None
                     if turn.riders:  # this request's turn, shared: the model is free when the batch is done
-                        shared_batch(self.engine, [rider, *turn.riders], turn.hand_over())
+                        self._run_batch([rider, *turn.riders], turn.hand_over())
                     source = rider_events(rider)
                 else:
                     source = engine_events(self.engine, served.generation, served.n, active.cancel)

@@ -202,6 +202,16 @@ class LlamaCppRunner:
         self._lens = [len(prompt)]
         return self._run([(0, reused, [int(t) for t in prompt[reused:]])]), reused
 
+    def admit(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """New rows after the current ones (AdmitsRows): each prompt a new sequence, computed in a batch of its
+        own as `start`'s are (so the rows there are untouched: other sequences' cells are masked out of it),
+        into cells no row has used (the graveyard keeps those rows left; see `reorder`)."""
+        b = len(self._lens)
+        self._check_rows(b + len(prompts))
+        logits = self._run([(b + i, 0, [int(t) for t in p]) for i, p in enumerate(prompts)])
+        self._lens += [len(p) for p in prompts]
+        return logits
+
     def step(self, tokens: Sequence[int]) -> np.ndarray:
         logits = self._run([(i, self._lens[i], [int(t)]) for i, t in enumerate(tokens)])
         self._lens = [n + 1 for n in self._lens]
