@@ -16,19 +16,9 @@ from engine.loom.batch_inbox import BatchInbox
 from engine.loom.shared_batch import BatchJob, shared_batch_events
 from engine.request import GenerationRequest
 from engine.sampling import SamplerSettings
-from test_shared_batch import FIELDS, JOBS, alone, ask
+from test_shared_batch import JOBS, alone, ask, check_own_answers
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
-
-
-def check_own_answers(backend, jobs, tokens, stats) -> None:
-    for (j, r), st in stats.items():
-        mine, mine_stats = alone(backend, jobs[j].request, st.seed)
-        assert [e.token_id for e in tokens.get((j, r), [])] == [e.token_id for e in mine], f"job {j} row {r}"
-        for a, b in zip(mine, tokens[j, r]):
-            assert a == b, f"job {j} row {r}, token {a.index}"  # every field of the record, floats bit for bit
-        for field in FIELDS:
-            assert getattr(mine_stats, field) == getattr(st, field), f"job {j} row {r}: {field}"
 
 
 def test_jobs_that_join_a_running_batch_are_their_own_answers(fresh_default_llamacpp, monkeypatch):

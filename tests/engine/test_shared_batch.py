@@ -43,6 +43,17 @@ def alone(backend, request: GenerationRequest, seed: int):
     return [e for e in events if isinstance(e, TokenEvent)], events[-1].stats
 
 
+def check_own_answers(backend, jobs, tokens, stats) -> None:
+    """Every row (job j, row r) is what the single-answer loop makes for job j's request with the row's seed."""
+    for (j, r), st in stats.items():
+        mine, mine_stats = alone(backend, jobs[j].request, st.seed)
+        assert [e.token_id for e in tokens.get((j, r), [])] == [e.token_id for e in mine], f"job {j} row {r}"
+        for a, b in zip(mine, tokens[j, r]):
+            assert a == b, f"job {j} row {r}, token {a.index}"  # every field of the record, floats bit for bit
+        for field in FIELDS:
+            assert getattr(mine_stats, field) == getattr(st, field), f"job {j} row {r}: {field}"
+
+
 def run(backend, jobs):
     tokens: dict[tuple[int, int], list[TokenEvent]] = {}
     stats = {}
@@ -67,13 +78,8 @@ def test_each_row_is_its_requests_own_answer(fresh_default_llamacpp, monkeypatch
     longest = max(s.generated_tokens for s in stats.values())
     assert runners[0].forward_calls <= len(jobs) + longest
     assert stats[0, 1].seed == stats[0, 0].seed + 1  # a request's n rows are seeded seed + row, as the loom's
-    for (j, r), st in stats.items():
-        mine, mine_stats = alone(backend, jobs[j].request, st.seed)
-        assert [e.token_id for e in tokens.get((j, r), [])] == [e.token_id for e in mine], f"job {j} row {r}"
-        for a, b in zip(mine, tokens[j, r]):
-            assert a == b, f"job {j} row {r}, token {a.index}"  # every field of the record, floats bit for bit
-        for field in FIELDS:
-            assert getattr(mine_stats, field) == getattr(st, field), f"job {j} row {r}: {field}"
+    check_own_answers(backend, jobs, tokens, stats)
+    for st in stats.values():
         assert st.fingerprint is not None and st.fingerprint.extras["batch_rows"] == 4
     assert stats[1, 0].finish_reason == "length" and stats[0, 0].prompt_tokens != stats[1, 0].prompt_tokens
     # What each answer says it reused: the chat template's common beginning (its system prompt) was computed
