@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from engine import TokenEvent
 
@@ -44,8 +44,12 @@ from app.state.write_lock import (  # noqa: F401  (read from here by the control
     BUSY_TEXT, BUSY_TIMEOUT_S, OPEN_TIMEOUT_S, DatabaseBusy, busy_as_database_busy, is_busy,
 )
 
-if TYPE_CHECKING:  # write_queue imports this module
-    from app.state.write_queue import WriteQueue
+
+class WaitingWrites(Protocol):
+    """What the store asks of the UI's write queue (app/state/write_queue.py, which imports this module)."""
+
+    def run_waiting_now(self) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +159,7 @@ class Store:
         self._deferred_settings: dict[str, str] = {}  # key -> JSON: settings written while the lock was held elsewhere
         self._deferred_presets: dict[str, str | None] = {}  # name -> JSON (None: deleted), as the settings
         # The UI's actions waiting for the lock (app/state/write_queue.py), made on first use.
-        self.write_queue: WriteQueue | None = None
+        self.write_queue: WaitingWrites | None = None
         # Explicit transactions only. Opening waits long for a lock held elsewhere (no window yet); every
         # later write waits at most BUSY_TIMEOUT_S, then raises DatabaseBusy (see the module doc).
         self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=OPEN_TIMEOUT_S)

@@ -140,7 +140,8 @@ class WriteQueue:
 
 def write_queue(store: Store) -> WriteQueue:
     """The store's one queue of waiting UI writes (made on first use)."""
-    queue = getattr(store, "write_queue", None)
-    if queue is None:
-        queue = store.write_queue = WriteQueue(store)
+    queue = store.write_queue
+    if not isinstance(queue, WriteQueue):
+        queue = WriteQueue(store)
+        store.write_queue = queue
     return queue
