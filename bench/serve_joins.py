@@ -5,12 +5,12 @@ seed); client i sends at i x `--gap` seconds (default 0.5), so most arrive while
 same arrivals run twice on one loaded model, alternating `--rounds` times: through a server that lets a
 request join the batch under way (the default), and through one started with `cont_batching=False`
 (llama.cpp server's `--no-cont-batching`), where a request that comes while a batch runs waits for the next
-turn. Printed per mode (best round by mean time to first token): each client's time to first token, the
-batch sizes its answers were decoded in, the wall time from the first send to the last token and the
-aggregate tokens/s; then `cont_batching_ttft_ratio=` (mean time to first token waiting / joining) and
-`cont_batching_throughput_ratio=` (aggregate tokens/s joining / waiting).
+turn. Printed per round and mode: each client's time to first token, the batch sizes its answers were
+decoded in, the wall time from the first send to the last token and the aggregate tokens/s; then per mode
+the medians over rounds, and, round by round, `cont_batching_ttft_ratio=` (mean time to first token
+waiting / joining) and `cont_batching_throughput_ratio=` (aggregate tokens/s joining / waiting), medians.
 
-    python bench/serve_joins.py [--clients 8] [--gap 0.5] [--tokens 64] [--rounds 2] [--threads N]
+    python bench/serve_joins.py [--clients 8] [--gap 0.5] [--tokens 64] [--rounds 3] [--threads N]
 """
 
 from __future__ import annotations
@@ -103,35 +103,33 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--gap", type=float, default=0.5, help="seconds between two clients' requests")
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None,
                     help="llama.cpp threads, held for the whole run (default: chosen per answer from the free cores)")
     args = ap.parse_args()
     engine = Engine.load(n_threads=args.threads) if args.threads else Engine.load()
     try:
         arrivals(engine, True, 2, 0.0, 4)  # warm: template process, runner contexts
-        best: dict[bool, dict] = {}
-        for r in range(args.rounds):
+        runs: dict[bool, list[dict]] = {True: [], False: []}
+        for r in range(args.rounds):  # alternating, so that drift hits both modes alike
             for mode in (True, False):
                 run = arrivals(engine, mode, args.clients, args.gap, args.tokens)
                 name = "joining" if mode else "waiting"
-                print(f"round {r + 1} {name}: mean ttft {statistics.mean(run['ttft']):.2f} s, wall {run['wall']:.2f} s, "
-                      f"{run['tok_s']:.1f} tok/s, batch_rows {run['rows']}", flush=True)
+                print(f"round {r + 1} {name}: ttft_s {','.join(f'{t:.2f}' for t in run['ttft'])}, mean "
+                      f"{statistics.mean(run['ttft']):.2f} s, wall {run['wall']:.2f} s, {run['tok_s']:.1f} tok/s, "
+                      f"batch_rows {run['rows']}", flush=True)
                 assert run["complete"], "a client got fewer tokens than it asked for"
-                if mode not in best or statistics.mean(run["ttft"]) < statistics.mean(best[mode]["ttft"]):
-                    best[mode] = run
+                runs[mode].append(run)
         print(f"model={engine.info.name} backend={engine.info.backend} clients={args.clients} gap_s={args.gap} "
-              f"tokens_each={args.tokens}")
+              f"tokens_each={args.tokens} rounds={args.rounds} (medians over rounds)")
         for mode, name in ((True, "joining"), (False, "waiting")):
-            run = best[mode]
-            print(f"ttft_s_{name}=" + ",".join(f"{t:.2f}" for t in run["ttft"]))
-            print(f"batch_rows_{name}=" + ",".join(str(n) for n in run["rows"]))
-            print(f"mean_ttft_s_{name}={statistics.mean(run['ttft']):.2f}")
-            print(f"wall_s_{name}={run['wall']:.2f}")
-            print(f"aggregate_tok_s_{name}={run['tok_s']:.1f}")
-        joining, waiting = best[True], best[False]
-        print(f"cont_batching_ttft_ratio={statistics.mean(waiting['ttft']) / statistics.mean(joining['ttft']):.2f}")
-        print(f"cont_batching_throughput_ratio={joining['tok_s'] / waiting['tok_s']:.2f}")
+            print(f"mean_ttft_s_{name}={statistics.median(statistics.mean(r['ttft']) for r in runs[mode]):.2f}")
+            print(f"max_ttft_s_{name}={statistics.median(max(r['ttft']) for r in runs[mode]):.2f}")
+            print(f"aggregate_tok_s_{name}={statistics.median(r['tok_s'] for r in runs[mode]):.1f}")
+        pairs = list(zip(runs[True], runs[False]))  # round by round
+        ttft = statistics.median(statistics.mean(w["ttft"]) / statistics.mean(j["ttft"]) for j, w in pairs)
+        print(f"cont_batching_ttft_ratio={ttft:.2f}")
+        print(f"cont_batching_throughput_ratio={statistics.median(j['tok_s'] / w['tok_s'] for j, w in pairs):.2f}")
     finally:
         engine.close()
 

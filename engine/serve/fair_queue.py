@@ -58,6 +58,7 @@ class Turn:
 
     joined: bool = False
     riders: list[Any] = field(default_factory=list)
+    waited: bool = False  # it waited in line: others use the model now, and more may come while it runs
     _release: Callable[[], None] | None = None
     _handed_over: bool = False
 
@@ -102,7 +103,8 @@ class FairQueue:
             self._note_turn(client)
             yield Turn(joined=True)
             return
-        if self.running >= self.max_running or self.waiting:
+        waited = self.running >= self.max_running or bool(self.waiting)
+        if waited:
             if self.waiting >= self.max_waiting:
                 raise ApiError(503, f"the model is busy: {self.waiting} requests are waiting; try again shortly",
                                code="server_busy")
@@ -127,7 +129,7 @@ class FairQueue:
         if ticket.future.done() and ticket.future.result() is _JOINED:
             yield Turn(joined=True)
             return
-        turn = Turn(riders=ticket.riders, _release=self._release_once())
+        turn = Turn(riders=ticket.riders, waited=waited, _release=self._release_once())
         try:
             yield turn
         finally:

@@ -177,9 +177,13 @@ class EngineService(ModelRoutes):
                 if active.cancel.is_set() and not turn.joined and not turn.riders:
                     return  # stopped as its turn came (with riders it still starts their batch: its rows end at once)
                 source: AsyncIterator[tuple[int, Event]]
-                if turn.joined or turn.riders:
+                # A request that had to wait for the model runs as a batch, even alone, so that those that come
+                # while it runs can join it; one that found the model free runs through the decode loop, whose
+                # cache the client's next turn starts from.
+                batch = turn.riders or (turn.waited and rider is not None and self.options.cont_batching)
+                if turn.joined or batch:
                     assert rider is not None
-                    if turn.riders:  # this request's turn, shared: the model is free when the batch is done
+                    if batch:  # this request's turn, shared: the model is free when the batch is done
                         self._run_batch([rider, *turn.riders], turn.hand_over())
                     source = rider_events(rider)
                 else:
