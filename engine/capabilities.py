@@ -239,6 +239,14 @@ class AdmitsRows(Protocol):
 
 
 @runtime_checkable
+class JoinableBatches(Protocol):
+    """(A BatchRunners backend:) its batch runners admit rows while they decode (`AdmitsRows`), so a server
+    can run a lone request as a batch that later ones join; a runner is made only on the worker thread."""
+
+    def batch_runners_admit_rows(self) -> bool: ...
+
+
+@runtime_checkable
 class StartsFromBackendCache(Protocol):
     """(A BatchRunner:) begins one row from the keys and values the backend already holds for its prefix."""
 

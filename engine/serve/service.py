@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from engine.engine import Engine
 from engine.errors import ContextLengthError, EngineError
 from engine.events import Done, Event, GenerationStats, TokenEvent
+from engine.capabilities import JoinableBatches
 from engine.loom.continuations import runs_in_batch
 from engine.loom.shared_batch import cells_needed
 from engine.serve.engine_run import Rider, SharedBatch, engine_events, rider_events, shared_batch
@@ -97,6 +98,9 @@ class EngineService(ModelRoutes):
                                     record_stages=options.record_stages)
         self.backend = engine.wait_ready()  # only asked what it can do (its capabilities), never called here
         self.queue = FairQueue(max_waiting=options.max_waiting, joins=self._joins)
+        # Requests join a batch under way where the model's batch runners admit rows (llama.cpp's).
+        self.cont_batching = options.cont_batching and isinstance(self.backend, JoinableBatches) and \
+            self.backend.batch_runners_admit_rows()
         self.active: dict[str, ActiveAnswer] = {}
 
     def stop_request(self, answer_id: str) -> bool:
@@ -160,7 +164,7 @@ class EngineService(ModelRoutes):
                     and sum(r.cells for r in batch.riders) + candidate.cells <= room
                     and batch.join(candidate))
 
-        if self.options.cont_batching:
+        if self.cont_batching:
             self.queue.join_running = join
         batch = shared_batch(self.engine, riders, over)
 
@@ -180,7 +184,7 @@ class EngineService(ModelRoutes):
                 # A request that had to wait for the model runs as a batch, even alone, so that those that come
                 # while it runs can join it; one that found the model free runs through the decode loop, whose
                 # cache the client's next turn starts from.
-                batch = turn.riders or (turn.waited and rider is not None and self.options.cont_batching)
+                batch = turn.riders or (turn.waited and rider is not None and self.cont_batching)
                 if turn.joined or batch:
                     assert rider is not None
                     if batch:  # this request's turn, shared: the model is free when the batch is done

@@ -321,6 +321,10 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
 
         return layer_capture(self, token_ids, positions, top_k=top_k, attention=attention)
 
+    def batch_runners_admit_rows(self) -> bool:
+        """JoinableBatches: every `LlamaCppRunner` row is a sequence of its own, so a new one can start any time."""
+        return True
+
     def batch_runner(self) -> LlamaCppRunner:
         """Several sequences per llama_batch on a second context over the same weights (BatchRunners). Each
         `start` takes the threads an answer would get then (the cores other programs leave free)."""
