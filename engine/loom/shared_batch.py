@@ -55,9 +55,10 @@ def shared_batch_events(backend: Backend, jobs: Sequence[BatchJob], inbox: Batch
                         others_waiting: Callable[[], bool] | None = None) -> Iterator[tuple[int, RowEvent]]:
     """(job index, RowEvent) for every row of every job; each job's rows are numbered 0..n-1 and end with Done.
 
-    `inbox`: where more jobs join while the batch runs (opened once the runner is started, if it admits rows;
-    closed when no row goes on, or when `others_waiting()` says other work waits for the model). A joined job's
-    index follows the others', in the order it was offered.
+    `inbox`: where more jobs join while the batch runs (`BatchInbox`: taken between steps where the runner admits
+    rows, closed when no row goes on or when `others_waiting()` says other work waits for the model; where the
+    runner cannot admit rows, closed as the batch starts, and what was offered before runs right after it). A
+    joined job's index follows the others', in the order it was offered.
 
     Runs on the backend's worker thread. Raises ValueError when a job cannot be a batch row (`runs_in_batch`),
     ContextLengthError when a prompt and its answer do not fit the model's context.

@@ -82,9 +82,15 @@ def shared_batch(engine: Engine, riders: Sequence[Rider], on_done: Callable[[], 
             put(batch.riders[j], (row_event.row, row_event.event))
 
     def finished(fut: Future[None]) -> None:
-        # The inbox is closed by now (shared_batch_events closes it however it ends): no rider is added after this.
+        # Closed here too, for a batch that never ran (the model closed first): no rider is added after this, and
+        # every rider taken so far hears that the batch is over.
+        batch.inbox.close()
+        if fut.cancelled():  # the model's worker was closed with its queued work cancelled
+            outcome: object = EngineError("the model was closed before this answer's turn")
+        else:
+            outcome = fut.exception() or _FINISHED
         for rider in batch.riders:
-            put(rider, fut.exception() or _FINISHED)
+            put(rider, outcome)
         loop.call_soon_threadsafe(on_done)
 
     try:
