@@ -128,3 +128,33 @@ def test_a_model_that_takes_no_runtime_settings_says_why_in_the_dialog(qtbot, wi
     assert not dialog.reload_button.isEnabled()
     assert "KV" not in window.status.context_label.text()  # nothing known, nothing claimed
     dialog.reject()
+
+
+def test_a_torch_model_on_the_cpu_takes_threads_from_the_dialog(qtbot, qloop, store, real_host, tiny_llama_folder):
+    """torch takes the threads (held for every answer) and says why the rest are not its settings."""
+    import torch
+
+    from engine import RuntimeSettings
+
+    from app.state.runtime_choices import saved_runtime
+
+    before = torch.get_num_threads()
+    spec = str(tiny_llama_folder)
+    window = make_window(qtbot, store, real_host)
+    try:
+        assert run_task(qtbot, window.models.load(spec, "torch"), 60000)
+        dialog = window.models.open_runtime_dialog()
+        assert dialog is not None and dialog.spins["n_threads"].isEnabled()
+        assert dialog.reload_button.isEnabled()
+        for name in ("n_ctx", "n_threads_batch", "n_gpu_layers", "n_batch"):
+            assert not dialog.spins[name].isEnabled(), name
+            assert "torch chooses it" in dialog.reasons[name].text()
+        _dialog_settings(dialog, n_threads=1)
+        dialog.accept()
+        qtbot.waitUntil(lambda: real_host.loading, timeout=5000)
+        qtbot.waitUntil(lambda: not real_host.loading, timeout=60000)
+        assert real_host.info.backend == "torch" and real_host.info.runtime.in_use.n_threads == 1
+        assert saved_runtime(store, spec, "torch") == RuntimeSettings(n_threads=1)
+    finally:
+        close_window(qtbot, window)
+        torch.set_num_threads(before)
