@@ -175,6 +175,13 @@ class ThreadsPerAnswer:
         self.monitor = monitor()
         self.last_busy: float | None = None
 
+    def describe(self) -> str:
+        """The count as a person reads it where a model's device is shown: "up to 2 threads, as cores are free"
+        (chosen per answer), or the fixed fallback where nothing can be measured."""
+        if read_sample() is None:
+            return f"{self.fallback} thread{'s' * (self.fallback != 1)}"
+        return f"up to {self.physical} thread{'s' * (self.physical != 1)}, as cores are free"
+
     def now(self) -> int:
         busy = self.monitor.others_busy()
         self.last_busy = busy

@@ -43,7 +43,7 @@ def test_torch_takes_the_cpu_threads_and_holds_them_for_every_answer(tiny_llama_
     backend = load_model(str(tiny_llama_folder), backend="torch", n_threads=1)
     try:
         facts = backend.info.runtime
-        assert facts.takes == ("n_threads",) and facts.in_use.n_threads == 1
+        assert facts.takes == ("n_threads",) and facts.in_use.n_threads == 1 and "(1 thread)" in backend.info.device
         assert facts.why_not("n_threads") is None and "torch chooses it" in (facts.why_not("n_ctx") or "")
         torch.set_num_threads(2)  # another model, or a library, changes the process's count
         request = GenerationRequest(prompt_ids=[1, 5, 9], sampler=SamplerSettings(temperature=0), max_new_tokens=2)
@@ -83,6 +83,7 @@ def test_llamacpp_runs_with_the_settings_asked_for(tiny_gguf):
     import llama_cpp
 
     from engine.backends.llamacpp.threads import default_threads
+    from engine.cpu_load import read_sample
     from engine.open_model import load_model
 
     backend = load_model(str(tiny_gguf), n_threads=1, n_threads_batch=2, n_ctx=128, n_batch=32, n_gpu_layers=0)
@@ -100,6 +101,9 @@ def test_llamacpp_runs_with_the_settings_asked_for(tiny_gguf):
     try:
         expected = (default_threads(), default_threads())
         assert (llama_cpp.llama_n_threads(backend.ctx), llama_cpp.llama_n_threads_batch(backend.ctx)) == expected
+        # No count chosen: each answer takes the free cores, and the device says so rather than the load's count.
+        if read_sample() is not None:  # Linux: the free cores can be measured
+            assert "as cores are free" in backend.info.device
     finally:
         backend.close()
     backend = load_model(str(tiny_gguf), n_threads=2)

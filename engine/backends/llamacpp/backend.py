@@ -197,6 +197,9 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         )
 
     def _threads_text(self) -> str:
+        if self._threads_per_answer is not None:  # no count chosen: each answer takes the cores free then
+            per_answer = self._threads_per_answer.describe()
+            return per_answer if self._batch_threads_follow else f"{per_answer}; {self.n_threads_batch} for prompts"
         threads = f"{self.n_threads} thread{'s' * (self.n_threads != 1)}"
         if self.n_threads == self.n_threads_batch:
             return threads

@@ -157,7 +157,9 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         if self.device.type == "cuda":
             device = f"cuda ({torch.cuda.get_device_name(self.device)})"
         elif self.device.type == "cpu":
-            device = f"cpu ({torch.get_num_threads()} threads)"
+            per_answer = self._threads_per_answer
+            count = torch.get_num_threads()
+            device = f"cpu ({per_answer.describe() if per_answer else f'{count} thread' + 's' * (count != 1)})"
         if self.offload is not None:
             device += f"; offload {self.offload.policy.describe()}"
         return ModelInfo(
