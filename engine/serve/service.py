@@ -147,7 +147,7 @@ class EngineService(ModelRoutes):
                 and sum(r.cells for r in taken) + candidate.cells <= room)
 
     def _run_batch(self, riders: list[Rider], release: Callable[[], None]) -> None:
-        """Start a shared batch that later requests can join while it runs (`_join_running`)."""
+        """Start a shared batch; while it runs, the fair queue offers it newcomers (`FairQueue.join_running`)."""
         batch: SharedBatch | None = None
 
         def over() -> None:
@@ -184,10 +184,10 @@ class EngineService(ModelRoutes):
                 # A request that had to wait for the model runs as a batch, even alone, so that those that come
                 # while it runs can join it; one that found the model free runs through the decode loop, whose
                 # cache the client's next turn starts from.
-                batch = turn.riders or (turn.waited and rider is not None and self.cont_batching)
-                if turn.joined or batch:
+                as_batch = bool(turn.riders) or (turn.waited and rider is not None and self.cont_batching)
+                if turn.joined or as_batch:
                     assert rider is not None
-                    if batch:  # this request's turn, shared: the model is free when the batch is done
+                    if as_batch:  # this request's turn, shared: the model is free when the batch is done
                         self._run_batch([rider, *turn.riders], turn.hand_over())
                     source = rider_events(rider)
                 else:
