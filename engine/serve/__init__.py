@@ -18,8 +18,9 @@ The seam for a window (or any other viewer)::
   uvicorn on its own daemon thread ("logitlab-serve-PORT") with its own asyncio loop, so the caller's loop
   (the window's qasync loop) never waits on it; generations run on the engine's worker thread, one served
   turn at a time (taking turns between clients; requests that waited together share a turn as rows of one
-  batch where the model has batch runners), so a chat of the window's own waits at most one served turn. `upstream=URL` is proxy
-  mode (no engine). Raises `ServeSetupError` (a ValueError, one line of words): a non-loopback host without
+  batch where the model has batch runners, and on llama.cpp later ones join a batch under way while nobody
+  waits), so a chat of the window's own waits at most one served turn (a batch takes no newcomers once it
+  waits). `upstream=URL` is proxy mode (no engine). Raises `ServeSetupError` (a ValueError, one line of words): a non-loopback host without
   an API key, a port that is taken, neither an engine nor an upstream.
 - `sink`: an `ExchangeSink` (or a list of them), three methods, **called on the server's thread**, between
   tokens of every client, so each must return quickly (a window hands the call to its own thread, e.g.
