@@ -47,7 +47,7 @@ def test_closing_with_cancel_leaves_a_load_that_cannot_be_interrupted_and_it_rel
     worker = ModelWorker(slow_load)
     t0 = time.monotonic()
     ended = worker.close(cancel=True)
-    assert not ended and time.monotonic() - t0 < CANCEL_WAIT_S + 0.3
+    assert not ended and time.monotonic() - t0 < CANCEL_WAIT_S + 1.0  # not the load's 30 s; slack for a busy machine
     release.set()
     assert backend.closed.wait(10), "the load finished after the close: its model must be released"
     worker._thread.join(10)
