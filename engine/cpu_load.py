@@ -162,6 +162,11 @@ def monitor() -> LoadMonitor:
         return _monitor
 
 
+def threads_text(n: int) -> str:
+    """A thread count as people read it: "1 thread", "2 threads"."""
+    return f"{n} thread{'s' * (n != 1)}"
+
+
 class ThreadsPerAnswer:
     """The thread count for each answer of one CPU model: chosen from the free cores when `now()` is asked.
 
@@ -179,8 +184,8 @@ class ThreadsPerAnswer:
         """The count as a person reads it where a model's device is shown: "up to 2 threads, as cores are free"
         (chosen per answer), or the fixed fallback where nothing can be measured."""
         if read_sample() is None:
-            return f"{self.fallback} thread{'s' * (self.fallback != 1)}"
-        return f"up to {self.physical} thread{'s' * (self.physical != 1)}, as cores are free"
+            return threads_text(self.fallback)
+        return f"up to {threads_text(self.physical)}, as cores are free"
 
     def now(self) -> int:
         busy = self.monitor.others_busy()

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from engine.errors import EngineError, ModelLoadError
+from engine.runtime_settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from engine.backends.base import Backend
@@ -85,7 +86,7 @@ def checks_torch_device(backend: str | None) -> bool:
 # only: it grows its cache as it goes, reads a prompt in one call with the same threads, and places layers with
 # `offload` rather than a layer count.
 RUNTIME_SETTINGS_TAKEN: dict[str, tuple[str, ...]] = {
-    "llamacpp": ("n_threads", "n_threads_batch", "n_ctx", "n_gpu_layers", "n_batch"),
+    "llamacpp": RuntimeSettings.names(),
     "torch": ("n_threads",),
 }
 

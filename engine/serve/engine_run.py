@@ -25,7 +25,7 @@ from engine.engine import Engine
 from engine.errors import EngineError
 from engine.events import Done, Event
 from engine.loom.batch_inbox import BatchInbox
-from engine.loom.shared_batch import BatchJob
+from engine.loom.shared_batch import BatchJob, shared_batch_events
 from engine.request import GenerationRequest
 
 _FINISHED = object()  # the worker's job is over (after the last Done, or after an error)
@@ -66,8 +66,6 @@ def shared_batch(engine: Engine, riders: Sequence[Rider], on_done: Callable[[], 
     Requests can `join` the returned batch while it runs. `on_done` is called on the server's loop when the
     batch is over (the model is free again), also when it could not start. Call on the server's loop.
     """
-    from engine.loom.shared_batch import shared_batch_events
-
     loop = asyncio.get_running_loop()
     batch = SharedBatch(list(riders), BatchInbox())
     jobs = [BatchJob(r.request, r.n, r.cancel) for r in riders]

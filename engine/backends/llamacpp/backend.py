@@ -28,7 +28,7 @@ from engine.backends.llamacpp.runner import LlamaCppRunner
 from engine.backends.llamacpp.steering import LlamaCppSteering
 from engine.backends.llamacpp.threads import default_threads
 from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
-from engine.cpu_load import ThreadsPerAnswer
+from engine.cpu_load import ThreadsPerAnswer, threads_text
 from engine.errors import ContextLengthError, ModelLoadError
 from engine.fingerprint import NumericSetup
 from engine.model_info import ModelInfo
@@ -200,10 +200,10 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         if self._threads_per_answer is not None:  # no count chosen: each answer takes the cores free then
             per_answer = self._threads_per_answer.describe()
             return per_answer if self._batch_threads_follow else f"{per_answer}; {self.n_threads_batch} for prompts"
-        threads = f"{self.n_threads} thread{'s' * (self.n_threads != 1)}"
         if self.n_threads == self.n_threads_batch:
-            return threads
-        return f"{self.n_threads} decode {threads.split()[1]}, {self.n_threads_batch} for prompts"
+            return threads_text(self.n_threads)
+        count, unit = threads_text(self.n_threads).split()
+        return f"{count} decode {unit}, {self.n_threads_batch} for prompts"
 
     # --- the Backend protocol -------------------------------------------------
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from engine.backends.base import CachedTokens, process_peak_rss_bytes
-from engine.cpu_load import ThreadsPerAnswer
+from engine.cpu_load import ThreadsPerAnswer, threads_text
 from engine.backends.torch.compat import with_cache
 from engine.backends.torch.compile import CompiledDecodeStep, compile_wanted, relative_logit_error
 from engine.backends.torch.foreground import foreground_step
@@ -47,7 +47,8 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 # The runtime settings torch leaves to itself, and why (the runtime dialog shows it under each).
-TORCH_CHOOSES_FIELDS = ("n_threads_batch", "n_ctx", "n_gpu_layers", "n_batch")
+TORCH_TAKES = ("n_threads",)  # engine.backends.select.RUNTIME_SETTINGS_TAKEN says the same before loading
+TORCH_CHOOSES_FIELDS = tuple(name for name in RuntimeSettings.names() if name not in TORCH_TAKES)
 TORCH_CHOOSES = (
     "torch chooses it: its cache grows with the text, a prompt is read in one call on the same threads, and "
     "layers are placed by offload; context length, prompt threads, GPU layers and batch size are settings of "
@@ -112,7 +113,7 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
 
         self.device = pick_device(device)
         if n_threads is not None and self.device.type != "cpu":
-            raise ValueError(f"threads (n_threads) are the CPU's; this model runs on {self.device}, so leave them out")
+            raise ValueError(f"{self._threads_not_taken()}, so leave them out")
         self._threads_per_answer = None  # on the CPU: threads chosen for each answer (engine/cpu_load.py)
         self._fixed_threads = n_threads if self.device.type == "cpu" else None
         if self.device.type == "cpu":
@@ -158,8 +159,7 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
             device = f"cuda ({torch.cuda.get_device_name(self.device)})"
         elif self.device.type == "cpu":
             per_answer = self._threads_per_answer
-            count = torch.get_num_threads()
-            device = f"cpu ({per_answer.describe() if per_answer else f'{count} thread' + 's' * (count != 1)})"
+            device = f"cpu ({per_answer.describe() if per_answer else threads_text(torch.get_num_threads())})"
         if self.offload is not None:
             device += f"; offload {self.offload.policy.describe()}"
         return ModelInfo(
@@ -181,9 +181,12 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         """What the runtime settings dialog may set: the CPU threads, on the CPU; the rest is llama.cpp's."""
         on_cpu = self.device.type == "cpu"
         threads = (self._fixed_threads or torch.get_num_threads()) if on_cpu else None
-        gpu = () if on_cpu else (("n_threads", f"threads are the CPU's; this model runs on {self.device}"),)
-        return RuntimeFacts(in_use=RuntimeSettings(n_threads=threads), takes=("n_threads",) if on_cpu else (),
+        gpu = () if on_cpu else (("n_threads", self._threads_not_taken()),)
+        return RuntimeFacts(in_use=RuntimeSettings(n_threads=threads), takes=TORCH_TAKES if on_cpu else (),
                             reasons=gpu + tuple((name, TORCH_CHOOSES) for name in TORCH_CHOOSES_FIELDS))
+
+    def _threads_not_taken(self) -> str:
+        return f"threads (n_threads) are the CPU's; this model runs on {self.device}"
 
     def numeric_facts(self) -> NumericSetup:
         """What changes the numbers here (NumericFacts): the libraries, device and dtype, the CPU threads of
