@@ -11,8 +11,6 @@ import sys
 import tempfile
 
 import qasync
-from PySide6.QtWidgets import QApplication
-
 from app import __version__
 from app.paths import DATA_DIR_ENV
 from app.platform_check import check_linux_desktop_libraries, no_display_message
@@ -82,17 +80,9 @@ def run(argv: list[str] | None = None) -> int:
         os.environ[DATA_DIR_ENV] = args.data_dir
     elif args.screenshot_dir:
         os.environ[DATA_DIR_ENV] = tempfile.mkdtemp(prefix="logitlab-screenshots-")
-    from app.qt_compat import guard_none_refcount
+    from app.application import application
 
-    guard_none_refcount()
-    existing = QApplication.instance()  # a plain QCoreApplication there makes QApplication() say so
-    app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
-    app.setApplicationName("Logit Lab")
-    app.setApplicationDisplayName("Logit Lab")
-    app.setApplicationVersion(__version__)
-    app.setDesktopFileName("logitlab")
-    # main() decides when to quit: after the window has written its last tokens.
-    app.setQuitOnLastWindowClosed(False)
+    application()
     if sys.version_info >= (3, 12):
         code = asyncio.run(main(args), loop_factory=qasync.QEventLoop)
     else:

@@ -99,21 +99,12 @@ def run(argv: list[str] | None = None) -> int:
         os.environ["LOGITLAB_DATA_DIR"] = temp_dir
 
     import qasync
-    from PySide6.QtWidgets import QApplication
 
     from app import __version__
-    from app.qt_compat import guard_none_refcount
+    from app.application import application
 
     report["imports_done_at"] = time.time()
-    guard_none_refcount()
-    existing = QApplication.instance()  # a plain QCoreApplication there makes QApplication() say so
-    qt_app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
-    # The same identity as app.__main__.run, so the self-test shows what a user sees.
-    qt_app.setApplicationName("Logit Lab")
-    qt_app.setApplicationDisplayName("Logit Lab")
-    qt_app.setApplicationVersion(__version__)
-    qt_app.setDesktopFileName("logitlab")
-    qt_app.setQuitOnLastWindowClosed(False)
+    qt_app = application()  # as app.__main__.run makes it, so the self-test shows what a user sees
     report["version"] = __version__
     report["qt_platform"] = qt_app.platformName()
     try:

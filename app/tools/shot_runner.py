@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import logging
 import os
-import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -53,16 +52,12 @@ def run_shot(argv: list[str] | None, prog: str, take: Take, *, model_help: str =
         p.error(f"--size must be WIDTHxHEIGHT, got {args.size!r}")
     logging.basicConfig(level=logging.INFO)
     import qasync
-    from PySide6.QtWidgets import QApplication
 
+    from app.application import application
     from app.paths import DATA_DIR_ENV
-    from app.qt_compat import guard_none_refcount
 
     os.environ[DATA_DIR_ENV] = tempfile.mkdtemp(prefix="logitlab-shot-")
-    guard_none_refcount()
-    existing = QApplication.instance()  # a plain QCoreApplication there makes QApplication() say so
-    app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
-    app.setQuitOnLastWindowClosed(False)
+    application()
     model = args.model or default_model()
     with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
         runner.run(_session(take, model, args.backend, args.out_dir, (width, height)))

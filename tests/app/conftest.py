@@ -9,13 +9,41 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import qasync
 
 from app.engine_host import EngineHost
 from app.state.store import Store
+from app.ui_thread_gc import UiThreadGarbageCollector, collect_garbage_on_ui_thread
 from qt_helpers import close_window, make_window, mock_factory, run_task
+
+_gc_collector: UiThreadGarbageCollector | None = None
+
+
+@pytest.fixture(autouse=True)
+def _gc_on_ui_thread(qapp) -> None:
+    """Cycles are collected on the UI thread while the window tests run, as in the app (app/ui_thread_gc.py).
+
+    Automatic collection in a background thread once deadlocked this suite inside PySide6 (a closed window's
+    widgets destroyed from a model thread while the next test built its window).
+    """
+    global _gc_collector
+    if _gc_collector is None:
+        _gc_collector = collect_garbage_on_ui_thread(qapp)
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item, nextitem) -> None:
+    """After the last window test in a row, everything is collected here once, and CPython collects as
+    usual again for the tests that follow (the engine's, which never run the Qt loop the collector needs)."""
+    global _gc_collector
+    if _gc_collector is not None and (nextitem is None or Path(__file__).parent not in nextitem.path.parents):
+        _gc_collector.stop()
+        _gc_collector.deleteLater()
+        _gc_collector = None
+
 
 @pytest.fixture(scope="session")
 def _session_loop(qapp) -> asyncio.AbstractEventLoop:

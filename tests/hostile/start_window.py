@@ -17,7 +17,6 @@ import sys
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import qasync  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
 
 
 async def main() -> int:
@@ -49,10 +48,8 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    from app.qt_compat import guard_none_refcount
+    from app.application import application
 
-    guard_none_refcount()  # as app/__main__.py does before Qt starts
-    app = QApplication(sys.argv[:1])
-    app.setQuitOnLastWindowClosed(False)
+    application()  # as app/__main__.py makes it
     with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:  # Python 3.11 has no asyncio.run(loop_factory=)
         sys.exit(runner.run(main()))
