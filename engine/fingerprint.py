@@ -56,9 +56,12 @@ class NumericSetup:
     device: str = ""  # where it computes, plainly ("cpu", "cuda:0"); "": ModelInfo.device says
 
     @classmethod
-    def of(cls, distributions: Iterable[str], device: str = "", **settings: Scalar) -> "NumericSetup":
-        """The installed versions of `distributions` and `settings` in the order given."""
-        return cls(tuple((d, library_version(d)) for d in distributions), tuple(settings.items()), device)
+    def of(cls, distributions: Iterable[str | tuple[str, str]], device: str = "", **settings: Scalar) -> "NumericSetup":
+        """The installed versions of `distributions` and `settings` in the order given. A (distribution,
+        version) pair gives the version a library reports itself where that says more than its
+        distribution's: torch's `__version__` names its build ("2.13.0+cu130"), PyPI's metadata does not."""
+        libraries = tuple(d if isinstance(d, tuple) else (d, library_version(d)) for d in distributions)
+        return cls(libraries, tuple(settings.items()), device)
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,8 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         if getattr(self, "_lean_checked", False):  # the first lean step is checked: that step is transformers'
             step += ", one step transformers' (the lean step's check)"
         return NumericSetup.of(
-            ("torch", "transformers"), device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
+            (("torch", str(torch.__version__)), "transformers"),  # torch's own version names its build (+cu130)
+            device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
             n_threads=torch.get_num_threads() if self.device.type == "cpu" else None, decode_step=step,
             attention=str(getattr(self.model.config, "_attn_implementation", "") or ""),
             matmul_precision=torch.get_float32_matmul_precision(),
