@@ -8,7 +8,7 @@ from PySide6.QtWidgets import QApplication
 
 from app import __version__
 from app.qt_compat import guard_none_refcount
-from app.ui_thread_gc import UiThreadGarbageCollector, collect_garbage_on_ui_thread
+from app.ui_thread_gc import UiThreadGarbageCollector
 
 
 def application() -> QApplication:
@@ -24,5 +24,5 @@ def application() -> QApplication:
     app.setDesktopFileName("logitlab")
     app.setQuitOnLastWindowClosed(False)
     if app.findChild(UiThreadGarbageCollector) is None:  # once per process, whoever calls this again
-        collect_garbage_on_ui_thread(app)
+        UiThreadGarbageCollector(app)
     return app

@@ -41,7 +41,8 @@ def due_generation(counts: tuple[int, int, int], threshold: tuple[int, ...]) -> 
 
 
 class UiThreadGarbageCollector(QObject):
-    """Disables automatic collection while it runs; `stop()` hands collection back to CPython."""
+    """Disables automatic collection while it runs; `stop()` hands collection back to CPython. Made on the
+    UI thread, with the QApplication as parent, it lasts as long as the app."""
 
     def __init__(self, parent: QObject | None = None, interval_ms: int = CHECK_INTERVAL_MS) -> None:
         super().__init__(parent)
@@ -62,8 +63,3 @@ class UiThreadGarbageCollector(QObject):
         gc.collect()
         if self._was_enabled:
             gc.enable()
-
-
-def collect_garbage_on_ui_thread(app: QObject) -> UiThreadGarbageCollector:
-    """Install the collector for as long as `app` (the QApplication) lives; call it from the UI thread."""
-    return UiThreadGarbageCollector(app)

@@ -16,7 +16,7 @@ import qasync
 
 from app.engine_host import EngineHost
 from app.state.store import Store
-from app.ui_thread_gc import UiThreadGarbageCollector, collect_garbage_on_ui_thread
+from app.ui_thread_gc import UiThreadGarbageCollector
 from qt_helpers import close_window, make_window, mock_factory, run_task
 
 _gc_collector: UiThreadGarbageCollector | None = None
@@ -31,7 +31,7 @@ def _gc_on_ui_thread(qapp) -> None:
     """
     global _gc_collector
     if _gc_collector is None:
-        _gc_collector = collect_garbage_on_ui_thread(qapp)
+        _gc_collector = UiThreadGarbageCollector(qapp)
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
