@@ -32,10 +32,10 @@ def json_depth(raw: bytes | str) -> int:
         if not at.size:
             return 0
         steps = np.where(opening[at], 1, -1).astype(np.int32)
-        return int(np.cumsum(steps).max())
+        return int(np.max(np.cumsum(steps)))
     brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
     if not brackets:
         return 0
     codes = np.frombuffer(brackets, dtype=np.uint8)
     steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int32)
-    return int(np.cumsum(steps).max())
+    return int(np.max(np.cumsum(steps)))

@@ -217,7 +217,7 @@ class SamplerChain:
         scores = np.ascontiguousarray(logits, dtype=np.float32)
         if scores.ndim != 1 or scores.size == 0:
             raise ValueError(f"logits must be one non-empty row (V,), got shape {scores.shape}")
-        top = scores.max()  # NaN if any entry is NaN
+        top = np.max(scores)  # NaN if any entry is NaN
         if not np.isfinite(top):
             raise ValueError(f"logits must be finite or -inf with at least one finite value (max is {top})")
         v = scores.size

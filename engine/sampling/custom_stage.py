@@ -130,7 +130,7 @@ def run_custom_stage(stage: CustomStage) -> Callable[[Any, Any], Any]:
         if out.shape != scores.shape:
             raise ValueError(f"custom stage {name!r} must return {scores.size} log-probs (one per token), "
                              f"got shape {out.shape}")
-        top = out.max()
+        top = np.max(out)
         if np.isnan(top) or top == np.inf:  # max is NaN when any entry is
             raise ValueError(f"custom stage {name!r} returned NaN or +inf; return log-probs, -inf to remove a token")
         unchanged = out == scores - lse  # compared with the log-probs as given (the function may have written into them)
@@ -141,7 +141,7 @@ def run_custom_stage(stage: CustomStage) -> Callable[[Any, Any], Any]:
         result = np.where(unchanged, scores, out + lse).astype(np.float32, copy=False)
         if some_removed:
             result[scores == NEG_INF] = NEG_INF
-        if result.max() == NEG_INF:
+        if np.max(result) == NEG_INF:
             raise ValueError(f"custom stage {name!r} removed every token; leave at least one")
         return result
 

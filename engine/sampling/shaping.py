@@ -126,9 +126,9 @@ def make_logit_bias(token_ids: Sequence[int], biases: Sequence[float]) -> Stage:
     bias = np.asarray(biases, dtype=np.float32)
 
     def logit_bias(scores: np.ndarray, ctx: StageContext) -> np.ndarray:
-        if ids.size and ids.max() >= scores.size:
+        if ids.size and np.max(ids) >= scores.size:
             raise ValueError(
-                f"logit_bias names token {int(ids.max())}, but this model's vocabulary has {scores.size} tokens"
+                f"logit_bias names token {int(np.max(ids))}, but this model's vocabulary has {scores.size} tokens"
             )
         out = scores.copy()
         np.add.at(out, ids, bias)

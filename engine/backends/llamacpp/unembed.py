@@ -38,7 +38,7 @@ class Unembedding:
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """(R, V) float32 logits of (R, n_embd) residual-stream rows, as the model's head would make them."""
-        h = hidden.astype(np.float32, copy=False)
+        h: np.ndarray = hidden.astype(np.float32, copy=False)
         if self.norm_bias is None:
             h = h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + self.eps)
             h = h * self.norm_weight
