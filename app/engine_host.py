@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from engine import Engine, EngineError, ModelInfo, RuntimeSettings
 
-from app.off_thread import run_off_thread
+from app.off_thread import ReleasedOnLoop, run_off_thread
 from app.state.observable import Signal
 
 log = logging.getLogger(__name__)
@@ -181,8 +181,10 @@ class EngineHost:
         running event loop to come back to (nothing was started).
         """
         try:
-            future = asyncio.get_running_loop().run_in_executor(self._blocking, job)
-        except RuntimeError:
+            loop = asyncio.get_running_loop()
+            # The job's references (a widget's method, often) end on the loop, not on the worker (off_thread.py).
+            future = loop.run_in_executor(self._blocking, ReleasedOnLoop(loop, job))
+        except RuntimeError:  # no running loop, or the pool was shut down with the model
             return False
 
         def finished(f: asyncio.Future) -> None:

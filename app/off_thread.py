@@ -12,6 +12,13 @@ qasync's rule is why: a worker thread never touches a widget or a Signal's subsc
 does. Every hop goes through `loop.call_soon_threadsafe` here. The documented exceptions (checked by
 tests/app/test_off_thread.py): `token_stream.FrameHop` batches a stream of items to the frame rate,
 `engine_host` hops the model's load progress, and `lifecycle` wakes the loop from a signal handler.
+
+A worker thread also never drops the last reference to what the loop handed it (`ReleasedOnLoop`): the function
+and its progress callback often hold widgets or controllers (bound methods), and an object whose last reference
+goes on a worker thread is destroyed there. For a Qt object PySide6 then disconnects it on that thread, holding
+Qt's lock while it waits for the GIL, and the UI thread, holding the GIL, waits for that lock in its next
+`connect`: the window freezes for good (the cyclic-GC form of the same deadlock: app/ui_thread_gc.py). That
+happens when the awaiting task was cancelled (a dialog closed) while its work still ran.
 """
 
 from __future__ import annotations
@@ -57,6 +64,45 @@ def to_loop(fn: Callable[..., Any], loop: asyncio.AbstractEventLoop | None = Non
     return hop
 
 
+def _let_go(_references: object) -> None:
+    """Called on the loop with what a worker thread held: the references end when this call's handle does."""
+
+
+class ReleasedOnLoop:
+    """`fn(*args)` for an executor, that lets go of `fn` and `args` on the loop rather than on the worker.
+
+    An executor's work item keeps what it was given until after the call, and the worker thread drops it
+    there; this object instead hands its references to a call on `loop` once `fn` returns (or raises), so the
+    last of them is dropped on the loop's thread whoever else still holds them. `release()` (on the loop) lets go
+    at once, for work that will never run (cancelled while queued). With the loop closed (the app is ending)
+    they go on the worker.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+        self._loop = loop
+        self._held: tuple[Callable[..., Any], tuple[Any, ...]] | None = (fn, args)
+
+    def __call__(self) -> Any:
+        held, self._held = self._held, None
+        if held is None:
+            raise RuntimeError("this work was released before it ran")
+        try:
+            fn, args = held
+            return fn(*args)
+        finally:
+            try:
+                self._loop.call_soon_threadsafe(_let_go, held)
+            except RuntimeError:
+                pass  # the loop is closed: nothing runs on it any more
+            # The frame's own references go now, while the loop's call still holds them (a traceback of
+            # `fn`'s error keeps this frame).
+            del fn, args, held
+
+    def release(self) -> None:
+        """On the loop: let go of the work without running it (it was cancelled before it started)."""
+        self._held = None
+
+
 class TaskState:
     """What a function running off the UI thread is handed: report progress, and see whether to stop."""
 
@@ -95,10 +141,12 @@ async def run_off_thread(fn: Callable[[TaskState], T], *, on_progress: Callable[
     """
     loop = asyncio.get_running_loop()
     state = TaskState(loop, on_progress)
-    future = (executor or _shared_pool()).submit(fn, state)
+    work = ReleasedOnLoop(loop, fn, state)  # `state` holds on_progress: a widget's method, often
+    future = (executor or _shared_pool()).submit(work)
     try:
         return await asyncio.wrap_future(future, loop=loop)
     except asyncio.CancelledError:
         state.cancel_event.set()
-        future.cancel()  # still queued: it never starts
+        if future.cancel():  # still queued: it never starts, and lets go of its references here
+            work.release()
         raise

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
+import gc
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from app.off_thread import TaskState, run_off_thread, to_loop
+from app.off_thread import ReleasedOnLoop, TaskState, run_off_thread, to_loop
 
 APP = Path(__file__).resolve().parents[2] / "app"
 
@@ -117,6 +119,95 @@ def test_to_loop_runs_a_foreign_threads_calls_on_the_loop_and_drops_them_once_it
     late = to_loop(calls.append, loop)
     late(99)  # the loop is closed: dropped, not raised into the caller's thread
     assert calls[-1] == (4, True)
+
+
+class _Widgetlike:
+    """Stands for a dialog whose method a worker was handed: records the thread its last reference ended on."""
+
+    def __init__(self, ended_on: list[str]) -> None:
+        self.ended_on = ended_on
+
+    def show_progress(self, *_args: object) -> None:
+        pass
+
+    def __del__(self) -> None:
+        self.ended_on.append(threading.current_thread().name)
+
+
+def _cancelled_while_running(submit_work) -> list[str]:
+    """Work that holds a dialog's method, still running when the dialog's task is cancelled (it closed): the
+    names of the threads the dialog's last reference ended on."""
+    ended_on: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    def work(_state: TaskState, on_done) -> None:
+        started.set()
+        release.wait(5)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="worker") as pool:
+        async def main() -> None:
+            dialog = _Widgetlike(ended_on)
+            task = asyncio.ensure_future(submit_work(functools.partial(work, on_done=dialog.show_progress), pool))
+            del dialog  # the task and the worker hold it now
+            while not started.is_set():
+                await asyncio.sleep(0.005)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            del task
+            # The cancelled task's exception keeps its frames (and the work) in a reference cycle: collected here,
+            # so that what still holds the dialog is the worker's side alone, whenever the collector would run.
+            gc.collect()
+            release.set()
+            for _ in range(100):
+                if ended_on:
+                    break
+                await asyncio.sleep(0.01)
+
+        asyncio.run(main())
+    return ended_on
+
+
+def test_a_cancelled_works_references_end_on_the_loop_not_on_the_worker():
+    # Control: handed to the pool as it is, the work's last reference, and with it the dialog's, ends on the
+    # worker thread (where a Qt object's destruction can deadlock PySide6 against the UI thread).
+    async def plain(work, pool):
+        loop = asyncio.get_running_loop()
+        await asyncio.wrap_future(pool.submit(work, TaskState(loop, None)), loop=loop)
+
+    assert _cancelled_while_running(plain) == ["worker_0"]
+    # run_off_thread: on the loop's thread.
+    assert _cancelled_while_running(lambda work, pool: run_off_thread(work, executor=pool)) == [
+        threading.main_thread().name]
+
+
+def test_released_on_loop_runs_the_work_and_lets_go_of_it_on_the_loop():
+    ended_on: list[str] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="worker") as pool:
+        async def main() -> int:
+            loop = asyncio.get_running_loop()
+            held = _Widgetlike(ended_on)
+            future = loop.run_in_executor(pool, ReleasedOnLoop(loop, lambda x: 40 + x + (held is not None), 1))
+            del held
+            result = await future
+            del future
+            for _ in range(100):
+                if ended_on:
+                    break
+                await asyncio.sleep(0.01)
+            return result
+
+        assert asyncio.run(main()) == 42
+    assert ended_on == [threading.main_thread().name]
+    # Released before it ran (cancelled while queued): it refuses to run rather than run half-held.
+    loop = asyncio.new_event_loop()
+    try:
+        work = ReleasedOnLoop(loop, lambda: 1)
+        work.release()
+        with pytest.raises(RuntimeError, match="released"):
+            work()
+    finally:
+        loop.close()
 
 
 def _calls_to(attr: str, path: Path) -> list[int]:
