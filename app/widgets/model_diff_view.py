@@ -32,6 +32,7 @@ from app.widgets.fmt import human_bytes, pct, visible
 from app.widgets.heat import HeatLegend
 from app.widgets.message_body import MessageBody
 from app.widgets.model_picker import recent_models
+from app.widgets.one_run import OneRun
 from app.window_geometry import fit_to_screen
 
 BACKENDS = ("auto", "torch", "llamacpp", "mlx")
@@ -129,7 +130,6 @@ class ModelDiffView(QWidget):
         self.host = host
         self.second = second or SecondModel()
         self.second.changed.connect(self._on_second_changed)
-        self._run: ModelDiffRun | None = None
         self._load_task: asyncio.Task | None = None
         self.result: experiments.ModelDiff | experiments.SpanModelDiff | None = None
 
@@ -166,8 +166,6 @@ class ModelDiffView(QWidget):
         self.compare_button.setDefault(True)
         self.compare_button.clicked.connect(lambda: self.run())
         self.stop_button = QPushButton("Stop")
-        self.stop_button.setEnabled(False)
-        self.stop_button.clicked.connect(self.stop)
         bar = QHBoxLayout()
         bar.addWidget(self.compare_button)
         bar.addWidget(self.stop_button)
@@ -180,6 +178,10 @@ class ModelDiffView(QWidget):
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.summary.setAccessibleName("Comparison summary")
+        # After a run, Compare is enabled only while B is loaded (`_show_models`).
+        self._runs: OneRun[ModelDiffRun] = OneRun(
+            self.compare_button, self.stop_button, self.summary, busy="Comparing… (both models read the text at once)",
+            failed="The comparison failed", on_end=self._show_run, after=self._show_models)
         self.body = DivergenceBody(self)
         self.body.setAccessibleName("Tokens coloured by divergence")
         self.body.token_clicked.connect(self.select)
@@ -279,7 +281,7 @@ class ModelDiffView(QWidget):
             both = MemoryLine.of(self.host.info).total + MemoryLine.of(b.info).total
             parts.append(f"both: {human_bytes(both)} (closing this window frees B)")
         self.models_label.setText(" · ".join(parts))
-        self.compare_button.setEnabled(b.info is not None and not (self._run is not None and self._run.running))
+        self.compare_button.setEnabled(b.info is not None and not self._runs.running)
 
     @staticmethod
     def _memory_words(which: str, m: MemoryLine) -> str:
@@ -289,32 +291,13 @@ class ModelDiffView(QWidget):
     # -- the comparison --------------------------------------------------------------------------
 
     def run(self) -> asyncio.Task | None:
-        if self._run is not None and self._run.running:
-            return self._run.task
-        try:
-            self._run = run = start_diff(self.host, self.second, self.text.toPlainText())
-        except ValueError as e:
-            self.summary.setText(html.escape(str(e)))
-            return None
-        run.finished.connect(self._on_finished)
-        self.compare_button.setEnabled(False)
-        self.stop_button.setEnabled(True)
-        self.summary.setText("Comparing… (both models read the text at once)")
-        return run.task
+        return self._runs.start(lambda: start_diff(self.host, self.second, self.text.toPlainText()))
 
     def stop(self) -> None:
-        if self._run is not None:
-            self._run.cancel()
+        self._runs.stop()
 
-    def _on_finished(self) -> None:
-        run = self._run
-        self.stop_button.setEnabled(False)
-        self._show_models()
-        if run is None:
-            return
-        if run.error is not None:
-            self.summary.setText(html.escape(f"The comparison failed: {run.error}"))
-        elif run.result is not None:
+    def _show_run(self, run: ModelDiffRun) -> None:
+        if run.result is not None:
             self.show_result(run.result)
 
     def show_result(self, diff: experiments.ModelDiff | experiments.SpanModelDiff) -> None:
@@ -345,9 +328,7 @@ class ModelDiffView(QWidget):
         self.detail.setText(self.body.tips[index])
 
     def closeEvent(self, event) -> None:
-        if self._run is not None:  # it ends after this window: nothing to draw into
-            self._run.finished.disconnect(self._on_finished)
-            self._run.abandon()
+        self._runs.close(abandon=True)  # it ends after this window (B may still be loading): nothing to draw into
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
         self.host.model_changed.disconnect(self._on_host_model)

@@ -24,6 +24,7 @@ from app.state.conversation import Conversation
 from app.theme import is_dark
 from app.widgets.heat import HeatLegend
 from app.widgets.message_body import MessageBody
+from app.widgets.one_run import OneRun
 from app.widgets.token_detail import TokenDetail
 from app.widgets.escape_closes import close_on_escape
 from app.window_geometry import fit_to_screen
@@ -40,7 +41,6 @@ class ScoreView(QWidget):
         close_on_escape(self)
         self.setAccessibleName("Score text")
         self._experiments = controller or ExperimentController(host)
-        self._run: ScoreRun | None = None  # the last scoring started here
         self.result: experiments.ScoreResult | None = None
 
         self.text = QPlainTextEdit()
@@ -61,8 +61,6 @@ class ScoreView(QWidget):
         self.score_button.setDefault(True)
         self.score_button.clicked.connect(lambda: self.run())
         self.stop_button = QPushButton("Stop")
-        self.stop_button.setEnabled(False)
-        self.stop_button.clicked.connect(self.stop)
         bar = QHBoxLayout()
         for w in (self.open_button, self.messages, self.score_button, self.stop_button):
             bar.addWidget(w)
@@ -73,6 +71,8 @@ class ScoreView(QWidget):
         self.summary.setTextFormat(Qt.TextFormat.RichText)  # our markup; the text and every error are escaped
         self.summary.setWordWrap(True)
         self.summary.setAccessibleName("Score summary")
+        self._runs: OneRun[ScoreRun] = OneRun(self.score_button, self.stop_button, self.summary, busy="Scoring…",
+                                              failed="Scoring failed", on_end=self._show_run)
         self.body = MessageBody(self)
         self.body.setAccessibleName("Scored tokens")
         self.body.token_clicked.connect(self.select)
@@ -112,31 +112,13 @@ class ScoreView(QWidget):
 
     def run(self) -> asyncio.Task | None:
         """Start scoring the text; the task ends with it (None when there is nothing to score)."""
-        if self._run is not None and self._run.running:
-            return self._run.task
-        try:
-            self._run = run = self._experiments.score(self.text.toPlainText())
-        except ValueError as e:
-            self.summary.setText(html.escape(str(e)))
-            return None
-        run.finished.connect(self._on_finished)
-        self.score_button.setEnabled(False)
-        self.stop_button.setEnabled(True)
-        self.summary.setText("Scoring…")
-        return run.task
+        return self._runs.start(lambda: self._experiments.score(self.text.toPlainText()))
 
     def stop(self) -> None:
-        if self._run is not None:
-            self._run.cancel()
+        self._runs.stop()
 
-    def _on_finished(self) -> None:
-        run = self._run
-        assert run is not None, "finished is connected only to the run kept in self._run, which is never cleared"
-        self.score_button.setEnabled(True)
-        self.stop_button.setEnabled(False)
-        if run.error is not None:
-            self.summary.setText(html.escape(f"Scoring failed: {run.error}"))
-        elif run.result is not None:
+    def _show_run(self, run: ScoreRun) -> None:
+        if run.result is not None:
             self.show_result(run.result, run.context_text)
 
     def show_result(self, result: experiments.ScoreResult, context_text: str = "") -> None:
@@ -159,7 +141,5 @@ class ScoreView(QWidget):
         self.detail.show_token(ev, f"token {index + 1}:")
 
     def closeEvent(self, event) -> None:
-        if self._run is not None:  # it ends after this window: nothing to draw into
-            self._run.finished.disconnect(self._on_finished)
-            self._run.cancel()
+        self._runs.close()  # the run ends after this window: nothing to draw into
         super().closeEvent(event)
