@@ -92,8 +92,8 @@ class ReleasedOnLoop:
         finally:
             try:
                 self._loop.call_soon_threadsafe(_let_go, held)
-            except RuntimeError:
-                pass  # the loop is closed: nothing runs on it any more
+            except Exception:  # noqa: BLE001 - the loop is closed (RuntimeError); never replace the work's outcome
+                log.debug("the loop is closed: %r lets go of its references on this thread", self)
             # The frame's own references go now, while the loop's call still holds them (a traceback of
             # `fn`'s error keeps this frame).
             del fn, args, held
