@@ -8,6 +8,7 @@ async slots work exactly as under `asyncio.run(..., loop_factory=QEventLoop)`.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,15 +24,22 @@ _gc_collector: UiThreadGarbageCollector | None = None
 
 
 @pytest.fixture(autouse=True)
-def _gc_on_ui_thread(qapp) -> None:
+def _gc_on_ui_thread(qapp) -> Iterator[None]:
     """Cycles are collected on the UI thread while the window tests run, as in the app (app/ui_thread_gc.py).
 
     Automatic collection in a background thread once deadlocked this suite inside PySide6 (a closed window's
-    widgets destroyed from a model thread while the next test built its window).
+    widgets destroyed from a model thread while the next test built its window). A test that turns it back on
+    fails here, and it is turned off again: one did (`gc.enable()` after a measurement), and a later test hung
+    in that same deadlock.
     """
     global _gc_collector
     if _gc_collector is None:
         _gc_collector = UiThreadGarbageCollector(qapp)
+    yield
+    if gc.isenabled():
+        gc.disable()
+        pytest.fail("the test left Python's automatic garbage collection on: a collection on a worker thread can "
+                    "deadlock PySide6; restore what gc.isenabled() said before")
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
