@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -64,43 +65,47 @@ def to_loop(fn: Callable[..., Any], loop: asyncio.AbstractEventLoop | None = Non
     return hop
 
 
-def _let_go(_references: object) -> None:
-    """Called on the loop with what a worker thread held: the references end when this call's handle does."""
+def _let_go(box: list[Any]) -> None:
+    """On the loop: drop what a worker thread handed over (the box's only references to it)."""
+    box.clear()
 
 
 class ReleasedOnLoop:
     """`fn(*args)` for an executor, that lets go of `fn` and `args` on the loop rather than on the worker.
 
     An executor's work item keeps what it was given until after the call, and the worker thread drops it
-    there; this object instead hands its references to a call on `loop` once `fn` returns (or raises), so the
-    last of them is dropped on the loop's thread whoever else still holds them. `release()` (on the loop) lets go
-    at once, for work that will never run (cancelled while queued). With the loop closed (the app is ending)
-    they go on the worker.
+    there; this object instead hands its references, in a box that is their only holder, to a call on `loop`
+    that empties it, so they end on the loop's thread whatever the two threads' timing (handing the loop a
+    reference while the worker kept one of its own let the worker's be the last about one time in five, when the
+    loop ran first). `release()` (on the loop) lets go at once, for work that will never run (cancelled while
+    queued). With the loop closed (the app is ending) they go on the worker.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
         self._loop = loop
-        self._held: tuple[Callable[..., Any], tuple[Any, ...]] | None = (fn, args)
+        self._box: list[Any] = [fn, args]
 
     def __call__(self) -> Any:
-        held, self._held = self._held, None
-        if held is None:
+        if not self._box:
             raise RuntimeError("this work was released before it ran")
+        box, self._box = self._box, []
         try:
-            fn, args = held
-            return fn(*args)
+            return box[0](*box[1])
+        except BaseException as e:
+            # The error goes back through the futures, which the worker drops last: its frames' locals (the
+            # work's `self`, often) must not ride along.
+            traceback.clear_frames(e.__traceback__)
+            raise
         finally:
             try:
-                self._loop.call_soon_threadsafe(_let_go, held)
+                self._loop.call_soon_threadsafe(_let_go, box)
             except Exception:  # noqa: BLE001 - the loop is closed (RuntimeError); never replace the work's outcome
                 log.debug("the loop is closed: %r lets go of its references on this thread", self)
-            # The frame's own references go now, while the loop's call still holds them (a traceback of
-            # `fn`'s error keeps this frame).
-            del fn, args, held
+                box.clear()
 
     def release(self) -> None:
         """On the loop: let go of the work without running it (it was cancelled before it started)."""
-        self._held = None
+        self._box = []
 
 
 class TaskState:
