@@ -82,7 +82,7 @@ class ReleasedOnLoop:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
-        self._loop = loop
+        self._hand_over = to_loop(_let_go, loop)
         self._box: list[Any] = [fn, args]
 
     def __call__(self) -> Any:
@@ -97,11 +97,7 @@ class ReleasedOnLoop:
             traceback.clear_frames(e.__traceback__)
             raise
         finally:
-            try:
-                self._loop.call_soon_threadsafe(_let_go, box)
-            except Exception:  # noqa: BLE001 - the loop is closed (RuntimeError); never replace the work's outcome
-                log.debug("the loop is closed: %r lets go of its references on this thread", self)
-                box.clear()
+            self._hand_over(box)  # with the loop closed, dropped: the box ends with this frame, here
 
     def release(self) -> None:
         """On the loop: let go of the work without running it (it was cancelled before it started)."""
