@@ -143,7 +143,9 @@ def _build(kind: str, text: str, label: str) -> str:
 
     try:
         if kind == "json":
-            grammar = grammar_from("json_schema", "{}")
+            grammar = grammar_from("json_schema", json.dumps(with_bounded_whitespace({})))
+        elif kind == "json_schema":
+            grammar = grammar_from("json_schema", json.dumps(with_bounded_whitespace(json.loads(text))))
         elif kind == "choice":
             # One regular expression, not one grammar alternative per option: the lexer takes any number
             # of alternatives, the parser at most 2,000 at one place (past that it fails mid-answer).
@@ -156,6 +158,20 @@ def _build(kind: str, text: str, label: str) -> str:
     if failed:
         raise ConstraintError(f"the {label} cannot be used: {_tidy(kind, messages[0])}")
     return grammar
+
+
+# JSON's whitespace as llama.cpp's json-schema-to-grammar allows it (SPACE_RULE: nothing, one space, or one or
+# two newlines and at most 20 spaces or tabs). llguidance's default allows any amount, and a small model at
+# temperature 0 can then write newlines inside `{` until the token limit (SmolLM2 did, in a tool call's `{}`).
+JSON_WHITESPACE = r"( |\n{1,2}[ \t]{0,20})?"
+
+
+def with_bounded_whitespace(schema: Any) -> Any:
+    """`schema` with llguidance told to bound JSON's whitespace (`JSON_WHITESPACE`), unless it says otherwise
+    itself in its `x-guidance` options; a schema that is not an object (`true`) is returned as it is."""
+    if not isinstance(schema, dict) or "x-guidance" in schema:
+        return schema
+    return {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
 
 
 _REGEX_SPECIAL = frozenset("\\.+*?()|[]{}^$#&-~")  # what Rust's regex_syntax::escape escapes

@@ -71,6 +71,29 @@ def test_constraint_round_trips_and_compiles_each_kind():
         GenerationRequest(prompt="x", constraint={"kind": "regex"})
 
 
+def _takes(c: Constraint, text: str) -> bool:
+    from llguidance import LLMatcher
+
+    from engine.constraints.vocabulary import byte_tokenizer
+
+    m = LLMatcher(byte_tokenizer(), c.grammar, log_level=0)
+    raw = list(text.encode())
+    return m.try_consume_tokens(raw) == len(raw) and bool(m.is_accepting())
+
+
+def test_json_whitespace_is_bounded_as_llama_cpp_bounds_it_unless_the_schema_says_otherwise():
+    # llguidance's default allows any whitespace; a small model at temperature 0 then wrote newlines inside
+    # `{` until the token limit. llama.cpp's json-schema-to-grammar allows one space, or 1-2 newlines and 20
+    # spaces or tabs, between tokens: so does ours.
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    for c in (Constraint.json_schema(schema), Constraint.any_json()):
+        assert _takes(c, '{"a": 1}') and _takes(c, '{\n  "a": 1\n}') and _takes(c, '{\n\n' + " " * 20 + '"a": 1}')
+        assert not _takes(c, '{\n    \n      \n  "a": 1}') and not _takes(c, "{" + " " * 21 + '"a": 1}')
+    assert "x-guidance" not in Constraint.json_schema(schema).text  # the user's schema is kept as written
+    free = Constraint.json_schema({**schema, "x-guidance": {"whitespace_flexible": True}})
+    assert _takes(free, "{" + " " * 40 + '"a": 1}')
+
+
 # --- the vocabulary: our builder agrees with llguidance's own readers ---------------------------
 
 
