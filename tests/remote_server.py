@@ -41,6 +41,32 @@ SERVER_MAIN = (
 ).format(root=str(Path(__file__).resolve().parents[1]))
 
 
+class HangUpTolerantServer(ThreadingHTTPServer):
+    """A test server thread that says nothing when a client hangs up mid-request (what the hostile and cancel
+    tests do on purpose); any other error in a handler is printed as http.server does."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+
+def dies_with_this_process() -> None:
+    """`preexec_fn` for a test's server: the kernel kills it when the process that started it dies, however that
+    happens (a SIGKILLed or crashed pytest runs no `finally`, and a server in its own session outlives it for good).
+
+    Linux's PR_SET_PDEATHSIG; elsewhere nothing (the context managers' `finally` still stops the server).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
@@ -62,7 +88,8 @@ def running_llama_server(model_path: str | None = None, n_threads: int = 1) -> I
     port = free_port()
     cmd = [sys.executable, "-c", SERVER_MAIN, "--model", model_path, "--host", "127.0.0.1",
            "--port", str(port), "--logits_all", "true", "--n_threads", str(n_threads), "--verbose", "false"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=dies_with_this_process)
     with _served(proc, "the llama.cpp server", port, STARTUP_LIMIT_S, poll_s=0.2, grace_s=10,
                  why_exited=lambda: proc.stderr.read().decode()[-2000:]) as url:
         yield url
@@ -209,8 +236,7 @@ class FakeServer:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = HangUpTolerantServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -361,7 +387,8 @@ def running_vllm_server(model_folder: str, python: str | None = None) -> Iterato
            "--enforce-eager", "--seed", "0"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     log = open(os.environ.get("LOGITLAB_VLLM_LOG") or os.devnull, "wb")  # LOGITLAB_VLLM_LOG=FILE keeps its output
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                            preexec_fn=dies_with_this_process)
     try:
         with _served(proc, "the vLLM server", port, VLLM_STARTUP_LIMIT_S, poll_s=1, grace_s=30,
                      why_exited=lambda: "set LOGITLAB_VLLM_LOG=FILE to see why") as url:

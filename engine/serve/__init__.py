@@ -22,6 +22,12 @@ The seam for a window (or any other viewer)::
   waits), so a chat of the window's own waits at most one served turn (a batch takes no newcomers once it
   waits). `upstream=URL` is proxy mode (no engine). Raises `ServeSetupError` (a ValueError, one line of words): a non-loopback host without
   an API key, a port that is taken, neither an engine nor an upstream.
+- `ServeOptions` (engine.serve.service; defaults and their reasons in engine.serve.limits): `top_n`,
+  `record_stages`, `max_waiting`, `cont_batching`, `proxy` (engine.serve.proxy_limits), and what one connection
+  may hold (engine.serve.connections): `header_timeout_s` (request line and headers within it, else 408 and
+  closed; default 10), `body_timeout_s` (the body within it of the headers, else 408 and closed; default 30;
+  the CLI's `--timeout`), `max_connections` (open at once; past it 503 and closed; default 512, lowered to the
+  open-file limit less 128). None: no limit. `connection_cap(n)` in engine.serve.running gives the cap in force.
 - `sink`: an `ExchangeSink` (or a list of them), three methods, **called on the server's thread**, between
   tokens of every client, so each must return quickly (a window hands the call to its own thread, e.g.
   `loop.call_soon_threadsafe` on the qasync loop or a queued Qt signal, and batches tokens to the frame rate):
@@ -35,8 +41,9 @@ The seam for a window (or any other viewer)::
     `error`, `stopped` (ended by `stop_request`), `disconnected`.
 
   An exception in a sink is logged; the client's answer goes on.
-- `ServedExchange` (frozen): `id`, `endpoint` ("chat.completions" / "completions"), `model`, `client`
-  ("host:port"), `proxied`, `upstream`, `messages` (chat, text parts joined), `prompt` (a text completion),
+- `ServedExchange` (frozen): `id`, `endpoint` ("chat.completions" / "completions" / "responses" /
+  "messages"), `model`, `client` ("host:port"), `proxied`, `upstream`, `messages` (chat, Responses and
+  Messages: the conversation as chat messages, text parts joined), `prompt` (a text completion),
   `prompt_ids` (the tokens the model continued; () when proxied), `sampler` (our `SamplerSettings`, as read
   from the client's fields), `request` (the `GenerationRequest` the engine ran; with `choices[0].stats.seed` as
   its sampler's seed it gives the same answer again; None when proxied), `n`, `stream`, `body` (the client's JSON), `started_at`,
@@ -55,7 +62,8 @@ Files, one job each: `app.py` (routes, API key, error JSON), `body.py` (size, de
 `engine_run.py` (the engine's events on the loop; `n` through the loom's batch; a shared batch's riders),
 `fair_queue.py` (turns per client, and the riders that share one), `model_routes.py` (models, tokenize,
 detokenize, props), `proxy.py` + `proxy_events.py` (proxy mode), `exchange.py` (the record and the sink
-protocol), `trace_sink.py`, `running.py` (the thread), `limits.py`, `errors.py`.
+protocol), `trace_sink.py`, `running.py` (the thread), `connections.py` (header deadline, connection cap, the
+repeat limit on the log), `limits.py`, `errors.py`.
 """
 
 from engine.serve.exchange import ExchangeSink, ServedChoice, ServedExchange

@@ -28,6 +28,8 @@ from engine.sampling.settings import SamplerSettings
 log = logging.getLogger(__name__)
 
 Endpoint = Literal["chat.completions", "completions"]
+# What a record comes through: OpenAI's two, Responses and Anthropic Messages (engine.serve.adapted).
+ExchangeEndpoint = Literal["chat.completions", "completions", "responses", "messages"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class ServedExchange:
 
     Attributes:
         id: the answer's id as the client saw it ("chatcmpl-..." / "cmpl-..."); `RunningServer.stop_request` takes it.
-        endpoint: "chat.completions" or "completions".
+        endpoint: "chat.completions", "completions", "responses" (/v1/responses) or "messages" (/v1/messages).
         model: the model name the answer reports.
         client: the client's address, "host:port" ("" when unknown).
         proxied: True when the answer came from the upstream server (proxy mode), not from the engine.
@@ -72,7 +74,7 @@ class ServedExchange:
     """
 
     id: str
-    endpoint: Endpoint
+    endpoint: ExchangeEndpoint
     model: str
     client: str
     proxied: bool

@@ -6,66 +6,107 @@ did not ask for is taken out of the answer again before it reaches the client (a
 number it asked for). An upstream that refuses the log-probs request (4xx) is asked again with the client's
 own body, and the record then has the tokens' text only. The upstream's errors reach the client with the
 upstream's status and words. Nothing but the configured upstream is ever contacted.
+
+The upstream is not trusted (engine.serve.proxy_read, engine.serve.proxy_limits): an answer past the caps on
+bytes and tokens, or one that is not what the API says (a JSON list, an `index` of "abc", status 600, a chunk
+`[1,2]`), gets 502 `bad_upstream` (a stream: the usual error event, then `[DONE]`); a request that finds every
+connection to the upstream taken waits `pool_wait_s`, then gets 503 `upstream_busy`. A client that leaves
+closes its upstream call, whether it waits for a whole answer, for a stream's headers or in the middle of one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
+import anyio
 import httpx
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from engine.backends.remote.errors import ServerError
 from engine.events import FinishReason
 from engine.serve import fields as f
+from engine.serve.body import client_address
 from engine.serve.errors import ApiError
 from engine.serve.exchange import Endpoint, ServedChoice, ServedExchange, Sinks
 from engine.serve.limits import MAX_N
 from engine.serve.parse import read_sampler
 from engine.serve.proxy_events import UpstreamChoice
-from engine.serve.service import ServeOptions, client_address, dumps
+from engine.serve.proxy_limits import PROXY_MAX_ERROR_BYTES
+from engine.serve.proxy_read import BadUpstream, passable, read_whole, sse_data, upstream_choices, upstream_json
+from engine.serve.service import ServeOptions, dumps
 
 log = logging.getLogger(__name__)
 
 UPSTREAM_TOP = 20  # alternatives asked of the upstream per token: OpenAI's chat ceiling, which servers copy
+_T = TypeVar("_T")
 _PATHS = {"chat.completions": "/chat/completions", "completions": "/completions"}
 
 
-class _Answer:
-    """A proxied answer under way: what stopping it needs."""
+class _ClientGone(Exception):
+    """The client hung up while the proxy waited on the upstream."""
 
-    def __init__(self, exchange: ServedExchange, n: int) -> None:
+
+class _Answer:
+    """A proxied answer under way: what stopping it and recording its end need."""
+
+    def __init__(self, exchange: ServedExchange, n: int, response: httpx.Response, seed: int | None) -> None:
         self.exchange = exchange
         self.choices = [UpstreamChoice() for _ in range(n)]
-        self.response: httpx.Response | None = None
+        self.response = response
+        self.seed = seed
+        self.t0 = time.perf_counter()
+        self.prompt_tokens = 0
         self.stopped = False
 
     def stop(self) -> None:
         self.stopped = True
-        if self.response is not None:
-            asyncio.ensure_future(self.response.aclose())  # the read in progress ends; the upstream stops
+        asyncio.ensure_future(self.response.aclose())  # the read in progress ends; the upstream stops
+
+    def tokens(self) -> int:
+        return sum(len(c.events) for c in self.choices)
+
+
+class _ProxiedStream(EventSourceResponse):
+    """An event stream that closes its upstream response and ends its record however it ends, even when the
+    client left before the stream's generator ever ran (its own `finally` then never runs)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(content, ping=15)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.on_close()
 
 
 class ProxyService:
-    """Answers by forwarding to `upstream` (a base URL, usually ending in /v1)."""
+    """Answers by forwarding to `upstream` (a base URL, usually ending in /v1), within `options.proxy`'s limits."""
 
     def __init__(self, upstream: str, sinks: Sinks, options: ServeOptions = ServeOptions(),
-                 api_key: str | None = None, timeout_s: float = 600.0) -> None:
+                 api_key: str | None = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.sinks = sinks
         self.options = options
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0),
-                                      follow_redirects=False)
+        self.limits = options.proxy
+        # identity: a compressed answer would be inflated by httpx a network read at a time, past any count of ours
+        headers = {"Accept-Encoding": "identity", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        lim = self.limits
+        self.http = httpx.AsyncClient(
+            headers=headers, follow_redirects=False,
+            timeout=httpx.Timeout(lim.read_timeout_s, connect=lim.connect_timeout_s, pool=lim.pool_wait_s),
+            limits=httpx.Limits(max_connections=lim.max_connections,
+                                max_keepalive_connections=min(20, lim.max_connections)))
         self.model_name = ""
         self.active: dict[str, _Answer] = {}
 
@@ -81,34 +122,36 @@ class ProxyService:
 
     # --- plain routes: forwarded -----------------------------------------------------------------------------
 
-    async def _get(self, url: str) -> dict[str, Any]:
+    async def _call(self, method: str, url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         try:
-            response = await self.http.get(url)
-        except httpx.HTTPError as e:
+            async with self.http.stream(method, url, json=body) as response:
+                if not 200 <= response.status_code < 300:
+                    raise _upstream_error(self.upstream, response.status_code, await _error_bytes(response))
+                doc = upstream_json(await read_whole(response, self.limits.max_answer_bytes))
+        except httpx.PoolTimeout:
+            raise self._busy() from None
+        except (httpx.HTTPError, httpx.StreamError) as e:
             raise _unreachable(self.upstream, e) from None
-        return _json_or_error(response)
-
-    async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            response = await self.http.post(url, json=body)
-        except httpx.HTTPError as e:
-            raise _unreachable(self.upstream, e) from None
-        return _json_or_error(response)
+        except BadUpstream as e:
+            raise self._bad(e) from None
+        if not isinstance(doc, dict):
+            raise ApiError(502, f"{url} answered with JSON that is not an object", code="bad_upstream")
+        return doc
 
     def _root(self) -> str:
         return self.upstream[: -len("/v1")] if self.upstream.endswith("/v1") else self.upstream
 
     async def models(self) -> dict[str, Any]:
-        return await self._get(self.upstream + "/models")
+        return await self._call("GET", self.upstream + "/models")
 
     async def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._post(self._root() + "/tokenize", body)
+        return await self._call("POST", self._root() + "/tokenize", body)
 
     async def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._post(self._root() + "/detokenize", body)
+        return await self._call("POST", self._root() + "/detokenize", body)
 
     async def props(self) -> dict[str, Any]:
-        return await self._get(self._root() + "/props")
+        return await self._call("GET", self._root() + "/props")
 
     # --- answers -------------------------------------------------------------------------------------------
 
@@ -132,82 +175,153 @@ class ProxyService:
             n=n, stream=stream, body=body,
         )
         url = self.upstream + _PATHS[endpoint]
-        response = await self._open(url, forwarded, body, stream)
-        answer = _Answer(exchange, n)
-        answer.response = response
+        try:
+            # A whole answer's headers come when the upstream has finished it: a client that leaves meanwhile
+            # must not hold a connection to the upstream (and the upstream's work) for the read timeout.
+            response = await self._until_gone(self._open(url, forwarded, body), request)
+        except _ClientGone:
+            return Response(status_code=499)  # nobody to answer; nothing was recorded yet
+        seed = body.get("seed") if isinstance(body.get("seed"), int) else None
+        answer = _Answer(exchange, n, response, seed)
         self.active[answer_id] = answer
         self.sinks.on_start(exchange)
-        seed = body.get("seed") if isinstance(body.get("seed"), int) else None
-        t0 = time.perf_counter()
         if stream:
-            return EventSourceResponse(self._stream(answer, response, asked_top, seed, t0), ping=15)
-        try:
-            doc = json.loads(await response.aread())
-        except (httpx.HTTPError, ValueError) as e:
-            if answer.stopped:  # Stop while the upstream was still working on a whole answer: nothing to show yet
-                self._end(answer, t0, seed, 0)
-                raise ApiError(503, "the answer was stopped on this server before the upstream finished it",
-                               code="stopped") from None
-            self._end(answer, t0, seed, 0, error=f"the upstream's answer could not be read: {e}")
-            raise ApiError(502, f"{self.upstream} answered with something that is not JSON", code="bad_upstream") from None
-        finally:
-            await response.aclose()
-        prompt_tokens = _prompt_tokens(doc)
-        for i, choice in enumerate(doc.get("choices") or []):
-            if isinstance(choice, dict) and 0 <= int(choice.get("index", i)) < n:
-                try:
-                    answer.choices[int(choice.get("index", i))].feed(choice, whole=True)
-                except ServerError as e:
-                    log.warning("the upstream's log-probs could not be read: %s", e)
-                _trim_logprobs(choice, asked_top, chat)
-        self._end(answer, t0, seed, prompt_tokens)
-        return JSONResponse(doc)
+            async def on_close() -> None:
+                await response.aclose()
+                self._end(answer, disconnected=True)  # a no-op when the stream recorded its own end
 
-    async def _open(self, url: str, forwarded: dict[str, Any], body: dict[str, Any], stream: bool) -> httpx.Response:
+            return _ProxiedStream(self._stream(answer, asked_top), on_close)
+        return await self._whole(answer, asked_top, request)
+
+    async def _until_gone(self, work: Awaitable[_T], request: Request) -> _T:
+        """`work`'s response; `_ClientGone` (the work cancelled, its connection closed) when the client hangs up first."""
+        task = asyncio.ensure_future(work)
+        gone = False
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.limits.disconnect_poll_s)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():
+                    gone = True
+                    raise _ClientGone
+        finally:
+            if not task.done():
+                task.cancel()
+            if gone or not task.done():
+                task.add_done_callback(_close_orphan)
+
+    async def _open(self, url: str, forwarded: dict[str, Any], body: dict[str, Any]) -> httpx.Response:
         """The upstream's response, headers read; its error, with its status, when it refused."""
         for attempt, payload in enumerate((forwarded, body)):
             try:
                 response = await self.http.send(self.http.build_request("POST", url, json=payload), stream=True)
+            except httpx.PoolTimeout:
+                raise self._busy() from None
             except httpx.HTTPError as e:
                 raise _unreachable(self.upstream, e) from None
-            if response.status_code < 400:
+            status = response.status_code
+            kind = response.headers.get("content-type", "")
+            if 200 <= status < 300 and payload.get("stream") is True and kind and "event-stream" not in kind:
+                await response.aclose()  # a document where a stream was asked for: an error page, a proxy's HTML
+                raise self._bad(BadUpstream(f"answered a stream request with {kind[:60]}, not an event stream"))
+            if 200 <= status < 300:
                 return response
-            raw = await response.aread()
-            await response.aclose()
-            if 400 <= response.status_code < 500 and attempt == 0 and forwarded is not body:
+            try:
+                raw = await _error_bytes(response)
+            except (httpx.HTTPError, httpx.StreamError) as e:
+                raise _unreachable(self.upstream, e) from None
+            finally:
+                await response.aclose()
+            if 400 <= status < 500 and attempt == 0 and forwarded is not body:
                 log.info("%s refused the request with log-probs (%d); forwarding it as the client sent it",
-                         self.upstream, response.status_code)
+                         self.upstream, status)
                 continue
-            raise _upstream_error(self.upstream, response.status_code, raw)
+            raise _upstream_error(self.upstream, status, raw)
         raise AssertionError("unreachable")
 
-    async def _stream(self, answer: _Answer, response: httpx.Response, asked_top: int | None, seed: int | None,
-                      t0: float) -> AsyncIterator[str]:
+    def _busy(self) -> ApiError:
+        return ApiError(503, f"all {self.limits.max_connections} connections to the upstream server {self.upstream} "
+                             f"stayed busy for {self.limits.pool_wait_s:g} s; try again shortly", code="upstream_busy")
+
+    def _bad(self, e: BadUpstream) -> ApiError:
+        return ApiError(502, f"the upstream server {self.upstream} {e}", code="bad_upstream")
+
+    def _too_many_tokens(self, answer: _Answer) -> None:
+        if answer.tokens() > self.limits.max_answer_tokens:
+            raise BadUpstream(f"sent more than {self.limits.max_answer_tokens:,} tokens, the most this proxy "
+                              "records of one answer")
+
+    async def _whole(self, answer: _Answer, asked_top: int | None, request: Request) -> Response:
         chat = answer.exchange.endpoint == "chat.completions"
-        prompt_tokens = 0
+        response = answer.response
+        try:
+            raw = await self._until_gone(read_whole(response, self.limits.max_answer_bytes), request)
+            doc = upstream_json(raw)
+            del raw
+            pairs = upstream_choices(doc, len(answer.choices), stream=False)
+            answer.prompt_tokens = _prompt_tokens(doc)
+            for i, choice in pairs:
+                try:
+                    answer.choices[i].feed(choice, whole=True)
+                except ServerError as e:
+                    log.warning("the upstream's log-probs could not be read: %s", e)
+                self._too_many_tokens(answer)
+                _trim_logprobs(choice, asked_top, chat)
+            content = passable(doc)
+        except _ClientGone:
+            self._end(answer, disconnected=True)
+            return Response(status_code=499)
+        except BadUpstream as e:
+            self._end(answer, error=f"the upstream's answer could not be passed on: {e}")
+            raise self._bad(e) from None
+        except Exception as e:
+            if answer.stopped:  # Stop while the upstream was still working on a whole answer: nothing to show yet
+                self._end(answer)
+                raise ApiError(503, "the answer was stopped on this server before the upstream finished it",
+                               code="stopped") from None
+            if not isinstance(e, (httpx.HTTPError, httpx.StreamError)):
+                raise
+            self._end(answer, error=f"the upstream's answer could not be read: {e}")
+            raise ApiError(502, f"the upstream server {self.upstream}'s answer could not be read: "
+                                f"{type(e).__name__}: {e}", code="bad_upstream") from None
+        finally:
+            await response.aclose()
+        self._end(answer)
+        return Response(content, media_type="application/json")
+
+    async def _stream(self, answer: _Answer, asked_top: int | None) -> AsyncIterator[str]:
+        chat = answer.exchange.endpoint == "chat.completions"
+        lim = self.limits
         ended = False
+        events = 0
         try:
             try:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
+                async for data in sse_data(answer.response, lim.max_answer_bytes, lim.max_line_bytes):
+                    events += 1
                     if data == "[DONE]":
                         break
-                    chunk = json.loads(data)
-                    prompt_tokens = _prompt_tokens(chunk) or prompt_tokens
-                    for choice in chunk.get("choices") or []:
-                        i = choice.get("index", 0) if isinstance(choice, dict) else -1
-                        if isinstance(i, int) and 0 <= i < len(answer.choices):
-                            for event in answer.choices[i].feed(choice):
-                                self.sinks.on_token(answer.exchange.id, i, event)
-                            _trim_logprobs(choice, asked_top, chat)
-                    yield dumps(chunk)
-            except (httpx.HTTPError, ValueError, ServerError) as e:
+                    chunk = upstream_json(data)
+                    pairs = upstream_choices(chunk, len(answer.choices), stream=True)
+                    answer.prompt_tokens = _prompt_tokens(chunk) or answer.prompt_tokens
+                    for i, choice in pairs:
+                        for event in answer.choices[i].feed(choice):
+                            self.sinks.on_token(answer.exchange.id, i, event)
+                        _trim_logprobs(choice, asked_top, chat)
+                    self._too_many_tokens(answer)
+                    yield passable(chunk).decode("utf-8")
+                    # An upstream that sends as fast as we read never makes a read wait, so without this turn
+                    # one endless stream would hold the loop, and /health, every other client, for seconds.
+                    await asyncio.sleep(0)
+                if not events:
+                    raise BadUpstream("ended the stream without sending any event")
+            except (httpx.HTTPError, httpx.StreamError, BadUpstream, ServerError, ValueError) as e:
                 if not answer.stopped:
                     ended = True
-                    self._end(answer, t0, seed, prompt_tokens, error=f"the upstream's stream failed: {e}")
-                    yield dumps(ApiError(502, f"{self.upstream}'s stream failed: {e}", code="bad_upstream").body())
+                    err = self._bad(e) if isinstance(e, BadUpstream) else ApiError(
+                        502, f"{self.upstream}'s stream failed: {e}", code="bad_upstream")
+                    self._end(answer, error=err.message)
+                    yield dumps(err.body())
                     yield "[DONE]"
                     return
             if answer.stopped:  # the window's Stop: the client's stream ends like a finished answer
@@ -215,21 +329,22 @@ class ProxyService:
                     if c.finish is None:
                         yield dumps(_stop_chunk(answer.exchange, i, chat))
             ended = True
-            self._end(answer, t0, seed, prompt_tokens)
+            self._end(answer)
             yield "[DONE]"
         finally:
-            await response.aclose()
+            with anyio.CancelScope(shield=True):  # the client left: the task is cancelled, the close must still run
+                await answer.response.aclose()
             if not ended:
-                self._end(answer, t0, seed, prompt_tokens, disconnected=True)
+                self._end(answer, disconnected=True)
 
-    def _end(self, answer: _Answer, t0: float, seed: int | None, prompt_tokens: int, *, error: str | None = None,
-             disconnected: bool = False) -> None:
+    def _end(self, answer: _Answer, *, error: str | None = None, disconnected: bool = False) -> None:
         if self.active.pop(answer.exchange.id, None) is None:
             return
         ended: FinishReason | None = "cancelled" if (answer.stopped or disconnected) else ("error" if error else None)
         choices = []
         for i, c in enumerate(answer.choices):
-            stats = c.stats(t0, prompt_tokens, seed, ended if c.finish is None or error else None, error)
+            stats = c.stats(answer.t0, answer.prompt_tokens, answer.seed, ended if c.finish is None or error else None,
+                            error)
             if error:
                 reason = "error"
             elif c.finish is None:
@@ -240,6 +355,27 @@ class ProxyService:
         answer.exchange = dataclasses.replace(answer.exchange, finished_at=time.time(), choices=tuple(choices),
                                               error=error, stopped=answer.stopped, disconnected=disconnected)
         self.sinks.on_end(answer.exchange)
+
+
+def _close_orphan(task: "asyncio.Future[Any]") -> None:
+    """A watched upstream call nobody waits for any more: its error is dropped, its response closed."""
+    if task.cancelled() or task.exception() is not None:
+        return
+    result = task.result()
+    if isinstance(result, httpx.Response):
+        asyncio.ensure_future(result.aclose())
+
+
+async def _error_bytes(response: httpx.Response) -> bytes:
+    """The start of an upstream's refusal (only its first line is passed on): at most PROXY_MAX_ERROR_BYTES."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= PROXY_MAX_ERROR_BYTES:
+            break
+    return b"".join(chunks)[:PROXY_MAX_ERROR_BYTES]
 
 
 def _asked_top(body: dict[str, Any], chat: bool) -> int | None:
@@ -270,7 +406,8 @@ def _trim_logprobs(choice: dict[str, Any], asked_top: int | None, chat: bool) ->
     if asked_top is None:
         choice["logprobs"] = None
         return
-    for entry in lp.get("content") or []:
+    content = lp.get("content")
+    for entry in content if isinstance(content, list) else []:
         if isinstance(entry, dict) and isinstance(entry.get("top_logprobs"), list):
             entry["top_logprobs"] = entry["top_logprobs"][:asked_top]
     if isinstance(lp.get("top_logprobs"), list):
@@ -293,25 +430,16 @@ def _prompt_tokens(doc: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _json_or_error(response: httpx.Response) -> dict[str, Any]:
-    if response.status_code >= 400:
-        raise _upstream_error(str(response.url.copy_with(path="/")), response.status_code, response.content)
-    try:
-        doc = response.json()
-    except ValueError:
-        raise ApiError(502, f"{response.url} answered with something that is not JSON", code="bad_upstream") from None
-    if not isinstance(doc, dict):
-        raise ApiError(502, f"{response.url} answered with JSON that is not an object", code="bad_upstream")
-    return doc
-
-
 def _upstream_error(upstream: str, status: int, raw: bytes) -> ApiError:
-    """The upstream's refusal, passed on with its status and its words."""
+    """The upstream's refusal, passed on with its status and its words (a status that is no HTTP error: 502)."""
+    if not 400 <= status <= 599:
+        return ApiError(502, f"the upstream server {upstream} answered with HTTP status {status}, which is neither "
+                             "an answer nor an error", code="bad_upstream")
     try:
-        doc = json.loads(raw)
+        doc = upstream_json(raw)
         err = doc.get("error", doc.get("detail")) if isinstance(doc, dict) else None
         words = err.get("message") if isinstance(err, dict) else err
-    except ValueError:
+    except BadUpstream:
         words = raw[:300].decode("utf-8", "replace")
     first = str(words or "").strip().splitlines()[0] if str(words or "").strip() else ""
     return ApiError(status, f"the upstream server refused the request ({status}): {first[:500]}",

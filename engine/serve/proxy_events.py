@@ -63,7 +63,8 @@ class UpstreamChoice:
             delta = choice.get("delta")
             piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
         piece = piece if isinstance(piece, str) else ""
-        self.texts.append(piece)
+        if piece:  # an endless stream of empty deltas must not grow the record
+            self.texts.append(piece)
         tokens = upstream_tokens(choice.get("logprobs"))
         if not tokens and piece and not whole:
             tokens = [(-1, piece, math.nan, [])]  # an upstream that sent no log-probs: the text alone

@@ -3,7 +3,9 @@
 uvicorn's `Server` runs in a daemon thread with a new event loop, so the caller's loop (the window's Qt
 loop, or the CLI's main thread waiting for Ctrl-C) never blocks on it. The socket is bound before the thread
 starts, so a taken port or a bad address fails in the caller, in words. Stopping sets uvicorn's
-`should_exit`, cancels every answer under way (each client's stream ends) and joins the thread.
+`should_exit`, cancels every answer under way (each client's stream ends) and joins the thread. Each connection
+has a deadline for its headers and a place among a bounded number (engine.serve.connections), and the same
+error is logged at most once per LOG_REPEAT_S.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import uvicorn
 
 from engine.engine import Engine
 from engine.serve.app import build_app
+from engine.serve.connections import guarded_protocol, limit_repeated_logs
 from engine.serve.exchange import ExchangeSink, Sinks
+from engine.serve.limits import ACCEPT_BURST, CONNECTION_FD_RESERVE, KEEP_ALIVE_S, LISTEN_QUEUE
 from engine.serve.service import EngineService, ServeOptions
 
 log = logging.getLogger(__name__)
@@ -119,7 +123,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         what = "is taken (another program listens on it)" if e.errno in (98, 48, 10048) else f"cannot be used: {e.strerror}"
         raise ServeSetupError(f"the address {host}:{port} {what}") from None
-    sock.listen(128)
+    sock.listen(LISTEN_QUEUE)
     sock.setblocking(False)
     return sock
 
@@ -163,8 +167,11 @@ def start_server(
         raise ServeSetupError("give a model to serve, or --upstream URL to forward to another server")
     sock = bind(host, port)
     bound_port = sock.getsockname()[1]
-    config = uvicorn.Config(build_app(service, api_key), log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=2)
+    limit_repeated_logs()
+    config = uvicorn.Config(build_app(service, api_key, body_timeout_s=options.body_timeout_s), log_level="warning",
+                            access_log=False, lifespan="off", timeout_graceful_shutdown=2, backlog=ACCEPT_BURST,
+                            timeout_keep_alive=KEEP_ALIVE_S,
+                            http=guarded_protocol(options.header_timeout_s, connection_cap(options.max_connections)))
     server = uvicorn.Server(config)
     holder: dict[str, Any] = {}
     started = threading.Event()
@@ -200,7 +207,27 @@ def start_server(
     if not server.started:
         running.stop(1.0)
         raise ServeSetupError(f"the server on {host}:{bound_port} did not start (see the log)")
+    # asyncio listened with its backlog, which is also how many it accepts per turn (ACCEPT_BURST, kept small
+    # for the descriptors); the system's queue goes back to LISTEN_QUEUE, so that a burst of clients waits
+    # there instead of being retried a second later.
+    sock.listen(LISTEN_QUEUE)
     return running
+
+
+def connection_cap(wanted: int | None) -> int | None:
+    """`wanted`, lowered to what the process's open-file limit leaves room for: each connection is one file
+    descriptor, those turned away hold one for a few turns of the loop (up to 4 * ACCEPT_BURST), and the model,
+    its files and the log keep CONNECTION_FD_RESERVE. Past the limit accept() fails, asyncio logs it, and every
+    client, /health included, times out."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to read
+        return wanted
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    room = max(8, soft - CONNECTION_FD_RESERVE - 4 * ACCEPT_BURST)
+    return room if wanted is None else min(wanted, room)
 
 
 def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:

@@ -24,31 +24,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine.engine import Engine
-from engine.errors import ContextLengthError, EngineError
+from engine.errors import EngineError
 from engine.events import Done, Event, GenerationStats, TokenEvent
 from engine.capabilities import JoinableBatches
 from engine.loom.continuations import runs_in_batch
 from engine.loom.shared_batch import cells_needed
 from engine.serve.engine_run import Rider, SharedBatch, engine_events, rider_events, shared_batch
-from engine.serve.errors import ApiError
+from engine.serve.body import client_address
+from engine.serve.errors import ApiError, engine_error
 from engine.serve.exchange import Endpoint, ServedChoice, ServedExchange, Sinks
 from engine.serve.fair_queue import FairQueue, TurnAbandoned
-from engine.serve.limits import MAX_BATCH_ROWS
+from engine.serve.limits import BODY_TIMEOUT_S, DISCONNECT_POLL_S, HEADER_TIMEOUT_S, MAX_BATCH_ROWS, MAX_CONNECTIONS
 from engine.serve.model_routes import ModelRoutes
-from engine.serve.parse import ParseContext, ServedRequest, parse_request
+from engine.serve.parse import ParseContext, ServedRequest, parse_requests
+from engine.serve.proxy_limits import ProxyLimits
 from engine.serve.responses import AnswerWriter, finish_reason
 
 log = logging.getLogger(__name__)
 
-DISCONNECT_POLL_S = 0.2  # how often a whole (not streamed) answer looks whether its client is still there
 
 
 def dumps(doc: dict[str, Any]) -> str:
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-
-
-def client_address(request: Request) -> str:
-    return f"{request.client.host}:{request.client.port}" if request.client else ""
 
 
 @dataclass
@@ -76,26 +73,39 @@ class ServeOptions:
         max_waiting: requests waiting for the model before the server answers 503.
         cont_batching: requests that come while a shared batch runs join it (where the model's batch runner
             admits rows: llama.cpp); off, they wait for the next turn (llama.cpp server's `--no-cont-batching`).
+        proxy: proxy mode's caps on an upstream answer and its connections (engine.serve.proxy_limits).
+        header_timeout_s: a connection's request line and headers must come within this, else 408 and closed
+            (`--header-timeout`; None: no limit). engine.serve.limits has the defaults and why.
+        body_timeout_s: a request's body must come within this of its headers, else 408 and closed (`--timeout`).
+        max_connections: connections open at once; past it a new one gets a 503 and is closed
+            (`--max-connections`); never more than the open-file limit leaves room for.
+        aliases: other names the model answers to (`--alias`, llama.cpp server's `-a`): a request naming one is
+            served (and answered under that name); any other name is a 404.
     """
 
     top_n: int = 20
     record_stages: bool = True
     max_waiting: int = 64
     cont_batching: bool = True
+    proxy: ProxyLimits = ProxyLimits()
+    header_timeout_s: float | None = HEADER_TIMEOUT_S
+    body_timeout_s: float | None = BODY_TIMEOUT_S
+    max_connections: int | None = MAX_CONNECTIONS
+    aliases: tuple[str, ...] = ()
 
 
 class EngineService(ModelRoutes):
     """Answers chat and completion requests from one `Engine` (and the model routes: `ModelRoutes`)."""
 
     def __init__(self, engine: Engine, sinks: Sinks, options: ServeOptions = ServeOptions()) -> None:
-        super().__init__(engine)
+        super().__init__(engine, tuple(a for a in options.aliases if a != engine.info.name))
         self.sinks = sinks
         self.options = options
         info = engine.info
         self.model_name = info.name
         self.context = ParseContext(model=info.name, context_length=info.context_length, tokenizer=engine.tokenizer,
                                     runs_locally=info.runs_locally, top_n=options.top_n,
-                                    record_stages=options.record_stages)
+                                    record_stages=options.record_stages, aliases=self.aliases)
         self.backend = engine.wait_ready()  # only asked what it can do (its capabilities), never called here
         self.queue = FairQueue(max_waiting=options.max_waiting, joins=self._joins)
         # Requests join a batch under way where the model's batch runners admit rows (llama.cpp's).
@@ -112,28 +122,40 @@ class EngineService(ModelRoutes):
         return True
 
     async def answer(self, endpoint: Endpoint, body: dict[str, Any], request: Request) -> Response:
-        served = await asyncio.to_thread(parse_request, endpoint, body, self.context)
-        if self.queue.waiting >= self.queue.max_waiting:
+        read = await asyncio.to_thread(parse_requests, endpoint, body, self.context)
+        if self.queue.waiting + len(read) > self.queue.max_waiting:
             raise ApiError(503, f"the model is busy: {self.queue.waiting} requests are waiting; try again shortly",
                            code="server_busy")
+        served = read[0]
         answer_id = ("chatcmpl-" if endpoint == "chat.completions" else "cmpl-") + secrets.token_hex(12)
-        exchange = ServedExchange(
-            id=answer_id, endpoint=endpoint, model=served.model, client=client_address(request), proxied=False,
-            upstream=None, messages=served.messages, prompt=served.prompt, prompt_ids=served.prompt_ids,
-            sampler=served.sampler, request=served.generation, n=served.n, stream=served.stream, body=body,
-        )
-        active = ActiveAnswer(exchange, events=[[] for _ in range(served.n)], stats=[None] * served.n)
+        if len(read) > 1 or served.echo or served.prompt_logprobs is not None or served.max_tokens == 0:
+            from engine.serve.scoring import answer_prompts  # several prompts, or the prompt's own log-probs
+
+            return await answer_prompts(self, read, body, request, answer_id)
+        active = self.active_answer(served, body, request, answer_id)
         writer = AnswerWriter(answer_id, served)
         if served.stream:
             return EventSourceResponse(self._stream(active, served, writer), ping=15)
         return await self._whole(active, served, writer, request)
+
+    def active_answer(self, served: ServedRequest, body: dict[str, Any], request: Request,
+                      answer_id: str) -> ActiveAnswer:
+        """The record of one answer about to wait for its turn (`collect` or a stream runs it)."""
+        exchange = ServedExchange(
+            id=answer_id, endpoint=served.endpoint, model=served.model, client=client_address(request),
+            proxied=False, upstream=None, messages=served.messages, prompt=served.prompt,
+            prompt_ids=served.prompt_ids, sampler=served.sampler, request=served.generation, n=served.n,
+            stream=served.stream, body=body,
+        )
+        return ActiveAnswer(exchange, events=[[] for _ in range(served.n)], stats=[None] * served.n)
 
     # --- running --------------------------------------------------------------------------------------------
 
     def _rider(self, active: ActiveAnswer, served: ServedRequest) -> Rider | None:
         """The request as a possible row of a shared batch; None where it runs alone (`runs_in_batch`)."""
         request = served.generation
-        if not runs_in_batch(self.backend, request):
+        # A request with tools runs in the decode loop: its grammar lives there (as a constraint's does).
+        if not runs_in_batch(self.backend, request) or served.tools is not None and served.tools.choice.calls:
             return None
         return Rider(request, served.n, active.cancel,
                      cells=cells_needed(len(served.prompt_ids), served.n, request.max_new_tokens))
@@ -233,7 +255,9 @@ class EngineService(ModelRoutes):
                 elif event.stats.finish_reason == "error":
                     raise EngineError(event.stats.error or "the model failed in the middle of the answer")
                 else:
-                    yield dumps(writer.final_chunk(index, finish_reason(event.stats)))
+                    active.stats[index] = writer.recorded_stats(index, event.stats)
+                    for doc in writer.end_chunks(index, event.stats):
+                        yield dumps(doc)
             for index, stats in enumerate(active.stats):
                 if stats is None and active.stopped:  # stopped before its turn at the model: still a last chunk
                     yield dumps(writer.final_chunk(index, "stop"))
@@ -246,7 +270,7 @@ class EngineService(ModelRoutes):
             # The stream has begun (status 200): the error goes as an event, the way OpenAI's servers send one.
             ended = True
             self._end(active, error=str(e))
-            err = e if isinstance(e, ApiError) else _engine_error(e)
+            err = e if isinstance(e, ApiError) else engine_error(e)
             yield dumps(err.body())
             yield "[DONE]"
         finally:
@@ -256,6 +280,15 @@ class EngineService(ModelRoutes):
 
     async def _whole(self, active: ActiveAnswer, served: ServedRequest, writer: AnswerWriter,
                      request: Request) -> Response:
+        exchange = await self.collect(active, served, request)
+        if exchange is None:
+            return Response(status_code=499)
+        per_choice = [(list(c.events), c.text, c.finish_reason) for c in exchange.choices]
+        return JSONResponse(writer.whole(per_choice, cached_tokens(active.stats), [c.stats for c in exchange.choices]))
+
+    async def collect(self, active: ActiveAnswer, served: ServedRequest, request: Request) -> ServedExchange | None:
+        """Run one answer to its end (not streamed) and record it; None when the client went away first (its
+        generation is cancelled); ApiError for a failed model."""
         async def collect() -> None:
             async for _ in self._run(active, served):
                 pass
@@ -270,11 +303,11 @@ class EngineService(ModelRoutes):
                     active.cancel.set()
                     task.cancel()
                     self._end(active, disconnected=True)
-                    return Response(status_code=499)
+                    return None
             task.result()
         except (EngineError, ValueError) as e:
             self._end(active, error=str(e))
-            raise _engine_error(e) from None
+            raise engine_error(e) from None
         except BaseException:
             task.cancel()
             active.cancel.set()
@@ -284,20 +317,10 @@ class EngineService(ModelRoutes):
         if failed:
             self._end(active, error=failed[0].error)
             raise ApiError(500, f"the model failed in the middle of the answer: {failed[0].error}")
-        exchange = self._end(active)
-        per_choice = [(list(c.events), c.text, c.finish_reason) for c in exchange.choices]
-        return JSONResponse(writer.whole(per_choice, cached_tokens(active.stats)))
+        return self._end(active)
 
 
 def cached_tokens(stats: Sequence[GenerationStats | None]) -> int:
     """The prompt's tokens not computed for this request: what its first answer reused (from the model's cache,
     or a beginning computed once for a shared batch); its other answers copy that answer's prompt."""
     return stats[0].reused_tokens if stats and stats[0] is not None else 0
-
-
-def _engine_error(e: BaseException) -> ApiError:
-    if isinstance(e, ContextLengthError):
-        return ApiError(400, str(e), param="max_tokens", code="context_length_exceeded")
-    if isinstance(e, (ValueError, TypeError)):
-        return ApiError(400, str(e), code="invalid_value")
-    return ApiError(500, str(e), code="model_error")

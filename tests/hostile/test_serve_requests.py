@@ -49,7 +49,8 @@ CASES = [
     ("image part", "/chat/completions",
      chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]),
      400, "text parts only"),
-    ("prompt batch", "/completions", completion(prompt=["a", "b"]), 400, "batch of several prompts"),
+    # A list of prompts is answered now (issue 46), up to MAX_PROMPTS of them.
+    ("prompt batch past the limit", "/completions", completion(prompt=["a"] * 33), 400, "at most 32"),
     ("token id past the vocabulary", "/completions", completion(prompt=[10**12]), 400, "token id"),
     ("negative token id", "/completions", completion(prompt=[-1]), 400, "token id"),
     ("too many stops", "/completions", completion(stop=["x"] * 17), 400, "stop takes at most 16"),
@@ -68,7 +69,8 @@ CASES = [
      "only allowed with stream"),
     ("top_logprobs alone", "/chat/completions", chat(top_logprobs=3), 400, "needs logprobs: true"),
     ("logprobs past the limit", "/completions", completion(logprobs=1000), 400, "logprobs must be from 0 to 100"),
-    ("echo", "/completions", completion(echo=True), 400, "echo"),
+    # echo is answered now (prompt log-probs, issue 46); streamed it is not.
+    ("echo streamed", "/completions", completion(echo=True, logprobs=1, stream=True), 400, "echo"),
     ("unknown field", "/chat/completions", chat(frequency_penalty_typo=1), 400, "unknown field"),
     ("max_tokens past the context", "/completions", completion(max_tokens=10**6), 400, "past the model's context"),
 ]
