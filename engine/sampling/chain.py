@@ -62,6 +62,7 @@ from engine.sampling.custom_stage import run_custom_stage
 from engine.sampling.distribution import Dist
 from engine.sampling.dry import Vocabulary
 from engine.sampling.grammar import GrammarStage
+from engine.sampling.head import RowHead
 from engine.sampling.pick import (
     BANNED_STAGE,
     Choice,
@@ -223,7 +224,8 @@ class SamplerChain:
         v = scores.size
         if force_token is not None and not 0 <= force_token < v:
             raise ValueError(f"force_token {force_token} is outside the vocabulary [0, {v})")
-        ctx = StageContext(np.asarray(history, dtype=np.int64), self._rng)
+        head = RowHead(scores, top)  # the row's top, found once for top-k, the top N and the rank
+        ctx = StageContext(np.asarray(history, dtype=np.int64), self._rng, head)
 
         stages = self._stages if (record_stages or not self._greedy) else self._greedy_stages
         # The row as it goes through the stages: the whole (V,) row (ids None), or, once a filter has cut
@@ -261,4 +263,4 @@ class SamplerChain:
             token = final.draw(u) if force_token is None else int(force_token)
         for obj in self._stateful:
             obj.accept(token)
-        return Choice(token, force_token is not None, scores, steps, final, best, self._names)
+        return Choice(token, force_token is not None, scores, steps, final, best, self._names, head)

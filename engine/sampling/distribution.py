@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import math
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from engine.sampling.stages import NEG_INF, exp_sums, finite_part
+
+if TYPE_CHECKING:
+    from engine.sampling.head import RowHead
 
 TopList = tuple[tuple[int, float], ...]
 
 # Full-vocabulary sums go by chunks of this many entries (see engine.sampling.stages.CHUNK).
 CHUNK = 1 << 14
+# Rows this short (a filter's survivors) give their top N from one sort of them all: the first n by (score
+# down, id up) are the n highest with ties at the cut to the lowest ids, in the order `top` lists them.
+_SORT_ALL = 256
 # How far below the top score the top-N search looks on each try (nats).
 _TOP_REACH: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
@@ -38,15 +46,17 @@ class Dist:
         entropy: entropy (nats) of softmax(vals).
     """
 
-    __slots__ = ("_tops", "count", "entropy", "ids", "lse", "m", "vals", "z")
+    __slots__ = ("_head", "_tops", "count", "entropy", "ids", "lse", "m", "vals", "z")
     ids: np.ndarray | None
     vals: np.ndarray
 
-    def __init__(self, scores: np.ndarray, ids: np.ndarray | None = None) -> None:
+    def __init__(self, scores: np.ndarray, ids: np.ndarray | None = None, head: RowHead | None = None) -> None:
         """
         Args:
             scores: a (V,) row with -inf for removed tokens, or, with `ids`,
                 the finite scores of the tokens `ids` (ascending).
+            head: the (V,) row's head (engine.sampling.head), when the chain found it already: its max
+                is this row's, and the top N comes from it instead of another look at the row.
         """
         if ids is not None:
             self.count = scores.size
@@ -59,7 +69,9 @@ class Dist:
                 self.ids, self.vals = finite_part(scores)
             else:
                 self.ids, self.vals = None, scores  # ids None: position = token id
-        m = self.vals.max()
+        # The head speaks for the row itself only: not for its finite part gathered above.
+        self._head = head if head is not None and self.ids is None and head.row is scores else None
+        m = self.vals.max() if self._head is None else self._head.m
         z, ed = exp_sums(self.vals, m, entropy=True, all_finite=self.count == self.vals.size)
         self.m = float(m)
         self.z = z
@@ -91,10 +103,15 @@ class Dist:
         known = self._tops.get(n)
         if known is not None:
             return known
-        local = top_local(self.vals, n)
-        ids = local if self.ids is None else self.ids[local]
-        vals = self.vals[local]
-        order = np.lexsort((ids, -vals))
+        if self.vals.size <= _SORT_ALL:  # a few survivors: one sort by (score down, id up), its first n
+            ids = np.arange(self.vals.size) if self.ids is None else self.ids
+            vals = self.vals
+            order = np.lexsort((ids, -vals))[:n]
+        else:
+            local = top_local(self.vals, n) if self._head is None else self._head.top_local(n)
+            ids = local if self.ids is None else self.ids[local]
+            vals = self.vals[local]
+            order = np.lexsort((ids, -vals))
         lse = self.lse
         out = tuple((int(ids[i]), float(vals[i]) - lse) for i in order)
         self._tops[n] = out
@@ -127,6 +144,14 @@ class Dist:
                 last = i + int(np.flatnonzero(w)[-1])
             acc += t
         return self.token_id(last)  # u * Z rounded up to Z
+
+    def finite_at(self, tokens: np.ndarray) -> np.ndarray:
+        """For each of `tokens` (ids), whether its score here is finite: `score(t) != -inf`, all at once."""
+        if self.ids is None:
+            return self.vals[tokens] > NEG_INF
+        j = np.searchsorted(self.ids, tokens)
+        jc = np.minimum(j, self.ids.size - 1)
+        return (j < self.ids.size) & (self.ids[jc] == tokens) & (self.vals[jc] > NEG_INF)
 
 
 def top_local(vals: np.ndarray, n: int) -> np.ndarray:

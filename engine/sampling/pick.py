@@ -15,6 +15,7 @@ import numpy as np
 from engine.events import TokenProb
 from engine.sampling.alternatives import TokenNames
 from engine.sampling.distribution import Dist, TopList, mass_kept
+from engine.sampling.head import RowHead
 from engine.sampling.stages import NEG_INF
 
 Alternatives = tuple[TokenProb, ...]
@@ -92,11 +93,11 @@ class Choice:
         forced: it was given (`force_token`), not drawn.
     """
 
-    __slots__ = ("_best", "_final", "_names", "_scores", "_steps", "forced", "token_id")
+    __slots__ = ("_best", "_final", "_head", "_names", "_scores", "_steps", "forced", "token_id")
 
     def __init__(
         self, token: int, forced: bool, scores: np.ndarray, steps: list[Step] | None, final: Dist | None, best: int,
-        names: TokenNames | None = None,
+        names: TokenNames | None = None, head: RowHead | None = None,
     ) -> None:
         self.token_id = token
         self.forced = forced
@@ -105,6 +106,7 @@ class Choice:
         self._final = final  # the distribution drawn from (None when greedy)
         self._best = best  # the greedy argmax (-1 when sampling)
         self._names = names if names is not None else TokenNames(None)
+        self._head = head  # the top of `scores` the chain found (engine.sampling.head), None when not
 
     def final_distribution(self) -> np.ndarray:
         """(V,) float32 log-probs of the distribution the token was drawn from; -inf for removed tokens.
@@ -123,24 +125,10 @@ class Choice:
 
     def report(self, top_n: int = 20) -> Pick:
         """The token's statistics: the model's view, the sampler's, and each recorded stage (see `Pick`)."""
-        scores, token, names = self._scores, self.token_id, self._names
-        model = Dist(scores)
+        scores, token, names, head = self._scores, self.token_id, self._names, self._head
+        model = Dist(scores, head=head)
         model_top = model.top(top_n)
-        recorded: list[StageStats] | None = None
-        if self._steps is not None:
-            recorded = []
-            dist = model  # the distribution entering the next stage
-            watched = dict.fromkeys([t for t, _ in model_top] + [token])  # the rows a view shows
-            for name, ids, vals in self._steps:
-                if vals is None:  # the stage changed nothing
-                    recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, names(dist.top(top_n))))
-                    continue
-                after = Dist(vals, ids)
-                top = after.top(top_n)
-                removed = tuple(t for t in watched if dist.score(t) != -math.inf and after.score(t) == -math.inf)
-                recorded.append(StageStats(name, after.count, mass_kept(dist, after), after.entropy, names(top), removed))
-                watched.update(dict.fromkeys(t for t, _ in top))
-                dist = after
+        recorded = self._stage_stats(model, model_top, top_n) if self._steps is not None else None
         if self._final is None:  # greedy
             best = self._best
             sampler_logprob = 0.0 if token == best else -math.inf
@@ -152,13 +140,33 @@ class Choice:
             token_id=token,
             logprob=model.logprob(token),
             sampler_logprob=sampler_logprob,
-            rank=int(np.count_nonzero(scores > scores[token])),
+            rank=head.rank(token) if head is not None else int(np.count_nonzero(scores > scores[token])),
             entropy=model.entropy,
             top_model=names(model_top),
             top_sampler=names(top_sampler),
             stages=tuple(recorded) if recorded is not None else None,
             forced=self.forced,
         )
+
+    def _stage_stats(self, model: Dist, model_top: TopList, top_n: int) -> list[StageStats]:
+        """What each recorded stage did, in order, from the distribution entering the first (`model`)."""
+        names, recorded = self._names, []
+        dist = model  # the distribution entering the next stage
+        watched = dict.fromkeys([t for t, _ in model_top] + [self.token_id])  # the rows a view shows
+        for name, ids, vals in self._steps or ():
+            if vals is None:  # the stage changed nothing
+                recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, names(dist.top(top_n))))
+                continue
+            after = Dist(vals, ids)
+            top = after.top(top_n)
+            # The watched tokens this stage removed, in the order they were first watched.
+            shown = np.fromiter(watched, dtype=np.int64, count=len(watched))
+            gone = shown[dist.finite_at(shown) & ~after.finite_at(shown)]
+            removed = tuple(int(t) for t in gone)
+            recorded.append(StageStats(name, after.count, mass_kept(dist, after), after.entropy, names(top), removed))
+            watched.update(dict.fromkeys(t for t, _ in top))
+            dist = after
+        return recorded
 
 
 def apply_keep(
@@ -171,6 +179,11 @@ def apply_keep(
     """
     if keep is None:
         return ids, vals
+    if keep.dtype != np.bool_:  # the kept positions of a (V,) row, ascending (FilterStage)
+        if ids is not None or keep.size * 4 > v:
+            keep = _mask(keep, vals.size if ids is None else ids.size)
+        else:
+            return _finite_only(keep, vals[keep])
     n = int(np.count_nonzero(keep))
     if n == vals.size:
         return ids, vals
@@ -179,11 +192,20 @@ def apply_keep(
     if n * 4 > v:
         return None, np.where(keep, vals, NEG_INF)
     kept = np.flatnonzero(keep)
-    out = vals[kept]
-    if n and out.min() == NEG_INF:  # a mask may name removed tokens too
+    return _finite_only(kept, vals[kept])
+
+
+def _finite_only(kept: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if out.size and out.min() == NEG_INF:  # a mask may name removed tokens too
         finite = out > NEG_INF
         kept, out = kept[finite], out[finite]
     return kept, out
+
+
+def _mask(positions: np.ndarray, size: int) -> np.ndarray:
+    mask = np.zeros(size, dtype=bool)
+    mask[positions] = True
+    return mask
 
 
 def expand(ids: np.ndarray, vals: np.ndarray, v: int) -> np.ndarray:

@@ -13,15 +13,18 @@ The arithmetic lives in the stage's own module (`stages.py`, `shaping.py`,
 The row's shape is `engine.sampling.stage_row`. Readers: `engine.sampling.chain` (factories, fast-path flags),
 `engine.sampling.llamacpp_json` (keys, samplers, aliases, `stage_active`),
 `engine.backends.remote.server_params` (server parameter names and how each
-stage is checked), and the app's sampling panel (controls, stage help), so a
-new stage is its module, its fields in `SamplerSettings` (with their
-validation) and one row here; tests/engine/test_stage_registry.py checks that
-every reader covers every row.
+stage is checked), and the window, whose only source of labels, ranges, steps
+and on/off rules this is (the sampling panel's controls and stage help, its
+folding sections' "on" by `switched_on_by`, the controls server-samples mode
+turns off, an experiment column's editor), so a new stage is its module, its
+fields in `SamplerSettings` (with their validation) and one row here;
+tests/engine/test_stage_registry.py and tests/app/test_window_reads_the_registry.py
+check that every reader covers every row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
     from engine.sampling.settings import SamplerSettings
 
 __all__ = ["ARGMAX_PRESERVING", "CONTROLS", "LLAMA_CPP_SERVER", "ON_SURVIVORS", "SERVER_KINDS", "STAGES", "STAGE_ROWS",
-           "BuildContext", "Control", "StageRow", "stage_active", "stage_row"]
+           "BuildContext", "Control", "StageRow", "stage_active", "stage_row", "switched_on_by"]
 
 _VLLM_LIKE = ("vllm", "sglang")
 _EXTENDED = ("vllm", "sglang", "llama-cpp-python", "lmstudio")  # top_k, min_p and a repetition penalty
@@ -151,6 +154,7 @@ STAGES: tuple[StageRow, ...] = (
                                        **_on("repeat_penalty", "llama-cpp-python", "lmstudio")},
                 "presence_penalty": _on("presence_penalty", *SERVER_KINDS),
                 "frequency_penalty": _on("frequency_penalty", *SERVER_KINDS)},
+        server_defaults=("penalty_last_n",),
         controls=(
             C("repetition_penalty", "Repetition", "Divides the logits of recent tokens; 1 = off", 0.05, 3.0, 0.01, 2, 2.0,
               cli=("--repeat-penalty", "--repetition-penalty"), cli_help="penalize repeated tokens; 1 = off"),
@@ -354,3 +358,18 @@ def stage_active(stage: str, s: SamplerSettings) -> bool:
     """Whether `stage` changes anything with these settings (it is not at its neutral value)."""
     row = STAGE_ROWS.get(stage)
     return row is not None and row.active(s)
+
+
+def switched_on_by(fields: Collection[str], s: SamplerSettings) -> bool:
+    """Whether `fields` turn a stage on in `s`: some stage with a switch among them is on when its switches not
+    among them are at their neutral values. A panel section that holds some of a stage's switches reads this (the
+    dynamic temperature is on by its range, not by the temperature the panel shows elsewhere); one that holds them
+    all says exactly what the row's `active` says."""
+    neutral = type(s)()
+    for row in STAGES:
+        if not any(f in fields for f in row.switches):
+            continue
+        others = {f: getattr(neutral, f) for f in row.switches if f not in fields}
+        if row.active(s.with_(**others) if others else s):
+            return True
+    return False

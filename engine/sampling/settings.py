@@ -53,6 +53,9 @@ _LEGACY_DEFAULT_ORDER = ("penalties", "top_k", "top_p", "min_p", "typical_p", "x
 
 DEFAULT_DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")  # llama.cpp's
 DRY_BREAKER_MAX_CHARS = 40  # llama.cpp truncates longer breakers; we refuse them instead
+# llama.cpp sets no count; each breaker costs a scan of the vocabulary before the first token (issue 43: 1,000 of
+# them held the model a minute), and real lists are a handful (llama.cpp's default is 4, SillyTavern's ~6).
+DRY_MAX_BREAKERS = 64
 
 LogitBias = tuple[tuple[int | str, float], ...]
 
@@ -258,7 +261,8 @@ def _integer(name: str, v: Any, errors: list[str]) -> bool:
 
 def _strings(name: str, v: Any, errors: list[str], what: str) -> bool:
     if not isinstance(v, tuple) or not all(isinstance(s, str) for s in v):
-        errors.append(f"{name} must be a list of texts ({what}), got {v!r}")
+        shown = repr(v)  # a hostile list may be long: the message shows its start
+        errors.append(f"{name} must be a list of texts ({what}), got {shown[:80]}{'...' if len(shown) > 80 else ''}")
         return False
     if any(not s for s in v):
         errors.append(f"{name} has an empty text; remove it ({what})")
@@ -311,7 +315,10 @@ def validate(s: SamplerSettings) -> list[str]:
         e.append(f"dry_penalty_last_n must be >= -1 (-1 = whole history, 0 = off), got {s.dry_penalty_last_n}")
     if _strings("dry_sequence_breakers", s.dry_sequence_breakers, e, "texts that end a repeat, e.g. newline, ':'"):
         long = [b for b in s.dry_sequence_breakers if len(b) > DRY_BREAKER_MAX_CHARS]
-        if long:
+        if len(s.dry_sequence_breakers) > DRY_MAX_BREAKERS:
+            e.append(f"dry_sequence_breakers takes at most {DRY_MAX_BREAKERS} texts, got "
+                     f"{len(s.dry_sequence_breakers):,}")
+        elif long:
             e.append(f"dry_sequence_breakers must be at most {DRY_BREAKER_MAX_CHARS} characters each; shorten {long[0]!r}")
     if _finite("xtc_probability", s.xtc_probability, e) and not 0 <= s.xtc_probability <= 1:
         e.append(f"xtc_probability must be in [0, 1], got {s.xtc_probability}")

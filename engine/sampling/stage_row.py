@@ -91,6 +91,8 @@ class StageRow:
         server: {field: {server kind: parameter name}} for the kinds in SERVER_KINDS; a field with no kinds is
             one no such server takes.
         server_rule: how `server_parameters` checks it ("fields", "switch", "own").
+        server_defaults: fields a server without a parameter for them runs at a value of its own (server_params'
+            own rule: refused only when they differ from it), so the window calls them the server's own.
         controls: the panel's control for each field.
     """
 
@@ -111,4 +113,5 @@ class StageRow:
     not_llamacpp: tuple[str, ...] = ()
     server: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     server_rule: ServerRule = "fields"
+    server_defaults: tuple[str, ...] = ()
     controls: tuple[Control, ...] = ()

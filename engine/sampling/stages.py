@@ -35,9 +35,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from engine.sampling.head import RowHead
 
 NEG_INF = np.float32(-np.inf)
 
@@ -57,10 +60,13 @@ class StageContext:
         history: (T,) int64 token ids seen so far, prompt included; penalties
             look at its tail.
         rng: the chain's generator; XTC draws from it once per step.
+        head: the top of the model's row this step (engine.sampling.head), shared by top-k, the model's
+            top N and the rank; a stage may use it only on that very row (`head.row is scores`).
     """
 
     history: np.ndarray
     rng: np.random.Generator
+    head: RowHead | None = None
 
 
 Stage = Callable[[np.ndarray, StageContext], np.ndarray]
@@ -95,7 +101,9 @@ class FilterStage:
     """A stage that removes tokens and changes no score, made from its `keep` rule.
 
     `keep(scores, ctx)` returns a bool mask of the tokens to keep, or None when
-    it keeps them all; calling the stage applies it (`keep_only`). The chain
+    it keeps them all, or (on a (V,) row only) the kept positions as an integer
+    array in ascending order, when it has them without a mask (top-k from the
+    row's head); calling the stage applies it (`keep_only`). The chain
     calls `keep` itself, so that after the first cut it can carry on with the
     survivors alone instead of a (V,) row that is mostly -inf. A filter looks
     only at the scores, not at which token has which score, so it gives the
@@ -119,7 +127,12 @@ def keep_only(scores: np.ndarray, keep: np.ndarray) -> np.ndarray:
     A filter usually keeps a handful of tokens out of a large vocabulary; a
     scatter into a fresh -inf row is then much cheaper than `np.where`,
     whose cost on 262k entries is dominated by branch mispredictions.
+    `keep` may also be the kept positions (ascending ints, see `FilterStage`).
     """
+    if keep.dtype != np.bool_:
+        out = np.full_like(scores, NEG_INF)
+        out[keep] = scores[keep]
+        return out
     n = int(np.count_nonzero(keep))
     if n == scores.size:
         return scores
@@ -162,6 +175,8 @@ def exp_sums(
     (`all_finite` promises there are none and skips a guard).
     """
     n = vals.size
+    if n <= _SMALL:
+        return _exp_sums_small(vals, np.float32(m), entropy, all_finite)
     c = min(n, CHUNK)
     d = np.empty(c, np.float32)
     e = np.empty(c, np.float32)
@@ -178,6 +193,20 @@ def exp_sums(
             # einsum, not np.dot: some BLAS builds are pathologically slow on long vectors.
             s += float(np.einsum("i,i->", e[:k], d[:k]))
     return z, s
+
+
+# Rows this short (a filter's survivors) are one chunk: summed without the chunk buffers, whose set-up costs more
+# than the arithmetic on a few dozen entries. The same operations on the same values, so the same sums.
+_SMALL = 1024
+
+
+def _exp_sums_small(vals: np.ndarray, m32: np.float32, entropy: bool, all_finite: bool) -> tuple[float, float]:
+    d = np.subtract(vals, m32)
+    if entropy and not all_finite:
+        np.maximum(d, _FLOOR, out=d)
+    e = np.exp(d)
+    z = float(e.sum(dtype=np.float64))
+    return z, (float(np.einsum("i,i->", e, d)) if entropy else 0.0)
 
 
 def _prefix_end(weights_in_order: np.ndarray, target: float) -> int:
@@ -210,10 +239,12 @@ def make_top_k(k: int) -> Stage:
     def top_k(scores: np.ndarray, ctx: StageContext) -> np.ndarray | None:
         if k >= scores.size:
             return None
-        kth = kth_largest(scores, k)
+        head = ctx.head if ctx.head is not None and ctx.head.row is scores else None
+        kth = kth_largest(scores, k) if head is None else head.kth_largest(k)
         if kth == NEG_INF:
             return None
-        return scores >= kth
+        kept = head.at_least(kth) if head is not None else None  # the ids, without a (V,) mask
+        return scores >= kth if kept is None else kept
 
     return FilterStage(top_k, "top_k")
 
