@@ -9,7 +9,7 @@ Usable without the app::
             ...
 """
 
-from engine.backends.select import BACKENDS
+from engine.backends.select import BACKEND_TABLE, BACKENDS, backend_help, user_backends  # the backend table
 from engine.chat import ChatSession
 from engine.atomic_file import atomic_text_file, write_text_atomic  # a file whole or not at all (exports)
 from engine.engine import Engine
@@ -18,6 +18,7 @@ from engine.worker import busy_workers, close_all  # every model thread of the p
 from engine.errors import (
     ContextLengthError,
     EngineError,
+    GenerationCancelled,
     HubUnreachableError,
     ModelLoadError,
     ModelNotFoundError,
@@ -34,13 +35,18 @@ from engine import library  # models on this machine, and downloads (engine.libr
 from engine import template_choice  # built-in and chosen chat templates, which one a model uses
 from engine import reasoning  # <think>…</think> in answers and in the next turn's prompt (engine.reasoning)
 from engine import lens  # the layer view (logit lens) and attention of a position (engine.lens)
+from engine import documents  # files attached to a message: read, checked, inserted (engine.documents)
 from engine import steering  # control vectors: load, save, train, apply, what they did (engine.steering)
+from engine import tools  # tool calling: tools checked, their calls parsed (engine.tools, docs/tools.md)
+from engine.tools.confidence import CallConfidence, call_confidence  # what the model decided in each call
+from engine.tools.mcp_config import McpConfigError, read_mcp_config  # an mcp.json, checked (engine.tools.mcp_config)
+from engine.tools.mcp_hub import McpHub  # its servers' tools behind blocking calls (engine.tools.mcp_hub)
 from engine.open_model import load_model
 from engine.sources.remote_code import custom_code_files
 from engine.sources.default_model import DefaultModelMissingError, default_model_path, download_default_model, models_dir
 from engine.model_info import ModelInfo, ServerInfo
 from engine.request import GenerationRequest
-from engine.runtime_settings import RuntimeFacts, RuntimeSettings
+from engine.runtime_settings import INT32_MAX, RuntimeFacts, RuntimeSettings
 from engine.servers import (
     list_server_models,
     remember_connection,
@@ -53,7 +59,7 @@ from engine.sampling import Pick, SamplerChain  # the chain every backend sample
 from engine.sampling import CustomStage, CustomStageError, final_distribution  # your own stage; the row a draw used
 from engine.sampling.llamacpp_json import ImportedSettings, llamacpp_json, parse_llamacpp_json
 from engine.sampling.registry import CONTROLS as SAMPLER_CONTROLS  # each stage setting's control: label, range, tip
-from engine.sampling.registry import STAGE_ROWS, Control as SamplerControl  # every stage's row (engine.sampling.registry)
+from engine.sampling.registry import STAGE_ROWS, switched_on_by, Control as SamplerControl  # every stage's row (engine.sampling.registry)
 
 # The OpenAI-compatible server (engine.serve): its web stack (uvicorn, Starlette) loads only when one of these
 # is first asked for, so importing the engine (the window, the CLI) does not pay for it.
@@ -82,6 +88,9 @@ __all__ = [
     "ConstraintError",
     "ConstraintStep",
     "BACKENDS",
+    "BACKEND_TABLE",
+    "backend_help",
+    "user_backends",
     "ChatSession",
     "ContextLengthError",
     "CustomStage",
@@ -92,6 +101,7 @@ __all__ = [
     "Done",
     "Engine",
     "EngineError",
+    "GenerationCancelled",
     "GenerationRequest",
     "GenerationStats",
     "Fingerprint",
@@ -104,11 +114,13 @@ __all__ = [
     "RemoteCodeRefusedError",
     "RuntimeFacts",
     "RuntimeSettings",
+    "INT32_MAX",
     "Rewind",
     "Pick",
     "SAMPLER_CONTROLS",
     "STAGE_NAMES",
     "STAGE_ROWS",
+    "switched_on_by",
     "SamplerControl",
     "SamplerChain",
     "SamplerSettings",
@@ -125,6 +137,13 @@ __all__ = [
     "loom",
     "library",
     "lens",
+    "documents",
+    "tools",
+    "CallConfidence",
+    "call_confidence",
+    "McpConfigError",
+    "McpHub",
+    "read_mcp_config",
     "steering",
     "reasoning",
     "custom_code_files",

@@ -26,12 +26,13 @@ an AttributeError.
 | `Steerable`       | a direction added to chosen layers' outputs (steering, control vectors), and logits under any steering | llama.cpp, torch, MLX |
 | `ResidualStates`  | every layer's output at a sequence's last token (training steering vectors) | llama.cpp, torch, MLX |
 | `NumericFacts`    | its libraries' versions and the settings that change the numbers (an answer's fingerprint) | llama.cpp, torch, MLX, remote |
+| `RecordsCacheSchedule` | the forward calls its cache's positions came from (an exact replay computes them the same way) | llama.cpp |
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -99,7 +100,8 @@ class PositionRunner(Protocol):
 
     def close(self) -> None: ...
 
-    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None) -> Iterator[np.ndarray]:
+    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None
+                        ) -> Generator[np.ndarray, None, None]:
         """Logits of positions `first`..T-1, as (n, V) float32 chunks in order (row t predicts t + 1)."""
         ...
 
@@ -254,6 +256,17 @@ class StartsFromBackendCache(Protocol):
         """`start([prompt])`, the prompt's first tokens taken from the backend's cache where it holds them;
         returns the (1, V) logits and how many tokens were taken rather than computed. Runs on the backend's
         worker thread (the backend's cache is read)."""
+        ...
+
+
+@runtime_checkable
+class RecordsCacheSchedule(Protocol):
+    """Says in which forward calls its cache's positions were computed (engine/cache_schedule.py): where a batch's
+    size changes the numbers (llama.cpp's CPU kernels), an answer repeats bit for bit only when its prompt's
+    cache is computed in the same pieces. `engine.backends.base.prefill` does that when asked."""
+
+    def cache_schedule(self, upto: int) -> "tuple[tuple[int, int], ...]":
+        """The (computed, kept) pieces of the first `upto` cached positions, in order."""
         ...
 
 

@@ -9,6 +9,7 @@ way the model's template wants (`engine.reasoning`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.reasoning import DEFAULT_FORMAT, ReasoningFormat, prompt_history
 from engine.request import GenerationRequest, Message
@@ -26,7 +27,7 @@ class ChatSession:
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return prompt_history(head + self.messages, self.reasoning)
 
-    def request(self, user_text: str, **kwargs) -> GenerationRequest:
+    def request(self, user_text: str, **kwargs: Any) -> GenerationRequest:  # kwargs: GenerationRequest's fields
         """The request for the next answer to `user_text` (not yet added to the history)."""
         return GenerationRequest(messages=tuple(self.history() + [{"role": "user", "content": user_text}]), **kwargs)
 

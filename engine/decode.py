@@ -27,7 +27,7 @@ from collections.abc import Callable, Generator
 import numpy as np
 
 from engine.backends.base import Backend, prefill
-from engine.capabilities import OverlappedForward
+from engine.capabilities import OverlappedForward, RecordsCacheSchedule
 from engine.decode_row import MAX_REWINDS, AnswerRow, Taken, token_event
 from engine.errors import ContextLengthError
 from engine.events import Done, Event, TokenEvent
@@ -35,6 +35,7 @@ from engine.request import GenerationRequest
 from engine.steering.apply import steer_for_request
 from engine.sampling import Choice, Pick
 from engine.tokenizer import TokenizerLike, check_token_ids, vocabulary_size
+from engine.tools.request_tools import prompt_ids_with_tools
 
 __all__ = ["MAX_REWINDS", "Chooser", "check_context", "generate_events", "prompt_ids_for", "token_event"]
 
@@ -57,7 +58,8 @@ def prompt_ids_for(tokenizer: TokenizerLike, request: GenerationRequest, n_vocab
         check_token_ids(request.prompt_ids, n_vocab, "prompt token id")
         ids = list(request.prompt_ids)
     elif request.messages is not None:
-        ids = tokenizer.chat_ids(request.messages, add_generation_prompt=True)
+        # A chat with tools (or calls and results in its history) renders through engine.tools.
+        ids = prompt_ids_with_tools(tokenizer, request) or tokenizer.chat_ids(request.messages, add_generation_prompt=True)
     else:
         assert request.prompt is not None
         ids = tokenizer.encode(request.prompt)
@@ -102,7 +104,7 @@ def generate_events(
     reused = 0
 
     try:
-        logits, reused = prefill(backend, prompt, cancelled=cancel.is_set)
+        logits, reused = prefill(backend, prompt, cancelled=cancel.is_set, schedule=request.cache_schedule)
     except recoverable:
         if not cancel.is_set():
             raise  # nothing generated yet: the caller's error to report
@@ -110,6 +112,8 @@ def generate_events(
     if logits is None or cancel.is_set():
         row.end("cancelled")
         logits = None
+    # How the prompt's cache was computed (the forward calls), recorded for an exact replay where the backend says.
+    schedule = backend.cache_schedule(len(prompt)) if isinstance(backend, RecordsCacheSchedule) else ()
     while logits is not None and row.room_left:
         chosen = _choose(backend, row, logits, choose, cancel)
         taken = row.take(chosen[0], logits, chosen[1]) if chosen is not None else None
@@ -124,7 +128,7 @@ def generate_events(
                 row.end("cancelled")
             break
         logits = yield from _next_logits(backend, overlap, row, taken, cancel, recoverable)
-    yield Done(row.stats(reused_tokens=reused, peak_memory_bytes=backend.peak_memory_bytes()))
+    yield Done(row.stats(reused_tokens=reused, peak_memory_bytes=backend.peak_memory_bytes(), cache_schedule=schedule))
 
 
 def _choose(

@@ -17,13 +17,16 @@ must continue from). `event` builds the token's report when it is shown
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from engine.backends.base import Backend
 from engine.banned_strings import Ban, BannedStringGuard
+from engine.cache_schedule import to_record
 from engine.decode_stats import AnswerRecord
+from engine.fingerprint import token_ids_sha256
 from engine.events import FinishReason, GenerationStats, Rewind, StageSnapshot, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling import Pick, SamplerChain
@@ -31,6 +34,10 @@ from engine.sampling.grammar import GrammarStage, constraint_step, grammar_stage
 from engine.sampling.pick import Choice
 from engine.stopping import StopStringMatcher
 from engine.tokenizer import StreamDetokenizer, TokenizerLike, partial_token_bytes
+from engine.tools.constraint import tool_constraint
+from engine.tools.render import ToolPlan
+from engine.tools.request_tools import answer_calls, plan_for_request
+from engine.tools.tracker import CallTracker
 from engine.top_n import reported_view
 
 log = logging.getLogger(__name__)
@@ -66,6 +73,7 @@ class Taken:
     ends: bool = False
     rewind: Rewind | None = None
     step_back: list[int] | None = None
+    tool_position: str | None = None  # where the token stands in a tool call (engine.tools.tracker)
 
     @property
     def token_id(self) -> int:
@@ -88,6 +96,7 @@ class AnswerRow:
         t0: float,
         grammar: GrammarStage | None = None,
         reported_n: int = 0,
+        tools: ToolPlan | None = None,
     ) -> None:
         self.tok, self.request, self.prompt, self.chain, self.grammar = tok, request, prompt, chain, grammar
         self.reported_n = reported_n  # a server's top N: the model view is what it reported (engine/top_n.py)
@@ -107,6 +116,10 @@ class AnswerRow:
         self._states: dict[int, tuple] = {}
         self._rewind: Rewind | None = None  # told with the next token's event
         self.rewinds_left = MAX_REWINDS
+        # Tools: the plan (format, choice) and the tracker that positions each token in a call and ends the
+        # answer when one is complete (finish reason "tool_calls"); None without tools.
+        self.tools = tools
+        self.calls = CallTracker(tools.format) if tools is not None and tools.tools and tools.choice.calls else None
 
     @classmethod
     def start(
@@ -117,10 +130,15 @@ class AnswerRow:
         The constraint's matcher is made here, before any forward, so a bad constraint costs no model time.
         """
         tok = backend.tokenizer
-        grammar = grammar_stage(request.constraint, tok, backend.info)
+        tools = plan_for_request(tok, request)
+        # With tools the answer is text or a valid call (engine.tools.constraint); the request refuses tools
+        # with a constraint of its own.
+        constraint = request.constraint or (tool_constraint(tools, tok) if tools is not None else None)
+        grammar = grammar_stage(constraint, tok, backend.info)
         sampler = request.sampler if seed is None else request.sampler.with_(seed=seed)
         chain = SamplerChain(sampler, vocab=tok, constraint=grammar)
-        return cls(tok, request, prompt, chain, t0=t0, grammar=grammar, reported_n=backend.info.reports_top_n)
+        return cls(tok, request, prompt, chain, t0=t0, grammar=grammar, reported_n=backend.info.reports_top_n,
+                   tools=tools)
 
     # --- where the row is ---------------------------------------------------------------
 
@@ -181,7 +199,10 @@ class AnswerRow:
             released, _ = self.stopper.feed(self.guard.finish(self.detok.flush()))
             taken.text, taken.special, taken.ends = released + self.stopper.flush(), True, True
             return taken
-        released, ban = self.guard.feed(step, self.detok.add(token))
+        piece = self.detok.add(token)
+        if self.calls is not None:
+            taken.tool_position = self.calls.feed(piece)
+        released, ban = self.guard.feed(step, piece)
         if ban is not None:
             if ban.start < len(self.request.forced_tokens) or self.rewinds_left == 0:
                 # A forced token cannot be banned, and a model that keeps coming back to its phrases is let be.
@@ -195,11 +216,14 @@ class AnswerRow:
             del self._states[k]
         released, stopped = self.stopper.feed(released)
         last = self.step == self.max_new_tokens
+        called = not stopped and self.calls is not None and self.calls.complete
         if stopped:
             self.end("stop")
-        elif last:
+        elif called or last:
+            if called:
+                self.end("tool_calls")
             released += self.stopper.feed(self.guard.finish(self.detok.flush()))[0] + self.stopper.flush()
-        taken.text, taken.ends = released, stopped or last
+        taken.text, taken.ends = released, stopped or last or called
         return taken
 
     def _step_back(self, ban: Ban) -> list[int]:
@@ -214,6 +238,9 @@ class AnswerRow:
         self.chain.restore(self._states[i])
         self.guard.rewind(i)
         self.detok = StreamDetokenizer(self.tok, context_ids=self.prompt + self.generated)
+        if self.calls is not None and self.tools is not None:  # follow the call again over the text kept
+            self.calls = CallTracker(self.tools.format)
+            self.calls.feed(self.tok.decode(self.generated) if self.generated else "")
         return self.prompt + self.generated
 
     # --- what leaves the row -------------------------------------------------------------
@@ -224,20 +251,28 @@ class AnswerRow:
         event = token_event(self.tok, taken.index, pick, taken.text, taken.special, taken.rewind)
         if self.grammar is not None:
             event = constraint_step(event, self.grammar, self.tok)
+        if taken.tool_position is not None:
+            event = replace(event, tool_position=taken.tool_position)
         return reported_view(event, taken.logits, self.reported_n) if self.reported_n else event
 
     def preview(self, pick: Pick) -> TokenEvent:
         """Step mode: the event of a token not taken yet (no text released)."""
         return token_event(self.tok, self.step, pick, "")
 
-    def stats(self, *, reused_tokens: int = 0, peak_memory_bytes: int = 0) -> GenerationStats:
+    def stats(self, *, reused_tokens: int = 0, peak_memory_bytes: int = 0,
+              cache_schedule: Sequence[tuple[int, int]] = ()) -> GenerationStats:
+        """`cache_schedule`: the pieces the prompt's cache was computed in, where the backend says (exact replays)."""
         grammar = self.grammar
-        return self.record.stats(
+        stats = self.record.stats(
             prompt_tokens=len(self.prompt), text=self.stopper.text, seed=self.chain.seed,
             reused_tokens=reused_tokens, peak_memory_bytes=peak_memory_bytes,
             constraint_logprob=grammar.run.log_mass_kept if grammar is not None else None,
             constraint_status=grammar.run.finish_note(self.record.finish) if grammar is not None else "",
         )
+        if self.calls is not None:  # the calls read from the answer (engine.tools)
+            stats = replace(stats, tool_calls=answer_calls(stats.text, self.tools).calls)
+        return replace(stats, prompt_sha256=token_ids_sha256(self.prompt),
+                       cache_schedule=tuple((c, k, times) for c, k, times in to_record(cache_schedule)))
 
 
 def token_event(

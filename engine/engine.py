@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.backends.base import Backend
 from engine.events import Done, Event, GenerationStats
 from engine.open_model import load_model
 from engine.model_info import ModelInfo
 from engine.request import GenerationRequest
+from engine.tokenizer import TokenizerLike
 from engine.worker import EventCallback, GenerationHandle, ModelWorker
 
 if TYPE_CHECKING:
@@ -34,14 +36,16 @@ class Engine:
 
     def __init__(self, worker: ModelWorker):
         self._worker = worker
+        self._loaded: Future[ModelInfo] = Future()
+        worker.ready.add_done_callback(functools.partial(_resolve_loaded, self._loaded))
 
     @classmethod
-    def start(cls, spec: str | None = None, **load_kwargs) -> "Engine":
+    def start(cls, spec: str | None = None, **load_kwargs: Any) -> "Engine":  # load_kwargs: load_model's
         """Begin loading on the worker thread and return at once; see `ready` / `wait_ready`."""
         return cls(ModelWorker(lambda: load_model(spec, **load_kwargs)))
 
     @classmethod
-    def load(cls, spec: str | None = None, **load_kwargs) -> "Engine":
+    def load(cls, spec: str | None = None, **load_kwargs: Any) -> "Engine":
         """Load and wait; load errors are raised here. Arguments as `engine.load_model`."""
         engine = cls.start(spec, **load_kwargs)
         try:
@@ -66,11 +70,23 @@ class Engine:
         return self._worker.wait_ready(timeout)
 
     @property
+    def loaded(self) -> "Future[ModelInfo]":
+        """Resolves to the model's `ModelInfo` once it is loaded (a failed load: its error). The way to wait for a
+        load without being handed the backend, as `ready` and `wait_ready` hand it (the window never holds one)."""
+        return self._loaded
+
+    @property
+    def is_loaded(self) -> bool:
+        """Loaded, without an error (never waits): the tokenizer and `info` answer at once."""
+        ready = self._worker.ready
+        return ready.done() and not ready.cancelled() and ready.exception() is None
+
+    @property
     def info(self) -> ModelInfo:
         return self.wait_ready().info
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> TokenizerLike:
         """The tokenizer (thread-safe for encode/decode)."""
         return self.wait_ready().tokenizer
 
@@ -141,7 +157,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
-        def deliver(event) -> None:
+        def deliver(event: Event | BaseException) -> None:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
         handle = self.submit(request, deliver)
@@ -190,7 +206,7 @@ class Engine:
         *,
         seed: int | None = None,
         cancel: "threading.Event | None" = None,
-        **request_kwargs,
+        **request_kwargs: Any,  # GenerationRequest's fields
     ) -> "CompareResult":
         """Run one prompt under several sampler settings with a shared seed (see `engine.experiments.compare`).
 
@@ -231,11 +247,13 @@ class Engine:
         return self.call(rows)
 
     def start_audit_rows(self, rows: "Sequence[tuple[GenerationRequest, Sequence[TokenEvent], Fingerprint | None]]",
-                         cancel: "threading.Event | None" = None) -> "Future[LoomAudit]":
-        """Rerun loom rows one by one as single answers and compare (see `engine.experiments.audit.audit_rows`)."""
+                         cancel: "threading.Event | None" = None,
+                         progress: "Callable[[int, int], None] | None" = None) -> "Future[LoomAudit]":
+        """Rerun loom rows one by one as single answers and compare (see `engine.experiments.audit.audit_rows`;
+        `progress(done, total)` is called on the model's thread)."""
         from engine.experiments.audit import audit_rows
 
-        return self.call(lambda b: audit_rows(b, rows, cancel))
+        return self.call(lambda b: audit_rows(b, rows, cancel, progress))
 
     # -- steering (engine.steering): each runs on the model's worker thread, between answers ----------------
     # The plain methods wait for the answer; their `start_*` forms return a Future at once (the window's).
@@ -267,11 +285,16 @@ class Engine:
         """An answer (`token_ids[first:]`) scored with and without `steering`: per token KL and log-probs."""
         return self.start_unsteered_shadow(token_ids, first, steering).result()
 
-    def start_unsteered_shadow(self, token_ids: Sequence[int], first: int, steering: "Steering"
-                               ) -> "Future[SteeringShadow]":
+    def start_unsteered_shadow(self, token_ids: Sequence[int], first: int, steering: "Steering", *,
+                               cancel: "threading.Event | None" = None,
+                               progress: "Callable[[int, int], None] | None" = None) -> "Future[SteeringShadow]":
+        """`unsteered_shadow`, started on the worker; `progress(done, total)` answer tokens (on the worker thread)
+        after each chunk; setting `cancel` stops before the next chunk (GenerationCancelled)."""
         from engine.steering.effect import unsteered_shadow
 
-        return self.call(lambda b: unsteered_shadow(b, token_ids, first, steering))
+        stop = cancel or threading.Event()
+        return self.call(lambda b: unsteered_shadow(b, token_ids, first, steering, cancelled=stop.is_set,
+                                                    progress=progress))
 
     def train_steering_vector(
         self,
@@ -314,6 +337,19 @@ class Engine:
     def __enter__(self) -> "Engine":
         return self
 
-    def __exit__(self, exc_type, *exc) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         # Leaving on an error or Ctrl-C: whatever is still queued or running is not wanted any more.
         self.close(cancel=exc_type is not None)
+
+
+def _resolve_loaded(loaded: "Future[ModelInfo]", ready: Future) -> None:
+    """`ready` (the backend, or the load's error) ended: `loaded` gets the backend's `ModelInfo`, or the error."""
+    if ready.cancelled():
+        loaded.cancel()
+    elif (error := ready.exception()) is not None:
+        loaded.set_exception(error)
+    else:
+        try:
+            loaded.set_result(ready.result().info)
+        except BaseException as e:  # noqa: BLE001 - the info of a backend that cannot give it: said as the load's
+            loaded.set_exception(e)

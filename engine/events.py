@@ -11,10 +11,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Literal
 
+from engine.tools.calls import ToolCall
+
 if TYPE_CHECKING:
     from engine.fingerprint import Fingerprint
 
-FinishReason = Literal["eos", "stop", "length", "cancelled", "error"]
+# "tool_calls": the answer ended on a completed tool call (engine.tools; the calls are on the stats).
+FinishReason = Literal["eos", "stop", "length", "cancelled", "error", "tool_calls"]
 
 # `TokenProb.token_id` of the "rest" entry: every token the source did not report, as one entry. A server
 # gives only its top N log-probs per step; the model view lists them as the server gave them and adds this
@@ -133,6 +136,9 @@ class TokenEvent:
     token_bytes: bytes | None = None  # as in TokenProb: set only for a piece of a multi-byte character
     rewind: Rewind | None = None  # set on the first token after a banned string made the loop step back
     constraint: ConstraintStep | None = None  # what the request's constraint did here (None: no constraint)
+    # Where the token stands in a tool call (engine.tools.tracker): "opener", "name", "arguments", the JSON
+    # path of its argument ("arguments.city"), "closer"; None outside a call or without tools.
+    tool_position: str | None = None
 
     @property
     def prob(self) -> float:
@@ -169,6 +175,13 @@ class GenerationStats:
     # What the numbers depend on (engine/fingerprint.py): model hash, backend and versions, threads, seed,
     # settings. Set on the way out of the worker (engine.fingerprinting.with_fingerprint); None on old records.
     fingerprint: Fingerprint | None = None
+    # What the model continued, as a SHA-256 of its token ids (engine.fingerprint.token_ids_sha256), and the forward
+    # calls its cache was computed in (engine/cache_schedule.py, run-length form; () where the backend does not say):
+    # the answer's fingerprint takes both, so a replay can compute its prompt the same way and say when it did not.
+    prompt_sha256: str = ""
+    cache_schedule: tuple[tuple[int, int, int], ...] = ()
+    # With tools (engine.tools): the calls read from the answer, in order (empty: it answered in text).
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @property
     def prefilled_tokens(self) -> int:

@@ -28,9 +28,18 @@ log = logging.getLogger(__name__)
 Scalar = str | int | float | bool | None
 # Request fields that say what to continue, when to stop or what to report, not how a token is computed.
 _NOT_NUMERIC = frozenset({"prompt", "messages", "prompt_ids", "sampler", "max_new_tokens", "stop", "top_n",
-                          "record_stages", "assistant_prefix", "forced_tokens", "ignore_eos"})
+                          "record_stages", "assistant_prefix", "forced_tokens", "ignore_eos", "cache_schedule"})
 _WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".bin", ".npz", ".pt", ".pth")
 MAX_TEXT = 4096  # a fingerprint's longest text (a value read from a file is refused past it)
+
+
+def token_ids_sha256(ids: Iterable[int]) -> str:
+    """SHA-256 of token ids (each as 4 little-endian bytes): which prompt an answer continued, without the prompt."""
+    import hashlib
+    import struct
+
+    ids = list(ids)
+    return hashlib.sha256(struct.pack(f"<{len(ids)}I", *ids)).hexdigest()
 
 
 def library_version(distribution: str) -> str:
@@ -83,32 +92,40 @@ class Fingerprint:
     seed: int
     sampler: Mapping[str, Any] = field(default_factory=dict)
     extras: Mapping[str, Any] = field(default_factory=dict)
+    # The token ids the answer continued (token_ids_sha256; "" on older records), and the forward calls its prompt's
+    # cache was computed in (engine/cache_schedule.py's run-length record; () where the backend does not say).
+    # Both are compared only when both runs recorded them.
+    prompt_sha256: str = ""
+    cache_schedule: tuple[tuple[int, int, int], ...] = ()
 
     def flat(self) -> dict[str, Any]:
         """Every compared value under one name: plain fields, each library, numeric setting and sampler field."""
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)
-                               if f.name not in ("libraries", "numerics", "sampler", "extras")}
+                               if f.name not in ("libraries", "numerics", "sampler", "extras", *_IF_RECORDED)}
         out.update((name, version) for name, version in self.libraries)
         out.update(self.numerics)
         out.update((f"sampler.{k}", _canonical(v)) for k, v in self.sampler.items())
         out.update((k, _canonical(v)) for k, v in self.extras.items())
+        out.update((k, _canonical(getattr(self, k))) for k in _IF_RECORDED if getattr(self, k))
         return out
 
     def diff(self, other: "Fingerprint") -> list[str]:
         """The names (as in `flat`) whose values differ between the two, in this fingerprint's order."""
         a, b = self.flat(), other.flat()
-        return [k for k in (*a, *(k for k in b if k not in a)) if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
+        return [k for k in (*a, *(k for k in b if k not in a)) if a.get(k, _ABSENT) != b.get(k, _ABSENT)
+                and not (k in _IF_RECORDED and (k not in a or k not in b))]
 
     def changes(self, other: "Fingerprint") -> list[str]:
         """`diff` in words: "n_threads 2 -> 4", "llama-cpp-python 0.3.36 -> 0.3.40" (this -> other)."""
         a, b = self.flat(), other.flat()
-        return [f"{k} {_shown(a.get(k, _ABSENT))} -> {_shown(b.get(k, _ABSENT))}" for k in self.diff(other)]
+        return [_change_text(k, a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in self.diff(other)]
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["libraries"] = [list(p) for p in self.libraries]
         d["numerics"] = [list(p) for p in self.numerics]
         d["sampler"], d["extras"] = dict(self.sampler), dict(self.extras)
+        d["cache_schedule"] = [list(run) for run in self.cache_schedule]
         return d
 
     @classmethod
@@ -126,6 +143,22 @@ class Fingerprint:
 
 
 _ABSENT = object()
+_IF_RECORDED = ("prompt_sha256", "cache_schedule")  # compared only when both runs have them
+
+
+def _change_text(name: str, a: Any, b: Any) -> str:
+    """One difference in words; the prompt and its cache's pieces said as what they mean."""
+    if name == "prompt_sha256":
+        return "prompt: other tokens (the text before the answer is not what it was)"
+    if name == "cache_schedule":
+        from engine.cache_schedule import describe
+
+        return f"prompt cache computed in other pieces ({describe(a)} tokens per call -> {describe(b)})"
+    if name in ("loom_rows", "batch_rows"):  # how the answer was batched: the kernels differ with a batch's size
+        def rows(v: Any) -> str:
+            return "alone" if v is _ABSENT else f"as one of {v} rows of a batch"
+        return f"decoded {rows(a)} -> {rows(b)}"
+    return f"{name} {_shown(a)} -> {_shown(b)}"
 
 
 def _canonical(v: Any) -> Any:
@@ -162,6 +195,15 @@ def check_fingerprint_dict(d: Any) -> Fingerprint:
         v = d.get(name, {})
         if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
             raise ValueError(f"fingerprint field {name!r} must be a mapping with text keys, got {_what(v)}")
+    prompt_sha = d.get("prompt_sha256", "")
+    if prompt_sha and not _is_sha256(prompt_sha):
+        raise ValueError("fingerprint field 'prompt_sha256' must be 64 lowercase hex digits (or empty)")
+    try:
+        from engine.cache_schedule import check_record
+
+        schedule = check_record(d.get("cache_schedule", []))
+    except ValueError as e:
+        raise ValueError(f"fingerprint field 'cache_schedule': {e}") from None
     unknown = sorted(set(d) - {f.name for f in fields(Fingerprint)})
     if unknown:
         raise ValueError(f"fingerprint has unknown field(s) {', '.join(map(repr, unknown[:5]))}")
@@ -169,7 +211,12 @@ def check_fingerprint_dict(d: Any) -> Fingerprint:
     return Fingerprint(model_name=text["model_name"], model_sha256=text["model_sha256"],
                        model_revision=text["model_revision"], backend=text["backend"], device=text["device"],
                        libraries=libraries, numerics=numerics, seed=seed,
-                       sampler=dict(d.get("sampler", {})), extras=dict(d.get("extras", {})))
+                       sampler=dict(d.get("sampler", {})), extras=dict(d.get("extras", {})),
+                       prompt_sha256=prompt_sha, cache_schedule=schedule)
+
+
+def _is_sha256(v: Any) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
 
 
 def _is_scalar(v: Any) -> bool:

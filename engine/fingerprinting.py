@@ -69,15 +69,18 @@ def sampler_record(settings: Any) -> dict[str, Any]:
     return _canonical(d)
 
 
-def fingerprint_for(backend: "Backend", request: "GenerationRequest", seed: int) -> Fingerprint:
-    """The fingerprint of an answer `backend` just made for `request` with `seed`."""
+def fingerprint_for(backend: "Backend", request: "GenerationRequest", seed: int, stats: Any = None) -> Fingerprint:
+    """The fingerprint of an answer `backend` just made for `request` with `seed`; `stats` (its GenerationStats)
+    gives which prompt it continued and how that prompt's cache was computed."""
     info = backend.info
     setup = backend.numeric_facts() if isinstance(backend, NumericFacts) else NumericSetup()
     extras = {}
     for f in fields(request):
         value = getattr(request, f.name)
-        # None, False, or a value that says it changes nothing (an inactive steering: no vector, or strength 0)
-        if f.name in _NOT_NUMERIC or value is None or value is False or getattr(value, "active", True) is False:
+        # None, False, nothing (no tools), or a value that says it changes nothing (an inactive steering: no vector,
+        # or strength 0; a tool choice without tools)
+        if (f.name in _NOT_NUMERIC or value is None or value is False or value == ()
+                or getattr(value, "active", True) is False or (f.name == "tool_choice" and not request.tools)):
             continue
         extras[f.name] = _record(value)
     return Fingerprint(
@@ -91,6 +94,8 @@ def fingerprint_for(backend: "Backend", request: "GenerationRequest", seed: int)
         seed=int(seed),
         sampler=sampler_record(request.sampler.with_(seed=int(seed))),
         extras=extras,
+        prompt_sha256=getattr(stats, "prompt_sha256", ""),
+        cache_schedule=tuple(getattr(stats, "cache_schedule", ())),
     )
 
 
@@ -100,7 +105,8 @@ def with_fingerprint(backend: "Backend", request: "GenerationRequest", events: I
     for event in events:
         if isinstance(event, Done) and event.stats.fingerprint is None:
             try:
-                event = Done(replace(event.stats, fingerprint=fingerprint_for(backend, request, event.stats.seed)))
+                fp = fingerprint_for(backend, request, event.stats.seed, event.stats)
+                event = Done(replace(event.stats, fingerprint=fp))
             except Exception:  # noqa: BLE001 - never lose an answer over its fingerprint
                 log.warning("could not make the answer's fingerprint", exc_info=True)
         yield event
@@ -121,7 +127,7 @@ def row_with_fingerprint(backend: "Backend", request: "GenerationRequest", ev: A
     if stats is None or stats.fingerprint is not None:
         return ev
     try:
-        fp = fingerprint_for(backend, request, stats.seed)
+        fp = fingerprint_for(backend, request, stats.seed, stats)
         fp = replace(fp, extras={**fp.extras, **extras})
         return replace(ev, event=Done(replace(stats, fingerprint=fp)))
     except Exception:  # noqa: BLE001 - never lose a row over its fingerprint

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from engine.backends.base import Backend
 from engine.backends.select import (
@@ -19,6 +20,9 @@ from engine.sources import ProgressCallback, materialize, resolve_spec
 from engine.sources.hub import revision_of
 from engine.sources.remote_code import is_remote_code_error, refusal, refuse_unless_trusted
 
+if TYPE_CHECKING:
+    from engine.offload.policy import OffloadPolicy
+
 log = logging.getLogger(__name__)
 
 
@@ -30,7 +34,7 @@ def load_model(
     dtype: str | None = None,
     progress: ProgressCallback | None = None,
     trust_remote_code: bool = False,
-    offload=None,
+    offload: OffloadPolicy | str | None = None,
     n_ctx: int | None = None,
     n_threads: int | None = None,
     n_threads_batch: int | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -12,8 +13,11 @@ from engine.errors import TokenIdError
 from engine.sampling.settings import SamplerSettings
 from engine.steering.errors import SteeringError
 from engine.steering.settings import Steering
+from engine.tools.spec import ToolChoice, ToolSpec, ToolSpecError, check_message, parse_tool_choice, parse_tools
 
-Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
+# {"role": "system"|"user"|"assistant"|"tool", "content": str}; an assistant message may carry OpenAI's
+# "tool_calls", a tool message its "tool_call_id" (engine.tools.spec.check_message).
+Message = dict[str, Any]
 
 _WHAT = {
     "messages": 'e.g. [{"role": "user", "content": "Hi"}]',
@@ -54,6 +58,15 @@ class GenerationRequest:
     # Control vectors added to the residual stream (engine.steering); None or an inactive Steering: none. A model
     # without the capability (a server) refuses an active one in words before anything runs.
     steering: Steering | None = None
+    # An exact replay: compute the prompt's cache in these (computed, kept) pieces, as the original's was
+    # (engine/cache_schedule.py; its fingerprint's `cache_schedule`). Used where the backend records its
+    # schedule and the pieces describe exactly this prompt; otherwise the prompt is computed as usual.
+    cache_schedule: tuple[tuple[int, int], ...] | None = None
+    # Functions the model may call (OpenAI's tool shape, or engine.tools.ToolSpec), and which: "none", "auto",
+    # "required", or one tool by name. Checked here in words; engine.tools renders them, constrains the
+    # answer to text or a valid call and parses the calls (docs/tools.md).
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice | str | dict[str, Any] = "auto"
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.prompt_ids)]
@@ -87,6 +100,12 @@ class GenerationRequest:
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.cache_schedule is not None:
+            try:
+                pieces = tuple((int(c), int(k)) for c, k in self.cache_schedule)
+            except (TypeError, ValueError):
+                raise TypeError("cache_schedule must be (computed, kept) pairs of whole numbers") from None
+            object.__setattr__(self, "cache_schedule", pieces)
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise ConstraintError(f"constraint must be an engine.constraints.Constraint, got {type(self.constraint).__name__}")
         if self.steering is not None and not isinstance(self.steering, Steering):
@@ -96,10 +115,22 @@ class GenerationRequest:
         if isinstance(self.top_n, bool) or not isinstance(self.top_n, int) or not 0 <= self.top_n <= 1000:
             raise ValueError(f"top_n must be an integer in [0, 1000], got {self.top_n!r}")
         if self.messages is not None:
-            for m in self.messages:
-                if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
-                    raise ValueError(f"each message needs a role (system/user/assistant) and text content, got {m!r}")
+            object.__setattr__(self, "messages", tuple(check_message(m) for m in self.messages))
+        object.__setattr__(self, "tools", parse_tools(self.tools))
+        object.__setattr__(self, "tool_choice", parse_tool_choice(self.tool_choice, self.tools))
+        if self.tools and self.prompt_ids is not None or self.tools and self.prompt is not None:
+            raise ToolSpecError("tools need a chat (messages): a raw prompt has no template to offer them in")
+        if self.tools and self.tool_choice_spec.calls and self.constraint is not None:
+            raise ToolSpecError("tools and a constraint on the answer (response_format) cannot be combined: with tools "
+                                "the answer is constrained to text or a valid call; drop one of them, or set "
+                                'tool_choice to "none"')
+
+    @property
+    def tool_choice_spec(self) -> ToolChoice:
+        """`tool_choice` as checked (a ToolChoice after construction)."""
+        choice = self.tool_choice
+        return choice if isinstance(choice, ToolChoice) else parse_tool_choice(choice, self.tools)
 
 
-def with_messages(messages: Sequence[Message], **kwargs) -> GenerationRequest:
+def with_messages(messages: Sequence[Message], **kwargs: Any) -> GenerationRequest:  # kwargs: its other fields
     return GenerationRequest(messages=tuple(dict(m) for m in messages), **kwargs)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from engine.model_info import ServerInfo
 
 if TYPE_CHECKING:
+    import httpx
+
     from engine.backends.base import Backend
 
 
@@ -58,7 +60,7 @@ def list_server_models(
     api_key: str | None = None,
     timeout_s: float | None = None,
     connect_timeout_s: float | None = None,
-    transport=None,
+    transport: httpx.BaseTransport | None = None,
 ) -> list[str]:
     """The ids of the models `url` serves (GET /v1/models), in the server's order.
 

@@ -38,7 +38,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, BinaryIO, NoReturn
 
@@ -347,7 +347,9 @@ def _write(stream: BinaryIO, message: tuple[str, Any]) -> None:
     stream.flush()
 
 
-def _render_one(render, template: str, variables: dict, time_limit_s: float, max_chars: int) -> tuple[str, str]:
+def _render_one(
+    render: Callable[..., str], template: str, variables: dict, time_limit_s: float, max_chars: int
+) -> tuple[str, str]:
     from engine.template_sandbox import ChatTemplateError, RanOutOfTime
 
     try:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from functools import lru_cache
 from types import GeneratorType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
@@ -26,6 +26,9 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from _typeshed import TraceFunction  # sys.settrace's: (frame, event, arg) -> the frame's tracer or None
 
 TIME_LIMIT_S = 5.0  # an honest template renders in milliseconds
 MAX_CHARS = 8_000_000  # ~2M tokens: more than any model's context
@@ -298,7 +301,7 @@ def _compile(template: str) -> jinja2.Template:
     env.globals.pop("lipsum", None)  # makes any amount of text in one untraced call; no template needs it
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    env.concat = _limited_concat  # type: ignore[assignment]
+    env.concat = _limited_concat  # type: ignore[method-assign]  # jinja2 calls it as an attribute: ours checks sizes
     compiled = env.from_string(template)
     # `~` calls the module-level `str_join` the compiled template imported: give it the checked one.
     compiled.root_render_func.__globals__["str_join"] = _limited_join
@@ -306,15 +309,15 @@ def _compile(template: str) -> jinja2.Template:
     return compiled
 
 
-def _deadline_tracer(deadline: float):
+def _deadline_tracer(deadline: float) -> TraceFunction:
     """A `sys.settrace` function that raises `_Overtime` in the template's frames once `deadline` passes."""
 
-    def on_line(frame: Any, event: str, arg: Any):
+    def on_line(frame: Any, event: str, arg: Any) -> TraceFunction:
         if time.monotonic() > deadline:
             raise _Overtime()
         return on_line
 
-    def on_call(frame: Any, event: str, arg: Any):
+    def on_call(frame: Any, event: str, arg: Any) -> TraceFunction | None:
         if time.monotonic() > deadline:
             raise _Overtime()
         return on_line if frame.f_code.co_filename == _TEMPLATE_FILE else None

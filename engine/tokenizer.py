@@ -194,6 +194,11 @@ class Tokenizer:
     def chat_text(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The prompt text: the model's template rendered as transformers' `apply_chat_template` renders it,
         but within `engine.template_render`'s time and size limits (the template is the model's code)."""
+        return self.tool_chat_text(messages, None, add_generation_prompt)
+
+    def tool_chat_text(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       add_generation_prompt: bool = True) -> str:
+        """`chat_text` with the template's `tools` variable set (OpenAI's tool shape; engine.tools.render)."""
         from engine.template_render import ChatTemplateError, render_chat_template
 
         template = self.template_override or FALLBACK_TEMPLATE
@@ -202,7 +207,7 @@ class Tokenizer:
                 template = self.hf.get_chat_template()
             except ValueError as e:  # several named templates and none is the default
                 raise ChatTemplateError(f"the model's chat template cannot be chosen: {e}") from None
-        variables = {**self.hf.special_tokens_map, "messages": [dict(m) for m in messages], "tools": None,
+        variables = {**self.hf.special_tokens_map, "messages": [dict(m) for m in messages], "tools": tools,
                      "documents": None, "add_generation_prompt": add_generation_prompt}
         return render_chat_template(template, variables)
 

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import TypeVar
 
@@ -45,7 +45,7 @@ CANCEL_WAIT_S = 0.5
 _live_workers: "weakref.WeakSet[ModelWorker]" = weakref.WeakSet()
 
 
-def events_for(backend: Backend, request: GenerationRequest, cancel: threading.Event):
+def events_for(backend: Backend, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]:
     """The event stream of one request. A backend with its own stream (a server model: server sampling,
     "top N from server" notes) makes it; every other backend runs the shared decode loop."""
     if isinstance(backend, OwnEvents):

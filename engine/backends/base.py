@@ -122,6 +122,7 @@ def prefill(
     prompt: Sequence[int],
     chunk: int | None = None,
     cancelled: Callable[[], bool] = lambda: False,
+    schedule: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[np.ndarray | None, int]:
     """Bring the cache to `prompt` reusing the longest cached prefix; return (last logits, reused count).
 
@@ -134,9 +135,16 @@ def prefill(
     (`threading.Event.is_set` is), and the whole prompt is one chunk unless
     `chunk` says otherwise (the backend splits it into its own batches).
     Other backends run `chunk` tokens per forward (default PREFILL_CHUNK).
+
+    `schedule` (an exact replay: the pieces the original's prompt cache was computed in, engine/cache_schedule.py)
+    computes the prompt in those very pieces, reusing only the cached pieces that were computed the same way,
+    on a backend that records its schedule (`RecordsCacheSchedule`) and when it describes exactly this prompt;
+    otherwise it is not used (the answer's own record then says how its cache was computed).
     """
     if not prompt:
         raise ValueError("the prompt is empty: at least one token is needed")
+    if schedule is not None and _follows_schedule(backend, prompt, schedule):
+        return _prefill_as_scheduled(backend, prompt, schedule, cancelled)
     reuse = min(common_prefix_len(backend.cached_tokens(), prompt), len(prompt) - 1)
     reused = backend.trim_cache(reuse)
     logits = None
@@ -145,13 +153,60 @@ def prefill(
     for start in range(reused, len(prompt), chunk):
         if cancelled():
             return None, reused
-        ids = prompt[start : start + chunk]
-        if isinstance(backend, InterruptibleForward):
-            logits = backend.forward_until(ids, cancelled)
-        else:
-            logits = backend.forward(ids)
+        logits = _forward(backend, prompt[start : start + chunk], cancelled)
         if logits is None:
             return None, reused
+    return logits, reused
+
+
+def _forward(backend: Backend, ids: Sequence[int], cancelled: Callable[[], bool]) -> np.ndarray | None:
+    """One prefill forward, stopped part way where the backend can (None: cancelled)."""
+    if isinstance(backend, InterruptibleForward):
+        return backend.forward_until(ids, cancelled)
+    return backend.forward(ids)
+
+
+def _follows_schedule(backend: Backend, prompt: Sequence[int], schedule: Sequence[tuple[int, int]]) -> bool:
+    from engine.cache_schedule import covers
+    from engine.capabilities import RecordsCacheSchedule
+
+    # The last piece must end with the prompt's last token: its logits are the first draw's.
+    return (isinstance(backend, RecordsCacheSchedule) and covers(schedule, len(prompt))
+            and schedule[-1][0] == schedule[-1][1])
+
+
+def _prefill_as_scheduled(
+    backend: Backend, prompt: Sequence[int], schedule: Sequence[tuple[int, int]], cancelled: Callable[[], bool]
+) -> tuple[np.ndarray | None, int]:
+    """`prefill` in `schedule`'s pieces: a piece whose later tokens were cut is computed whole (the cut places
+    filled with its last kept token: under the causal mask they change nothing before them) and cut again."""
+    from engine.cache_schedule import reusable
+
+    cached = backend.cached_tokens()
+    same_tokens = common_prefix_len(cached, prompt)
+    wanted = list(schedule)
+    keep = reusable(backend.cache_schedule(len(cached)), wanted)  # type: ignore[attr-defined]  # RecordsCacheSchedule: checked
+    # Whole pieces only, and at least the last one runs (its logits are what the first token is drawn from).
+    at, first_piece = 0, 0
+    for computed, kept in wanted[:-1]:
+        if at + kept > min(keep, same_tokens):
+            break
+        at += kept
+        first_piece += 1
+    reused = backend.trim_cache(at)
+    if reused != at:  # the cache could not be cut there: everything from the start
+        first_piece, at = 0, 0
+    logits = None
+    for computed, kept in wanted[first_piece:]:
+        if cancelled():
+            return None, reused
+        ids = list(prompt[at : at + kept])
+        logits = _forward(backend, ids + [ids[-1]] * (computed - kept), cancelled)
+        if logits is None:
+            return None, reused
+        at += kept
+        if computed > kept:
+            backend.trim_cache(at)
     return logits, reused
 
 

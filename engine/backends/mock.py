@@ -65,12 +65,12 @@ class MockTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return PIECES[token_id].encode("utf-8")
 
-    def chat_text(self, messages, add_generation_prompt: bool = True) -> str:
+    def chat_text(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         from jinja2 import Template
 
         return Template(self.template_override or FALLBACK_TEMPLATE).render(messages=list(messages), add_generation_prompt=add_generation_prompt)
 
-    def chat_ids(self, messages, add_generation_prompt: bool = True) -> list[int]:
+    def chat_ids(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         return self.encode(self.chat_text(messages, add_generation_prompt))
 
 

@@ -13,17 +13,106 @@ import importlib.util
 import logging
 import platform
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from engine.errors import EngineError, ModelLoadError
 from engine.runtime_settings import RuntimeSettings
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+    from pathlib import Path
+
     from engine.backends.base import Backend
+    from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
+    from engine.offload.policy import OffloadPolicy
+    from engine.sources import ModelSource, ProgressCallback
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "torch", "mlx", "llamacpp", "remote", "mock")
+AUTO = "auto"  # not a backend: the choice `choose_backend` makes by what the spec names (the docstring above)
+AUTO_HELP = ("a server URL on remote, a .gguf file on llamacpp when installed; otherwise MLX on Apple Silicon, "
+             "torch elsewhere (CUDA when present)")
+# How a backend opens what the user names: "spec" the spec as given (a server URL, a .gguf file), "folder" a local
+# Hugging Face folder (a hub id is downloaded, a .gguf converted, into one), "nothing" no model files at all.
+Opens = Literal["spec", "folder", "nothing"]
+
+
+@dataclass(frozen=True)
+class BackendRow:
+    """One backend, everything the CLI, the window and the loader know about it before it loads.
+
+    Attributes:
+        name: its name on the command line (`--backend`), in `load_model` and in the window's pickers.
+        description: one line for help texts (the CLI's `--backend`, the model picker's tooltip).
+        module: where its class lives (imported only when it opens: torch, mlx and llama_cpp load late).
+        opens: what it opens (`Opens`): `load_model` hands a "spec" backend the spec, a "folder" one a folder.
+        user_facing: listed in the window's pickers and the CLI's choices (the mock is for tests).
+        every_distribution: gives each position's whole next-token distribution (Compare models needs it; a
+            server reports only its top N).
+        offload_refusal: why it takes no offload policy, in words; None when it takes one.
+        takes_device: takes a torch device name (`--device`), which torch must find usable before loading.
+        device_instead: what to do instead of `--device` on this backend (unused where it takes one).
+        runtime_settings: the `RuntimeSettings` fields it takes (the rest are refused in words).
+        float32_weights: holds a model's weights as float32 on the CPU (torch converts GGUF files so).
+    """
+
+    name: str
+    description: str
+    module: str
+    opens: Opens
+    user_facing: bool = True
+    every_distribution: bool = True
+    offload_refusal: str | None = None
+    takes_device: bool = False
+    device_instead: str = "pass --backend torch to choose a device"
+    runtime_settings: tuple[str, ...] = ()
+    float32_weights: bool = False
+
+
+# torch takes the CPU threads only: it grows its cache as it goes, reads a prompt in one call with the same
+# threads, and places layers with `offload` rather than a layer count.
+BACKEND_TABLE: tuple[BackendRow, ...] = (
+    BackendRow("torch", "Hugging Face transformers on PyTorch (CUDA, MPS or the CPU; float weights, offload)",
+               "engine.backends.torch.backend", "folder", takes_device=True, runtime_settings=("n_threads",),
+               float32_weights=True),
+    BackendRow("mlx", "MLX on Apple Silicon (mlx-lm)", "engine.backends.mlx.backend", "folder",
+               offload_refusal="offload is not for the mlx backend: MLX shares one memory between CPU and GPU"),
+    BackendRow("llamacpp", "llama.cpp (llama-cpp-python) running a .gguf file, quantized as it is",
+               "engine.backends.llamacpp", "spec", runtime_settings=RuntimeSettings.names(),
+               device_instead='its GPU share is set with --offload, e.g. "weights=100,0"; or pass --backend torch'),
+    BackendRow("remote", "an OpenAI-compatible server at a URL (http://host:port/v1)", "engine.backends.remote",
+               "spec", every_distribution=False,
+               offload_refusal="offload is not for a server: the server decides where its weights live"),
+    BackendRow("mock", "a scripted model for tests (no files)", "engine.backends.mock", "nothing", user_facing=False),
+)
+BACKEND_ROWS: Mapping[str, BackendRow] = {row.name: row for row in BACKEND_TABLE}
+BACKENDS: tuple[str, ...] = (AUTO, *BACKEND_ROWS)  # every name `load_model` and `--backend` take
+# The `RuntimeSettings` fields each backend takes (a backend not named takes none).
+RUNTIME_SETTINGS_TAKEN: Mapping[str, tuple[str, ...]] = {
+    row.name: row.runtime_settings for row in BACKEND_TABLE if row.runtime_settings
+}
+
+
+def backend_row(name: str | None) -> BackendRow | None:
+    """The row of backend `name` (None for "auto", None, or a name no backend has)."""
+    return BACKEND_ROWS.get((name or "").lower())
+
+
+def user_backends(*, every_distribution: bool = False) -> tuple[str, ...]:
+    """The names a user picks from, "auto" first; `every_distribution`: only backends that give whole
+    distributions (Compare models)."""
+    return (AUTO, *(r.name for r in BACKEND_TABLE if r.user_facing and (r.every_distribution or not every_distribution)))
+
+
+USER_BACKENDS: tuple[str, ...] = user_backends()  # the window's pickers and the CLI's choices
+
+
+def backend_help(sep: str = "; ", names: Iterable[str] = USER_BACKENDS) -> str:
+    """What each of `names` is, in `names`' order ("auto" and each backend a user picks from unless told): one
+    line each for the CLI's --help and the window's tooltips."""
+    return sep.join(f"{name}: {AUTO_HELP if name == AUTO else BACKEND_ROWS[name].description}" for name in names)
 
 
 def is_apple_silicon() -> bool:
@@ -61,34 +150,22 @@ def require_installed(backend: str, model_name: str) -> None:
 
 def offload_refusal(backend: str | None) -> str | None:
     """Why `backend` takes no offload policy, in words; None when it takes one (or is not known yet)."""
-    if backend == "mlx":
-        return "offload is not for the mlx backend: MLX shares one memory between CPU and GPU"
-    if backend == "remote":
-        return "offload is not for a server: the server decides where its weights live"
-    return None
+    row = backend_row(backend)
+    return row.offload_refusal if row is not None else None
 
 
 def device_refusal(backend: str | None) -> str | None:
     """Why `backend` takes no torch device name, in words; None when it does (torch, or not known yet)."""
-    if backend in (None, "torch"):
+    row = backend_row(backend)
+    if row is None or row.takes_device:
         return None
-    how = ('its GPU share is set with --offload, e.g. "weights=100,0"; or pass --backend torch'
-           if backend == "llamacpp" else "pass --backend torch to choose a device")
-    return f"--device chooses the torch backend's device; this model runs on {backend} ({how})"
+    return f"--device chooses the torch backend's device; this model runs on {row.name} ({row.device_instead})"
 
 
 def checks_torch_device(backend: str | None) -> bool:
     """Whether a device name given for `backend` is one torch must find usable here before loading."""
-    return backend == "torch"
-
-
-# The `RuntimeSettings` fields each backend takes (a backend not named takes none). torch takes the CPU threads
-# only: it grows its cache as it goes, reads a prompt in one call with the same threads, and places layers with
-# `offload` rather than a layer count.
-RUNTIME_SETTINGS_TAKEN: dict[str, tuple[str, ...]] = {
-    "llamacpp": RuntimeSettings.names(),
-    "torch": ("n_threads",),
-}
+    row = backend_row(backend)
+    return row is not None and row.takes_device
 
 
 def runtime_refusal(backend: str, settings: list[str]) -> str | None:
@@ -106,15 +183,23 @@ def runtime_refusal(backend: str, settings: list[str]) -> str | None:
 
 def weighs_parameters_in_float32(backend: str) -> bool:
     """Whether `backend` holds a model's weights as float32 on the CPU (torch converts GGUF files so)."""
-    return backend == "torch"
+    row = backend_row(backend)
+    return row is not None and row.float32_weights
 
 
 def opens_spec_directly(backend: str) -> bool:
     """Whether `backend` opens the spec as given (a server URL, a .gguf file) rather than a Hugging Face folder."""
-    return backend in ("remote", "llamacpp")
+    row = backend_row(backend)
+    return row is not None and row.opens == "spec"
 
 
-def cheap_tokenizer(spec: str | None, backend: str | None = "auto"):
+def opens_nothing(backend: str | None) -> bool:
+    """Whether `backend` loads no model files (the mock): nothing to resolve or check before it opens."""
+    row = backend_row(backend)
+    return row is not None and row.opens == "nothing"
+
+
+def cheap_tokenizer(spec: str | None, backend: str | None = "auto") -> AbstractContextManager[LlamaCppTokenizer] | None:
     """A context manager giving the tokenizer `spec` will load with, without its weights, where that is cheap (a
     .gguf file llama.cpp opens: its vocab-only load); None elsewhere (a torch or MLX folder needs transformers
     imported, a server a connection: then the check waits for the model). Never downloads or converts."""
@@ -132,7 +217,8 @@ def cheap_tokenizer(spec: str | None, backend: str | None = "auto"):
     return vocabulary_of(source.path)
 
 
-def open_direct(backend: str, source, progress, offload, runtime_kwargs: dict) -> Backend:
+def open_direct(backend: str, source: ModelSource, progress: ProgressCallback | None,
+                offload: OffloadPolicy | str | None, runtime_kwargs: dict[str, Any]) -> Backend:
     """Open a server URL (remote) or a .gguf file (llamacpp): backends that need no Hugging Face folder."""
     if backend == "remote":
         from engine.backends.remote import RemoteBackend
@@ -147,7 +233,8 @@ def open_direct(backend: str, source, progress, offload, runtime_kwargs: dict) -
 
 
 def open_folder(
-    backend: str, folder, source, device, dtype, trust_remote_code: bool, offload, runtime_kwargs: dict | None = None
+    backend: str, folder: Path, source: ModelSource, device: str | None, dtype: str | None, trust_remote_code: bool,
+    offload: OffloadPolicy | str | None, runtime_kwargs: dict[str, Any] | None = None,
 ) -> Backend:
     """A torch or MLX backend for a local Hugging Face folder; `runtime_kwargs`: the `RuntimeSettings` fields
     given, already checked against RUNTIME_SETTINGS_TAKEN (torch: n_threads)."""

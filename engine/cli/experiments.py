@@ -10,17 +10,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
-from engine.errors import EngineError
+from engine.errors import EngineError, UsageError
+
+if TYPE_CHECKING:
+    from engine.cli.options import OneLineParser
+    from engine.sampling.settings import SamplerSettings
 
 MAX_SETTINGS_FILE_BYTES = 1 << 20
 
 
-def add_experiment_parsers(sub, add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_experiment_parsers(
+    sub: argparse._SubParsersAction[OneLineParser], add_model_args: Callable[[argparse.ArgumentParser], None]
+) -> None:
     s = sub.add_parser("score", help="how surprising a text is to the model, token by token (teacher-forced)",
                        description="Each token's surprisal and rank (rank 1 is the model's most likely token).")
     src = s.add_mutually_exclusive_group(required=True)
@@ -46,7 +53,7 @@ def add_experiment_parsers(sub, add_model_args: Callable[[argparse.ArgumentParse
     add_model_args(c)
 
 
-def load_settings(arg: str):
+def load_settings(arg: str) -> SamplerSettings:
     """Sampler settings from a JSON file or an inline JSON object; ValueError with the reason otherwise."""
     from engine.sampling.settings import SamplerSettings
 
@@ -91,7 +98,7 @@ def _is_number(text: str) -> bool:
 
 
 @contextmanager
-def _output(path: str | None):
+def _output(path: str | None) -> Iterator[TextIO]:
     if path in (None, "-"):
         yield sys.stdout
         return
@@ -99,30 +106,60 @@ def _output(path: str | None):
         yield f
 
 
-def _non_default(settings) -> dict[str, Any]:
+def _non_default(settings: SamplerSettings) -> dict[str, Any]:
     """The fields that differ from the defaults, and the seed (what a reader needs to tell columns apart)."""
     default = type(settings)().to_dict()
     return {k: v for k, v in settings.to_dict().items() if k == "seed" or v != default[k]}
 
 
-def refuse_too_short_before_load(args: argparse.Namespace, text: str) -> None:
-    """A text of fewer than two tokens, refused before the model loads where its tokenizer loads without the
-    weights (a .gguf on llama.cpp: engine.backends.select.cheap_tokenizer), in the words and with the exit status
-    the loaded model's refusal has. Elsewhere (a torch or MLX folder, a server) the loaded model refuses it."""
+def model_context_before_load(args: argparse.Namespace) -> int:
+    """The context the model will have, as far as it is known before loading: -c/--ctx-size, else a GGUF file's
+    own header (0 when neither says; the loaded model's check then decides)."""
+    from engine.cli.input import _gguf_context_length
+
+    return int(getattr(args, "n_ctx", None) or 0) or _gguf_context_length(args)
+
+
+def refuse_before_load(args: argparse.Namespace, items: list[Any],
+                       progress: Callable[[int], None] | None = None) -> list[tuple[list[int], int]] | None:
+    """Texts to score (`--text`, one `--file`, or a .jsonl's items) of fewer than two tokens or longer than the
+    model's context, refused before the model loads where its tokenizer loads without the weights (a .gguf on
+    llama.cpp: engine.backends.select.cheap_tokenizer), by the check the loaded model makes
+    (engine.experiments.score.check_token_count) and in its words, so a 10 MB text is one line, not a scoring
+    context sized for it. Elsewhere (a torch or MLX folder, a server) the loaded model refuses it.
+
+    Returns the items' (token ids, context) when it made them (the vocabulary is the loaded model's, so scoring
+    reuses them), else None; `progress(done)` after each item (tokenizing 100,000 items takes a minute)."""
     from engine.backends.select import cheap_tokenizer
-    from engine.errors import EngineError, UsageError
-    from engine.experiments.score import text_ids
+    from engine.cli.token_count import clearly_over
+    from engine.experiments.batch_score import ScoreItem, item_ids
+    from engine.experiments.score import check_token_count
 
     opening = cheap_tokenizer(args.model, args.backend)
     if opening is None:
-        return
+        return None
+    limit = model_context_before_load(args)
+    made: list[tuple[list[int], int]] = []
     try:
         with opening as tokenizer:
-            ids, _context = text_ids(tokenizer, text)
+            for i, item in enumerate(items):
+                item = ScoreItem(text=item) if isinstance(item, str) else item
+                try:
+                    for part in (item.text, item.context, item.continuation):
+                        if part and (over := clearly_over(tokenizer, part, limit)):  # a huge text: from its start
+                            check_token_count(over.tokens, limit, at_least=over.describe())
+                    ids, context = item_ids(tokenizer, item)
+                    check_token_count(len(ids), limit)
+                except ValueError as e:  # ContextLengthError is one; the wording is the loaded model's
+                    raise UsageError(f"item {i}: {e}" if len(items) > 1 else str(e)) from None
+                made.append((ids, context))
+                if progress is not None:
+                    progress(i + 1)
+    except UsageError:
+        raise
     except EngineError:  # the vocabulary could not be read: the model's load says why, in its own words
-        return
-    if len(ids) < 2:  # word for word what the loaded model's check says (engine.experiments.score._checked_ids)
-        raise UsageError(f"scoring needs at least two tokens (one to predict from), got {len(ids)}")
+        return None
+    return made
 
 
 def cmd_score(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
@@ -131,7 +168,7 @@ def cmd_score(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any
     if getattr(args, "items", None) is not None:  # --file X.jsonl
         return cmd_score_batch(args, load)
     text = args.text  # read and checked before the model loads (engine.cli.input.score_text)
-    refuse_too_short_before_load(args, text)
+    refuse_before_load(args, [text])
     with load(args) as engine:
         result = engine.score(text, top_n=args.top_n)
         summary = f"[{result.summary(engine.info.reports_top_n)}]"  # says why when the perplexity is inf
@@ -147,24 +184,60 @@ def cmd_score(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any
     return 0
 
 
+class _Progress:
+    """`[scored 1,200 of 100,000 items]` on stderr, at most once a second and once at the end."""
+
+    def __init__(self, total: int, verb: str = "scored", every_s: float = 1.0) -> None:
+        self.total, self.verb, self.every_s = total, verb, every_s
+        self.last = time.monotonic()
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if done == self.total or now - self.last >= self.every_s:
+            self.last = now
+            print(f"[{self.verb} {done:,} of {self.total:,} items]", file=sys.stderr, flush=True)
+
+
 def cmd_score_batch(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
-    """`score --file X.jsonl`: every item on one scoring context; a trace run per item, or a line per item."""
-    from engine.experiments.batch_score import item_fields, score_items
+    """`score --file X.jsonl`: every item on one scoring context; a trace run per item, or a line per item.
+
+    Each item's lines are written (and flushed) as soon as it is scored, with progress on stderr, so a long
+    batch shows its results as it goes and an interrupted one keeps what it did."""
+    from engine.experiments.batch_score import each_score, each_score_ids, item_fields
     from engine.experiments.trace import score_run, write_lines
 
-    with load(args) as engine:
-        results = engine.call(lambda b: score_items(b, args.items, top_n=args.top_n)).result()
-        summary = f"[{len(results)} items, {sum(len(r.tokens) for r in results)} tokens scored]"
-        if args.output is not None:
-            with _output(args.output) as out:
-                for i, (item, r) in enumerate(zip(args.items, results)):
-                    write_lines(out, score_run(r, model=engine.info, **item_fields(item, i)))
-            print(summary, file=sys.stderr)
-            return 0
-        for i, (item, r) in enumerate(zip(args.items, results)):
-            name = f"item {i}" + (f" ({item.id})" if item.id is not None else "")
-            print(f"{name}: total log-prob {r.total_logprob:.3f}; {r.summary(engine.info.reports_top_n)}")
-        print(summary)
+    items = args.items
+    # Tokenized once, before the load, with the model's own vocabulary where it opens alone (a .gguf), with a
+    # line a second on stderr for a long batch; elsewhere each_score tokenizes them once loaded.
+    token_items = refuse_before_load(args, items, _Progress(len(items), "tokenized") if len(items) > 1000 else None)
+    progress = _Progress(len(items))
+    tokens = 0
+
+    with load(args) as engine, ExitStack() as files:
+        info = engine.info
+        out: TextIO | None = None  # opened at the first result: an item refused after the load truncates nothing
+
+        def write_all(backend: Any) -> int:
+            nonlocal tokens, out
+            n = 0
+            results = each_score(backend, items, top_n=args.top_n) if token_items is None \
+                else each_score_ids(backend, token_items, top_n=args.top_n)
+            for n, (item, r) in enumerate(zip(items, results), 1):
+                i = n - 1
+                tokens += len(r.tokens)
+                out = out or files.enter_context(_output(args.output))
+                if args.output is not None:
+                    write_lines(out, score_run(r, model=info, **item_fields(item, i)))
+                else:
+                    name = f"item {i}" + (f" ({item.id})" if item.id is not None else "")
+                    print(f"{name}: total log-prob {r.total_logprob:.3f}; {r.summary(info.reports_top_n)}", file=out)
+                out.flush()
+                progress(n)
+            return n
+
+        done = engine.call(write_all).result()
+        summary = f"[{done} items, {tokens} tokens scored]"
+        print(summary, file=sys.stderr if args.output is not None else sys.stdout)
     return 0
 
 

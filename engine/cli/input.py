@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from engine.backends.select import checks_torch_device, device_refusal, offload_refusal
 from engine.cli.text_files import bad_utf8, read_stdin, read_text_file
@@ -21,6 +21,9 @@ from engine.devices import check_device_name
 from engine.errors import UsageError
 from engine.runtime_settings import RuntimeSettings
 from engine.sampling.settings import SamplerSettings
+
+if TYPE_CHECKING:
+    from engine.tools.spec import ToolSpec
 
 STDIN = "-"
 INT32_MAX = 2**31 - 1
@@ -132,12 +135,12 @@ def check_offload(args: argparse.Namespace, backend: str | None) -> None:
 
 def planned_backend(args: argparse.Namespace) -> str | None:
     """The backend `--model`/`--backend` will load with, found without loading (None when it cannot tell)."""
-    from engine.backends.select import choose_backend
+    from engine.backends.select import choose_backend, opens_nothing
     from engine.errors import ModelNotFoundError
     from engine.sources import resolve_spec
 
-    if args.backend == "mock":
-        return "mock"
+    if opens_nothing(args.backend):  # the mock: no model to resolve
+        return args.backend
     try:
         kind = resolve_spec(args.model).kind
     except ModelNotFoundError as e:
@@ -175,7 +178,7 @@ def runtime_settings_from(args: argparse.Namespace) -> RuntimeSettings:
         raise UsageError(str(e)) from None
 
 
-def sampler_or_error(**values) -> SamplerSettings:
+def sampler_or_error(**values: Any) -> SamplerSettings:  # SamplerSettings' fields, checked by it
     try:
         return SamplerSettings(**values)
     except ValueError as e:
@@ -191,11 +194,17 @@ def check_args(args: argparse.Namespace, stdin: BinaryIO | None = None) -> None:
     check_utf8_args(args)
     command = args.command
     prompt_from_stdin = False
+    if hasattr(args, "attach"):  # generate, chat: each file read and checked now, before the model loads
+        args.attachments = read_attachments(args.attach)
     if command == "generate":
         prompt_from_stdin = args.prompt == STDIN or args.prompt_file == STDIN
         args.prompt = resolve_text(args.prompt, args.prompt_file, "--prompt", stdin)
-        if args.prompt is None:
+        if args.prompt is None and not args.attachments:
             raise UsageError("give a prompt: -p/--prompt TEXT, --prompt - (standard input) or -f/--file PATH")
+        if args.attachments:
+            from engine.documents import compose_message
+
+            args.prompt = compose_message(args.prompt or "", args.attachments).text
     if hasattr(args, "system_file"):
         # chat reads its turns from stdin, and stdin can be read only once.
         args.system = resolve_text(args.system, args.system_file, "--system-prompt", stdin,
@@ -204,6 +213,8 @@ def check_args(args: argparse.Namespace, stdin: BinaryIO | None = None) -> None:
         from engine.cli.sampling_args import resolve_sampling
 
         resolve_sampling(args)
+    if hasattr(args, "tools"):  # generate, chat: the tools file read and its schemas checked now
+        check_tools(args)
     check_counts(args)
     if command == "generate" and args.num_beams > 1 and args.max_new_tokens in UNTIL_FULL:
         raise UsageError("-n -1 (until the context is full) is for sampling; with --num-beams give a number of tokens")
@@ -330,6 +341,73 @@ def _gguf_context_length(args: argparse.Namespace) -> int:
         return max(0, int(read_header(Path(path)).context_length or 0))
     except Exception:  # noqa: BLE001 - an unreadable file is the load's to report, in its words
         return 0
+
+
+def read_attachments(paths: list[str]) -> list:
+    """`--attach FILE ...`: each file as an engine.documents.Attachment, in order; UsageError naming the first
+    that cannot be attached (engine/documents/read.py's checks)."""
+    from engine.documents import DocumentError, read_attachment
+
+    out = []
+    for path in paths:
+        try:
+            out.append(read_attachment(path))
+        except DocumentError as e:
+            raise UsageError(f"--attach {e}") from None
+    return out
+
+
+def read_tools_file(path: str) -> tuple[ToolSpec, ...]:
+    """`--tools FILE`: its tools as ToolSpecs, checked by engine.tools.spec (UsageError naming the field)."""
+    import json
+
+    from engine.tools.spec import ToolSpecError, parse_tools
+
+    text = read_text_file(path, "--tools")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--tools {path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    if isinstance(data, dict) and "tools" in data:  # a request body's shape, {"tools": [...]}
+        data = data["tools"]
+    if not isinstance(data, list):
+        raise UsageError(f"--tools {path}: must hold a JSON list of tools "
+                         '([{"type": "function", "function": {"name": ..., "parameters": {...}}}]), '
+                         f"got {type(data).__name__}")
+    if not data:
+        raise UsageError(f"--tools {path}: the list of tools is empty")
+    try:
+        return parse_tools(data)
+    except ToolSpecError as e:
+        raise UsageError(f"--tools {path}: {e}") from None
+
+
+def check_tools(args: argparse.Namespace) -> None:
+    """--tools and --tool-choice: `args.tool_specs` (the checked tools) and `args.tool_choice_spec` set, or None
+    and None without --tools; what cannot go with tools refused in words."""
+    args.tool_specs, args.tool_choice_spec = None, None
+    if getattr(args, "mcp_config", None) is not None:  # tools from MCP servers: engine/cli/mcp_args.py
+        from engine.cli.mcp_args import check_mcp_args
+
+        return check_mcp_args(args)
+    args.mcp = None
+    if args.tools is None:
+        if args.tool_choice is not None:
+            raise UsageError("--tool-choice needs --tools FILE (the tools to choose from)")
+        return
+    from engine.tools.spec import ToolSpecError, parse_tool_choice
+
+    specs = read_tools_file(args.tools)
+    try:
+        choice = parse_tool_choice(args.tool_choice or "auto", specs)
+    except ToolSpecError as e:
+        raise UsageError(f"--tool-choice {args.tool_choice}: {e}") from None
+    if choice.calls and getattr(args, "constraint", None) is not None:
+        raise UsageError("--tools cannot be combined with --json-schema, --grammar or --regex: with tools the "
+                         "answer is kept to text or a valid call (or give --tool-choice none)")
+    if getattr(args, "num_beams", 1) > 1:
+        raise UsageError("--tools is for sampling; beam search (--num-beams) does not read tool calls")
+    args.tool_specs, args.tool_choice_spec = specs, choice
 
 
 def read_prompts(path: str) -> list[str]:

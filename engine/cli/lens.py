@@ -21,12 +21,15 @@ from engine.layer_capture import LayerCapture
 from engine.errors import UsageError
 
 if TYPE_CHECKING:
+    from engine.cli.options import OneLineParser
     from engine.backends.base import Backend
 
 DEFAULT_TOP_K = 5
 
 
-def add_lens_parser(sub, add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_lens_parser(
+    sub: argparse._SubParsersAction[OneLineParser], add_model_args: Callable[[argparse.ArgumentParser], None]
+) -> None:
     p = sub.add_parser("lens", help="what each layer predicts for a token of the prompt (logit lens)")
     p.add_argument("-p", "--prompt", required=True, help="the text whose token is looked at")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")

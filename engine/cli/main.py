@@ -12,11 +12,12 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import fields
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from engine.cli.input import bad_utf8, check_args, runtime_settings_from
-from engine.cli.options import EXIT_USAGE, OneLineParser, add_model_args, add_sampling_args
+from engine.cli.options import EXIT_USAGE, OneLineParser, add_model_args, add_sampling_args, add_tool_args
 from engine.cli.sampling_args import resolve_sampling
 from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
@@ -29,6 +30,11 @@ from engine.cli.serve import add_serve_parser, cmd_serve
 from engine.errors import EngineError
 from engine.events import Done, TokenEvent
 from engine.sampling.settings import SamplerSettings
+
+if TYPE_CHECKING:
+    from engine.documents.attachment import Attachment
+    from engine.engine import Engine
+    from engine.request import GenerationRequest
 
 EXIT_FAILED = 1  # the run started but did not finish (a server failed mid-answer): what arrived was printed
 UNTIL_FULL = (-1, -2)  # -n: llama.cpp's "no limit" and "until the context is filled"
@@ -45,13 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--num-beams", type=int, default=1, help="beam search with N beams (deterministic; ignores sampling options)")
     g.add_argument("--num-return-sequences", type=int, default=1, help="with --num-beams: how many beams to print")
+    add_attach_arg(g, "the prompt")
     add_model_args(g)
     add_sampling_args(g)
     add_steering_args(g)
+    add_tool_args(g)
     c = sub.add_parser("chat", help="interactive multi-turn chat (/help for commands)")
+    add_attach_arg(c, "the first message you send")
     add_model_args(c)
     add_sampling_args(c)
     add_steering_args(c)
+    add_tool_args(c)
     i = sub.add_parser("info", help="print what the model is")
     add_model_args(i)
     add_batch_parser(sub, add_model_args)
@@ -66,6 +76,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_attach_arg(parser: argparse.ArgumentParser, where: str) -> None:
+    parser.add_argument("--attach", action="append", default=[], metavar="FILE",
+                        help=f"attach a text, Markdown, code, CSV/JSON or PDF file to {where} (repeatable; "
+                             "docs/documents.md says how it is inserted)")
+
+
+def print_attachment_tokens(engine: Engine, attachments: Sequence[Attachment]) -> None:
+    """One stderr line per attached file: what it costs in the context (its block's tokens, name line and fences
+    included), counted by the loaded model's tokenizer."""
+    from engine.documents import attachment_block
+
+    for a in attachments:
+        tokens = len(engine.tokenizer.encode(attachment_block(a), add_special_tokens=False))
+        print(f"[attached {a.name}: {a.size_text()}, {tokens:,} tokens]", file=sys.stderr, flush=True)
+
+
 def sampler_from_args(args: argparse.Namespace) -> SamplerSettings:
     """The sampler settings the command line, its --settings-json file and the defaults make (also fills in
     `max_new_tokens`, `stop`, `top_n` and `constraint` in `args`)."""
@@ -73,7 +99,7 @@ def sampler_from_args(args: argparse.Namespace) -> SamplerSettings:
     return args.sampler
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace) -> Engine:
     from engine.engine import Engine
 
     def progress(message: str, fraction: float | None) -> None:
@@ -107,11 +133,14 @@ def format_token_line(event: TokenEvent) -> str:
     return f"{event.token_text!r:>16} p={event.prob:.3f} rank={event.rank + 1} H={event.entropy:.2f} | {alts}"
 
 
-def stream_to(out: TextIO, engine, request, show_probs: bool) -> Done:
-    """Print a generation as it streams; return its Done."""
+def stream_to(out: TextIO, engine: Engine, request: GenerationRequest, show_probs: bool,
+              keep: list[TokenEvent] | None = None) -> Done:
+    """Print a generation as it streams; return its Done (its token events added to `keep` when given)."""
     for event in engine.generate(request):
         if isinstance(event, Done):
             return event
+        if keep is not None:
+            keep.append(event)
         if show_probs:
             print(format_token_line(event), file=out, flush=True)
         else:
@@ -120,7 +149,7 @@ def stream_to(out: TextIO, engine, request, show_probs: bool) -> Done:
     raise AssertionError("unreachable")
 
 
-def fit_length(engine, request, max_new_tokens: int):
+def fit_length(engine: Engine, request: GenerationRequest, max_new_tokens: int) -> GenerationRequest:
     """`request` with its answer length: `max_new_tokens`, or with -n -1 (llama.cpp's "no limit") every
     token the context has room for after the prompt."""
     if max_new_tokens not in UNTIL_FULL:
@@ -146,24 +175,55 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.num_beams > 1:
         return cmd_beams(args)
     with _load(args) as engine:
+        print_attachment_tokens(engine, args.attachments)
         common = dict(sampler=sampler, max_new_tokens=max(args.max_new_tokens, 1), stop=tuple(args.stop), top_n=args.top_n,
                       ignore_eos=args.ignore_eos)
         common["server_sampling"] = args.server_sampling  # remote models only (docs/remote.md)
         common["constraint"] = args.constraint  # --json-schema / --grammar / --regex, or the settings file's
         common["steering"] = steering  # --control-vector ...: refused in words by a model it does not fit
-        if args.chat:
+        common.update(tool_fields(args))
+        if args.chat or "tools" in common:  # tools need a chat: --tools implies --chat
             messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
             request = GenerationRequest(messages=tuple(messages), **common)
         else:
             request = GenerationRequest(prompt=args.prompt, **common)
         request = fit_length(engine, request, args.max_new_tokens)
-        done = stream_to(sys.stdout, engine, request, args.show_probs)
+        events: list[TokenEvent] = []
+        done = stream_to(sys.stdout, engine, request, args.show_probs, events)
         if args.show_probs:
             print(done.stats.text)
         else:
             print()
+        print_tool_calls(sys.stdout, events, done, request)
         _print_stats(done)
     return EXIT_FAILED if done.stats.finish_reason == "error" else 0
+
+
+TOOLS_TOP_N = 20  # alternatives kept per token with --tools, so the tool names' distribution can be read
+
+
+def tool_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The request's tools, tool choice and alternatives kept, from --tools/--tool-choice (none without them)."""
+    if getattr(args, "tool_specs", None) is None:
+        return {}
+    return {"tools": args.tool_specs, "tool_choice": args.tool_choice_spec, "top_n": max(args.top_n, TOOLS_TOP_N)}
+
+
+def print_tool_calls(out: TextIO, events: Sequence[TokenEvent], done: Done, request: GenerationRequest) -> None:
+    """Each call the answer made, with what the model decided (engine.tools.confidence), a few lines each."""
+    if not request.tools:
+        return
+    from engine.tools.confidence import call_confidence
+
+    choice = request.tool_choice_spec
+    allowed = [choice.name] if choice.mode == "named" else [t.name for t in request.tools]
+    calls = done.stats.tool_calls
+    if not calls:
+        print(f"[no tool call in this answer ({done.stats.finish_reason})]" if choice.calls
+              else "[tool_choice none: no calls read]", file=sys.stderr)
+        return
+    for confidence in call_confidence(events, calls, allowed):
+        print(confidence.describe(), file=out, flush=True)
 
 
 def _print_stats(done: Done) -> None:
@@ -191,7 +251,7 @@ CHAT_HELP = """commands:
   /quit               leave (Ctrl-D too); Ctrl-C stops an answer"""
 
 
-def _coerce(name: str, value: str, current):
+def _coerce(name: str, value: str, current: object) -> int | float | str | tuple[str, ...] | None:
     if current is None or isinstance(current, int) and not isinstance(current, bool):
         if name == "seed" and value.lower() in ("none", "random", "-1"):  # -1: llama.cpp's random seed
             return None
@@ -215,7 +275,9 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
     max_new, show_probs = args.max_new_tokens, args.show_probs
     steering = steering_from_args(args)  # the vector files read and checked before the model loads
     session = ChatSession(system_prompt=args.system)
+    attachments = list(args.attachments)  # read and checked before the load; they go with the first message sent
     with _load(args) as engine:
+        print_attachment_tokens(engine, attachments)
         # Earlier answers' reasoning stays out of the next prompt the way this model's template wants.
         session.reasoning = prompt_format(engine.tokenizer, vocabulary=engine.info.runs_locally)
         print(f"{engine.info.name} on {engine.info.backend}/{engine.info.device}. /help for commands.", file=sys.stderr)
@@ -264,13 +326,20 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
                 else:
                     print(f"unknown command /{cmd}; /help lists them", file=sys.stderr)
                 continue
+            if attachments and not text.startswith("/"):
+                from engine.documents import compose_message
+
+                text = compose_message(text, attachments).text
+                attachments = []
+            turn: dict[str, object] = {"top_n": args.top_n, **tool_fields(args)}
             request = session.request(text, sampler=sampler, max_new_tokens=max(max_new, 1), stop=tuple(args.stop),
-                                      top_n=args.top_n, server_sampling=args.server_sampling, ignore_eos=args.ignore_eos,
-                                      steering=steering)
+                                      server_sampling=args.server_sampling, ignore_eos=args.ignore_eos,
+                                      steering=steering, **turn)
             print("assistant> ", end="", flush=True)
+            events: list[TokenEvent] = []
             try:
                 request = fit_length(engine, request, max_new)
-                done = stream_to(sys.stdout, engine, request, show_probs)
+                done = stream_to(sys.stdout, engine, request, show_probs, events)
             except KeyboardInterrupt:
                 print("\n(stopped)")
                 continue
@@ -278,6 +347,7 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
                 print(f"\nerror: {e}", file=sys.stderr)
                 continue
             print()
+            print_tool_calls(sys.stdout, events, done, request)
             session.add_turn(text, done.stats.text)
             _print_stats(done)
     return 0
@@ -311,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
                     "serve": lambda a: cmd_serve(a, _load), "replay": lambda a: cmd_replay(a, _load),
                     "audit": lambda a: cmd_audit(a, _load),
                     "compare-models": lambda a: cmd_compare_models(a, _load)}
+        if getattr(args, "mcp", None) is not None:  # --mcp-config: the tool loop (engine/cli/mcp_chat.py)
+            from engine.cli.mcp_chat import cmd_with_mcp
+
+            return cmd_with_mcp(args, _load)
         return commands[args.command](args)
     except (EngineError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -13,11 +13,14 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from engine.errors import EngineError, UsageError
 from engine.library.entry import LibraryEntry, printable
 from engine.library.progress import CancelToken, DownloadProgress, format_bytes
+
+if TYPE_CHECKING:
+    from engine.cli.options import OneLineParser
 
 EXIT_CANCELLED = 130
 EXIT_FAILED = 1
@@ -25,7 +28,7 @@ BAR_WIDTH = 24
 LINE_EVERY_S = 2.0  # not a terminal (a log file): one line this often instead of a redrawn bar
 
 
-def add_library_parsers(sub) -> None:
+def add_library_parsers(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     m = sub.add_parser("models", help="list the models on this machine (LM Studio, Ollama, Hugging Face cache, ...)")
     m.add_argument("--folder", action="append", default=[], metavar="PATH",
                    help="also look in this folder (repeatable; $LOGITLAB_MODEL_FOLDERS adds folders too)")

@@ -8,12 +8,13 @@ something else, and a later option can never change what an existing command lin
 from __future__ import annotations
 
 import argparse
+from typing import Any, NoReturn
 
-from engine.backends.select import BACKENDS
+from engine.backends import select
 from engine.cli.sampling_args import add_sampler_flags
 
 EXIT_USAGE = 2
-USER_BACKENDS = [b for b in BACKENDS if b != "mock"]  # mock is for tests
+USER_BACKENDS = select.USER_BACKENDS  # the backend table's names a user picks from (not the mock, which is for tests)
 RANK_HELP = "rank 1 is the model's most likely token"
 
 
@@ -21,11 +22,11 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (what is wrong, where to look) instead of the usage block,
     and an option is only ever its whole name (no prefix abbreviations)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # argparse.ArgumentParser's own (many) parameters
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
@@ -34,8 +35,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None,
                    help="a model folder, a .gguf file, a hub id or a server URL http://host:port/v1[#model] "
                         "(default: SmolLM2-135M-Instruct)")
-    p.add_argument("--backend", default="auto", choices=USER_BACKENDS,
-                   help="runtime (default: a URL -> remote, a .gguf -> llamacpp when installed, else MLX on Apple Silicon, else torch)")
+    p.add_argument("--backend", default=select.AUTO, choices=USER_BACKENDS,
+                   help=f"runtime (default: auto). {select.backend_help()}")
     p.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:N, mps (default: CUDA when usable, else cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--trust-remote-code", action="store_true", help="run model code shipped in the model folder")
@@ -75,3 +76,16 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server-sampling", action="store_true",
                    help="a model on a server (--model http://host:port/v1): let the server sample (streaming) "
                         "instead of sampling here from its top-N log-probs")
+
+
+def add_tool_args(p: argparse.ArgumentParser) -> None:
+    """--tools FILE (OpenAI's tools list) and --tool-choice (generate, chat; docs/tools.md)."""
+    p.add_argument("--tools", default=None, metavar="FILE",
+                   help="offer the functions in this JSON file (an OpenAI-style tools list, or an object with a "
+                        '"tools" list) and print each call the model makes with its confidence (generate: implies --chat)')
+    p.add_argument("--tool-choice", default=None, metavar="auto|required|none|NAME",
+                   help="with --tools (with --mcp-config: each turn's first answer): may call (auto, the default), "
+                        "must call (required), must not (none), or must call the tool NAME")
+    from engine.cli.mcp_args import add_mcp_args
+
+    add_mcp_args(p)

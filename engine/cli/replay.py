@@ -12,14 +12,19 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import UsageError
+
+if TYPE_CHECKING:
+    from engine.cli.options import OneLineParser
 
 MAX_TRACE_BYTES = 256 << 20
 
 
-def add_replay_parser(sub, add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_replay_parser(
+    sub: argparse._SubParsersAction[OneLineParser], add_model_args: Callable[[argparse.ArgumentParser], None]
+) -> None:
     r = sub.add_parser("replay", help="run a traced answer again and say whether it repeated, and what differs",
                        description="Replays a generation run of a trace with its seed and settings and compares "
                                    "tokens and log-probs bit for bit; the fingerprint fields that differ are named.")
@@ -80,7 +85,9 @@ def cmd_replay(args: argparse.Namespace, load: Callable[[argparse.Namespace], An
     return worst
 
 
-def add_audit_parser(sub, add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_audit_parser(
+    sub: argparse._SubParsersAction[OneLineParser], add_model_args: Callable[[argparse.ArgumentParser], None]
+) -> None:
     from engine.cli.sampling_args import add_sampler_flags
 
     a = sub.add_parser("audit", help="N loom continuations as one batch, each run again alone: the largest log-prob "

@@ -5,15 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.decode import check_context
 from engine.errors import ContextLengthError
 
+if TYPE_CHECKING:
+    from engine.cli.options import OneLineParser
+    from engine.research import LanguageModel
 
-def add_batch_parser(sub, add_model_args) -> None:
+
+def add_batch_parser(sub: argparse._SubParsersAction[OneLineParser],
+                     add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
     b = sub.add_parser("batch", help="generate for every line of a file, in batches; write JSON lines",
                        description="Exit status 0 when every prompt ran, 1 when some got an error record "
                                    "(e.g. too long for the model's context), 2 for unusable options.")
@@ -30,7 +37,7 @@ def add_batch_parser(sub, add_model_args) -> None:
     add_model_args(b)
 
 
-def _load_lm(args: argparse.Namespace):
+def _load_lm(args: argparse.Namespace) -> LanguageModel:
     from engine.cli.input import runtime_settings_from
     from engine.research import LanguageModel
 
@@ -90,9 +97,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
                 chunk = list(zip(prompts[start : start + args.batch_size], rows[start : start + args.batch_size]))
                 runnable = [ids for _, ids in chunk if not isinstance(ids, str)]
                 results = iter(_generate(lm, args, runnable) if runnable else ())
-                for prompt, ids in chunk:
-                    record = {"prompt": prompt, "error": ids} if isinstance(ids, str) else {"prompt": prompt, **next(results)}
-                    failed += isinstance(ids, str)
+                for prompt, row in chunk:
+                    record = {"prompt": prompt, "error": row} if isinstance(row, str) else {"prompt": prompt, **next(results)}
+                    failed += isinstance(row, str)
                     out.write(json.dumps(record, ensure_ascii=False) + "\n")
                     written += 1
                 print(f"[{written}/{len(prompts)} prompts]", file=sys.stderr, flush=True)
@@ -105,7 +112,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generate(lm, args: argparse.Namespace, rows: list[list[int]]) -> list[dict]:
+def _generate(lm: LanguageModel, args: argparse.Namespace, rows: list[list[int]]) -> list[dict]:
     """One batched generation; a record body (text, token ids, logprobs) per row."""
     tok = lm.tokenizer
     ids, logprobs = lm.generate_with_logprobs(

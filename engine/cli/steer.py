@@ -101,6 +101,7 @@ def add_steer_parser(sub: Any, add_model_args: Callable[[argparse.ArgumentParser
 
 def _pair_set(args: argparse.Namespace) -> Any:
     from engine.steering import builtin_pair_sets, read_pair_files, read_pairs_jsonl
+    from engine.steering.pairs import check_distinct, check_pair_count
 
     given = [x for x in (args.pairs, args.pairs_file, args.positive_file or args.negative_file) if x]
     if len(given) != 1:
@@ -120,7 +121,57 @@ def _pair_set(args: argparse.Namespace) -> Any:
         if args.limit < 1:
             raise UsageError(f"--limit must be 1 or more, got {args.limit}")
         pairs = pairs.limited(args.limit)
+    check_pair_count(pairs, "--limit N trains on the first N")
+    check_distinct(pairs.texts(), pairs.name)
     return pairs
+
+
+def refuse_long_pairs_before_load(args: argparse.Namespace, pairs: Any) -> None:
+    """Pairs with a prompt longer than the model's context (or the same tokens on both sides), refused before the
+    model loads where its tokenizer loads without the weights (a .gguf: engine.backends.select.cheap_tokenizer),
+    by the check training makes (engine.steering.train.check_token_pairs). Elsewhere training refuses them."""
+    from engine.backends.select import cheap_tokenizer
+    from engine.cli.experiments import model_context_before_load
+    from engine.cli.token_count import clearly_over
+    from engine.errors import EngineError
+    from engine.steering.errors import SteeringError
+    from engine.steering.train import check_token_pairs, too_long
+
+    if pairs.personas is not None:  # a built-in set: short sentences through the chat template, checked in training
+        return
+    opening = cheap_tokenizer(args.model, args.backend)
+    if opening is None:
+        return
+    context = model_context_before_load(args)
+    try:
+        with opening as tokenizer:
+            for i, texts in enumerate(pairs.texts(), 1):  # a huge prompt is not tokenized whole to be refused
+                for side, text in zip(("positive", "negative"), texts):
+                    if over := clearly_over(tokenizer, text, context):
+                        raise UsageError(str(too_long(i, pairs.name, side, over.describe(),
+                                                      f"at least {over.tokens - context:,}", context)))
+            token_pairs = pairs.token_pairs(tokenizer)
+    except EngineError as e:  # the vocabulary could not be read: the model's load says why, in its own words
+        if isinstance(e, UsageError):
+            raise
+        return
+    try:
+        check_token_pairs(token_pairs, pairs.name, context)
+    except SteeringError as e:
+        raise UsageError(str(e)) from None
+
+
+class _TrainProgress:
+    """`[steer train: 64 of 400 prompts read]` on stderr, at most once a second and once at the end."""
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s, self.last = every_s, time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - self.last >= self.every_s:
+            self.last = now
+            print(f"[steer train: {done:,} of {total:,} prompts read]", file=sys.stderr, flush=True)
 
 
 def cmd_steer(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
@@ -132,9 +183,11 @@ def cmd_steer(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any
     output = Path(args.output)
     if output.is_dir():
         raise UsageError(f"--output {output} is a folder; give a file name such as happy.gguf")
+    refuse_long_pairs_before_load(args, pairs)
     with load(args) as engine:
         t0 = time.perf_counter()
-        vector = engine.train_steering_vector(pairs, method=args.method, name=args.name or output.stem)
+        vector = engine.train_steering_vector(pairs, method=args.method, name=args.name or output.stem,
+                                              progress=_TrainProgress())
         seconds = time.perf_counter() - t0
     save_vector(vector, output)
     print(f"wrote {output}: {vector.n_layer - 1} layers of width {vector.n_embd} ({vector.model_hint or 'model'}), "

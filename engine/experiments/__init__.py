@@ -20,6 +20,7 @@ from engine.experiments.batch_score import ScoreItem, pair_ids, read_items, scor
 from engine.experiments.replay import (
     ReplayVerdict,
     TokenDiff,
+    as_recorded,
     changed_fields,
     fingerprint_of,
     replay_settings,
@@ -76,6 +77,7 @@ __all__ = [
     "repeated_ngrams",
     "replay_settings",
     "replay_verdict",
+    "as_recorded",
     "run_column",
     "score",
     "score_ids",

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from engine.backends.base import Backend
 from engine.backends.chunks import positions_per_chunk
@@ -96,6 +98,48 @@ def item_ids(tokenizer: TokenizerLike, item: ScoreItem) -> tuple[list[int], int]
     return pair_ids(tokenizer, item.context or "", item.continuation or "")
 
 
+def checked_items(backend: Backend, items: Sequence[tuple[Sequence[int], int]]) -> list[tuple[list[int], int]]:
+    """Every (token_ids, context) checked as `Engine.score` checks one text (`_checked_ids`: two tokens or more,
+    within the model's context), before any scoring context is made; ValueError / ContextLengthError naming
+    the item (0-based, as the output numbers them)."""
+    checked = []
+    for i, (ids, context) in enumerate(items):
+        try:
+            checked.append((_checked_ids(backend, ids, context), context))
+        except ValueError as e:  # ContextLengthError is one
+            raise type(e)(f"item {i}: {e}" if len(items) > 1 else str(e)) from None
+    return checked
+
+
+def _each_on_runner(backend: Backend, runner: Any, checked: Sequence[tuple[list[int], int]], top_n: int,
+                    cancelled: Callable[[], bool], with_next: bool = False
+                    ) -> Iterator[tuple[ScoreResult, np.ndarray | None]]:
+    """Each item's result, and with `with_next` the logits after its last token (the next token's row, one more
+    position in the last forward), else None."""
+    chunk = positions_per_chunk(backend.info.vocab_size)
+    for ids, context in checked:
+        if cancelled():
+            return
+        scorer = _Scorer(backend.tokenizer, ids, top_n)
+        before = runner.forward_calls
+        scored: list[ScoredToken] = []
+        after: np.ndarray | None = None
+        # Without the next token's row the last token predicts nothing, so it is not run.
+        blocks = runner.position_logits(ids if with_next else ids[:-1], first=context - 1, chunk=chunk)
+        try:
+            for block in blocks:  # (n, V): one forward each
+                for row in block:
+                    if context + len(scored) < len(ids):
+                        scored.append(scorer(context + len(scored), row))
+                    else:
+                        after = row
+                if cancelled():
+                    break
+        finally:
+            blocks.close()  # the runner clears its cache for the next item
+        yield ScoreResult(tuple(ids), context, tuple(scored), 0, runner.forward_calls - before), after
+
+
 def score_on_runner(
     backend: Backend,
     runner: Any,
@@ -109,31 +153,77 @@ def score_on_runner(
     A cancelled run returns the items scored so far (the one in progress with the positions it reached).
     Raises ValueError / ContextLengthError for a bad item before any is run, naming it.
     """
-    checked = []
-    for i, (ids, context) in enumerate(items):
-        try:
-            checked.append((_checked_ids(backend, ids, context), context))
-        except ValueError as e:  # ContextLengthError is one
-            raise type(e)(f"item {i}: {e}" if len(items) > 1 else str(e)) from None
-    chunk = positions_per_chunk(backend.info.vocab_size)
-    results: list[ScoreResult] = []
-    for ids, context in checked:
-        if cancelled():
-            break
-        scorer = _Scorer(backend.tokenizer, ids, top_n)
-        before = runner.forward_calls
-        scored: list[ScoredToken] = []
-        blocks = runner.position_logits(ids[:-1], first=context - 1, chunk=chunk)
-        try:
-            for block in blocks:  # (n, V): one forward each
-                for row in block:
-                    scored.append(scorer(context + len(scored), row))
-                if cancelled():
-                    break
-        finally:
-            blocks.close()  # the runner clears its cache for the next item
-        results.append(ScoreResult(tuple(ids), context, tuple(scored), 0, runner.forward_calls - before))
-    return results
+    return [r for r, _ in _each_on_runner(backend, runner, checked_items(backend, items), top_n, cancelled)]
+
+
+def each_score(
+    backend: Backend,
+    items: Sequence[ScoreItem | str],
+    *,
+    top_n: int = 10,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> Iterator[ScoreResult]:
+    """Each item's result as soon as it is scored, in order, on one scoring context of `backend`; iterate it on
+    the backend's worker thread (the CLI writes every result as it comes, so 100,000 items stream).
+
+    Every item is tokenized and checked first (`checked_items`): a text longer than the model's context is
+    refused in words before a scoring context is sized for it. A backend with a position runner gets one runner
+    sized for the longest item, used for all of them; others (a server, the mock) go step by step.
+    """
+    ids = [item_ids(backend.tokenizer, ScoreItem(text=it) if isinstance(it, str) else it) for it in items]
+    yield from each_score_ids(backend, ids, top_n=top_n, cancelled=cancelled)
+
+
+def each_score_ids(
+    backend: Backend,
+    items: Sequence[tuple[Sequence[int], int]],
+    *,
+    top_n: int = 10,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> Iterator[ScoreResult]:
+    """`each_score` of items already tokenized: (token_ids, context) each (the server's echo: the prompt's ids as
+    the model continues them, `context` 1)."""
+    checked = checked_items(backend, items)
+    if not checked:
+        return
+    if not isinstance(backend, PositionRunners):
+        for i, c in checked:
+            if cancelled():
+                return
+            yield score_step_by_step(backend, i, context=c, top_n=top_n, cancelled=cancelled)
+        return
+    runner = backend.position_runner(max(len(i) for i, _ in checked))
+    try:
+        for result, _ in _each_on_runner(backend, runner, checked, top_n, cancelled):
+            yield result
+    finally:
+        runner.close()  # llama.cpp: its scoring context
+
+
+def each_score_and_next(
+    backend: Backend,
+    items: Sequence[tuple[Sequence[int], int]],
+    *,
+    top_n: int = 10,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> Iterator[tuple[ScoreResult, np.ndarray]]:
+    """`each_score_ids` with each item's logits after its last token (the distribution of the token that would
+    follow: the server's one-token answers after an echo, engine/serve/next_token.py), computed in the same
+    forward as the item's last scored positions. Needs a position runner (`PositionRunners`); call it on the
+    backend's worker thread. A cancelled run stops before the next item (the one in progress is not yielded)."""
+    if not isinstance(backend, PositionRunners):
+        raise TypeError(f"{backend.info.name} has no position runner: its next-token logits come from decoding")
+    checked = checked_items(backend, items)
+    if not checked:
+        return
+    runner = backend.position_runner(max(len(i) for i, _ in checked) + 1)
+    try:
+        for result, after in _each_on_runner(backend, runner, checked, top_n, cancelled, with_next=True):
+            if after is None:  # cancelled in its middle
+                return
+            yield result, after
+    finally:
+        runner.close()
 
 
 def score_items(
@@ -143,22 +233,9 @@ def score_items(
     top_n: int = 10,
     cancelled: Callable[[], bool] = lambda: False,
 ) -> list[ScoreResult]:
-    """Score every item on one scoring context of `backend`; call it on the backend's worker thread.
-
-    A backend with a position runner gets one runner sized for the longest item, used for all of them;
-    others (a server, the mock) go step by step, item after item.
-    """
-    ids = [item_ids(backend.tokenizer, ScoreItem(text=it) if isinstance(it, str) else it) for it in items]
-    if not ids:
-        return []
-    if not isinstance(backend, PositionRunners):
-        return [score_step_by_step(backend, i, context=c, top_n=top_n, cancelled=cancelled) for i, c in ids]
-    longest = max(len(i) for i, _ in ids)
-    runner = backend.position_runner(longest)
-    try:
-        return score_on_runner(backend, runner, ids, top_n=top_n, cancelled=cancelled)
-    finally:
-        runner.close()  # llama.cpp: its scoring context
+    """Score every item on one scoring context of `backend` (`each_score`, gathered); call it on the backend's
+    worker thread."""
+    return list(each_score(backend, items, top_n=top_n, cancelled=cancelled))
 
 
 # --- the CLI's batch file: one JSON item per line ------------------------------------------------

@@ -31,7 +31,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
@@ -39,7 +39,7 @@ import numpy as np
 
 from engine.backends.base import Backend
 from engine.backends.chunks import positions_per_chunk
-from engine.capabilities import PositionRunners, require
+from engine.capabilities import PositionRunner, PositionRunners, require
 from engine.experiments.batch_score import pair_ids
 from engine.experiments.model_diff_stats import OwnStats, cross_stats, own_stats
 from engine.experiments.model_diff_types import ModelDiff, PositionDiff, SpanDiff, SpanModelDiff
@@ -199,7 +199,8 @@ def _get(q: queue.Queue, stop: threading.Event) -> Any:
 _END = object()
 
 
-def _scoring_blocks(backend: Backend, ids: list[int], ctx: int, purpose: str):
+def _scoring_blocks(backend: Backend, ids: list[int], ctx: int, purpose: str
+                    ) -> tuple[PositionRunner, Generator[np.ndarray, None, None]]:
     """(runner, generator of (n, V) logits chunks of positions ctx-1..T-2) on `backend`'s thread."""
     _checked_ids(backend, ids, ctx)
     runner = require(backend, PositionRunners, purpose).position_runner(len(ids))

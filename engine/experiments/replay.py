@@ -82,27 +82,35 @@ class ReplayVerdict:
     original_token: str | None = None  # at `diverged_at`; None: the original had ended there
     replay_token: str | None = None
     fingerprint_changes: tuple[str, ...] | None = None
+    unrecorded: str = ""  # what the records lack that could explain a difference ("the original's prompt cache ...")
 
     @property
     def identical(self) -> bool:
         return self.kind == IDENTICAL
 
     def headline(self) -> str:
-        """'identical', 'same tokens, probabilities within 3.1e-06', "diverged at token 7 (' the' vs ' a')"."""
+        """'identical', 'same tokens, log-probs within 3.1e-06 nats', "diverged at token 8 (' the' vs ' a')".
+
+        Tokens are counted from 1, as the window numbers them (`diverged_at` is the 0-based index)."""
         if self.kind == IDENTICAL:
             return "identical"
         if self.kind == WITHIN:
-            return f"same tokens, probabilities within {self.max_logprob_diff:.3g}"
+            return f"same tokens, log-probs within {self.max_logprob_diff:.3g} nats"
         def shown(t: str | None) -> str:
             return "(ended)" if t is None else repr(t)
-        return f"diverged at token {self.diverged_at} ({shown(self.original_token)} vs {shown(self.replay_token)})"
+        assert self.diverged_at is not None
+        return f"diverged at token {self.diverged_at + 1} ({shown(self.original_token)} vs {shown(self.replay_token)})"
 
     def fingerprint_text(self) -> str:
-        """Which recorded facts differ, in words."""
+        """Which recorded facts differ, in words; for a replay that did not repeat with none differing, that the
+        cause is not among them (an older record without its prompt cache's pieces, say)."""
         if self.fingerprint_changes is None:
             return "fingerprint: not recorded for both runs"
         if not self.fingerprint_changes:
-            return "fingerprint: no recorded difference"
+            if self.kind == IDENTICAL:
+                return "fingerprint: no recorded difference"
+            return ("fingerprint: no recorded difference, so the cause is something the record does not hold "
+                    + (self.unrecorded or "(please report it)"))
         return "fingerprint differs: " + "; ".join(self.fingerprint_changes)
 
     def describe(self) -> str:
@@ -129,6 +137,7 @@ def replay_verdict(
     """
     changes = (tuple(original_fingerprint.changes(replay_fingerprint))
                if original_fingerprint is not None and replay_fingerprint is not None else None)
+    unrecorded = _unrecorded(original_fingerprint, replay_fingerprint)
     worst = 0.0
     n = max(len(original), len(replay))
     for i in range(n):
@@ -136,10 +145,24 @@ def replay_verdict(
         b = replay[i] if i < len(replay) else None
         if a is None or b is None or a.token_id != b.token_id:
             return ReplayVerdict(DIVERGED, n, worst, i, a.token_text if a else None, b.token_text if b else None,
-                                 changes)
+                                 changes, unrecorded)
         worst = max(worst, logprob_gap(a.logprob, b.logprob))
     return ReplayVerdict(IDENTICAL if worst == 0.0 and _bitwise_equal(original, replay) else WITHIN, n, worst,
-                         fingerprint_changes=changes)
+                         fingerprint_changes=changes, unrecorded=unrecorded)
+
+
+def _unrecorded(original: Fingerprint | None, replay: Fingerprint | None) -> str:
+    """What a difference could come from that the two records cannot compare."""
+    if original is None or replay is None:
+        return ""
+    if not original.prompt_sha256 or not replay.prompt_sha256:
+        return ("(the original's record is older than prompt hashes: its prompt, rebuilt from the conversation, "
+                "may differ from what the model read)")
+    if not original.cache_schedule or not replay.cache_schedule:
+        return ("(the original's record does not say in which pieces its prompt's cache was computed; on a "
+                "backend whose numbers depend on the batch, a prompt whose start came from an earlier turn's "
+                "cache gives other log-probs)")
+    return ""
 
 
 def _bitwise_equal(a: Sequence[TokenEvent], b: Sequence[TokenEvent]) -> bool:
@@ -157,6 +180,18 @@ def fingerprint_of(stats: Any) -> Fingerprint | None:
         return Fingerprint.from_dict(fp)
     except ValueError:
         return None
+
+
+def as_recorded(request: GenerationRequest, fingerprint: Fingerprint | None) -> GenerationRequest:
+    """`request` with its prompt's cache computed in the pieces `fingerprint` recorded (an exact replay; the
+    request as it is when none were recorded, or they do not describe this prompt: `prefill` checks)."""
+    from dataclasses import replace
+
+    from engine.cache_schedule import from_record
+
+    if fingerprint is None or not fingerprint.cache_schedule:
+        return request
+    return replace(request, cache_schedule=from_record(fingerprint.cache_schedule))
 
 
 def request_for_run(run: Any, *, where: str = "the run") -> GenerationRequest:
@@ -184,5 +219,22 @@ def request_for_run(run: Any, *, where: str = "the run") -> GenerationRequest:
         limit = max(1, len(run.tokens))
     stop = h.get("stop") if isinstance(h.get("stop"), list) else []
     top_n = max((len(t.get("top_model") or []) for t in run.tokens), default=20)
-    return GenerationRequest(prompt_ids=tuple(ids), sampler=sampler, max_new_tokens=limit,
-                             stop=tuple(s for s in stop if isinstance(s, str) and s), top_n=min(top_n, 1000))
+    fingerprint = fingerprint_of(run.end or {})
+    constraint = _recorded_constraint(h.get("constraint") or (fingerprint.extras.get("constraint")
+                                                                if fingerprint is not None else None), where)
+    request = GenerationRequest(prompt_ids=tuple(ids), sampler=sampler, max_new_tokens=limit,
+                                stop=tuple(s for s in stop if isinstance(s, str) and s), top_n=min(top_n, 1000),
+                                ignore_eos=h.get("ignore_eos") is True, constraint=constraint)
+    return as_recorded(request, fingerprint)
+
+
+def _recorded_constraint(doc: Any, where: str) -> Any:
+    """The structured-output constraint a run was held to (its JSON schema, grammar...), from its record."""
+    from engine.constraints import Constraint
+
+    if not doc:
+        return None
+    try:
+        return Constraint.from_dict(doc)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}'s constraint cannot be read ({e}), so it cannot be replayed as it ran") from None

@@ -29,7 +29,7 @@ import numpy as np
 
 from engine.backends.base import PREFILL_CHUNK, Backend, prefill
 from engine.backends.chunks import positions_per_chunk
-from engine.capabilities import PositionRunners
+from engine.capabilities import PositionRunner, PositionRunners
 from engine.errors import ContextLengthError
 from engine.events import TokenEvent, TokenProb
 from engine.sampling import SamplerChain, SamplerSettings
@@ -196,15 +196,26 @@ def score_ids(
         runner.close()  # llama.cpp: its scoring context
 
 
+def check_token_count(n_tokens: int, limit: int, *, at_least: str = "") -> None:
+    """The one length check of a text to score, before and after the model loads (engine.cli.experiments):
+    ValueError under two tokens, ContextLengthError past `limit` (the model's context; 0: unknown).
+
+    `at_least`: `n_tokens` is a lower bound counted from the text's start, described so (a huge text is not
+    tokenized whole just to be refused: engine.cli.token_count)."""
+    if n_tokens < 2:
+        raise ValueError(f"scoring needs at least two tokens (one to predict from), got {n_tokens}")
+    if limit and n_tokens > limit:
+        has, excess = ((at_least, f"at least {n_tokens - limit:,}") if at_least
+                       else (f"{n_tokens} tokens", f"{n_tokens - limit:,}"))
+        raise ContextLengthError(f"the text has {has} but the model's context length is {limit} "
+                                 f"({excess} too many)")
+
+
 def _checked_ids(backend: Backend, token_ids: Sequence[int], context: int) -> list[int]:
     ids = [int(t) for t in token_ids]
-    if len(ids) < 2:
-        raise ValueError(f"scoring needs at least two tokens (one to predict from), got {len(ids)}")
+    check_token_count(len(ids), backend.info.context_length)
     if not 1 <= context < len(ids):
         raise ValueError(f"context must be in [1, {len(ids)}), got {context}")
-    limit = backend.info.context_length
-    if limit and len(ids) > limit:
-        raise ContextLengthError(f"the text has {len(ids)} tokens but the model's context length is {limit}")
     vocab = backend.info.vocab_size
     bad = [t for t in ids if t < 0 or (vocab and t >= vocab)]
     if bad:
@@ -238,7 +249,7 @@ class _Scorer:
 
 
 def _score_all_positions(
-    backend: Backend, runner, ids: list[int], context: int, top_n: int, cancelled: Callable[[], bool]
+    backend: Backend, runner: PositionRunner, ids: list[int], context: int, top_n: int, cancelled: Callable[[], bool]
 ) -> ScoreResult:
     """One teacher-forced pass: the runner yields the logits of positions context-1 .. T-2 chunk by chunk."""
     scorer = _Scorer(backend.tokenizer, ids, top_n)

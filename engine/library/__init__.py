@@ -15,12 +15,15 @@ from engine.library.errors import (
     DownloadError,
     DownloadInterrupted,
 )
+# What a hub error advises when the hub cannot be reached (the Library's own dialog words it for itself).
+from engine.library.hub_download import ALTERNATIVE as HUB_ALTERNATIVE
 from engine.library.locations import Location, default_locations
 from engine.library.memory import MachineMemory
 from engine.library.progress import CancelToken, DownloadProgress, format_bytes
 from engine.library.pull import IF_EXISTS_CHOICES, IfExists, PullResult, pull, url_target
 
 __all__ = [
+    "HUB_ALTERNATIVE",
     "IF_EXISTS_CHOICES",
     "SOURCE_NAMES",
     "CancelToken",

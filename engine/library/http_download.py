@@ -20,7 +20,10 @@ checked with one more request for the bytes after it (`416 */size` confirms
 the size, `206` means there is more). Without a checksum that same check is
 made after every download, so a server whose Content-Length is too short is
 caught too. A 206 that starts elsewhere than asked is never appended; a
-body longer than the size is refused. Redirects: at most `MAX_REDIRECTS`,
+body longer than the size is refused. A .gguf must also reach as far as its
+own header says (engine.library.gguf_whole): a server that stands by a short
+length, or serves a cut-off file honestly, is caught there, and the short
+file is deleted instead of named. Redirects: at most `MAX_REDIRECTS`,
 and only to http(s).
 """
 
@@ -38,6 +41,7 @@ import httpx
 
 from engine.library.disk import RESERVE_BYTES, FreeSpaceFn, check_space, disk_full_error, free_bytes, is_disk_full
 from engine.library.errors import ChecksumMismatchError, DownloadError, DownloadInterrupted
+from engine.library.gguf_whole import gguf_shortfall, is_gguf_name
 from engine.library.progress import CancelToken, DownloadProgress, ProgressFn, RateMeter, format_bytes
 
 log = logging.getLogger(__name__)
@@ -224,6 +228,15 @@ def download_url(
             raise ChecksumMismatchError(
                 f"{target.name} is damaged: its SHA-256 is {got[:16]}…, but {want[:16]}… was published for it. "
                 "The file was deleted; try again (if it happens again, the server's copy is damaged)"
+            )
+        if is_gguf_name(target.name) and (short := gguf_shortfall(part)):
+            # The server said this was all (a short Content-Length it stands by, or a file cut short on its side),
+            # and a checksum of these bytes would match them: only the file's own header shows it is not whole.
+            part.unlink(missing_ok=True)
+            raise DownloadError(
+                f"{target.name} is incomplete: the server sent {size:,} bytes as the whole file, but its GGUF header "
+                f"says otherwise ({short}). It was deleted, not named; the server's copy or the size it states is "
+                "wrong, so try another address or later"
             )
         part.replace(target)
         log.info("downloaded %s (%s, sha256 %s%s)", target, format_bytes(size), got[:12], " checked" if want else "")

@@ -5,7 +5,9 @@ whether the hub answers and what the files weigh (free space is checked
 against that); then huggingface_hub downloads (resuming its `.incomplete`
 blobs), and each large file's SHA-256 is compared with the one the hub
 publishes for it (`lfs.sha256`). A mismatch deletes the blob, so the next
-pull fetches it again.
+pull fetches it again; so does a .gguf shorter than its own header says it
+is (engine.library.gguf_whole), which a listing and a checksum made of the
+same short file would let through.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.errors import HubUnreachableError, ModelNotFoundError
 from engine.library.disk import RESERVE_BYTES, FreeSpaceFn, check_space, disk_full_error, free_bytes, is_disk_full
 from engine.library.errors import ChecksumMismatchError, DownloadError
+from engine.library.gguf_whole import gguf_shortfall, is_gguf_name
 from engine.library.hub_progress import ProgressTracker
 from engine.library.locations import hf_hub_cache
 from engine.library.progress import CancelToken, ProgressFn
@@ -148,6 +152,11 @@ def _verify(path: Path, expected: HubFile) -> None:
             f"{expected.name} came out {size:,} bytes long, but the hub lists it at {expected.size:,}: it was "
             "deleted; pull again"
         )
+    if is_gguf_name(expected.name) and (short := gguf_shortfall(path)):
+        # The hub's listing and checksum describe the file it holds; a copy cut short there matches both.
+        _delete(path)
+        raise DownloadError(f"{expected.name} is incomplete: its GGUF header says so ({short}). It was deleted, "
+                            "not kept in the cache; the hub's copy is damaged, so try another file or later")
     if not expected.sha256:
         return
     h = hashlib.sha256()
@@ -200,7 +209,7 @@ def pull_files(
     return paths
 
 
-def pull_folder(repo: HubRepo, **kw) -> Path:
+def pull_folder(repo: HubRepo, **kw: Any) -> Path:  # kw: pull_files' keywords
     """Download a safetensors model (the files the engine loads: hub.ALLOW_PATTERNS); return its snapshot folder."""
     wanted = sorted((f for f in repo.files if any(fnmatch.fnmatch(f.name, p) for p in ALLOW_PATTERNS)),
                     key=lambda f: f.size)  # small files first: config and tokenizer arrive at once

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -67,7 +68,7 @@ class ProgressTracker:
         tracker = self
 
         class Reporting(tqdm):
-            def __init__(self, *args, **kwargs):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:  # tqdm's own arguments
                 kwargs.pop("name", None)
                 kwargs["file"] = _Sink()
                 kwargs["disable"] = False

@@ -38,18 +38,24 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.capabilities import BatchRunners, OwnEvents, ServerChildren, StartsFromBackendCache
+from engine.capabilities import (
+    BatchRunner, BatchRunners, OwnEvents, RecordsCacheSchedule, ServerChildren, StartsFromBackendCache,
+)
 from engine.decode import check_context, generate_events, prompt_ids_for
 from engine.decode_row import AnswerRow
 from engine.decode_stats import generation_stats
 from engine.loom.batch_loop import RowEvent, decode_rows
 from engine.events import Done, Event, FinishReason, GenerationStats, TokenEvent
 from engine.request import GenerationRequest
+from engine.tokenizer import TokenizerLike
+
+if TYPE_CHECKING:
+    from engine.research.beam import BeamRunner
 
 log = logging.getLogger(__name__)
 
@@ -136,24 +142,28 @@ def _check_beam(backend: Backend, request: GenerationRequest) -> None:
                          f"{backend.info.name} does not give here: choose own seeds or the most likely first tokens")
 
 
-def _beams(runner, prompt: list[int], n: int, request: GenerationRequest, tok, context_length: int,
+def _beams(runner: BatchRunner, prompt: list[int], n: int, request: GenerationRequest, tok: TokenizerLike,
+           context_length: int,
            cancel: threading.Event) -> list[list[int]] | None:
     """The N best continuations' tokens, best first (None: cancelled during the search)."""
     from engine.research.beam import beam_search
 
     eos = () if request.ignore_eos else sorted(tok.eos_token_ids)
-    if isinstance(runner, StartsFromBackendCache):
-        runner = _PromptFromBackendCache(runner)
-    found = beam_search(runner, prompt, num_beams=n, num_return_sequences=n, max_new_tokens=request.max_new_tokens,
+    searched: BeamRunner = _PromptFromBackendCache(runner) if isinstance(runner, StartsFromBackendCache) else runner
+    found = beam_search(searched, prompt, num_beams=n, num_return_sequences=n, max_new_tokens=request.max_new_tokens,
                         eos_token_ids=eos, pad_id=runner.pad_id, context_length=context_length,
                         cancelled=cancel.is_set)
     return [list(b.generated) for b in found] or None
 
 
+class _CachedBatchRunner(BatchRunner, StartsFromBackendCache, Protocol):
+    """A batch runner that can begin a row from the backend's cache."""
+
+
 class _PromptFromBackendCache:
     """A batch runner whose `start` of one prompt begins from the backend's cache (StartsFromBackendCache)."""
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner: _CachedBatchRunner) -> None:
         self._runner = runner
         self.step, self.reorder = runner.step, runner.reorder
         self.pad_id = runner.pad_id
@@ -210,10 +220,12 @@ def _batched(
     rows = [AnswerRow.start(backend, request, prompt, t0, seed=s) for s in seeds]
     n = len(rows)
     reused = 0  # the prompt's tokens taken from the backend's cache rather than computed
+    schedule: tuple[tuple[int, int], ...] = ()  # the calls the shared prompt was computed in, where the runner says
 
     def done(r: int) -> RowEvent:
         # The first row computed the prefix (but what the backend had cached); the others share it.
-        stats = rows[r].stats(reused_tokens=len(prompt) if r else reused, peak_memory_bytes=backend.peak_memory_bytes())
+        stats = rows[r].stats(reused_tokens=len(prompt) if r else reused, peak_memory_bytes=backend.peak_memory_bytes(),
+                              cache_schedule=schedule)
         return RowEvent(r, Done(stats))
 
     if cancel.is_set():
@@ -238,6 +250,8 @@ def _batched(
             logits, reused = runner.start_from_backend_cache(prompt)
         else:
             logits = runner.start([prompt])  # (1, V): the shared prefix, computed once
+        if isinstance(runner, RecordsCacheSchedule):  # an audit reruns each row with its prompt computed alike
+            schedule = runner.cache_schedule(len(prompt))
         firsts: list[int | None] = [None] * n
         if mode == "top":
             order = np.argsort(-logits[0], kind="stable")[:n]  # the model's likeliest first tokens, best first

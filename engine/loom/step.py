@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from engine.backends.base import Backend
 from engine.capabilities import MissingCapabilityError, OwnEvents
 from engine.decode import generate_events
-from engine.events import TokenEvent
+from engine.events import Event, TokenEvent
 from engine.request import GenerationRequest
 from engine.worker import EventCallback, GenerationHandle, deliver
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
 
 
 POLL_S = 0.05
@@ -75,7 +79,7 @@ class StepGate:
 class SteppedEngine:
     """An `Engine` whose generations go through `gate` (its `submit` is the one thing that differs)."""
 
-    def __init__(self, engine, gate: StepGate) -> None:
+    def __init__(self, engine: Engine, gate: StepGate) -> None:
         self.engine = engine
         self.gate = gate
 
@@ -84,7 +88,7 @@ class SteppedEngine:
         gate = self.gate
 
         def job(backend: Backend) -> None:
-            def events():
+            def events() -> Iterator[Event]:
                 if isinstance(backend, OwnEvents):
                     raise MissingCapabilityError(
                         f"step mode needs a model that runs here through the shared decode loop; "

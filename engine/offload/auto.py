@@ -17,7 +17,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.offload.placement import Tier, place
 from engine.offload.policy import OffloadPolicy
@@ -108,7 +108,7 @@ def auto_policy(
     )
 
 
-def kv_cache_bytes(config, tokens: int, dtype: torch.dtype) -> int:
+def kv_cache_bytes(config: Any, tokens: int, dtype: torch.dtype) -> int:
     """Keys and values for `tokens` positions over all layers: 2 * layers * kv_heads * head_dim * tokens * size."""
     cfg = config.get_text_config(decoder=True)
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads

@@ -27,6 +27,7 @@ from functools import partial
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from engine.offload.buffers import BufferPool
 from engine.offload.checkpoint import Checkpoint
@@ -90,7 +91,7 @@ class OffloadHandle:
 
     # --- what callers use ------------------------------------------------------
 
-    def new_cache(self):
+    def new_cache(self) -> DynamicCache:
         """A fresh KV cache for this model: a DynamicCache, with CPU-resident layers when the policy says so."""
         return make_kv_cache(self.model.config, self.policy, self.device)
 

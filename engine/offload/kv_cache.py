@@ -11,6 +11,7 @@ When compute runs on the CPU the cache already lives there: a plain cache.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -30,7 +31,7 @@ def next_host_layer(host: tuple[int, ...], start: int) -> int:
 class PartlyOffloadedCache(DynamicCache):
     """A DynamicCache whose layers in `host_layers` live in CPU memory between uses (CUDA only)."""
 
-    def __init__(self, config, host_layers: frozenset[int]):
+    def __init__(self, config: Any, host_layers: frozenset[int]) -> None:  # config: a transformers model's
         super().__init__(config=config, offloading=True)
         self.host_layers = tuple(sorted(host_layers))
 
@@ -48,7 +49,7 @@ class PartlyOffloadedCache(DynamicCache):
             self.layers[layer_idx].offload()
 
 
-def make_kv_cache(config, policy: OffloadPolicy, device: torch.device) -> DynamicCache:
+def make_kv_cache(config: Any, policy: OffloadPolicy, device: torch.device) -> DynamicCache:
     if device.type != "cuda" or policy.cache_gpu_percent >= 100:
         return DynamicCache(config=config)
     # transformers' offloading cache creates a stream at once, which raises on a CUDA build of torch

@@ -43,11 +43,11 @@ def parameters_on_meta() -> Iterator[None]:
             param = nn.Parameter(param.to("meta"), requires_grad=False)
         original(module, name, param)
 
-    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]  # patched for the build
     try:
         yield
     finally:
-        nn.Module.register_parameter = original  # type: ignore[method-assign]
+        nn.Module.register_parameter = original  # type: ignore[method-assign]  # and put back
 
 
 def build_empty(folder: Path, dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:

@@ -116,4 +116,4 @@ def parse_offload(text: str) -> OffloadPolicy:
             fields["pin_cpu_weights" if key == "pin" else "overlap"] = _SWITCH[value.lower()]
         else:
             raise ValueError(f"unknown offload policy key {key!r}; known: weights, cache, pin, overlap")
-    return OffloadPolicy(**fields)  # type: ignore[arg-type]
+    return OffloadPolicy(**fields)  # type: ignore[arg-type]  # each field's value checked above

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.capabilities import BatchRunner
 from engine.decode import check_context
 from engine.errors import ContextLengthError
 from engine.sampling import SamplerChain, SamplerSettings
+from engine.sampling.dry import Vocabulary
 
 
 PAD = -1  # an output cell without a token (before a short prompt, after a stop): no token has this id
@@ -93,7 +95,7 @@ def check_rows_fit(rows: Sequence[Sequence[int]], max_new_tokens: int, context_l
 
 
 def generate_batch(
-    runner,
+    runner: BatchRunner,
     inputs: np.ndarray | Sequence[Sequence[int]],
     *,
     max_new_tokens: int = 32,
@@ -107,7 +109,7 @@ def generate_batch(
     context_length: int = 0,
     eos_token_ids: Iterable[int] = (),
     sampler: SamplerSettings | None = None,
-    vocab=None,
+    vocab: Vocabulary | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(B, prompt_len + max_new_tokens) ids and (B, max_new_tokens) model logprobs of the generated tokens.
 
@@ -129,7 +131,7 @@ def generate_batch(
     settings = settings_for(sampler, seed, temperature=temperature, top_k=top_k, top_p=top_p,
                             greedy=sampler is None and not do_sample)
     # A fresh SeedSequence draws its entropy as one int.
-    base_seed = settings.seed if settings.seed is not None else int(np.random.SeedSequence().entropy % 2**62)  # type: ignore[operator]
+    base_seed = settings.seed if settings.seed is not None else int(np.random.SeedSequence().entropy % 2**62)  # type: ignore[operator]  # numpy: int | Sequence | None
     chains = [SamplerChain(settings.with_(seed=base_seed + r), vocab) for r in range(len(rows))]
     width = max(len(r) for r in rows)
     out = np.full((len(rows), width + max_new_tokens), PAD, dtype=np.int64)

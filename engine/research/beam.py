@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -35,8 +36,18 @@ def _topk(x: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-x, kind="stable")[:k]
 
 
+class BeamRunner(Protocol):
+    """What beam search uses of a `BatchRunner` (engine.capabilities): a prompt's start, a step per row, a reorder."""
+
+    def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray: ...
+
+    def step(self, tokens: Sequence[int]) -> np.ndarray: ...
+
+    def reorder(self, rows: Sequence[int]) -> None: ...
+
+
 def beam_search(
-    runner,
+    runner: BeamRunner,
     prompt: Sequence[int],
     *,
     num_beams: int = 4,

@@ -17,6 +17,7 @@ import numpy as np
 from engine.constraints import Constraint, ConstraintRun, start_run
 from engine.sampling import SamplerChain, SamplerSettings
 from engine.sampling.grammar import GrammarStage
+from engine.tokenizer import TokenizerLike
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,9 @@ class ConstrainedSample:
     failure: str | None = None
 
 
-def run_for(constraint: Constraint, tokenizer, n_vocab: int, prefix_ids: Sequence[int] = ()) -> ConstraintRun:
+def run_for(
+    constraint: Constraint, tokenizer: TokenizerLike, n_vocab: int, prefix_ids: Sequence[int] = ()
+) -> ConstraintRun:
     """A run of `constraint` that has already read `prefix_ids` (ValueError if it does not allow them)."""
     run = start_run(constraint, tokenizer, n_vocab)
     for t in prefix_ids:
@@ -56,7 +59,7 @@ def allowed_mask(run: ConstraintRun, n_vocab: int) -> np.ndarray:
 
 def constrained_sample(
     next_logprobs: Callable[[list[int]], np.ndarray],
-    tokenizer,
+    tokenizer: TokenizerLike,
     n_vocab: int,
     prompt_ids: Sequence[int],
     constraint: Constraint,

@@ -38,6 +38,8 @@ from engine.sampling import SamplerChain, SamplerSettings
 from engine.tokenizer import check_token_ids, vocabulary_size
 
 if TYPE_CHECKING:
+    from engine.backends.base import Backend
+    from engine.experiments.batch_score import ScoreItem
     from engine.experiments.score import ScoreResult
     from engine.steering import Steering, SteeringEffect
 
@@ -63,13 +65,13 @@ def _check_ids(token_ids: Sequence[int], n_vocab: int = 0) -> tuple[int, ...]:
 class LanguageModel:
     def __init__(
         self,
-        backend,
+        backend: Backend,
         *,
         cache_budget_bytes: int = 1 << 30,
         kv_budget_bytes: int | None = None,
         max_batch_size: int = 32,
         batch_window_s: float = 0.005,
-    ):
+    ) -> None:
         self.backend = backend
         self.tokenizer = backend.tokenizer
         self.context_length = int(getattr(backend.info, "context_length", 0) or 0)  # 0: unknown, unchecked
@@ -89,7 +91,7 @@ class LanguageModel:
 
     @classmethod
     def load(cls, spec: str | None = None, *, backend: str = "auto", load_options: dict | None = None,
-             **kwargs) -> "LanguageModel":
+             **kwargs: Any) -> "LanguageModel":  # kwargs: the constructor's
         """Load `spec`; `load_options` go to `engine.load_model` (device, dtype, trust_remote_code, ...)."""
         from engine.open_model import load_model
 
@@ -219,7 +221,7 @@ class LanguageModel:
             items.append(ScoreItem(context=pair[0], continuation=pair[1]))
         return self._score_items(items, top_n)
 
-    def _score_items(self, items, top_n: int) -> list["ScoreResult"]:
+    def _score_items(self, items: Sequence[ScoreItem], top_n: int) -> list["ScoreResult"]:
         from engine.experiments.batch_score import item_ids, score_on_runner
         from engine.experiments.score import score_step_by_step
 
@@ -345,7 +347,8 @@ class LanguageModel:
 
     # --- batch generation and beams ---------------------------------------------
 
-    def generate(self, inputs, max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0,
+    def generate(self, inputs: np.ndarray | Sequence[Sequence[int]], max_new_tokens: int = 32, do_sample: bool = False,
+                 temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, stop: int | Sequence[int] | None = None,
                  seed: int | None = None, sampler: SamplerSettings | None = None) -> np.ndarray:
         """(batch, prompt_len + max_new_tokens) prompt and generated ids, -1 (`PAD`) where a cell holds no token.
@@ -359,18 +362,19 @@ class LanguageModel:
                                            temperature=temperature, top_k=top_k, top_p=top_p, stop=stop, seed=seed,
                                            sampler=sampler)[0]
 
-    def generate_output(self, inputs, **kwargs) -> Generation:
+    def generate_output(self, inputs: np.ndarray | Sequence[Sequence[int]], **kwargs: Any) -> Generation:
         """`generate` as a `Generation`: the ids, the generated tokens' log-probs, and each row's length."""
         return Generation.from_arrays(*self.generate_with_logprobs(inputs, **kwargs))
 
-    def generate_with_logprobs(self, inputs, **kwargs) -> tuple[np.ndarray, np.ndarray]:
+    def generate_with_logprobs(self, inputs: np.ndarray | Sequence[Sequence[int]], **kwargs: Any
+                               ) -> tuple[np.ndarray, np.ndarray]:  # kwargs: generate_batch's
         """`generate` plus the (batch, max_new_tokens) model logprobs of the generated tokens (NaN after a stop)."""
         for row in as_rows(inputs):
             check_token_ids(row, self.n_vocab)
         return generate_batch(self.runner, inputs, pad_id=self.runner.pad_id, context_length=self.context_length,
                               eos_token_ids=self.tokenizer.eos_token_ids, vocab=self.tokenizer, **kwargs)
 
-    async def agenerate(self, inputs, **kwargs) -> np.ndarray:
+    async def agenerate(self, inputs: np.ndarray | Sequence[Sequence[int]], **kwargs: Any) -> np.ndarray:
         """`generate` on the model thread; the event loop keeps running meanwhile."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: self.generate(inputs, **kwargs))

@@ -20,10 +20,14 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import platformdirs
 
 from engine.errors import ModelLoadError, ModelNotFoundError
+
+if TYPE_CHECKING:
+    from engine.sources.resolve import ProgressCallback
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +79,7 @@ def default_model_path() -> Path:
     )
 
 
-def download_default_model(progress=None) -> Path:
+def download_default_model(progress: ProgressCallback | None = None) -> Path:
     """Download the default model into `models_dir()` and return its path (no-op when it is there).
 
     The hub revision is pinned and the file's SHA-256 checked, so the download

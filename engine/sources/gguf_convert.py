@@ -17,10 +17,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.atomic_file import write_text_atomic
 from engine.errors import ModelLoadError
 from engine.sources.cache_dir import cache_root
+
+if TYPE_CHECKING:
+    from engine.sources.resolve import ProgressCallback
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +71,7 @@ def converted_dir_for(path: Path) -> Path:
     return cache_root() / "converted" / f"{path.stem}-{file_sha256(path)[:16]}-tf{converter_version()}"
 
 
-def ensure_converted(path: Path, progress=None) -> Path:
+def ensure_converted(path: Path, progress: ProgressCallback | None = None) -> Path:
     """Return the converted folder for GGUF `path`, converting it first if needed."""
     # The whole header is checked (a regular file; lying counts refused at once) before the file is hashed, so
     # a broken or hostile file is refused in words instead of being read end to end first.

@@ -12,8 +12,14 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import HubUnreachableError, ModelNotFoundError
+
+if TYPE_CHECKING:
+    from tqdm.auto import tqdm
+
+    from engine.sources.resolve import ProgressCallback
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +31,7 @@ COMMIT = re.compile(r"^[0-9a-f]{40}$")
 METADATA_TIMEOUT_S = 8.0
 
 
-def download(repo_id: str, progress=None) -> Path:
+def download(repo_id: str, progress: ProgressCallback | None = None) -> Path:
     """Return a local folder holding `repo_id`, downloading what is missing."""
     import huggingface_hub
 
@@ -82,12 +88,12 @@ def hub_errors(what: str, alternative: str) -> Iterator[None]:
         ) from e
 
 
-def _progress_tqdm(progress):
+def _progress_tqdm(progress: ProgressCallback) -> type[tqdm]:
     """A tqdm subclass that reports byte progress to our callback instead of a terminal."""
     from tqdm.auto import tqdm
 
     class _Reporting(tqdm):
-        def update(self, n=1):
+        def update(self, n: float | None = 1) -> bool | None:
             out = super().update(n)
             if self.total:
                 progress(self.desc or "downloading", min(1.0, self.n / self.total))

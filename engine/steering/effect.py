@@ -18,17 +18,22 @@ and the backend's own steering are untouched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from engine.capabilities import Steerable, require
+from engine.errors import GenerationCancelled
 from engine.lens import check_positions, log_softmax
 from engine.steering.settings import Steering
 
 DEFAULT_TOP_K = 10
-SHADOW_CHUNK = 64  # positions per steered_logits call in the shadow: (64, V) float32 is 12 MB at 49k tokens
+SHADOW_CHUNK = 64  # positions in the shadow's first steered_logits call: (64, V) float32 is 12 MB at 49k tokens
+# ... and in each later one, as many as a (P, V) float32 of this size holds. Every call decodes the answer up to its
+# last position in a context of its own, so the cost grows with the number of calls: 64 at a time, a 453-token
+# answer took 173 s on SmolLM2 here (its chunks 7 s, then 8, 15, … 36 s); with this budget, 3 calls: 53 s.
+SHADOW_PASS_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -169,11 +174,15 @@ def steering_effect(
 
 
 def unsteered_shadow(
-    backend: object, token_ids: Sequence[int], first: int, steering: Steering, *, chunk: int = SHADOW_CHUNK
+    backend: object, token_ids: Sequence[int], first: int, steering: Steering, *, chunk: int = SHADOW_CHUNK,
+    cancelled: Callable[[], bool] = lambda: False, progress: Callable[[int, int], None] | None = None,
 ) -> SteeringShadow:
     """Answer tokens `token_ids[first:]` scored with and without `steering`, per token (see SteeringShadow).
 
-    `first` is the answer's first position (the prompt's length, at least 1). On the worker thread.
+    `first` is the answer's first position (the prompt's length, at least 1). On the worker thread. A long
+    answer takes a while (two passes per chunk of positions: `chunk` first, then as many as `SHADOW_PASS_BYTES`
+    of logits hold): `progress(done, total)` (answer tokens) is called after each chunk, and `cancelled()` is
+    checked before each (GenerationCancelled).
     """
     _check_steering(steering)
     model = require(backend, Steerable, "the unsteered shadow of an answer")
@@ -183,9 +192,18 @@ def unsteered_shadow(
     steering.check_for(model.residual_shape())
     positions = list(range(first, len(ids)))
     kl, s_lp, u_lp, u_rank = [], [], [], []
-    for lo in range(0, len(positions), chunk):
-        part = positions[lo : lo + chunk]
+    lo, size = 0, chunk
+    while lo < len(positions):
+        if cancelled():
+            raise GenerationCancelled("the steering effect of the answer was cancelled")
+        part = positions[lo : lo + size]
+        lo += len(part)
         steered = log_softmax(model.steered_logits(ids, part, steering))
+        if lo == len(part) and lo < len(positions):  # after the first (quick) call: fewer, larger, even ones
+            most = max(chunk, SHADOW_PASS_BYTES // (4 * max(1, steered.shape[-1])))
+            rest = len(positions) - lo
+            calls = -(-rest // most)
+            size = -(-rest // calls)  # no small last call: it would cost a whole pass over the answer too
         plain = log_softmax(model.steered_logits(ids, part, None))
         chosen = np.array([ids[p] for p in part])
         rows = np.arange(len(part))
@@ -193,6 +211,8 @@ def unsteered_shadow(
         s_lp.append(steered[rows, chosen])
         u_lp.append(plain[rows, chosen])
         u_rank.append((plain > plain[rows, chosen][:, None]).sum(axis=1))
+        if progress is not None:
+            progress(lo, len(positions))
     return SteeringShadow(
         positions=tuple(positions),
         token_ids=tuple(ids[first:]),

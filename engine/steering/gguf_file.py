@@ -23,11 +23,12 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from engine.steering.errors import SteeringError
-from engine.steering.vector import SteeringVector
+from engine.steering.vector import MAX_VALUE, SteeringVector
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ _DIRECTION = re.compile(r"^direction\.(\d+)$")
 MAX_LAYERS = 4096  # far beyond any model; a bigger index is a corrupt or hostile file, not a model
 
 
-def _field_value(reader, key: str):
+def _field_value(reader: Any, key: str) -> Any:  # gguf's reader and field contents (gguf has no types)
     field = reader.fields.get(key)
     if field is None:
         return None
@@ -97,6 +98,10 @@ def load_vector(path: str | os.PathLike[str], name: str | None = None) -> Steeri
     for layer, row in sorted(rows.items()):
         if not np.isfinite(row).all():
             raise SteeringError(f"{label}: direction.{layer} holds NaN or infinite values")
+        if (top := float(np.abs(row).max(initial=0.0))) > MAX_VALUE:
+            raise SteeringError(f"{label}: direction.{layer} holds a value of {top:.3g}; a control vector's values "
+                                f"stay within ±{MAX_VALUE:g} (trained ones within ±1), so steering with it would make "
+                                "the model's numbers overflow: the file is damaged or not a steering direction")
     n_layer = max(rows) + 1
     if isinstance(declared, (int, np.integer)) and not isinstance(declared, bool) and 0 < int(declared) <= MAX_LAYERS:
         n_layer = max(n_layer, int(declared) + 1)

@@ -23,6 +23,9 @@ from engine.steering.errors import SteeringError
 from engine.tokenizer import TokenizerLike
 
 MAX_PAIR_FILE_BYTES = 16 << 20  # a pair file is prompts, not a corpus
+# Training keeps every prompt's last-token state of every layer: 2 x pairs x layers x width float32, 0.15 GB at
+# this count for the default model, 2.2 GB for an 8B one; repeng's own examples train on a few hundred pairs.
+MAX_PAIRS = 2048
 TokenPair = tuple[list[int], list[int]]
 
 
@@ -67,6 +70,30 @@ class PairSet:
             tail = tokenizer.encode(s, add_special_tokens=False)
             out.append((heads[0] + tail, heads[1] + tail))
         return out
+
+
+def check_pair_count(pairs: PairSet, advice: str = "train on fewer pairs") -> None:
+    """SteeringError past MAX_PAIRS, before anything is read from a model; `advice` says what to do."""
+    if len(pairs) > MAX_PAIRS:
+        raise SteeringError(f"the pair set {pairs.name!r} has {len(pairs):,} pairs; a steering vector is trained from "
+                            f"at most {MAX_PAIRS:,} ({advice})")
+
+
+def same_pair_numbers(pairs: Sequence[tuple[Any, Any]]) -> list[int]:
+    """The numbers (from 1) of the pairs whose positive and negative sides are the same."""
+    return [i for i, (p, q) in enumerate(pairs, 1) if p == q]
+
+
+def check_distinct(pairs: Sequence[tuple[Any, Any]], name: str) -> None:
+    """SteeringError naming the pairs whose two sides are the same text (or the same tokens): such a pair has no
+    difference to learn from, and a set of them trains an all-zero vector that steers nothing."""
+    same = same_pair_numbers(pairs)
+    if not same:
+        return
+    shown = ", ".join(map(str, same[:5])) + (f" and {len(same) - 5:,} more" if len(same) > 5 else "")
+    which = f"pair {shown} has" if len(same) == 1 else f"pairs {shown} have"
+    raise SteeringError(f"{which} the same positive and negative prompt in {name!r}: a pair teaches the "
+                        "difference between its two prompts, so make them differ (or remove the pair)")
 
 
 def _has_template(tokenizer: TokenizerLike) -> bool:

@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from engine.capabilities import ResidualStates, Steerable, require
 from engine.errors import GenerationCancelled
 from engine.steering.errors import SteeringError
-from engine.steering.pairs import PairSet
+from engine.steering.pairs import PairSet, TokenPair, check_distinct, check_pair_count
 from engine.steering.vector import SteeringVector
+
+if TYPE_CHECKING:
+    from engine.backends.base import Backend
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +86,28 @@ def directions_from_states(positive: np.ndarray, negative: np.ndarray, method: s
     return out
 
 
+def check_token_pairs(token_pairs: Sequence[TokenPair], name: str, context: int) -> None:
+    """Every pair's prompts as tokens: not empty, not the same on both sides, and each within `context` tokens
+    (the model's context; 0: unknown), or SteeringError naming the pair and by how much it is too long. Run
+    before any layer is read (and by the CLI before the model loads), so a 10 MB prompt is one line, not a
+    context of millions of tokens asked of the backend."""
+    for i, (p, q) in enumerate(token_pairs, 1):
+        if not p or not q:
+            raise SteeringError(f"pair {i} of {name!r} has an empty prompt")
+        for side, ids in (("positive", p), ("negative", q)):
+            if context and len(ids) > context:
+                raise too_long(i, name, side, f"{len(ids):,} tokens", f"{len(ids) - context:,}", context)
+    check_distinct(token_pairs, name)
+
+
+def too_long(pair: int, name: str, side: str, tokens: str, excess: str, context: int) -> SteeringError:
+    """The words for a prompt past the model's context (`tokens`: "812 tokens"; `excess`: "556", "at least 9")."""
+    return SteeringError(f"pair {pair} of {name!r}: its {side} prompt has {tokens}, {excess} more than the "
+                         f"model's context of {context:,}; shorten it (a prompt for steering is a sentence or two)")
+
+
 def train_vector(
-    backend: object,
+    backend: Backend,
     pairs: PairSet,
     *,
     method: str = "pca",
@@ -101,12 +124,11 @@ def train_vector(
         raise SteeringError(f"unknown training method {method!r}; choose one of {', '.join(METHODS)}")
     if len(pairs) == 0:
         raise SteeringError(f"the pair set {pairs.name!r} is empty: training needs at least one pair")
+    check_pair_count(pairs)
     reader = require(backend, ResidualStates, "training a steering vector")
     t0 = time.perf_counter()
-    token_pairs = pairs.token_pairs(backend.tokenizer)  # type: ignore[attr-defined]
-    for i, (p, q) in enumerate(token_pairs):
-        if not p or not q:
-            raise SteeringError(f"pair {i + 1} of {pairs.name!r} has an empty prompt")
+    token_pairs = pairs.token_pairs(backend.tokenizer)
+    check_token_pairs(token_pairs, pairs.name, backend.info.context_length)
     # Positives and negatives apart: each side's prompts share their chat template and persona, which a
     # backend may then run once (llama.cpp does).
     sides = [[p for p, _ in token_pairs], [q for _, q in token_pairs]]
@@ -123,6 +145,9 @@ def train_vector(
                 progress(done, total)
     positive, negative = np.concatenate(states[0]), np.concatenate(states[1])  # (n, L, d) each
     directions = directions_from_states(positive, negative, method)
+    if not np.any(directions):  # every pair's two prompts end in the same states: nothing to steer toward
+        raise SteeringError(f"the pairs of {pairs.name!r} give the same layer states on both sides, so the vector "
+                            "would be zero at every layer; make the positive and negative prompts differ")
     hint = require(backend, Steerable, "training a steering vector").residual_shape().model_hint \
         if isinstance(backend, Steerable) else ""
     log.info("trained steering vector %r from %d pairs (%s) in %.2f s", name or pairs.name, len(token_pairs), method,

@@ -27,6 +27,11 @@ from engine.steering.errors import SteeringError
 from engine.steering.shape import ResidualShape
 
 DIGEST_CHARS = 16  # hex characters of sha256 kept as a vector's identity in records (64 bits)
+# The largest value a direction may hold. Trained directions are unit length (every value within ±1), and a
+# residual stream's values are in the tens to thousands; 3e38 is finite as float32 but its square is not, so
+# the first norm after it makes every logit NaN. Even at the strength limit (1000) a value this size stays
+# far inside float32's range through a norm's sum of squares.
+MAX_VALUE = 1e6
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,6 +70,14 @@ class SteeringVector:
         if bad.any():
             layer = int(np.argwhere(bad)[0][0])
             raise SteeringError(f"steering vector {self.name!r} has NaN or infinite values at layer {layer}")
+        if (top := float(np.abs(arr).max())) > MAX_VALUE:
+            layer = int(np.argwhere(np.abs(arr) == top)[0][0])
+            where = f" ({self.source})" if self.source else ""
+            raise SteeringError(
+                f"steering vector {self.name!r}{where} holds a value of {top:.3g} at layer {layer}; a steering "
+                f"direction's values stay within ±{MAX_VALUE:g} (trained ones within ±1), so this one would make "
+                "the model's numbers overflow"
+            )
         if np.any(arr[0]):
             raise SteeringError(
                 f"steering vector {self.name!r} has a direction for layer 0, which llama.cpp's control vectors "

@@ -49,7 +49,7 @@ def test_replay_of_an_edited_trace_says_where_it_diverged(compare_trace, tmp_pat
     capsys.readouterr()
     assert run_cli(["replay", str(path), "--run", "0", "--backend", "llamacpp"]) == 1
     out = capsys.readouterr().out
-    assert out.startswith("run 0: diverged at token 2 ('edited' vs ")
+    assert out.startswith("run 0: diverged at token 3 ('edited' vs ")
 
 
 BAD = {
@@ -94,3 +94,33 @@ def test_cli_audit_refuses_a_row_count_before_the_model_loads(rows, capsys, monk
     refuse_model_load(monkeypatch)
     assert run_cli(["audit", "-p", "x", "--rows", rows]) == 2
     assert "from 2 to 16" in one_error_line(capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_replay_of_a_json_schema_answer_keeps_its_schema(tmp_path, capsys, default_model_folder):
+    """A served answer's trace records its constraint only in the fingerprint (the server's header has none):
+    the replay ran it unconstrained and diverged at token 1 ('{' vs 'I')."""
+    from engine import Constraint, Engine, GenerationRequest, SamplerSettings
+    from engine.events import Done
+    from engine.experiments.trace import generation_run, write_lines
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    request = GenerationRequest(messages=({"role": "user", "content": "Invent a character."},), max_new_tokens=12,
+                                sampler=SamplerSettings(temperature=1.0, seed=9),
+                                constraint=Constraint.json_schema(schema))
+    with Engine.load(None, backend="llamacpp") as engine:
+        events = list(engine.generate(request))
+        ids = engine.tokenizer.chat_ids(request.messages, add_generation_prompt=True)
+        info = engine.info
+    done = events.pop()
+    assert isinstance(done, Done) and events[0].token_text.startswith("{")
+    assert done.stats.fingerprint.extras["constraint"]["kind"] == "json_schema"
+    path = tmp_path / "served.jsonl"
+    with path.open("w") as out:
+        write_lines(out, generation_run(model=info, prompt_ids=ids, settings=request.sampler, seed=done.stats.seed,
+                                        events=events, stats=done.stats))
+    capsys.readouterr()
+    assert run_cli(["replay", str(path), "--backend", "llamacpp"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("run 0: identical"), out

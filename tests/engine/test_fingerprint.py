@@ -123,7 +123,7 @@ def test_replay_verdicts_on_llamacpp(fresh_default_llamacpp):
     i = v.diverged_at
     assert first[i].token_id != other[i].token_id
     assert all(first[j].token_id == other[j].token_id for j in range(i))
-    assert v.headline() == f"diverged at token {i} ({first[i].token_text!r} vs {other[i].token_text!r})"
+    assert v.headline() == f"diverged at token {i + 1} ({first[i].token_text!r} vs {other[i].token_text!r})"
     assert "sampler.top_k 40 -> 2" in v.fingerprint_changes
 
 
@@ -134,10 +134,10 @@ def test_verdict_within_and_ended():
     b = [ev(0, 5, -1.0), ev(1, 6, -2.0 + 3e-6)]
     v = replay_verdict(a, b)
     assert v.kind == "within" and v.max_logprob_diff == pytest.approx(3e-6)
-    assert v.headline() == "same tokens, probabilities within 3e-06"
+    assert v.headline() == "same tokens, log-probs within 3e-06 nats"
     assert v.fingerprint_changes is None
     v = replay_verdict(a, a[:1])
-    assert v.kind == "diverged" and v.diverged_at == 1 and v.headline() == "diverged at token 1 ('t6' vs (ended))"
+    assert v.kind == "diverged" and v.diverged_at == 1 and v.headline() == "diverged at token 2 ('t6' vs (ended))"
 
 
 @pytest.mark.slow
@@ -173,7 +173,7 @@ def test_torch_replay_on_other_threads_is_within_x_and_names_the_threads(fresh_d
     assert v.kind in ("within", "identical") and v.diverged_at is None
     assert v.max_logprob_diff < 1e-3
     if v.kind == "within":
-        assert v.headline() == f"same tokens, probabilities within {v.max_logprob_diff:.3g}"
+        assert v.headline() == f"same tokens, log-probs within {v.max_logprob_diff:.3g} nats"
 
 
 def test_steering_and_a_constraint_are_in_the_fingerprint_through_their_records(default_llamacpp):

@@ -27,12 +27,15 @@ from engine.backends.llamacpp.placement import layers_as_asked, plan_gpu_layers
 from engine.backends.llamacpp.runner import LlamaCppRunner
 from engine.backends.llamacpp.steering import LlamaCppSteering
 from engine.backends.llamacpp.threads import default_threads
+from engine.cache_schedule import CacheSchedule
 from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
 from engine.cpu_load import ThreadsPerAnswer, threads_text
 from engine.errors import ContextLengthError, ModelLoadError
+from engine.layer_capture import LayerCapture
 from engine.fingerprint import NumericSetup
 from engine.model_info import ModelInfo
 from engine.offload.auto import free_cpu_bytes
+from engine.offload.policy import OffloadPolicy
 from engine.runtime_settings import RuntimeFacts, RuntimeSettings, choose_context
 
 log = logging.getLogger(__name__)
@@ -51,14 +54,14 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         *,
         spec: str,
         display_name: str,
-        offload=None,
+        offload: OffloadPolicy | str | None = None,
         n_ctx: int | None = None,
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         n_gpu_layers: int | None = None,
         n_batch: int | None = None,
         flash_attn: bool | None = None,
-    ):
+    ) -> None:
         """Load `path` (a .gguf file).
 
         Args:
@@ -147,6 +150,7 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
             self.close()
             raise
         self._tokens: list[int] = []
+        self._schedule = CacheSchedule()  # the llama_decode calls of each cached position (exact replays)
         self.tokens_evaluated = 0  # every token run through the model, for tests and stats
         self._overlap_pool: ThreadPoolExecutor | None = None  # made on the first forward_during
 
@@ -209,10 +213,19 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
 
     def _cut_cache(self, keep: int) -> bool:
         # False e.g. for a recurrent model, whose state cannot be cut back: then start over
-        return bool(llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1))
+        cut = bool(llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1))
+        if cut:
+            self._schedule.trim(keep)
+        return cut
 
     def _clear_cache(self) -> None:
+        self._schedule.clear()
         self._reset()
+
+    def cache_schedule(self, upto: int) -> tuple[tuple[int, int], ...]:
+        """The llama_decode calls the first `upto` cached positions came from (RecordsCacheSchedule): on the CPU a
+        call's size changes the numbers, so an exact replay computes its prompt in these pieces."""
+        return self._schedule.upto(upto)
 
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
         ids = [int(t) for t in token_ids]
@@ -236,6 +249,7 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
                 native.decode(self.ctx, self._batch)
                 self.tokens_evaluated += len(chunk)
                 self._tokens.extend(chunk)
+                self._schedule.ran(len(chunk))
         except BaseException:
             # A failed decode may leave part of a chunk in the cache: cut back to what we know.
             llama_cpp.llama_memory_seq_rm(self._memory, 0, len(self._tokens), -1)
@@ -318,7 +332,8 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
             n_gpu_layers=self.gpu_plan.n_gpu_layers, kv_cache="f16", gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
         )
 
-    def layer_capture(self, token_ids, positions, *, top_k: int = 10, attention: bool = False) -> list:
+    def layer_capture(self, token_ids: Sequence[int], positions: Sequence[int], *, top_k: int = 10,
+                      attention: bool = False) -> list[LayerCapture]:
         """Each layer's prediction at `positions` and, when asked, attention (LayerLens: llamacpp/lens.py)."""
         from engine.backends.llamacpp.lens import layer_capture
 
@@ -342,11 +357,12 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         return LlamaCppRunner(self, max_seqs=1, n_batch=chunk, n_ctx=max(n_tokens, chunk), n_outputs=chunk)
 
     def _reset(self) -> None:
+        self._schedule.clear()
         llama_cpp.llama_memory_clear(self._memory, True)
         self._tokens = []
 
 
-def ctypes_desc(model) -> str:
+def ctypes_desc(model: llama_cpp.llama_model_p) -> str:
     import ctypes
 
     buf = ctypes.create_string_buffer(256)

@@ -46,7 +46,7 @@ class GgmlTensor(ctypes.Structure):
 
 
 @functools.cache
-def _ggml():
+def _ggml() -> ctypes.CDLL:
     """ggml's C library as llama-cpp-python ships it, with the few signatures used here."""
     from llama_cpp._ggml import libggml
 

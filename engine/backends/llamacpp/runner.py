@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -35,6 +35,7 @@ import numpy as np
 
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.kv_share import reuse_backend_state
+from engine.cache_schedule import pieces_upto
 from engine.backends.base import shared_prefix_length
 from engine.backends.chunks import chunk_spans, stack_logprobs
 
@@ -68,6 +69,8 @@ class LlamaCppRunner:
         self.forward_calls = 0
         self.tokens_evaluated = 0
         self.reused_prompt_tokens: tuple[int, ...] = ()  # per prompt of the last start: tokens not computed for it
+        # The first row's prompt as computed by the last start (RecordsCacheSchedule); () when rows differ.
+        self._prompt_pieces: tuple[tuple[int, int], ...] = ()
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx or backend.n_ctx
         params.n_batch = params.n_ubatch = n_batch
@@ -180,6 +183,7 @@ class LlamaCppRunner:
         self._clear()
         self._lens = [len(p) for p in prompts]
         shared = shared_prefix_length(prompts, MIN_SHARED_PREFIX)  # every row keeps at least one token to run
+        self._prompt_pieces = self._pieces(0, len(prompts[0])) if len(prompts) == 1 else ()
         if not shared:
             self.reused_prompt_tokens = (0,) * len(prompts)
             return self._run([(i, 0, list(p)) for i, p in enumerate(prompts)])
@@ -199,8 +203,20 @@ class LlamaCppRunner:
         self._clear()
         reused = reuse_backend_state(self.backend, self.ctx, prompt, 0, limit=len(prompt) - 1)  # >= 1 token runs
         self.reused_prompt_tokens = (reused,)
+        self._prompt_pieces = self.backend.cache_schedule(reused) + self._pieces(reused, len(prompt))
         self._lens = [len(prompt)]
         return self._run([(0, reused, [int(t) for t in prompt[reused:]])]), reused
+
+    def cache_schedule(self, upto: int) -> tuple[tuple[int, int], ...]:
+        """The llama_decode calls the first row's prompt came from (RecordsCacheSchedule), the backend's own for
+        what `start_from_backend_cache` took from its cache: a single answer computed in these pieces (an audit's
+        rerun) has the row's very keys and values."""
+        return pieces_upto(self._prompt_pieces, upto)
+
+    def _pieces(self, start: int, end: int) -> tuple[tuple[int, int], ...]:
+        """The calls `_run` makes for one row of tokens start..end: a batch of its own, split every `n_batch`."""
+        sizes = (min(self.n_batch, end - lo) for lo in range(start, end, self.n_batch))
+        return tuple((n, n) for n in sizes)
 
     def admit(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         """New rows after the current ones (AdmitsRows): each prompt a new sequence, computed in a batch of its
@@ -288,7 +304,8 @@ class LlamaCppRunner:
 
     # --- every position of one sequence (teacher-forced scoring) -------------------------
 
-    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None) -> Iterator[np.ndarray]:
+    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None
+                        ) -> Generator[np.ndarray, None, None]:
         """Logits of positions `first`..T-1 of `ids`, as (n, V) float32 chunks in order (row t predicts t + 1).
 
         One `llama_decode` per `chunk` positions (at most `n_batch` and `n_outputs`) as

@@ -96,7 +96,7 @@ class LlamaCppSteering:
         read_set = set(reads)
         first, end = reads[0], reads[-1] + 1
         n_out = min(len(reads), self.n_batch)
-        params = _context_params(self, max(end, len(self.cached_tokens())) + 1, n_out)  # type: ignore[attr-defined]
+        params = _context_params(self, max(end, len(self.cached_tokens())) + 1, n_out)  # type: ignore[attr-defined]  # (CachedTokens)
         ctx = llama_cpp.llama_init_from_model(self.model, params)
         if not ctx:
             raise RuntimeError(f"llama.cpp could not create a context for steering: {native.take_recent_errors()}")

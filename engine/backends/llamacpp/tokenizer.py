@@ -47,7 +47,7 @@ class LlamaCppTokenizer:
         """The model is being freed: later calls fail cleanly instead of reading freed memory."""
         self._vocab = None
 
-    def _v(self):
+    def _v(self) -> llama_cpp.llama_vocab_p:
         if self._vocab is None:
             raise RuntimeError("this tokenizer's llama.cpp model has been closed")
         return self._vocab
@@ -143,10 +143,15 @@ class LlamaCppTokenizer:
         return self.token_str(token_id) if 0 <= token_id < self.vocab_size else ""
 
     def chat_text(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.tool_chat_text(messages, None, add_generation_prompt)
+
+    def tool_chat_text(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       add_generation_prompt: bool = True) -> str:
+        """`chat_text` with the template's `tools` variable set (engine.tools.render.ToolTemplate)."""
         v = self._v()
         return render_chat_template(self.template_override or self.chat_template or FALLBACK_TEMPLATE, {
             "messages": [dict(m) for m in messages],
-            "tools": None,
+            "tools": tools,
             "documents": None,
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self._special(int(llama_cpp.llama_vocab_bos(v))),

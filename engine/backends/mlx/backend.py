@@ -23,6 +23,7 @@ from engine.backends.mlx.steering import MlxSteering
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
 from engine.fingerprint import NumericSetup
+from engine.layer_capture import LayerCapture
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class MlxBackend(CachedTokens, MlxSteering):  # steering: its layers wrapped whi
             vocab_size=int(text_cfg.get("vocab_size", 0)),
             bytes=sum(v.nbytes for _, v in params),
             backend=self.name,
-            device=f"{mx.default_device().type.name} (mlx {mx.__version__})",  # type: ignore[attr-defined]
+            device=f"{mx.default_device().type.name} (mlx {mx.__version__})",  # type: ignore[attr-defined]  # not in mlx's stubs
         )
 
     def numeric_facts(self) -> NumericSetup:
@@ -146,7 +147,8 @@ class MlxBackend(CachedTokens, MlxSteering):  # steering: its layers wrapped whi
 
     # --- capabilities (engine.capabilities) ----------------------------------------------
 
-    def layer_capture(self, token_ids, positions, *, top_k: int = 10, attention: bool = False) -> list:
+    def layer_capture(self, token_ids: Sequence[int], positions: Sequence[int], *, top_k: int = 10,
+                      attention: bool = False) -> list[LayerCapture]:
         """Each layer's prediction at `positions` and, when asked, attention (LayerLens: mlx/lens.py)."""
         from engine.backends.mlx.lens import layer_capture
 

@@ -3,7 +3,7 @@ PositionRunner)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ class MlxRunner:
 
         return [BatchKVCache(list(left_padding)) for _ in range(len(self.model.layers))]
 
-    def _last_logits(self, ids: np.ndarray, cache) -> np.ndarray:
+    def _last_logits(self, ids: np.ndarray, cache: list[Any] | None) -> np.ndarray:  # mlx_lm's cache, one per layer
         mx = self.mx
         self.forward_calls += 1
         logits = self.model(mx.array(ids, dtype=mx.int32), cache=cache)[:, -1].astype(mx.float32)  # (B, V)
@@ -103,7 +103,8 @@ class MlxRunner:
 
     # --- every position of one sequence (teacher-forced scoring) -------------------
 
-    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None) -> Iterator[np.ndarray]:
+    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None
+                        ) -> Generator[np.ndarray, None, None]:
         """As `TorchRunner.position_logits`, on mlx-lm's own prompt cache. A chunk with no wanted
         position evaluates only the cache, so its (n, V) head projection is never computed (MLX is lazy)."""
         from mlx_lm.models.cache import make_prompt_cache

@@ -103,7 +103,7 @@ class MlxSteering:
         return steered_layers(self.model, getattr(self, "_steering_add", None))
 
     def steered_logits(self, token_ids: Sequence[int], positions: Sequence[int], steering: Steering | None) -> np.ndarray:
-        vocab = int(self.info.vocab_size)  # type: ignore[attr-defined]
+        vocab = int(self.info.vocab_size)  # type: ignore[attr-defined]  # (MlxBackend) the model's ModelInfo
         ids, wanted = check_positions(token_ids, positions, vocab)
         with mx.stream(self.stream):
             add = self._array_for(steering)

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
 
 import numpy as np
 
@@ -31,6 +34,14 @@ from engine.model_info import ModelInfo
 from engine.fingerprint import NumericSetup
 from engine.printable import printable
 
+if TYPE_CHECKING:
+    import threading
+
+    from engine.backends.remote.runner import RemoteRunner
+    from engine.events import Event
+    from engine.request import GenerationRequest
+    from engine.sources.resolve import ProgressCallback
+
 log = logging.getLogger(__name__)
 
 VOCAB_ROUND = 1024  # the logits vector grows in these steps when the server does not report its vocabulary size
@@ -40,7 +51,9 @@ MAX_TOP_N = 64  # more alternatives cost tokenize calls (text-keyed servers) for
 class RemoteBackend(CachedTokens):
     name = "remote"
 
-    def __init__(self, client: ServerClient, caps: ServerCapabilities, tokenizer: RemoteTokenizer | None, spec: str):
+    def __init__(
+        self, client: ServerClient, caps: ServerCapabilities, tokenizer: RemoteTokenizer | None, spec: str
+    ) -> None:
         self.client = client
         self.caps = caps
         self.server_tokenizer = tokenizer  # None: the server has no tokenize endpoint (server sampling on text only)
@@ -72,7 +85,8 @@ class RemoteBackend(CachedTokens):
             ("top_logprobs", self.top_n)))
 
     @classmethod
-    def connect(cls, spec: str, progress=None, transport=None, **overrides) -> "RemoteBackend":
+    def connect(cls, spec: str, progress: ProgressCallback | None = None, transport: httpx.BaseTransport | None = None,
+                **overrides: Any) -> RemoteBackend:  # overrides: ConnectionOptions' fields (options_for)
         """Reach the server, pick the model, probe what it can do. Raises a ServerError on failure."""
         options: ConnectionOptions = options_for(spec, **overrides)
         if progress:
@@ -130,19 +144,20 @@ class RemoteBackend(CachedTokens):
 
     # --- capabilities (engine.capabilities) ----------------------------------------------
 
-    def events(self, request, cancel):
+    def events(self, request: GenerationRequest, cancel: threading.Event | None) -> Iterator[Event]:
         """OwnEvents: the server samples (request.server_sampling), or we do over its top N, noted so."""
         from engine.backends.remote.generate import remote_events
 
         return remote_events(self, request, cancel)
 
-    def children_events(self, request, seeds, cancel):
+    def children_events(self, request: GenerationRequest, seeds: Sequence[int], cancel: threading.Event
+                        ) -> Iterator[tuple[int, Event]]:
         """ServerChildren: N server-sampled children in one request (the API's `n`), one by one where it cannot."""
         from engine.backends.remote.many_choices import children_events
 
         return children_events(self, request, seeds, cancel)
 
-    def batch_runner(self):
+    def batch_runner(self) -> RemoteRunner:
         """BatchRunners: one request per row and step, the server's top N as each row's logits."""
         from engine.backends.remote.runner import RemoteRunner
 

@@ -34,7 +34,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, TypeVar
 
 import httpx
@@ -67,7 +67,15 @@ CANCEL_POLL_S = 0.05  # how often a waiting request looks at its cancel event
 
 T = TypeVar("T")
 _CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("logitlab_remote_cancel", default=None)
-_END = object()  # a stream's reader thread is done
+
+
+class _End:
+    """The mark a stream's reader thread puts last: it is done."""
+
+
+_END = _End()
+# What a stream's reader thread hands over: the response (headers read), a line, its failure, or the end.
+_StreamItem = httpx.Response | BaseException | str | _End
 
 
 @contextlib.contextmanager
@@ -161,7 +169,8 @@ class ServerClient:
 
     # --- streaming ------------------------------------------------------------
 
-    def stream_events(self, path: str, body: dict, cancel: threading.Event | None = None) -> Iterator[dict]:
+    def stream_events(self, path: str, body: dict, cancel: threading.Event | None = None
+                      ) -> Generator[dict, None, None]:
         """Server-sent events of a streamed completion, as dicts; closing the iterator closes the connection.
 
         The body is read on a helper thread. Here, each wait for the next event lasts at most the timeout
@@ -170,7 +179,7 @@ class ServerClient:
         """
         url = self.url(path)
         host = self.options.host
-        lines: queue.SimpleQueue = queue.SimpleQueue()
+        lines: queue.SimpleQueue[_StreamItem] = queue.SimpleQueue()
         opened: dict[str, Any] = {}
         stop = threading.Event()
 
@@ -206,7 +215,7 @@ class ServerClient:
                     response = item
                     self.last_latency_s = time.perf_counter() - t0  # to the response headers: the stream's round trip
                     continue
-                if item is _END:
+                if isinstance(item, _End):
                     ended = True
                     break
                 if isinstance(item, httpx.HTTPError):
@@ -337,8 +346,9 @@ def _watching(cancel: threading.Event | None, timeout: float, host: str, call: C
 
 
 def _next_line(
-    lines: queue.SimpleQueue, cancel: threading.Event | None, deadline: float, timeout: float, host: str, started: bool
-):
+    lines: queue.SimpleQueue[_StreamItem], cancel: threading.Event | None, deadline: float, timeout: float, host: str,
+    started: bool,
+) -> _StreamItem:
     """The stream reader's next item, waiting until `deadline` (time.monotonic) and watching `cancel`."""
     while True:
         if cancel is not None and cancel.is_set():

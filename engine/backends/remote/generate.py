@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,8 +27,13 @@ from engine.decode import generate_events
 from engine.events import Event
 from engine.request import GenerationRequest
 
+if TYPE_CHECKING:
+    from engine.backends.remote.backend import RemoteBackend
 
-def remote_events(backend, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[Event]:
+
+def remote_events(
+    backend: RemoteBackend, request: GenerationRequest, cancel: threading.Event | None = None
+) -> Iterator[Event]:
     cancel = cancel or threading.Event()
     if request.server_sampling:
         yield from server_sampled_events(backend, request, cancel)
@@ -43,11 +49,11 @@ def remote_events(backend, request: GenerationRequest, cancel: threading.Event |
 class _Cancellable:
     """The backend as one run sees it: setting the run's cancel event ends a request in flight at once."""
 
-    def __init__(self, backend, cancel: threading.Event):
+    def __init__(self, backend: RemoteBackend, cancel: threading.Event) -> None:
         self._backend = backend
         self._cancel = cancel
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:  # the backend's own attribute, whatever it is
         return getattr(self._backend, name)
 
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:

@@ -35,6 +35,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from engine.backends.remote.errors import ServerResponseError
 from engine.backends.remote.server_stream import server_choice_events, server_sampled_events
@@ -42,11 +43,14 @@ from engine.decode_stats import generation_stats
 from engine.events import Done, Event
 from engine.request import GenerationRequest
 
+if TYPE_CHECKING:
+    from engine.backends.remote.backend import RemoteBackend
+
 log = logging.getLogger(__name__)
 
 
 def children_events(
-    backend, request: GenerationRequest, seeds: Sequence[int], cancel: threading.Event
+    backend: RemoteBackend, request: GenerationRequest, seeds: Sequence[int], cancel: threading.Event
 ) -> Iterator[tuple[int, Event]]:
     """(child, event) for children 0..len(seeds)-1 of a server-sampled `request`, each ending with one Done."""
     n = len(seeds)
@@ -87,7 +91,8 @@ def children_events(
 
 
 def _one_by_one(
-    backend, request: GenerationRequest, seeds: Sequence[int], rows: Iterable[int], cancel: threading.Event
+    backend: RemoteBackend, request: GenerationRequest, seeds: Sequence[int], rows: Iterable[int],
+    cancel: threading.Event,
 ) -> Iterator[tuple[int, Event]]:
     """Child r as its own streamed request with seed `seeds[r]`."""
     for r in rows:
@@ -99,7 +104,7 @@ def _one_by_one(
             yield r, event
 
 
-def _remember(backend, works: bool) -> None:
+def _remember(backend: RemoteBackend, works: bool) -> None:
     """What this connection's server does with `n`, for the next loom run on it."""
     if backend.caps.many_choices is not works:
         backend.caps = dataclasses.replace(backend.caps, many_choices=works)

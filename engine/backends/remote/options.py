@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 API_KEY_ENV = "LOGITLAB_API_KEY"
@@ -147,7 +148,7 @@ def remember_connection(
         _remembered[base] = opts
 
 
-def options_for(spec: str, **overrides) -> ConnectionOptions:
+def options_for(spec: str, **overrides: Any) -> ConnectionOptions:  # fields of ConnectionOptions, checked by it
     """Options for a spec: what was remembered for its base URL, else the environment; then `overrides`.
     Credentials written in `spec` win over remembered ones."""
     base, model = parse_spec(spec)

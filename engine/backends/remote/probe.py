@@ -84,7 +84,7 @@ def choose_model(models: list[dict], wanted: str, host: str) -> dict:
     raise UnknownServerModelError(f"{host} has no model {wanted!r}; it serves: {names}")
 
 
-def _complete(client: ServerClient, model: str, **body) -> dict | None:
+def _complete(client: ServerClient, model: str, **body: object) -> dict | None:
     """One tiny completion; None when the server refuses this combination (4xx)."""
     try:
         return client.post_json("/completions", {"model": model, "max_tokens": 1, **body}, retry=False)

@@ -25,15 +25,19 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from engine.backends.remote.errors import RequestCancelledError, ServerError, ServerResponseError, UnsupportedByServerError
 from engine.backends.remote.server_constraint import constraint_fields
 from engine.backends.remote.server_params import server_parameters
 from engine.backends.remote.step import chosen_tokens, id_from_text, parse_alternatives, position_entries, text_of
-from engine.backends.remote.tokenizer import check_server_token_ids
+from engine.backends.remote.tokenizer import RemoteTokenizer, check_server_token_ids
 from engine.decode_stats import AnswerRecord
 from engine.events import Done, Event, FinishReason, StageSnapshot, TokenEvent, TokenProb, rest_entry
 from engine.request import GenerationRequest
+
+if TYPE_CHECKING:
+    from engine.backends.remote.backend import RemoteBackend
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +46,7 @@ CHAT_TOP_LOGPROBS_MAX = 20  # the OpenAI chat API's ceiling, which servers copy
 EXTRA_TOKENS = 16  # tokens a choice may stream past max_tokens (a stop string's or template's tail) before it is cut
 
 
-def check_server_sampling(backend, request: GenerationRequest) -> dict:
+def check_server_sampling(backend: RemoteBackend, request: GenerationRequest) -> dict:
     """The request body's sampling fields; raises UnsupportedByServerError naming what cannot be done."""
     we_sample_ok = backend.caps.we_sample_ok
     if request.forced_tokens:
@@ -66,14 +70,16 @@ def check_server_sampling(backend, request: GenerationRequest) -> dict:
     return params
 
 
-def server_sampled_events(backend, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]:
+def server_sampled_events(
+    backend: RemoteBackend, request: GenerationRequest, cancel: threading.Event
+) -> Iterator[Event]:
     """One streamed completion: the server's tokens as TokenEvents, then one Done."""
     for _, event in server_choice_events(backend, request, cancel):
         yield event
 
 
 def server_choice_events(
-    backend, request: GenerationRequest, cancel: threading.Event, n: int = 1
+    backend: RemoteBackend, request: GenerationRequest, cancel: threading.Event, n: int = 1
 ) -> Iterator[tuple[int, Event]]:
     """One streamed completion asking for `n` choices (the OpenAI API's `n`), as (choice index, event).
 
@@ -139,7 +145,7 @@ def _asked(body: dict) -> int:
     return 0
 
 
-def _request(backend, request: GenerationRequest) -> tuple[str, dict, int, int | None]:
+def _request(backend: RemoteBackend, request: GenerationRequest) -> tuple[str, dict, int, int | None]:
     """The streamed request: its path, body, prompt length (0: not known yet) and seed (None: the server's)."""
     caps = backend.caps
     body = {"model": caps.model, "max_tokens": request.max_new_tokens, "stream": True,
@@ -185,7 +191,8 @@ class _Choice:
         self.answered = False  # the server streamed this choice (a server that ignores `n` streams choice 0 only)
         self.said = _WhatTheServerSaid()
 
-    def feed(self, choice, usage: dict, tok, request: GenerationRequest, answered: bool) -> Iterator[TokenEvent]:
+    def feed(self, choice: object, usage: dict, tok: RemoteTokenizer | None, request: GenerationRequest,
+             answered: bool) -> Iterator[TokenEvent]:
         """The TokenEvents of one streamed chunk of this choice."""
         self.answered = self.answered or answered
         self.said.chunk(choice, usage)
@@ -223,7 +230,7 @@ class _Choice:
                                       seed=seed if seed is not None else -1, now=now, error=error))
 
 
-def _completion_prompt(backend, request: GenerationRequest) -> tuple[str | list[int], int]:
+def _completion_prompt(backend: RemoteBackend, request: GenerationRequest) -> tuple[str | list[int], int]:
     tok = backend.server_tokenizer
     if request.prompt is not None and not request.assistant_prefix:
         return request.prompt, 0
@@ -237,16 +244,19 @@ def _completion_prompt(backend, request: GenerationRequest) -> tuple[str | list[
     ids = prompt_ids_for(tok, request) if tok is not None else list(request.prompt_ids or ())
     if backend.caps.token_prompts:
         return ids, len(ids)
+    assert tok is not None  # token ids without a tokenizer or token prompts: refused by check_server_sampling
     return tok.text_for(ids), len(ids)
 
 
-def _id(given, text: str, tok, cached_only: bool = True) -> int:
+def _id(given: int | None, text: str, tok: RemoteTokenizer | None, cached_only: bool = True) -> int:
     if given is not None:
         return int(given)
     return id_from_text(text, tok, cached_only)
 
 
-def _tokens_of(logprobs, tok, asked: int | None = None) -> list[tuple[int, str, float, list[tuple[int, str, float]]]]:
+def _tokens_of(
+    logprobs: dict | None, tok: RemoteTokenizer | None, asked: int | None = None
+) -> list[tuple[int, str, float, list[tuple[int, str, float]]]]:
     """(id, text, logprob, alternatives) per streamed token. Ids of texts come from the tokenizer's memory
     only (-1 when unseen): asking the server now would end the stream on llama-cpp-python. Ids, log-probs and
     the alternatives' count are checked (checks.py): a ServerResponseError otherwise."""
@@ -261,7 +271,7 @@ def _tokens_of(logprobs, tok, asked: int | None = None) -> list[tuple[int, str, 
     return out
 
 
-def _learn_ids(tok, choices: list[_Choice]) -> None:
+def _learn_ids(tok: RemoteTokenizer | None, choices: list[_Choice]) -> None:
     """After the stream: ask the server for the ids it did not give (one request for every choice), so Done and
     the next run have them."""
     if tok is None:
@@ -274,7 +284,8 @@ def _learn_ids(tok, choices: list[_Choice]) -> None:
                 ids[i] = id_from_text(text, tok)
 
 
-def _event(index, tid, text, token_text, lp, alts, record_stages) -> TokenEvent:
+def _event(index: int, tid: int, text: str, token_text: str, lp: float, alts: list[tuple[int, str, float]],
+           record_stages: bool) -> TokenEvent:
     top = tuple(TokenProb(i, t, l) for i, t, l in alts)
     rank = next((r for r, (i, t, _) in enumerate(alts) if (i == tid and tid >= 0) or t == token_text), len(alts))
     probs = [math.exp(l) for _, _, l in alts]
@@ -308,7 +319,7 @@ class _WhatTheServerSaid:
         self.usage: dict = {}
         self.other_fields: dict[str, str] = {}
 
-    def chunk(self, choice, usage: dict) -> None:
+    def chunk(self, choice: object, usage: dict) -> None:
         """One streamed chunk of this choice (`choice` {} for a chunk without choices) and the chunk's usage."""
         self.chunks += 1
         self.usage = usage or self.usage

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def parse_alternatives(
-    entry, tokenizer: RemoteTokenizer | None, cached_only: bool = False, asked: int | None = None
+    entry: object, tokenizer: RemoteTokenizer | None, cached_only: bool = False, asked: int | None = None
 ) -> list[tuple[int, str, float]]:
     """One position's alternatives as (id, text, logprob); id -1 when the text is not a single token.
 
@@ -139,7 +139,7 @@ def next_token_top(
     return top
 
 
-def _top_of(doc, client: ServerClient, tokenizer: RemoteTokenizer | None, n: int) -> list[tuple[int, str, float]]:
+def _top_of(doc: Any, client: ServerClient, tokenizer: RemoteTokenizer | None, n: int) -> list[tuple[int, str, float]]:
     try:
         entries = position_entries(doc["choices"][0]["logprobs"])
         return [t for t in parse_alternatives(entries[0], tokenizer, asked=n) if t[0] >= 0]
@@ -147,7 +147,7 @@ def _top_of(doc, client: ServerClient, tokenizer: RemoteTokenizer | None, n: int
         raise ServerResponseError(f"{client.options.host} answered a completion without log-probs") from None
 
 
-def _stopped_without_logprobs(doc) -> bool:
+def _stopped_without_logprobs(doc: Any) -> bool:  # doc: the server's JSON, of any shape
     try:
         choice = doc["choices"][0]
         return not choice["text"] and not position_entries(choice.get("logprobs") or {})

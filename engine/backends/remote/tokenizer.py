@@ -124,7 +124,7 @@ class RemoteTokenizer(Tokenizer):
 
     # --- server calls -----------------------------------------------------------
 
-    def _body(self, **fields) -> dict:
+    def _body(self, **fields: object) -> dict:
         if self.dialect.with_model and self._model:
             fields["model"] = self._model
         return fields

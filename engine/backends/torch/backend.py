@@ -38,6 +38,8 @@ from engine.backends.torch.lean import LeanDecodeStep
 from engine.backends.torch.runner import TorchRunner
 from engine.backends.torch.steering import TorchSteering
 from engine.devices import check_device_name, require_available
+from engine.layer_capture import LayerCapture
+from engine.offload.policy import OffloadPolicy
 from engine.errors import ModelLoadError
 from engine.fingerprint import NumericSetup
 from engine.model_info import ModelInfo
@@ -100,10 +102,10 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         device: str | None = None,
         dtype: str | None = None,
         trust_remote_code: bool = False,
-        offload=None,
+        offload: OffloadPolicy | str | None = None,
         compile_step: bool | None = None,
         n_threads: int | None = None,
-    ):
+    ) -> None:
         """`compile_step`: build a torch.compile'd decode step in the background (None: the
         LOGITLAB_TORCH_COMPILE environment variable, else on for CUDA and off for the CPU). `n_threads`: CPU
         threads for every answer (None: the cores other programs leave free at each answer's start, see
@@ -236,7 +238,8 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
 
     # --- capabilities (engine.capabilities) ----------------------------------------------
 
-    def layer_capture(self, token_ids, positions, *, top_k: int = 10, attention: bool = False) -> list:
+    def layer_capture(self, token_ids: Sequence[int], positions: Sequence[int], *, top_k: int = 10,
+                      attention: bool = False) -> list[LayerCapture]:
         """Each layer's prediction at `positions` and, when asked, attention (LayerLens: torch/lens.py)."""
         from engine.backends.torch.lens import layer_capture
 
@@ -263,7 +266,7 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         model, policy, device = self.model, self.offload.policy, self.device
         return TorchRunner(model, new_cache=lambda: make_kv_cache(model.config, policy, device))
 
-    def _new_cache(self):
+    def _new_cache(self) -> Any:  # GrowingCache, an offloading cache or transformers' DynamicCache
         if self.offload is not None:
             from engine.offload import make_kv_cache
 

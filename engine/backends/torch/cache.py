@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from engine.backends.torch.compat import DummyLayer, layer_types_and_kwargs, query_length
+from engine.backends.torch.compat import DummyLayer, HFConfig, layer_types_and_kwargs, query_length
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +124,12 @@ class GrowingLayer(CacheLayerMixin):
 
     # --- the CacheLayerMixin interface ---------------------------------------------
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write (B, H, T, D) new keys/values in place; return views of what attention reads."""
         if self.static:
             self.keys.index_copy_(2, self.position, key_states)  # type: ignore[arg-type]  # set in static mode
-            self.values.index_copy_(2, self.position, value_states)  # type: ignore[arg-type]
+            self.values.index_copy_(2, self.position, value_states)  # type: ignore[arg-type]  # as the keys
             return self.keys, self.values
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -145,7 +146,7 @@ class GrowingLayer(CacheLayerMixin):
         """The first absolute position the next tokens attend to."""
         return 0
 
-    def get_mask_sizes(self, query) -> tuple[int, int]:
+    def get_mask_sizes(self, query: int | torch.Tensor) -> tuple[int, int]:
         """(kv length, kv offset) for `query` new tokens (an int; transformers 5.0 passes their positions)."""
         if self.static:
             return self.keys.shape[-2], 0
@@ -154,7 +155,7 @@ class GrowingLayer(CacheLayerMixin):
 
     def get_seq_length(self) -> int:
         # Static mode: the (1,) position tensor, so a compiled graph does not specialise on the length.
-        return self.position if self.static else self.length  # type: ignore[return-value]
+        return self.position if self.static else self.length  # type: ignore[return-value]  # a tensor, as said
 
     def get_max_length(self) -> int:
         return -1
@@ -178,10 +179,10 @@ class GrowingLayer(CacheLayerMixin):
         self.length = 0
         self.start = 0
 
-    def offload(self):  # the offloading caches are engine.offload's; this one stays where it was made
+    def offload(self) -> None:  # the offloading caches are engine.offload's; this one stays where it was made
         pass
 
-    def prefetch(self):
+    def prefetch(self) -> None:
         pass
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -201,8 +202,9 @@ class GrowingSlidingLayer(GrowingLayer):
 
     is_sliding = True
 
-    def __init__(self, sliding_window: int, *, reach: int = SLIDING_REACH, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, sliding_window: int, *, reach: int = SLIDING_REACH, limit: int | None = None,
+                 grow_step: int = GROW_STEP) -> None:
+        super().__init__(limit=limit, grow_step=grow_step)
         self.sliding_window = sliding_window
         self.reach = reach
 
@@ -243,7 +245,7 @@ class GrowingCache(Cache):
     backend then uses transformers' `DynamicCache` instead.
     """
 
-    def __init__(self, config, *, reach: int | None = None, grow_step: int | None = None):
+    def __init__(self, config: HFConfig, *, reach: int | None = None, grow_step: int | None = None) -> None:
         reach = SLIDING_REACH if reach is None else reach
         grow_step = grow_step or GROW_STEP
         text_config = config.get_text_config(decoder=True)

@@ -12,21 +12,29 @@ never by comparing version numbers.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
+import torch
 from transformers import cache_utils
 
 # transformers' placeholder layer for layers that hold no keys/values (shared-KV and MLP-only layers);
 # absent before it was added, when such layers were simply left out of the cache.
 DummyLayer = getattr(cache_utils, "DummyLayer", None)
 
+# A transformers model and its config as this package reads them: their submodules and fields differ per
+# architecture and per transformers version, so they are read by name, not through transformers' types.
+HFModel = Any
+HFConfig = Any
 
-def holds_keys(layer) -> bool:
+
+def holds_keys(layer: object) -> bool:
     """Whether a cache layer holds keys and values (transformers' placeholder layers hold none)."""
     return DummyLayer is None or not isinstance(layer, DummyLayer)
 
 
-def layer_types_and_kwargs(text_config) -> tuple[list[str], list[dict]]:
+def layer_types_and_kwargs(text_config: HFConfig) -> tuple[list[str], list[dict]]:
     """Each decoder layer's cache type ("full_attention", "sliding_attention", ...) and its kwargs, one dict per
     layer, as transformers' `get_layer_types_and_kwargs` gives them (one shared dict in some versions; not there
     at all in 5.0, where the config's `layer_types` / `sliding_window` are read the way its DynamicCache does)."""
@@ -50,13 +58,13 @@ def layer_types_and_kwargs(text_config) -> tuple[list[str], list[dict]]:
     return list(layer_types), kwargs
 
 
-def query_length(query) -> int:
+def query_length(query: int | torch.Tensor) -> int:
     """How many new tokens a `get_mask_sizes` call is about: an int, or (transformers 5.0) the cache positions."""
     return int(query) if isinstance(query, int) else int(query.shape[0])
 
 
 @lru_cache(maxsize=None)
-def _cache_argument(forward) -> str:
+def _cache_argument(forward: Callable[..., Any]) -> str:
     try:
         parameters = inspect.signature(forward).parameters
     except (TypeError, ValueError):  # a builtin or an odd wrapper: the old name is the one every version takes
@@ -64,12 +72,12 @@ def _cache_argument(forward) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def cache_argument(model) -> str:
+def cache_argument(model: HFModel) -> str:
     """The name `model.forward` takes its KV cache under: "cache" where transformers renamed it (and announced
     `past_key_values` for removal), else "past_key_values"."""
     return _cache_argument(type(model).forward)
 
 
-def with_cache(model, cache) -> dict:
+def with_cache(model: HFModel, cache: object) -> dict[str, object]:
     """The forward keyword arguments that hand `model` its KV cache: `model(input_ids=..., **with_cache(model, c))`."""
     return {cache_argument(model): cache}

@@ -40,7 +40,7 @@ import torch
 
 from engine.backends.torch.cache import GrowingCache
 from engine.background_threads import BackgroundThread
-from engine.backends.torch.compat import cache_argument
+from engine.backends.torch.compat import HFModel, cache_argument
 from engine.backends.torch.compile_failures import known_failure, model_key, remember_failure
 from engine.backends.torch.foreground import yielding_to_foreground
 
@@ -79,23 +79,23 @@ def relative_logit_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
     return err / max(theirs.abs().max().item(), 1.0)
 
 
-def _logits_under(name: str):
+def _logits_under(name: str) -> Callable[[HFModel, torch.Tensor, object], torch.Tensor]:
     """The step's function, the cache handed over under `name` (resolved here: the compiled graph sees a constant)."""
 
-    def logits(model, ids: torch.Tensor, cache) -> torch.Tensor:
+    def logits(model: HFModel, ids: torch.Tensor, cache: object) -> torch.Tensor:
         return model(input_ids=ids, **{name: cache}, use_cache=True, logits_to_keep=1).logits
 
     return logits
 
 
-def _logits(model, ids: torch.Tensor, cache) -> torch.Tensor:
+def _logits(model: HFModel, ids: torch.Tensor, cache: object) -> torch.Tensor:
     return _logits_under(cache_argument(model))(model, ids, cache)
 
 
 class CompiledDecodeStep:
     """Builds the compiled step in a daemon thread; `step` is None until it is built and checked."""
 
-    def __init__(self, model, *, tolerance: float | None = None):
+    def __init__(self, model: HFModel, *, tolerance: float | None = None) -> None:
         """`tolerance`: a fixed bound on the check's relative error (default: per dtype, see the module's notes)."""
         self.step: Callable[..., Any] | None = None  # (ids (1, 1), GrowingCache) -> logits (1, 1, V), once ready
         self.error: BaseException | None = None
@@ -141,7 +141,7 @@ class CompiledDecodeStep:
             self._model = None
             self._built.set()
 
-    def _check(self, compiled) -> None:
+    def _check(self, compiled: Callable[[HFModel, torch.Tensor, object], torch.Tensor]) -> None:
         """Compile on a scratch cache and require the same logits as the eager model, step by step."""
         model = self._model
         device = next(model.parameters()).device
@@ -164,7 +164,7 @@ class CompiledDecodeStep:
                                    f"(tolerated: {bound:.3g})")
             token = want[:, -1].argmax(-1, keepdim=True)
 
-    def _bound(self, model, want: torch.Tensor, seen: torch.Tensor) -> float:
+    def _bound(self, model: HFModel, want: torch.Tensor, seen: torch.Tensor) -> float:
         """How far the compiled logits may be from eager's `want` (the logits after `seen`)."""
         if self._tolerance is not None:
             return self._tolerance

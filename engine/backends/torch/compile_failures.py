@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from engine.backends.torch.compat import HFModel
+
 log = logging.getLogger(__name__)
 
 FILE_NAME = "compile-failures.json"
@@ -26,7 +28,7 @@ _lock = threading.Lock()
 _seen: dict[str, str] = {}  # this process's failures, key -> reason (also when the file cannot be written)
 
 
-def model_key(model) -> str:
+def model_key(model: HFModel) -> str:
     """What identifies a compiled step's outcome: the model's folder and class, dtype, device kind, versions."""
     import transformers
 

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,8 @@ def yielding_to_foreground(gate: ForegroundGate = GATE) -> Iterator[None]:
     """Inside, this thread pauses at every Python call/return while `gate` is busy; at the lowest priority."""
     _lower_thread_priority()
 
-    def pause_while_busy(frame, event, arg):  # a profile hook: this thread only, call/return events only
+    # A profile hook: this thread only, call/return events only.
+    def pause_while_busy(frame: FrameType, event: str, arg: object) -> None:
         if time.monotonic() < gate._quiet_from:
             gate.wait_quiet()
 

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from engine.backends.torch import linear as cpu_linear
 from engine.backends.torch.file_pages import release_file_pages
 from engine.backends.torch.cache import GrowingCache
+from engine.backends.torch.compat import HFModel
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class _Layer:
     """One decoder layer's weights, fused where two matmuls share an input."""
 
-    def __init__(self, layer, heads: int, kv_heads: int, head_dim: int, copied: list[torch.Tensor]):
+    def __init__(self, layer: HFModel, heads: int, kv_heads: int, head_dim: int, copied: list[torch.Tensor]) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.norm_in, self.eps_in = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
         self.norm_post = layer.post_attention_layernorm.weight
@@ -115,7 +116,7 @@ class LeanDecodeStep:
     """`step(token_id, cache)`: logits (1, 1, V), shaped as transformers shapes them, for the token after
     `token_id`, which it appends to the cache."""
 
-    def __init__(self, model):
+    def __init__(self, model: HFModel) -> None:
         cfg = model.config
         inner = model.model
         self.heads = cfg.num_attention_heads
@@ -188,7 +189,7 @@ class LeanDecodeStep:
         return self._rows_linears[bucket]
 
     @classmethod
-    def for_model(cls, model) -> LeanDecodeStep | None:
+    def for_model(cls, model: HFModel) -> LeanDecodeStep | None:
         """The lean step for `model`, or None (with the reason in the debug log) when its shape is not Llama's."""
         reason = cls._unsupported(model)
         if reason:
@@ -197,7 +198,7 @@ class LeanDecodeStep:
         return cls(model)
 
     @staticmethod
-    def _unsupported(model) -> str | None:
+    def _unsupported(model: HFModel) -> str | None:
         cfg = model.config
         if getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES:
             return f"model type {getattr(cfg, 'model_type', None)!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}"

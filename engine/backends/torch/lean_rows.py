@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers.cache_utils import Cache
 
 from engine.backends.torch.lean import LAYER_ROLES, LeanDecodeStep, rms_norm
 
 
 @torch.inference_mode()
-def step_rows(lean: LeanDecodeStep, tokens: torch.Tensor, position: int, cache) -> torch.Tensor:
+def step_rows(lean: LeanDecodeStep, tokens: torch.Tensor, position: int, cache: Cache) -> torch.Tensor:
     """(B, V) float logits after each row's token in `tokens` (B,), all rows at `position`; appends to `cache`."""
     b = tokens.shape[0]
     h = lean.embed(tokens)  # (B, D)

@@ -60,7 +60,7 @@ def _sweep(kernel: Linear, x: torch.Tensor, weights: Sequence[torch.Tensor], bia
     return time.perf_counter() - start
 
 
-def _agrees(name: str, x: torch.Tensor, weight: torch.Tensor, bias) -> bool:
+def _agrees(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether kernel `name` runs on this weight and gives torch's result up to rounding."""
     try:
         ours = KERNELS[name](x, weight, bias)

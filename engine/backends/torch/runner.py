@@ -11,8 +11,8 @@ through the lean step for rows (lean_rows.py) when the model has one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -21,12 +21,16 @@ from engine.backends.torch.compat import with_cache
 from engine.backends.torch.foreground import foreground_step
 from engine.capabilities import RowState
 
+if TYPE_CHECKING:  # both imported where used: making a runner imports neither
+    import torch
+    from transformers.cache_utils import Cache
+
 log = logging.getLogger(__name__)
 ROWS_GROW_STEP = 128  # positions: the rows' cache grows by doubling, from at least this many
 MIN_REUSE = 16  # shared tokens: below this, copying the backend's keys and values costs more than running them
 
 
-def _holds_keys(layer) -> bool:
+def _holds_keys(layer: object) -> bool:
     """Whether a cache layer holds keys and values (transformers' placeholder layers hold none)."""
     from engine.backends.torch.compat import holds_keys
 
@@ -57,7 +61,7 @@ class TorchRunner:
         self._mask: Any = None  # (B, T_so_far) 0/1: which cached positions are real
         self._next_pos: Any = None  # (B,) position id of each row's next token
 
-    def _call(self, ids, mask, positions, cache):
+    def _call(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Cache) -> np.ndarray:
         foreground_step()  # a compile under way in the background pauses while the loom runs
         self.forward_calls += 1
         with self.torch.inference_mode():
@@ -109,7 +113,7 @@ class TorchRunner:
         positions = torch.arange(shared, len(prompt), device=self.device)[None]
         return self._call(rest, self._mask, positions, self._cache), shared
 
-    def _rows_cache(self):
+    def _rows_cache(self) -> Cache:
         """The rows' KV cache: the preallocated one (a step writes in place; transformers' `DynamicCache`
         copies every row's whole cache with `torch.cat` each step), in small growth steps since a batch
         can hold many rows; `DynamicCache` for layer types it does not cover."""
@@ -134,7 +138,7 @@ class TorchRunner:
         self._next_pos = self._next_pos + 1
         return logits
 
-    def _lean_rows(self, ids, position: int) -> np.ndarray:
+    def _lean_rows(self, ids: torch.Tensor, position: int) -> np.ndarray:
         """One step of every row through the lean step; its first use per model is checked against transformers."""
         from engine.backends.torch.compile import relative_logit_error
         from engine.backends.torch.lean_rows import step_rows
@@ -236,7 +240,8 @@ class TorchRunner:
 
     # --- every position of one sequence (teacher-forced scoring) -------------------
 
-    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None) -> Iterator[np.ndarray]:
+    def position_logits(self, ids: Sequence[int], first: int = 0, chunk: int | None = None
+                        ) -> Generator[np.ndarray, None, None]:
         """Logits of positions `first`..T-1 of `ids`, as (n, V) float32 chunks in order (row t predicts t + 1).
 
         One forward per `chunk` positions on a fresh KV cache carried from chunk to

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,7 @@ class SteeringHooks:
         self.capture: dict[int, torch.Tensor] | None = None  # layer -> its output, while reading states
         self._handles = [layer.register_forward_hook(self._hook(i)) for i, layer in enumerate(decoder_layers(model))]
 
-    def _hook(self, index: int):
+    def _hook(self, index: int) -> Callable[[Any, Any, Any], Any]:
         def hook(_module: Any, _inputs: Any, output: Any) -> Any:
             add = self.add
             if add is not None:
