@@ -1,15 +1,15 @@
 """Owns the loaded model: loads a replacement in the background and keeps the old one if that fails.
 
 `Engine.start` loads on the engine's own worker thread; progress callbacks
-arrive on that thread and hop to the event loop with `call_soon_threadsafe`
-(qasync's rule: worker threads never touch the UI directly).
+arrive on that thread and hop to the event loop through `app.off_thread.to_loop`
+(qasync's rule: worker threads never touch the UI directly). Blocking calls the
+window needs go through `app.off_thread` as well, on the host's own pool.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from engine import Engine, EngineError, ModelInfo, RuntimeSettings
 
-from app.off_thread import ReleasedOnLoop, run_off_thread
+from app.off_thread import close_in_background, run_off_thread, start_off_thread, to_loop
 from app.state.observable import Signal
 
 log = logging.getLogger(__name__)
@@ -117,11 +117,10 @@ class EngineHost:
         assert self._pending is not None
         label = spec or "default model"
 
+        hop = to_loop(self._on_progress, loop)  # dropped once the loop is closed: the window is gone
+
         def progress(message: str, fraction: float | None) -> None:  # worker thread
-            try:
-                loop.call_soon_threadsafe(self._on_progress, spec, message, fraction)
-            except RuntimeError:  # the loop is closed: the window is gone, nobody is watching
-                pass
+            hop(spec, message, fraction)
 
         new: Engine | None = None
         ok = False
@@ -130,14 +129,13 @@ class EngineHost:
             extra: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code else {}
             extra.update(runtime.load_kwargs() if runtime is not None else {})
             new = self._factory(spec, backend, progress, **extra)
-            ready = asyncio.wrap_future(new.ready)
+            ready = asyncio.wrap_future(new.loaded)  # its ModelInfo: the host never holds the backend
             try:
                 # Shielded: cancel_load stops this wait, never the worker's own future (it sets that one itself).
-                await asyncio.shield(ready)
+                info = await asyncio.shield(ready)
             except asyncio.CancelledError:
                 ready.add_done_callback(_ignore_outcome)  # how the abandoned load ends is of no interest now
                 raise
-            info = new.info
             if self._closed:  # the window closed while we loaded
                 return False
             old, self.engine, self.info, self.spec, self.backend = self.engine, new, info, spec, backend
@@ -178,23 +176,9 @@ class EngineHost:
         """Start `job` on a worker thread; `done(result, error)` runs on the event loop when it ends.
 
         For callers that are not coroutines (a label that needs a count). False when there is no
-        running event loop to come back to (nothing was started).
+        running event loop to come back to, or the pool was shut down with the model (nothing was started).
         """
-        try:
-            loop = asyncio.get_running_loop()
-            # The job's references (a widget's method, often) end on the loop, not on the worker (off_thread.py).
-            future = loop.run_in_executor(self._blocking, ReleasedOnLoop(loop, job))
-        except RuntimeError:  # no running loop, or the pool was shut down with the model
-            return False
-
-        def finished(f: asyncio.Future) -> None:
-            if f.cancelled():
-                return
-            error = f.exception()
-            done(None if error is not None else f.result(), error)
-
-        future.add_done_callback(finished)
-        return True
+        return start_off_thread(job, done, executor=self._blocking)  # app/off_thread.py
 
     def _on_progress(self, spec: str | None, message: str, fraction: float | None) -> None:
         if self.loading and spec == self.state.spec:
@@ -223,4 +207,4 @@ def _ignore_outcome(future: asyncio.Future) -> None:
 
 def _close_in_background(engine: Engine) -> None:
     # close() joins the worker, which may be mid-generation or mid-load: never on the UI thread.
-    threading.Thread(target=engine.close, name="logitlab-engine-close", daemon=True).start()
+    close_in_background(engine.close, "logitlab-engine-close")

@@ -220,6 +220,9 @@ def trace_lines(conv: Conversation, message: Message, engine: Engine | None) -> 
         end={**stats, "finish_reason": message.finish_reason},
         messages=history,
         max_new_tokens=req.get("max_new_tokens"),
+        # What `logitlab-cli replay` needs to run it as it ran: its stop strings and structured output.
+        stop=list(req.get("stop") or []),
+        **({"constraint": req["constraint"]} if req.get("constraint") else {}),
         branch_index=message.branch_index,
         # The steering it ran under (vectors by name and content hash, strengths, layer range), as recorded.
         **({"steering": req["steering"]} if req.get("steering") else {}),

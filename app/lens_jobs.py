@@ -28,6 +28,8 @@ from engine import Engine, lens
 from app.engine_host import EngineHost
 from app.notebook import Prompt, prompt_for
 from app.state.conversation import Conversation, Message
+from app.state.model_match import check_answer_model
+from app.state.model_record import model_record
 
 TOP_K = 8
 HEATMAP_WIDTH = 24  # answer positions around the selected one: each costs a layer-view row per layer
@@ -56,6 +58,12 @@ class LensHeatmap:
     probs: np.ndarray  # (layers, len(indices))
 
 
+def check_model(engine: Engine, message: Message, what: str = "its layers") -> None:
+    """Refuse in words (`OtherModelsAnswer`) before anything runs when the loaded model did not make `message`:
+    its token ids would be read as another vocabulary's (Gemma reading SmolLM2's ids: "Token 3 d", rank 256029)."""
+    check_answer_model(message.model, model_record(engine.info), what)
+
+
 def answer_parts(conv: Conversation, message: Message) -> tuple[Prompt, list[int]]:
     """(the prompt before `message`: chat history or a notebook's text, the answer's token ids), read on the UI
     thread that owns `conv`."""
@@ -67,6 +75,7 @@ def answer_parts(conv: Conversation, message: Message) -> tuple[Prompt, list[int
 async def layer_view(host: EngineHost, conv: Conversation, message: Message, index: int) -> LensView:
     """The layer view and attention of the answer's token `index`, computed on the model's worker."""
     engine = await host.wait_engine()
+    check_model(engine, message)
     history, answer = answer_parts(conv, message)
     if not 0 <= index < len(answer):
         raise ValueError(f"the answer has no token {index + 1}")
@@ -107,6 +116,7 @@ def nearest_first(indices: tuple[int, ...], center: int, size: int = HEATMAP_CHU
 async def heatmap(host: EngineHost, conv: Conversation, message: Message, indices: tuple[int, ...]) -> LensHeatmap:
     """The chosen tokens' per-layer probabilities at the answer tokens `indices`, on the model's worker."""
     engine = await host.wait_engine()
+    check_model(engine, message)
     history, answer = answer_parts(conv, message)
     prompt = await host.off_ui_thread(history.token_ids, engine.tokenizer)
     captures = await asyncio.wrap_future(

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QCloseEvent
@@ -23,6 +25,8 @@ from PySide6.QtWidgets import (
 from engine import ModelInfo
 
 from app.actions.context import ActionContext
+from app.attachment_actions import AttachmentActions
+from app.actions.continue_action import ContinueAction
 from app.controllers.chat import Busy, ChatController
 from app.engine_host import EngineHost
 from app.actions.experiments import export_conversation, export_trace, open_compare, open_replay, open_score
@@ -35,7 +39,7 @@ from app.state.conversation import Message
 from app.state.conversation_list import Library
 from app.state.recovery import DatabaseNotice
 from app.state.servers import ApiKeys
-from app.state.settings import Selection, SettingsState, ViewOptions
+from app.state.settings import Selection, SettingsState, SteeringMemory, ViewOptions
 from app.state.store import BUSY_TEXT, Store
 from app.state.write_queue import write_queue
 from app.theme import Theme, app_icon
@@ -54,6 +58,7 @@ from app.widgets.serve_dialog import ServeDialog
 from app.widgets.served_bar import ServedBar
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
+from app.widgets.tools_panel import tools_panel_for
 from app.notebook import generate as continue_notebook, is_notebook
 from app.tab_order import DocksOnScreen
 from app.actions.templates import TemplateActions
@@ -74,13 +79,61 @@ NOTHING_SAVED = "nothing saved"  # in the title bar while the app runs on a temp
 APP_NAME = "Logit Lab"  # the application's display name (app/__main__.py), the title's last part
 
 
+@dataclass(frozen=True)
+class DockRow:
+    """One side panel: the window builds a dock for each row of DOCKS, in order."""
+
+    attr: str  # the window's attribute that holds the dock
+    title: str  # its title and accessible name; lowercased, the dock's object name ("chats_dock")
+    content: Callable[[MainWindow], QWidget]  # builds (or hands over) what the dock holds
+    area: Qt.DockWidgetArea
+    tab_with: str | None = None  # the dock (attribute) whose tabs this one joins
+    raise_after: str | None = None  # the dock (attribute) brought to the front once this one is tabbed
+
+
+LEFT, RIGHT = Qt.DockWidgetArea.LeftDockWidgetArea, Qt.DockWidgetArea.RightDockWidgetArea
+# In this order: the order Qt builds them in, and their panels' order in the View menu.
+DOCKS: tuple[DockRow, ...] = (
+    DockRow("chats_dock", "Chats", lambda window: window.sidebar, LEFT),
+    DockRow("sampling_dock", "Sampling", lambda window: window._sampling_sideways(), LEFT, tab_with="chats_dock"),
+    DockRow("steering_dock", "Steering", lambda window: window._steering_scroll(), LEFT, tab_with="sampling_dock",
+            raise_after="chats_dock"),
+    DockRow("inspector_dock", "Inspector", lambda window: window.inspector, RIGHT),
+    DockRow("loom_dock", "Loom", lambda window: window._loom_view(), RIGHT, tab_with="inspector_dock",
+            raise_after="inspector_dock"),
+    DockRow("tools_dock", "Tools", tools_panel_for, RIGHT, tab_with="loom_dock", raise_after="inspector_dock"),
+)
+
+
 class MainWindow(QMainWindow):
     closed = Signal()  # after the last tokens are written
+
+    chats_dock: QDockWidget  # the docks, built from DOCKS
+    sampling_dock: QDockWidget
+    steering_dock: QDockWidget
+    inspector_dock: QDockWidget
+    loom_dock: QDockWidget
+    sidebar: Sidebar  # two panels the docks hold as they are
+    inspector: Inspector
 
     def __init__(self, store: Store, host: EngineHost, theme: Theme | None = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Logit Lab")
         self.setWindowIcon(app_icon())
+        self._build_state(store, host, theme)
+        self._build_central()
+        self._build_docks()
+        self._build_status_and_menus()
+        self._connect_chat()
+        self._connect_state()
+        self.library.open_last()
+        restore_layout(self)
+        self._on_busy_changed(False)
+        self._update_title()
+        self.focus_input()  # without it Qt focused the first control (the heatmap box), and typing went nowhere
+
+    def _build_state(self, store: Store, host: EngineHost, theme: Theme | None) -> None:
+        """The window's state and controllers, before any view."""
         self.store = store
         self.host = host
         self.theme = theme
@@ -92,6 +145,7 @@ class MainWindow(QMainWindow):
         # Steering vectors are kept beside the database (none for a temporary one): a replay finds them.
         steering_folder = None if store.temporary else Path(store.path).parent / STEERING_FOLDER
         self.controller = ChatController(self.library, self.settings, host, steering=SteeringState(steering_folder))
+        self.steering_memory = SteeringMemory(store, self.controller.steering)  # strengths and range across restarts
         self.serving = ServeController(self.library, host)  # Model ▸ Serve…: its requests become conversations
         self.serve_dialog: ServeDialog | None = None
         self.database_box: QMessageBox | None = None  # the start-up notice about the database file
@@ -101,6 +155,8 @@ class MainWindow(QMainWindow):
         self._tasks: set[asyncio.Future] = set()
         self._docks_on_screen = DocksOnScreen(self)  # Tab skips the docks that are closed or tabbed away
 
+    def _build_central(self) -> None:
+        """The middle column: the banner, the served bar, then the chat or (in its place) the notebook."""
         self.chat = ChatPane(self.library, self.view_options, self.selection, self.controller)
         self.banner = Banner()
         central = QWidget()
@@ -115,12 +171,24 @@ class MainWindow(QMainWindow):
         self.notebook = NotebookView(self.library, self.view_options, self.selection, self.controller)
         column.addWidget(self.notebook, 1)
         self.setCentralWidget(central)
+
+    def _build_docks(self) -> None:
+        """The side panels, one dock per row of DOCKS, tabbed and raised as the table says."""
         self.sidebar = Sidebar(self.library)
         self.sampling = SamplingPanel(self.settings, self.controller)
         self.inspector = Inspector(self.library, self.selection, self.controller)
-        self.chats_dock = self._dock("Chats", self.sidebar, Qt.DockWidgetArea.LeftDockWidgetArea)
-        # Its own scroll area scrolls down; this one scrolls sideways, so controls added to the panel never make
-        # the window wider than a small screen (the panel keeps its width inside, the dock keeps the window's).
+        for row in DOCKS:
+            dock = self._dock(row.title, row.content(self), row.area)
+            setattr(self, row.attr, dock)
+            if row.tab_with is not None:
+                self.tabifyDockWidget(getattr(self, row.tab_with), dock)
+            if row.raise_after is not None:
+                getattr(self, row.raise_after).raise_()
+
+    def _sampling_sideways(self) -> QWidget:
+        """The sampling panel in a sideways scroll area (the panel's own one scrolls down)."""
+        # This one scrolls sideways, so controls added to the panel never make the window wider than a small
+        # screen (the panel keeps its width inside, the dock keeps the window's).
         sideways = QScrollArea()
         sideways.setObjectName("sampling_sideways")
         sideways.setAccessibleName("Sampling settings")
@@ -134,51 +202,58 @@ class MainWindow(QMainWindow):
 
         follow_panel(self.sampling.minimumWidth())
         self.sampling.min_width_changed.connect(follow_panel)
-        self.sampling_dock = self._dock("Sampling", sideways, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.tabifyDockWidget(self.chats_dock, self.sampling_dock)
-        self.steering_panel = SteeringPanel(self.controller.steering, self.controller.steering_jobs, store,
+        return sideways
+
+    def _steering_scroll(self) -> QWidget:
+        """The steering panel, in a scroll area: its rows grow with the vectors, it scrolls down, never widens."""
+        self.steering_panel = SteeringPanel(self.controller.steering, self.controller.steering_jobs, self.store,
                                             lambda coro: self._spawn(coro))
-        steering_scroll = QScrollArea()  # its rows grow with the vectors: it scrolls down, never widens the dock
+        steering_scroll = QScrollArea()
         steering_scroll.setObjectName("steering_scroll")
         steering_scroll.setAccessibleName("Steering vectors")
         steering_scroll.setWidget(self.steering_panel)
         steering_scroll.setWidgetResizable(True)
         steering_scroll.setFrameShape(QFrame.Shape.NoFrame)
         steering_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.steering_dock = self._dock("Steering", steering_scroll, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.tabifyDockWidget(self.sampling_dock, self.steering_dock)
-        self.chats_dock.raise_()
-        self.inspector_dock = self._dock("Inspector", self.inspector, Qt.DockWidgetArea.RightDockWidgetArea)
-        self.loom = LoomController(self.controller)  # the loom (issue 25): a tab beside the Inspector
+        return steering_scroll
+
+    def _loom_view(self) -> QWidget:
+        """The loom (issue 25): its controller and view, a tab beside the Inspector."""
+        self.loom = LoomController(self.controller)
         self.loom_view = LoomView(self.loom, self.selection)
-        remember_loom_options(self.loom_view, store)  # its budget and the rest survive a restart
-        self.loom_dock = self._dock("Loom", self.loom_view, Qt.DockWidgetArea.RightDockWidgetArea)
-        self.tabifyDockWidget(self.inspector_dock, self.loom_dock)
-        self.inspector_dock.raise_()
-        self.status = StatusBar(host, self.controller)
+        remember_loom_options(self.loom_view, self.store)  # its budget and the rest survive a restart
+        return self.loom_view
+
+    def _build_status_and_menus(self) -> None:
+        """The status bar, the template actions, the action context, the menus and what their actions do."""
+        self.status = StatusBar(self.host, self.controller)
         self.setStatusBar(self.status)
         self.serving.changed.connect(self.status.show_serving)
         self.serving.problem.connect(lambda text: self.status.showMessage(text[:1].upper() + text[1:], 15000))
         # The system prompt box shows what the template says when it is empty; the templates' refresh names it.
         self.status.template_shown.connect(self._read_template_default)
-        self.templates = TemplateActions(store, host, self.library, self.status, self)
+        self.templates = TemplateActions(self.store, self.host, self.library, self.status, self)
         # Menus and actions get this context, never the window: they are imported here, not the reverse.
         self.context = ActionContext(
-            store=store, library=self.library, selection=self.selection, host=host, settings=self.settings,
-            parent=self, notify=self.status.showMessage, spawn=self._spawn, steering=self.controller.steering,
+            store=self.store, library=self.library, selection=self.selection, host=self.host,
+            settings=self.settings, parent=self, notify=self.status.showMessage, spawn=self._spawn,
+            steering=self.controller.steering,
         )
         # Typed, and named apart from QWidget.actions() (the list Qt keeps), which must stay a method.
         self.menu_actions = actions = WindowActions.create(self)
-        docks = (self.chats_dock, self.sampling_dock, self.steering_dock, self.inspector_dock, self.loom_dock)
-        panels = [dock.toggleViewAction() for dock in docks]
-        self._menus = build_menu_bar(self, actions, panels, appearance=theme is not None)
+        panels = [getattr(self, row.attr).toggleViewAction() for row in DOCKS]
+        self._menus = build_menu_bar(self, actions, panels, appearance=self.theme is not None)
         self.models = ModelActions(
             self.context, self.api_keys, (actions.open_model, actions.connect_server, actions.runtime_settings)
         )
         self._connect_actions()
 
+    def _connect_chat(self) -> None:
+        """The composer, the chat view, the inspector, the sidebar and the notebook to the window's slots."""
         composer = self.chat.composer
         composer.send_requested.connect(self.on_send)
+        # The paperclip's dialog, the chips' tokens and whether the files fit the context (app/attachment_actions.py).
+        self.attachment_actions = AttachmentActions(self, composer, self.host, self.store, self.status, composer.submit)
         composer.stop_requested.connect(self.controller.stop)
         # An invalid (or unchecked) structured-output constraint: Send waits and says why, the text stays.
         self.settings.constraint_problem_changed.connect(composer.set_blocked)
@@ -196,24 +271,24 @@ class MainWindow(QMainWindow):
         self._show_mode(self.library.current)
         self.sidebar.delete_requested.connect(self.delete_conversation)
         self.selection.changed.connect(self._on_selection_changed)
-        self.controller.error.connect(lambda text: self.status.showMessage(f"Generation failed: {text}", 15000))
-        self.controller.notice.connect(lambda text: self.status.showMessage(text[:1].upper() + text[1:], 15000))
+
+    def _connect_state(self) -> None:
+        """The controller's, the store's and the host's signals: messages in the status bar, the busy state."""
+        store, controller = self.store, self.controller
+        controller.error.connect(lambda text: self.status.showMessage(f"Generation failed: {text}", 15000))
+        controller.notice.connect(lambda text: self.status.showMessage(text[:1].upper() + text[1:], 15000))
         store.busy_changed.connect(self._on_database_busy)
         # An action that waited for the lock and then failed for another reason: said, never a traceback.
         write_queue(store).failed = lambda what, why: self.status.showMessage(f"Not done: {what}: {why}", 15000)
-        self.controller.busy_changed.connect(self._on_busy_changed)
-        self.controller.save_failed.connect(self._on_save_failed)
-        self.controller.saved.connect(self._on_saved)
+        controller.busy_changed.connect(self._on_busy_changed)
+        # Continue names the answer it acts on, and is off with the reason when there is none.
+        self.continue_action = ContinueAction(self.menu_actions.continue_answer, self.library, controller.busy_changed)
+        controller.save_failed.connect(self._on_save_failed)
+        controller.saved.connect(self._on_saved)
         store.damaged.connect(self._on_damage_read)
-        self.controller.started.connect(self._on_generation_started)
+        controller.started.connect(self._on_generation_started)
         # The host can outlive this window (tests open a second one on it): closing disconnects these.
-        host.model_changed.connect(self._on_model_changed)
-
-        self.library.open_last()
-        restore_layout(self)
-        self._on_busy_changed(False)
-        self._update_title()
-        self.focus_input()  # without it Qt focused the first control (the heatmap box), and typing went nowhere
+        self.host.model_changed.connect(self._on_model_changed)
 
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -304,7 +379,7 @@ class MainWindow(QMainWindow):
     def _read_template_default(self) -> None:
         """Read the loaded model's default system prompt off the UI thread (a template render), then show it."""
         engine = self.host.engine
-        if engine is None or not engine.ready.done() or engine.ready.exception() is not None:
+        if engine is None or not engine.is_loaded:
             self.chat.set_template_default("")
             return
         tokenizer = engine.tokenizer
@@ -336,7 +411,8 @@ class MainWindow(QMainWindow):
 
     def on_send(self, text: str) -> asyncio.Task:
         self.chat.chat_view.scroll_to_bottom()
-        return self._spawn(self._after_waiting_actions(self.controller.send, text))
+        attachments = self.chat.composer.take_sent_attachments()  # the files the composer sent with the text
+        return self._spawn(self._after_waiting_actions(self.controller.send, text, attachments))
 
     def on_regenerate(self, message: Message | None = None) -> asyncio.Task:
         if message is None:  # "the last answer shown": shown once the chat actions asked for before have run
@@ -350,11 +426,15 @@ class MainWindow(QMainWindow):
         return await run(*args)
 
     def on_continue(self, message: Message | None = None) -> asyncio.Task | None:
+        """Continue `message` (an answer's More button); None: the last answer of the branch on screen, only when
+        it was cut off (app/state/continue_target.py). An answer that later turns follow is continued as a new
+        version (app/controllers/chat.py)."""
         if message is None:
-            path = self.library.current.path() if self.library.current else []
-            message = next((m for m in reversed(path) if m.can_continue), None)
-            if message is None:
+            target = self.continue_action.target()
+            if target.message is None:
+                self.status.showMessage(target.tip, 8000)
                 return None
+            message = target.message
         return self._spawn(self.controller.continue_answer(message))
 
     def on_edit_submitted(self, message: Message, text: str) -> asyncio.Task:
@@ -442,7 +522,6 @@ class MainWindow(QMainWindow):
         a = self.menu_actions
         a.stop.setEnabled(busy)
         a.regenerate.setEnabled(not busy)
-        a.continue_answer.setEnabled(not busy)
 
     # -- closing ---------------------------------------------------------------------------
 
@@ -454,6 +533,7 @@ class MainWindow(QMainWindow):
             self.store.damaged.disconnect(self._on_damage_read)
             self.store.busy_changed.disconnect(self._on_database_busy)
             self.status.detach()
+            self.attachment_actions.detach()
             self.templates.detach()
             self.served_bar.detach()
             self.serving.detach()

@@ -151,6 +151,7 @@ def build_menu_bar(window: QMainWindow, a: WindowActions, panels: Sequence[QActi
 
     chat = bar.addMenu("&Chat")
     chat.addActions([a.send, a.stop, a.regenerate, a.continue_answer])
+    chat.setToolTipsVisible(True)  # Continue's tip names the answer it continues, or why there is none
     chat.addSeparator()
     chat.addActions([a.search, a.rename])
     chat.addSeparator()

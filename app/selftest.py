@@ -36,10 +36,15 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine import BACKENDS
+
+if TYPE_CHECKING:  # imported late: the report times the app's imports
+    from app.main_window import MainWindow
 
 SELFTEST_FLAG = "--self-test"
 REPORT_PREFIX = "LOGITLAB_SELFTEST "
@@ -159,14 +164,16 @@ async def _self_test(args: argparse.Namespace, report: dict) -> int:
     return code
 
 
-async def _load_and_answer(window, args: argparse.Namespace, report: dict) -> int:
+async def _load_and_answer(window: MainWindow, args: argparse.Namespace, report: dict) -> int:
     if args.download:
         from engine import download_default_model  # the real download; fails fast without a network
+
+        from app.off_thread import run_off_thread
 
         t_download = time.perf_counter()
         try:
             with ThreadPoolExecutor(1) as pool:  # not the loop's executor: qasync's QThreads outlive the loop
-                path = await asyncio.wrap_future(pool.submit(download_default_model))
+                path = await run_off_thread(lambda _state: download_default_model(), executor=pool)
         except Exception as e:  # noqa: BLE001 - reported
             report["download"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
             report["error"] = f"downloading the default model failed: {e}"
@@ -183,6 +190,7 @@ async def _load_and_answer(window, args: argparse.Namespace, report: dict) -> in
         report["error"] = "loading the model failed: " + (box.text() if box is not None else "no message")
         return 1
     info = window.host.info
+    assert info is not None  # start() said the model loaded
     report["model"] = {"name": info.name, "backend": info.backend, "device": info.device, "dtype": info.dtype}
 
     from app.selftest_checks import fail_writes_after, report_progress, send_stop_cycles
@@ -208,7 +216,7 @@ async def _load_and_answer(window, args: argparse.Namespace, report: dict) -> in
     if first_token_at:
         # Wall time from pressing Send to the first token reaching the conversation (what a person waits).
         report["first_token_s"] = round(first_token_at[0] - t_send, 3)
-    stats = answer.stats if answer is not None else {}
+    stats = (answer.stats if answer is not None else None) or {}  # an answer's stats may be None (Message.stats)
     report["answer"] = answer.content if answer is not None else None
     report["stats"] = {
         k: stats.get(k)
@@ -227,7 +235,7 @@ async def _load_and_answer(window, args: argparse.Namespace, report: dict) -> in
     return 0
 
 
-async def _until(condition, timeout_s: float) -> None:
+async def _until(condition: Callable[[], bool], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:

@@ -14,7 +14,12 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported late by the self-test, which times the app's imports
+    from app.lifecycle import Session
+    from app.main_window import MainWindow
+    from app.state.conversation import Conversation, Message
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +30,7 @@ def emit_event(event: str, **fields: Any) -> None:
     print(EVENT_PREFIX + json.dumps({"event": event, **fields}, ensure_ascii=False), flush=True)
 
 
-def summarize_window(window) -> dict[str, Any]:
+def summarize_window(window: MainWindow) -> dict[str, Any]:
     """What the window shows: title, the database notice, the banner, and the open conversation's messages."""
     box = window.database_box
     conv = window.library.current
@@ -48,21 +53,21 @@ def summarize_window(window) -> dict[str, Any]:
     }
 
 
-def report_progress(conv) -> None:
+def report_progress(conv: Conversation) -> None:
     """A `tokens` event each time tokens reach the conversation (what is on screen)."""
 
-    def on_tokens(message, _start: int) -> None:
+    def on_tokens(message: Message, _start: int) -> None:
         emit_event("tokens", message_id=message.id, tokens=len(message.tokens or ()))
 
     conv.tokens_appended.connect(on_tokens)
 
 
-def fail_writes_after(window, conv, n_tokens: int) -> None:
+def fail_writes_after(window: MainWindow, conv: Conversation, n_tokens: int) -> None:
     """Once `n_tokens` have streamed, every write fails as on a read-only database (SQLite's own error)."""
 
-    def on_tokens(message, _start: int) -> None:
+    def on_tokens(message: Message, _start: int) -> None:
         if len(message.tokens or ()) >= n_tokens and not getattr(conv, "_writes_failing", False):
-            conv._writes_failing = True
+            conv._writes_failing = True  # type: ignore[attr-defined]  # the self-test's own flag on this conversation
             # query_only makes SQLite refuse every write with "attempt to write a readonly database".
             window.store._conn.execute("PRAGMA query_only = ON")
             emit_event("writes_failing", tokens=len(message.tokens or ()))
@@ -89,7 +94,7 @@ def _resources() -> dict[str, Any]:
     }
 
 
-async def send_stop_cycles(window, prompt: str, cycles: int, warmup: int = 5) -> dict[str, Any]:
+async def send_stop_cycles(window: MainWindow, prompt: str, cycles: int, warmup: int = 5) -> dict[str, Any]:
     """Send and stop at once, `cycles` times, through the controller; threads and memory before and after.
 
     Most cycles stop at once (before or during the prompt); one in ten waits for the first token
@@ -129,7 +134,7 @@ async def send_stop_cycles(window, prompt: str, cycles: int, warmup: int = 5) ->
     return {"cycles": cycles, "seconds": round(elapsed, 2), "before": before, "after": after, "pid": os.getpid()}
 
 
-async def hold(session, timeout_s: float) -> None:
+async def hold(session: Session, timeout_s: float) -> None:
     """Keep the window open until it closes (a signal, or the user); bounded by `timeout_s`."""
     emit_event("holding", **summarize_window(session.window))
     try:

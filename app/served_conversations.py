@@ -179,7 +179,7 @@ class ServedConversations:
         self.started.emit(live.conv)
 
     def _make(self, exchange: "ServedExchange") -> Live:
-        chat = exchange.endpoint == "chat.completions"
+        chat = exchange.messages is not None  # chat, Responses and Messages: a conversation; completions: a text
         messages = list(exchange.messages or ())
         lead: list[str] = []
         while chat and messages and messages[0].get("role") == "system":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from engine import ModelInfo, steering as steer
 
 from app.engine_host import EngineHost
-from app.lens_jobs import answer_parts
+from app.lens_jobs import answer_parts, check_model
 from app.off_thread import to_loop
 from app.state.conversation import Conversation, Message
 from app.state.observable import Signal
@@ -64,6 +65,7 @@ class SteeringJobs:
     # -- the model -------------------------------------------------------------------------
 
     def _on_model_changed(self, info: ModelInfo | None) -> None:
+        self.shadows.model_changed()  # what failed may work on this model; a job under way was the last one's
         try:
             asyncio.get_running_loop().create_task(self.refresh_model())
         except RuntimeError:  # no loop (building the window in a script): the next change tells
@@ -134,10 +136,11 @@ class SteeringJobs:
 
     async def effect(self, conv: Conversation, message: Message, index: int) -> EffectView:
         """The distribution at answer token `index` with and without the answer's steering (engine.steering)."""
+        engine = await self.host.wait_engine()
+        check_model(engine, message, "what steering did to it")  # first: nothing is read with the wrong model
         steering = self.answer_steering(message)
         if steering is None:
             raise ValueError("this answer was not steered")
-        engine = await self.host.wait_engine()
         history, answer = answer_parts(conv, message)
         if not 0 <= index < len(answer):
             raise ValueError(f"the answer has no token {index + 1}")
@@ -150,18 +153,25 @@ class SteeringJobs:
         texts = await self.host.off_ui_thread(_texts_of, engine.tokenizer, ids)
         return EffectView(message.id, index, effect, texts)
 
-    async def shadow(self, conv: Conversation, message: Message) -> steer.SteeringShadow:
-        """Every token of a steered answer scored without its steering (KL per token: the colour mode)."""
+    async def shadow(self, conv: Conversation, message: Message, *, cancel: threading.Event | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> steer.SteeringShadow:
+        """Every token of a steered answer scored without its steering (KL per token: the colour mode).
+
+        `progress(done, total)` answer tokens, on the loop; setting `cancel` stops the engine's work before its
+        next chunk (GenerationCancelled)."""
+        engine = await self.host.wait_engine()
+        check_model(engine, message, "what steering did to it")  # first: nothing is read with the wrong model
         steering = self.answer_steering(message)
         if steering is None:
             raise ValueError("this answer was not steered")
-        engine = await self.host.wait_engine()
         history, answer = answer_parts(conv, message)
         if not answer:
             raise ValueError("the answer has no tokens yet")
 
         prompt = await self.host.off_ui_thread(history.token_ids, engine.tokenizer)  # the template renders
-        return await asyncio.wrap_future(engine.start_unsteered_shadow(prompt + answer, len(prompt), steering))
+        hop = to_loop(progress) if progress is not None else None  # called on the model's worker thread
+        return await asyncio.wrap_future(engine.start_unsteered_shadow(prompt + answer, len(prompt), steering,
+                                                                       cancel=cancel, progress=hop))
 
 
 def _texts_of(tokenizer: Any, ids: set[int]) -> dict[int, str]:

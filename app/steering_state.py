@@ -2,9 +2,9 @@
 
 The Steering panel shows and changes this; the chat controller reads
 `steering()` when it builds a request, so a change applies from the next
-answer on (never to one already streaming). Strengths start at 0 on every
-start of the app: a restart never steers an answer the user did not ask to
-steer. A vector that does not fit the loaded model (another layer count or
+answer on (never to one already streaming). Strengths start at 0 here; the
+window restores the ones last set (`SteeringMemory`, app/state/settings.py),
+and the panel shows them. A vector that does not fit the loaded model (another layer count or
 width) stays listed with the engine's reason and is not applied.
 
 Vectors the user loads or trains are kept in a folder of llama.cpp

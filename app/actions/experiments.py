@@ -18,6 +18,8 @@ from app.experiments import trace_lines
 from app.state.conversation import Message
 from app.state.export import to_json, to_markdown
 from app.state.json_safe import json_safe
+from app.state.model_match import made_by_other_model
+from app.state.model_record import model_record
 from app.widgets.compare_view import CompareView
 from app.widgets.file_dialogs import save_file
 from app.widgets.replay_view import ReplayView
@@ -107,16 +109,22 @@ def export_trace(ctx: ActionContext, path: str | Path | None = None) -> Path | N
         if path is None:
             return None
     written: list[int] = []
+    # The prompt's token ids come from the loaded model's tokenizer: another model's would not be the ids the
+    # answer followed (a replay of the trace would run them), so they are left out, as with no model loaded.
+    engine = ctx.host.engine
+    other = engine is not None and made_by_other_model(answer.model, model_record(engine.info))
 
     def write(p: Path) -> None:
         # A token ban in the settings (a bias of -inf) is written as standard JSON (app/state/json_safe.py).
-        lines = [json_safe(line) for line in trace_lines(conv, answer, ctx.host.engine)]
+        lines = [json_safe(line) for line in trace_lines(conv, answer, None if other else engine)]
         with atomic_text_file(p) as f:
             written.append(experiments.write_lines(f, lines))
 
     out = _write(ctx, Path(path), "Could not export the trace", write)
     if out is not None:
-        ctx.notify(f"Trace of {written[0] - 2} tokens written to {out}", 6000)
+        made = (answer.model or {}).get("name") or "another model"
+        note = f"; without the prompt's token ids: the answer was made by {made}, not the model loaded" if other else ""
+        ctx.notify(f"Trace of {written[0] - 2} tokens written to {out}{note}", 10000 if other else 6000)
     return out
 
 

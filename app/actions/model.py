@@ -36,6 +36,7 @@ from engine import (
 from app.actions.context import ActionContext
 from app.engine_host import LoadState, describe_error
 from app.off_thread import run_off_thread
+from app.state import model_defaults
 from app.state.runtime_choices import remember_runtime, saved_runtime
 from app.state.servers import ApiKeys, prepare_connection, remember_server
 from app.widgets.connect_dialog import ConnectChoice, ConnectDialog
@@ -115,6 +116,9 @@ class ModelActions:
                 request = LoadRequest(spec, backend, trust_remote_code)
             else:  # the context, threads, GPU layers and batch size chosen for this model, if any
                 request = replace(request, runtime=saved_runtime(self._ctx.store, spec, backend))
+                if request.runtime.n_ctx is None:  # else the context length its saved defaults ask for
+                    n_ctx = model_defaults.context_for(self._ctx.store, spec, backend, self._ctx.settings.preset_names())
+                    request = replace(request, runtime=replace(request.runtime, n_ctx=n_ctx))
             loading = host.load(spec, backend, trust_remote_code=trust_remote_code, runtime=request.runtime)
         except Exception as e:  # noqa: BLE001 - a load that cannot start is reported like one that failed
             if host.loading:  # another load is under way: not this request's failure
@@ -141,6 +145,9 @@ class ModelActions:
                 connecting.deleteLater()
         if ok:
             remember_model(self._ctx.store, request.spec, request.backend)
+            said = model_defaults.on_loaded(self._ctx.library, self._ctx.settings, self._ctx.host)
+            if said:  # "SmolLM2-135M-Instruct: its saved defaults applied (preset Balanced, context 4096)"
+                self._ctx.notify(said, 10000)
         elif self._ctx.host.last_error is not None:
             self._show_failure(request, self._ctx.host.last_error)
         return ok

@@ -79,7 +79,7 @@ class TemplateActions:
 
     def _tokenizer(self) -> Any | None:
         engine = self._host.engine
-        if engine is None or not engine.ready.done() or engine.ready.exception() is not None:
+        if engine is None or not engine.is_loaded:
             return None
         return engine.tokenizer
 

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from engine import GenerationRequest, GenerationStats, TokenEvent, loom, reasoning
+from engine import Engine, GenerationRequest, GenerationStats, ModelInfo, TokenEvent, loom, reasoning
+from engine import documents
 
 from app.engine_host import EngineHost, describe_error
 from app.experiments import model_reasoning_format
@@ -47,6 +48,11 @@ TOP_N = 20  # alternatives recorded per token (and per sampler stage)
 SAVE_RETRY_S = 10.0  # how often saving is tried again after a write failed
 BUSY_RETRY_S = 0.25  # ... and while another connection holds the database's write lock (it is let go soon)
 SAVE_ERRORS = (sqlite3.Error, OSError)  # what a failed write raises
+
+
+# (conversation, the message answered, its history) -> (the history, the request's tool fields, their record)
+ToolHook = Callable[[Conversation, Message, list[dict[str, Any]]],
+                    tuple[list[dict[str, Any]], dict[str, Any], "dict[str, Any] | None"]]
 
 
 class Busy(RuntimeError):
@@ -95,6 +101,8 @@ class ChatController:
         self.step_gate = loom.StepGate(self._on_step_waiting)
         self.step_waiting = Signal()  # (TokenEvent) the distribution waiting for the pick, on the loop
         self._step_hop: Callable[..., None] | None = None  # the running loop's way in, from the model's thread
+        # The chat's tools in its requests (app/tool_calls/requests.py: ToolRequests), set by the Tools panel.
+        self.tool_requests: ToolHook | None = None
 
     def last_answer_seed(self) -> int | None:
         """The seed of the open conversation's latest answer (saved with it, so it survives a restart);
@@ -117,15 +125,15 @@ class ChatController:
 
     # -- actions ---------------------------------------------------------------------------
 
-    async def send(self, text: str) -> Message | None:
-        """Add a user message after the visible path and answer it."""
+    async def send(self, text: str, attachments: list[documents.Attachment] | tuple[documents.Attachment, ...] = ()) -> Message | None:
+        """Add a user message after the visible path, with the files attached to it, and answer it."""
         text = text.strip()
-        if not text:
+        if not text and not attachments:
             return None
         await self._ready()
         conv = self.library.current or self.library.new()
         path = conv.path()
-        user = conv.add_message(path[-1] if path else None, "user", text)
+        user = conv.add_message(path[-1] if path else None, "user", text, attachments=attachments)
         return await self._answer(conv, user)
 
     async def regenerate(self, message: Message | None = None) -> Message | None:
@@ -150,20 +158,32 @@ class ChatController:
         await self._ready()
         conv = self._conv()
         parent = None if user_message.parent_id is None else conv.messages[user_message.parent_id]
-        edited = conv.add_message(parent, "user", text)
+        # The edit keeps the original's files: the same stored documents, linked again (not stored twice).
+        edited = conv.add_message(parent, "user", text, attachments=user_message.attachments)
         return await self._answer(conv, edited)
 
     async def continue_answer(self, message: Message) -> Message:
-        """Generate more of a cut-off answer, in place."""
+        """Generate more of a cut-off answer: in place when nothing follows it; else as a new version.
+
+        Later turns were written on this answer's text: lengthening it in place would change what they
+        answered. So an answer with later turns keeps its text, and its continuation is a new sibling (the
+        same tokens, then more) that the chat shows; the later turns stay on the original. Returns the
+        message continued into.
+        """
         if not message.can_continue:
             raise ValueError("only an answer cut off by the length limit, Stop or a crash can be continued")
         await self._ready()
         conv = self._conv()
         assert message.parent_id is not None
+        parent = conv.messages[message.parent_id]
         prefix = list(conv.tokens(message))
         self._tell_other_model(message)
-        await self._run(conv, message, conv.messages[message.parent_id], prefix, ())
-        return message
+        target = message
+        if conv.children(message.id):
+            target = conv.add_message(parent, "assistant")
+            conv.set_tokens(target, prefix, message.content)
+        await self._run(conv, target, parent, prefix, ())
+        return target
 
     async def branch(self, message: Message, index: int, token_id: int) -> Message:
         """Cut `message` before token `index`, force `token_id` there, and generate on (a new sibling)."""
@@ -180,6 +200,21 @@ class ChatController:
         sibling = conv.add_message(parent, "assistant", branch_index=index)
         conv.set_tokens(sibling, kept, "".join(t.text for t in kept))
         await self._run(conv, sibling, parent, kept, (token_id,))
+        return sibling
+
+    async def branch_decoded(self, message: Message, index: int, token_ids: tuple[int, ...]) -> Message:
+        """`branch`, its kept tokens decoded again as forced ones before `token_ids`: a branch inside a tool call,
+        whose constraint and call tracker must read the call's beginning (they do not see an answer prefix).
+        The prompt's KV cache is reused as for any branch; the kept tokens take one forward each."""
+        await self._ready()
+        conv = self._conv()
+        tokens = conv.tokens(message)
+        if not message.is_assistant or not 0 <= index < len(tokens) or not token_ids:
+            raise ValueError(f"no token {index} in message {message.id}")
+        assert message.parent_id is not None
+        parent = conv.messages[message.parent_id]
+        sibling = conv.add_message(parent, "assistant", branch_index=index)
+        await self._run(conv, sibling, parent, [], tuple(t.token_id for t in tokens[:index]) + tuple(token_ids))
         return sibling
 
     async def answer_after(self, parent: Message) -> Message:
@@ -359,93 +394,18 @@ class ChatController:
         prefix: list[TokenEvent],
         forced: tuple[int, ...],
     ) -> None:
-        """Generate into `message` (an answer to `user`) after its `prefix` tokens."""
-        self._generating = (conv, message)
-        self._stop_requested = False
-        conv.set_generating(message, True)
-        self.busy_changed.emit(True)
-        self.started.emit(message)
-        loop = asyncio.get_running_loop()
+        """Generate into `message` (an answer to `user`) after its `prefix` tokens: the request, its record on
+        the answer, the stream, the answer's end; a failure is said and the partial answer kept."""
+        self._begin(conv, message)
         stats: GenerationStats | None = None
-        write_failed = False
         try:
             engine = await self.host.wait_engine()
-            options = self.settings.options
-            # Earlier answers' reasoning stays out of the prompt the way the model's template wants
-            # (the template's code renders: off the UI thread).
-            thinking = await self.host.off_ui_thread(model_reasoning_format, engine)
-            history = reasoning.prompt_history(conv.history(user), thinking)
-            # Counting the prompt renders the model's chat template: its code, never on the UI thread.
-            prompt = prompt_for(conv, user, history)  # a notebook's text (no template), or the chat's messages
-            max_new = await self.host.off_ui_thread(self._fit_to_context, engine, prompt, len(prefix), options.max_new_tokens)
-            by_server = server_samples(options.server_sampling, engine.info)  # remote models only
-            steering = self.steering.steering()  # None when no vector is on: exactly an unsteered answer
-            request = GenerationRequest(
-                **prompt.request_fields(),
-                sampler=options.sampler,
-                max_new_tokens=max_new,
-                stop=options.stop,
-                top_n=self.top_n,
-                record_stages=True,
-                assistant_prefix=tuple(t.token_id for t in prefix),
-                forced_tokens=forced,
-                server_sampling=by_server,
-                constraint=options.constraint,  # structured output (the grammar stage), None when off
-                steering=steering,
-            )
+            request, request_doc = await self._request(engine, conv, user, prefix, forced)
             info = engine.info
-            request_doc = {**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n, "server_sampling": by_server,
-                           "reasoning": thinking.to_dict()}  # how the answer's view reads its thinking
-            if steering is not None:  # vectors by name and content hash, strengths, layer range
-                request_doc["steering"] = steering.to_dict()
-            model_doc = model_record(info)
-            if not await self._save_waiting(conv, message, lambda: conv.update_message(
-                    message, request=request_doc, model=model_doc, finish_reason=None)):
-                # Nothing could be written: generating more would only pile up in memory.
-                self._save(conv, message, lambda: conv.update_message(message, finish_reason="cancelled"))
+            if not await self._record_request(conv, message, request_doc, info):
                 return
-            if self._stop_requested:  # Stop pressed while waiting for the model
-                self._save(conv, message, lambda: conv.update_message(message, finish_reason="cancelled"))
-                return
-            step = self.step_gate if self.step_gate.stepping and info.runs_locally else None
-            if step is not None:
-                self._step_hop = to_loop(self.step_waiting.emit)
-            self._stream = stream = TokenStream(engine, request, step=step)
-            offset = len(prefix)
-            last_flush = loop.time()
-            async for batch in stream.batches():
-                conv.append_tokens(message, [replace(ev, index=offset + ev.index) for ev in batch])
-                if not write_failed and loop.time() - last_flush >= self.flush_interval_s:
-                    if self.library.store.busy and not self.library.store.can_write_now():
-                        last_flush = loop.time()  # still locked elsewhere: ask again later, without waiting at all
-                        continue
-                    if not self._save(conv, message, conv.flush):
-                        if self._save_busy:
-                            # Another connection holds the lock: the tokens wait in memory, the answer goes on.
-                            last_flush = loop.time()
-                            continue
-                        # Saving failed: stop cleanly. What streamed stays in memory and on screen.
-                        write_failed = True
-                        stream.cancel()
-                        continue
-                    # Token records are long-lived and numerous (~180 tracked objects per token with
-                    # its alternatives and stages). Freezing what exists keeps the cyclic GC from
-                    # rescanning them all: its full passes cost ~100 ms at 4,000 tokens otherwise.
-                    # Frozen objects are still freed by reference counting when dropped.
-                    gc.freeze()
-                    last_flush = loop.time()
-            stats = stream.stats
-            assert stats is not None
-            self.last_stats = stats
-            self.last_context_used = stats.prompt_tokens + stats.generated_tokens
-            saved_stats = {k: v for k, v in stats.to_dict().items() if k not in ("text", "token_ids")}
-            finish: str | None = stats.finish_reason
-            if self._interrupted_by is not None and finish == "cancelled":
-                # The app is quitting on a signal: not the user's Stop. None reads "interrupted", as after a crash.
-                finish, saved_stats = None, {**saved_stats, "interrupted_by": self._interrupted_by}
-            self._save(conv, message, lambda: conv.update_message(message, finish_reason=finish, stats=saved_stats))
-            if finish == "error":  # a server that failed mid-answer: the text so far is kept, and the user told why
-                self.error.emit(f"the answer stopped after {stats.generated_tokens} tokens: {stats.error or 'unknown error'}")
+            stats = await self._stream_answer(conv, message, engine, info, request, len(prefix))
+            self._end_answer(conv, message, stats)
         except Exception as e:  # noqa: BLE001 - shown to the user; the partial answer is kept
             log.warning("generation failed: %s", e, exc_info=not isinstance(e, ValueError))
             why = describe_error(e)  # now: `e` is gone once this block ends, and the save may run later
@@ -461,6 +421,121 @@ class ChatController:
                 conv.set_generating(message, False)
                 self.busy_changed.emit(False)
                 self.finished.emit(message, stats)
+
+    def _begin(self, conv: Conversation, message: Message) -> None:
+        """A run starts: `message` is the one generating, and busy."""
+        self._generating = (conv, message)
+        self._stop_requested = False
+        conv.set_generating(message, True)
+        self.busy_changed.emit(True)
+        self.started.emit(message)
+
+    async def _request(
+        self, engine: Engine, conv: Conversation, user: Message, prefix: list[TokenEvent], forced: tuple[int, ...],
+    ) -> tuple[GenerationRequest, dict[str, Any]]:
+        """The run's request, and its record (the settings it ran with) for the answer."""
+        options = self.settings.options
+        # Earlier answers' reasoning stays out of the prompt the way the model's template wants
+        # (the template's code renders: off the UI thread).
+        thinking = await self.host.off_ui_thread(model_reasoning_format, engine)
+        history = reasoning.prompt_history(conv.history(user), thinking)
+        tool_fields: dict[str, Any] = {}
+        tool_doc = None
+        if self.tool_requests is not None:  # the chat's tools; earlier calls and their results as OpenAI's messages
+            history, tool_fields, tool_doc = self.tool_requests(conv, user, history)
+        # Counting the prompt renders the model's chat template: its code, never on the UI thread.
+        prompt = prompt_for(conv, user, history)  # a notebook's text (no template), or the chat's messages
+        max_new = await self.host.off_ui_thread(self._fit_to_context, engine, prompt, len(prefix), options.max_new_tokens)
+        by_server = server_samples(options.server_sampling, engine.info)  # remote models only
+        steering = self.steering.steering()  # None when no vector is on: exactly an unsteered answer
+        request = GenerationRequest(
+            **prompt.request_fields(),
+            sampler=options.sampler,
+            max_new_tokens=max_new,
+            stop=options.stop,
+            top_n=self.top_n,
+            record_stages=True,
+            assistant_prefix=tuple(t.token_id for t in prefix),
+            forced_tokens=forced,
+            server_sampling=by_server,
+            constraint=options.constraint,  # structured output (the grammar stage), None when off
+            steering=steering,
+            **tool_fields,
+        )
+        request_doc = {**options.to_dict(), "max_new_tokens": max_new, "top_n": self.top_n, "server_sampling": by_server,
+                       "reasoning": thinking.to_dict()}  # how the answer's view reads its thinking
+        if tool_doc is not None:  # the tool names it could call and the choice (the call blocks read them)
+            request_doc["tools"] = tool_doc
+        if steering is not None:  # vectors by name and content hash, strengths, layer range
+            request_doc["steering"] = steering.to_dict()
+        return request, request_doc
+
+    async def _record_request(
+        self, conv: Conversation, message: Message, request_doc: dict[str, Any], info: ModelInfo,
+    ) -> bool:
+        """Write the request and the model on the answer before any token; False (the answer cancelled) when
+        nothing could be written or Stop was pressed meanwhile."""
+        model_doc = model_record(info)
+        if not await self._save_waiting(conv, message, lambda: conv.update_message(
+                message, request=request_doc, model=model_doc, finish_reason=None)):
+            # Nothing could be written: generating more would only pile up in memory.
+            self._save(conv, message, lambda: conv.update_message(message, finish_reason="cancelled"))
+            return False
+        if self._stop_requested:  # Stop pressed while waiting for the model
+            self._save(conv, message, lambda: conv.update_message(message, finish_reason="cancelled"))
+            return False
+        return True
+
+    async def _stream_answer(
+        self, conv: Conversation, message: Message, engine: Engine, info: ModelInfo, request: GenerationRequest,
+        offset: int,
+    ) -> GenerationStats:
+        """Stream the answer's tokens into `message` (after `offset` prefix tokens), flushed to the database
+        every `flush_interval_s` while it takes writes; its stats once it ends."""
+        loop = asyncio.get_running_loop()
+        write_failed = False
+        step = self.step_gate if self.step_gate.stepping and info.runs_locally else None
+        if step is not None:
+            self._step_hop = to_loop(self.step_waiting.emit)
+        self._stream = stream = TokenStream(engine, request, step=step)
+        last_flush = loop.time()
+        async for batch in stream.batches():
+            conv.append_tokens(message, [replace(ev, index=offset + ev.index) for ev in batch])
+            if not write_failed and loop.time() - last_flush >= self.flush_interval_s:
+                if self.library.store.busy and not self.library.store.can_write_now():
+                    last_flush = loop.time()  # still locked elsewhere: ask again later, without waiting at all
+                    continue
+                if not self._save(conv, message, conv.flush):
+                    if self._save_busy:
+                        # Another connection holds the lock: the tokens wait in memory, the answer goes on.
+                        last_flush = loop.time()
+                        continue
+                    # Saving failed: stop cleanly. What streamed stays in memory and on screen.
+                    write_failed = True
+                    stream.cancel()
+                    continue
+                # Token records are long-lived and numerous (~180 tracked objects per token with
+                # its alternatives and stages). Freezing what exists keeps the cyclic GC from
+                # rescanning them all: its full passes cost ~100 ms at 4,000 tokens otherwise.
+                # Frozen objects are still freed by reference counting when dropped.
+                gc.freeze()
+                last_flush = loop.time()
+        stats = stream.stats
+        assert stats is not None
+        return stats
+
+    def _end_answer(self, conv: Conversation, message: Message, stats: GenerationStats) -> None:
+        """The answer's end: its finish reason and stats written, a server's failure mid-answer said."""
+        self.last_stats = stats
+        self.last_context_used = stats.prompt_tokens + stats.generated_tokens
+        saved_stats = {k: v for k, v in stats.to_dict().items() if k not in ("text", "token_ids")}
+        finish: str | None = stats.finish_reason
+        if self._interrupted_by is not None and finish == "cancelled":
+            # The app is quitting on a signal: not the user's Stop. None reads "interrupted", as after a crash.
+            finish, saved_stats = None, {**saved_stats, "interrupted_by": self._interrupted_by}
+        self._save(conv, message, lambda: conv.update_message(message, finish_reason=finish, stats=saved_stats))
+        if finish == "error":  # a server that failed mid-answer: the text so far is kept, and the user told why
+            self.error.emit(f"the answer stopped after {stats.generated_tokens} tokens: {stats.error or 'unknown error'}")
 
     @staticmethod
     def _fit_to_context(engine, history: "Prompt | list[dict[str, str]]", prefix_len: int, wanted: int) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -118,7 +119,8 @@ class ExperimentRun:
             self._ended = True
             self.finished.emit()
 
-    async def _generate(self, engine: Engine, request: GenerationRequest, column: ColumnResult, offset: int = 0):
+    async def _generate(self, engine: Engine, request: GenerationRequest, column: ColumnResult,
+                        offset: int = 0) -> AsyncIterator[list[TokenEvent]]:
         """Stream `request` into `column` (indices after `offset` tokens); yields each batch as it lands."""
         self._stream = stream = TokenStream(engine, request)
         async for batch in stream.batches():
@@ -227,7 +229,10 @@ class ReplayRun(ExperimentRun):
             self.other_model = self.recipe.model
             raise OtherModelError(reason, self.recipe.model)
         self.result.model = model_dict(engine)
-        request = replace(self.recipe, steering=self.steering).request(self.result.settings)
+        # The prompt's cache computed in the pieces the answer's was (its start may have come from an earlier
+        # turn's cache): on llama.cpp's CPU the pieces change the numbers, and a replay is to repeat them.
+        request = experiments.as_recorded(replace(self.recipe, steering=self.steering).request(self.result.settings),
+                                          self.original_fingerprint)
         async for batch in self._generate(engine, request, self.result,
                                           offset=len(self.recipe.prefix)):
             self.tokens.emit(batch)

@@ -108,7 +108,7 @@ class LoomController:
         """N new answers that keep `message`'s tokens before `index` and each go on from there."""
         self._begin()
         try:
-            return await self._continue(message, index, n, mode, max_new_tokens, self._cancel)  # type: ignore[arg-type]
+            return await self._continue(message, index, n, mode, max_new_tokens, self._cancel)  # type: ignore[arg-type]  # _begin() set it
         except Exception as e:
             self._fail(e)
             return []
@@ -167,7 +167,7 @@ class LoomController:
         if by_server and mode != "sample":
             raise ValueError("the N most likely need forced tokens, which the server's own sampler cannot do: "
                              "untick “The server samples” in the Sampling panel")
-        question = conv.messages[message.parent_id]  # type: ignore[index]
+        question = conv.messages[message.parent_id]  # type: ignore[index]  # an answer has a parent
         kept = list(tokens[:index])
         wanted = max_new or options.max_new_tokens
         # Earlier answers' reasoning stays out of the prompt as the chat leaves it out (renders: off the UI thread).
@@ -211,6 +211,10 @@ class LoomController:
         this waits on the event loop (the store's busy_changed has the status bar say so) until it is free or
         Stop; [] if stopped first."""
         store = self.library.store
+        # The answer the user looks at under this question: auto-expand continues children it never showed,
+        # and showing each in turn switched the chat to version 7 of 21 while it ran.
+        on_screen = conv.active_child(question.id) if question in conv.path() else None
+        keep = on_screen if on_screen is not None and on_screen.is_assistant else message
         while True:
             if not await store.wait_writable(cancelled=cancel.is_set):
                 return []
@@ -221,7 +225,7 @@ class LoomController:
                                          request={**base, "loom": {"mode": mode, "n": n, "row": row}})
                         for row in range(n)
                     ]
-                    conv.show(message)  # keep the answer the user looks at on screen
+                    conv.show(keep)  # keep the answer the user looks at on screen
                 return children
             except DatabaseBusy:  # taken again between the check and the write: wait once more
                 continue

@@ -9,11 +9,14 @@ other backends within float rounding (the audit reports what it finds). Each chi
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from engine import LoomAudit, experiments
 
 from app.experiments import other_model, recipe_for
+from app.off_thread import to_loop
 from app.state.conversation import Conversation, Message
 from app.state.loom_tree import answer_group
 
@@ -38,11 +41,17 @@ def audit_inputs(conv: Conversation, children: list[Message], info: Any) -> list
     return rows
 
 
-async def audit_question(host: Any, conv: Conversation, message: Message) -> LoomAudit:
-    """Rerun every loom child of `message`'s question alone on the loaded model; ValueError when there are none."""
+async def audit_question(host: Any, conv: Conversation, message: Message, *,
+                         cancel: threading.Event | None = None,
+                         progress: Callable[[int, int], None] | None = None) -> LoomAudit:
+    """Rerun every loom child of `message`'s question alone on the loaded model; ValueError when there are none.
+
+    `progress(done, total)` runs on the loop before each row; `cancel` (set from the loop: Stop) ends the rerun
+    under way before its next token, and the audit holds the rows done (`LoomAudit.stopped`)."""
     children = loom_children(conv, message)
     if not children:
         raise ValueError("no loom continuations here to audit: make some with Continue ×N first")
     engine = await host.wait_engine()
     rows = audit_inputs(conv, children, engine.info)
-    return await asyncio.wrap_future(engine.start_audit_rows(rows))
+    hop = to_loop(progress) if progress is not None else None  # called on the model's thread
+    return await asyncio.wrap_future(engine.start_audit_rows(rows, cancel, hop))

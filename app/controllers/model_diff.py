@@ -12,16 +12,16 @@ worker thread; the waiting happens on a helper thread, never the UI's).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from engine import Engine, EngineError, ModelInfo, experiments
+from engine import Engine, EngineError, GenerationCancelled, ModelInfo, experiments
 
 from app.engine_host import EngineFactory, EngineHost, describe_error, start_engine
 from app.controllers.experiment import ExperimentRun
+from app.off_thread import TaskState, close_in_background, run_off_thread, to_loop
 from app.state.observable import Signal
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,13 @@ class MemoryLine:
 
 
 class SecondModel:
-    """The model B of a comparison; at most one at a time."""
+    """The model B of a comparison; at most one at a time.
+
+    Loading one can take minutes (a download, a conversion, a big file): `progress` says what the load is doing
+    and how far (a fraction where the engine knows one), `progressed` follows it, and `cancel_load` stops it:
+    the load's next progress report raises on its worker (a download or conversion ends there), and whatever
+    it still finishes is closed at once.
+    """
 
     def __init__(self, factory: EngineFactory = start_engine):
         self._factory = factory
@@ -59,29 +65,47 @@ class SecondModel:
         self.backend = "auto"
         self.loading = False
         self.error: str | None = None
+        self.cancelled = False  # the last load was cancelled by the user
+        self.progress: tuple[str, float | None] = ("", None)  # what the load under way does, and how far (0..1)
+        self.started_at = 0.0  # loop time the load under way began (the view counts the seconds)
         self.changed = Signal()  # () loading began, ended, failed, or the model was closed
+        self.progressed = Signal()  # () `progress` changed
         self._generation = 0  # a pick made while another loads wins; the older one is closed when it arrives
+        self._cancel: threading.Event | None = None  # the load under way's: set, its next progress report raises
 
     async def load(self, spec: str | None, backend: str = "auto") -> bool:
         """Load `spec` as model B (the previous B is closed first, to free its memory); True when loaded."""
         self._generation += 1
         mine = self._generation
         self.close()
-        self.loading, self.error, self.spec, self.backend = True, None, spec, backend
+        if self._cancel is not None:
+            self._cancel.set()  # an earlier pick still loading: it is not wanted any more
+        cancel = self._cancel = threading.Event()
+        loop = asyncio.get_running_loop()
+        self.loading, self.error, self.cancelled, self.spec, self.backend = True, None, False, spec, backend
+        self.progress, self.started_at = ("", None), loop.time()
         self.changed.emit()
+        hop = to_loop(lambda message, fraction: self._on_progress(mine, message, fraction))
+
+        def progress(message: str, fraction: float | None) -> None:  # the load's worker thread
+            if cancel.is_set():
+                raise GenerationCancelled("loading the second model was cancelled")
+            hop(message, fraction)
+
         engine: Engine | None = None
         try:
-            engine = self._factory(spec, backend, lambda _m, _f: None)
-            await asyncio.wrap_future(engine.ready)
+            engine = self._factory(spec, backend, progress)
+            await asyncio.wrap_future(engine.loaded)
         except asyncio.CancelledError:
             if engine is not None:
                 _close_in_background(engine)
+            cancel.set()
             raise
         except Exception as e:  # noqa: BLE001 - said in the window; model A is untouched
-            log.warning("loading the second model %s failed: %s", spec, e, exc_info=not isinstance(e, EngineError))
             if engine is not None:
                 _close_in_background(engine)
             if mine == self._generation:
+                log.warning("loading the second model %s failed: %s", spec, e, exc_info=not isinstance(e, EngineError))
                 self.loading, self.error = False, describe_error(e)
                 self.changed.emit()
             return False
@@ -89,6 +113,22 @@ class SecondModel:
             _close_in_background(engine)
             return False
         self.engine, self.loading = engine, False
+        self.changed.emit()
+        return True
+
+    def _on_progress(self, generation: int, message: str, fraction: float | None) -> None:
+        if generation == self._generation and self.loading:
+            self.progress = (message, fraction)
+            self.progressed.emit()
+
+    def cancel_load(self) -> bool:
+        """Stop the load under way: its next progress report raises on its worker, and what it still loads is
+        closed when it arrives. True when one was under way."""
+        if not self.loading or self._cancel is None:
+            return False
+        self._cancel.set()
+        self._generation += 1  # what it loads after all is not wanted: closed when it arrives
+        self.loading, self.cancelled, self.error = False, True, None
         self.changed.emit()
         return True
 
@@ -105,7 +145,7 @@ class SecondModel:
 
 
 def _close_in_background(engine: Engine) -> None:
-    threading.Thread(target=engine.close, name="logitlab-second-model-close", daemon=True).start()
+    close_in_background(engine.close, "logitlab-second-model-close")
 
 
 class ModelDiffRun(ExperimentRun):
@@ -130,11 +170,15 @@ class ModelDiffRun(ExperimentRun):
         engine_b = self.second.engine
         if engine_b is None:
             raise EngineError("load a second model to compare against first")
-        work = functools.partial(experiments.compare_models, engine_a, engine_b, self.text, top_n=self.top_n,
-                                 cancelled=self._stop.is_set)
-        # A plain thread of our own: qasync's default executor is made of QThreads, which Qt reports as
-        # destroyed while running when the process ends during a comparison.
-        self.result = await asyncio.get_running_loop().run_in_executor(_WAITER, work)
+        text, top_n, stop = self.text, self.top_n, self._stop  # the work holds these, never the run itself
+
+        def work(state: TaskState) -> experiments.ModelDiff | experiments.SpanModelDiff:
+            return experiments.compare_models(engine_a, engine_b, text, top_n=top_n,
+                                              cancelled=lambda: stop.is_set() or state.cancelled)
+
+        # A pool of our own: qasync's default executor is made of QThreads, which Qt reports as destroyed while
+        # running when the process ends during a comparison; the shared pool's two threads serve other work.
+        self.result = await run_off_thread(work, executor=_WAITER)
 
 
 def start_diff(host: EngineHost, second: SecondModel, text: str) -> ModelDiffRun:

@@ -11,7 +11,6 @@ closing the window stops it and writes what was served.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import re
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 
 from app.engine_host import EngineHost, describe_error
 from app.experiments import model_reasoning_format
+from app.off_thread import run_off_thread
 from app.served_conversations import ServedConversations
 from app.state.conversation import Conversation
 from app.state.conversation_list import Library
@@ -114,7 +114,7 @@ class ServeController:
         self._blocking.shutdown(wait=False)
 
     async def _off_loop(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._blocking, functools.partial(fn, *args, **kwargs))
+        return await run_off_thread(lambda _state: fn(*args, **kwargs), executor=self._blocking)  # app/off_thread.py
 
     @property
     def running(self) -> bool:

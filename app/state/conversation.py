@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import TokenEvent
+from engine import documents
 
 from app.state.observable import Signal
 from app.state.store import ConversationRow, MessageRow, Store
@@ -47,10 +48,17 @@ class Message:
     model: dict[str, Any] | None = None  # the model that wrote it (ModelInfo fields)
     stats: dict[str, Any] | None = None  # GenerationStats of the last run on it
     tokens: list[TokenEvent] | None = field(default=None, repr=False)  # None until loaded
+    # Files attached to a user message (docs/documents.md): `content` is what the user typed; the model reads
+    # `model_text()`, the attachments' blocks and then the content.
+    attachments: list[documents.Attachment] = field(default_factory=list)
     generating: bool = False
     # Stored fields that could not be read (a wrong type, from an older version's import): they read as None,
     # and this says which and why, for the view to show instead of failing (app/state/message_fields.py).
     unreadable: str | None = None
+
+    def model_text(self) -> str:
+        """The message as the model reads it: with its attachments inserted (engine/documents/compose.py)."""
+        return documents.compose_message(self.content, self.attachments).text if self.attachments else self.content
 
     @property
     def is_assistant(self) -> bool:
@@ -92,6 +100,10 @@ class Conversation:
         self.mode = row.mode  # "chat" | "notebook" (app/notebook.py: one text the model continues)
         self.served = row.served  # a client's request to the window's server (app/served_conversations.py), else None
         self.messages: dict[int, Message] = {r.id: Message.from_row(r) for r in (rows or [])}
+        if self.messages:
+            for message_id, attached in store.attachments_of(self.id).items():
+                if message_id in self.messages:
+                    self.messages[message_id].attachments = attached
         # Children by parent, oldest first: an imported loom tree's question has thousands of answers, and
         # the views ask for siblings per answer (a scan of every message each time made that quadratic).
         self._children: dict[int | None, list[Message]] = {}
@@ -141,7 +153,7 @@ class Conversation:
         """Chat messages for a request: the system prompt, then `upto`'s ancestry."""
         chain = self.ancestry(upto) if include else self.ancestry(upto)[:-1]
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt.strip() else []
-        return head + [{"role": m.role, "content": m.content} for m in chain]
+        return head + [{"role": m.role, "content": m.model_text()} for m in chain]
 
     def tokens(self, message: Message) -> list[TokenEvent]:
         """The token records of `message`, loading them on first use."""
@@ -152,11 +164,17 @@ class Conversation:
     # -- structure (written through) -------------------------------------------------------
 
     def add_message(self, parent: Message | None, role: str, content: str = "", **extra: Any) -> Message:
-        """Add a child of `parent` (None: a new root) and make it the active one."""
+        """Add a child of `parent` (None: a new root) and make it the active one. `attachments=[Attachment...]`:
+        its attached files (an edit or a branch passes the same ones: they are stored once, by their bytes'
+        SHA-256); any other keyword is a stored column (Store.insert_message)."""
+        attachments: list[documents.Attachment] = list(extra.pop("attachments", ()) or ())
         with self._store.transaction():
             row = self._store.insert_message(self.id, None if parent is None else parent.id, role, content, **extra)
             message = Message.from_row(row)
             message.tokens = []
+            if attachments:
+                self._store.attach_documents(message.id, attachments)
+                message.attachments = list(attachments)
             self.messages[message.id] = message
             self._children.setdefault(message.parent_id, []).append(message)  # ids only grow: stays sorted
             self._activate(message)

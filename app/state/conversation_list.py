@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from app.state.conversation import Conversation, default_title
+from app.state.folders import ALL, FolderChoice, Folders
 from app.state.observable import Signal
 from app.state.store import ConversationRow, Store
 
@@ -24,9 +25,40 @@ class Library:
         self._open: dict[int, Conversation] = {}
         self.list_changed = Signal()  # () titles, order or membership changed
         self.current_changed = Signal()  # (Conversation | None)
+        self.folders = Folders(store)  # folders and tags (app/state/folders.py)
 
-    def summaries(self, query: str = "") -> list[ConversationRow]:
-        return self.store.conversations(query)
+    def summaries(self, query: str = "", folder: FolderChoice = ALL, tag: str | None = None) -> list[ConversationRow]:
+        """Newest first: those matching `query` (titles and text) in `folder` with `tag` (None: any)."""
+        rows = self.store.conversations(query)
+        if folder == ALL and tag is None:
+            return rows
+        kept = self.folders.keep([r.id for r in rows], folder, tag)
+        return [r for r in rows if r.id in kept]
+
+    def move_to_folder(self, conversation_id: int, folder_id: int | None) -> None:
+        self.folders.move(conversation_id, folder_id)
+        self.list_changed.emit()
+
+    def create_folder(self, name: str) -> int:
+        folder = self.folders.create(name)
+        self.list_changed.emit()
+        return folder.id
+
+    def rename_folder(self, folder_id: int, name: str) -> None:
+        self.folders.rename(folder_id, name)
+        self.list_changed.emit()
+
+    def delete_folder(self, folder_id: int) -> None:
+        """Delete a folder; its chats go back to no folder."""
+        self.folders.delete(folder_id)
+        self.list_changed.emit()
+
+    def set_tag(self, conversation_id: int, tag: str, on: bool) -> None:
+        if on:
+            self.folders.add_tag(conversation_id, tag)
+        else:
+            self.folders.remove_tag(conversation_id, tag)
+        self.list_changed.emit()
 
     def new(self, system_prompt: str = "", mode: str = "chat") -> Conversation:
         """Create an empty conversation (a chat, or a notebook: app/notebook.py) and open it (an unused empty

@@ -25,6 +25,7 @@ from typing import Any
 from engine import TokenEvent, TokenProb
 
 from app.state.conversation import DEFAULT_TITLE, Conversation, Message, _title_from
+from app.state.conversation_list import Library
 from app.state.json_safe import json_safe, number_in
 from app.state.message_fields import (
     STATS_FLOATS, FieldError, check_branch_index, check_finish_reason, check_json, check_model, check_request,
@@ -276,7 +277,7 @@ def _check_event(ev: TokenEvent, where: str) -> None:
 # -- writing it ---------------------------------------------------------------------------------
 
 
-def import_tree(library, doc: Any) -> tuple[Conversation, Message]:
+def import_tree(library: Library, doc: Any) -> tuple[Conversation, Message]:
     """A new conversation holding an exported tree: its prompt, then every answer as a branch of the question.
 
     The whole document is checked first; then everything is written in one transaction, so a failure
@@ -301,6 +302,7 @@ def import_tree(library, doc: Any) -> tuple[Conversation, Message]:
                     store.update_message(parent_id, active_child_id=row.id)
                 parent_id = row.id
             question_id = parent_id
+            assert question_id is not None  # parse_tree's prompt is never empty: it ends with the question
             for a in tree.answers:
                 row = store.insert_message(conv_row.id, question_id, "assistant", "".join(t.text for t in a.tokens),
                                            branch_index=a.branch_index, request=a.request, model=a.model)
@@ -314,6 +316,6 @@ def import_tree(library, doc: Any) -> tuple[Conversation, Message]:
     return conv, conv.messages[question_id]
 
 
-def import_loom_file(library, path: str | Path) -> tuple[Conversation, Message]:
+def import_loom_file(library: Library, path: str | Path) -> tuple[Conversation, Message]:
     """Read, check and import the loom file at `path` (Loom ▸ Import…). Raises LoomImportError in words."""
     return import_tree(library, read_loom_file(path))

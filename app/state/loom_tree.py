@@ -90,7 +90,7 @@ class LoomNode:
         text = self.text().replace("\n", "⏎").replace("\t", " ")
         return text if len(text) <= limit else text[: limit - 1] + "…"
 
-    def walk(self):
+    def walk(self) -> Iterator[LoomNode]:
         """This node and every node below it, depth first, children in order (a stack, not recursion:
         an imported tree may be thousands of forks deep)."""
         stack = [self]
@@ -109,7 +109,7 @@ class LoomNode:
 
 def answer_group(conv: Conversation, message: Message) -> tuple[Message, list[Message]]:
     """The question `message` answers (or is) and all its answers, oldest first."""
-    parent = message if message.role == "user" else conv.messages[message.parent_id]  # type: ignore[index]
+    parent = message if message.role == "user" else conv.messages[message.parent_id]  # type: ignore[index]  # an answer has a parent
     return parent, [m for m in conv.children(parent.id) if m.is_assistant]
 
 

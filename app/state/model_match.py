@@ -38,3 +38,27 @@ def other_model_notice(recorded: dict[str, Any] | None, loaded: dict[str, Any]) 
         return None
     return (f"these tokens were written by {_name(recorded)}; they are continued on {_name(loaded)}, "
             "whose token ids may stand for other tokens")
+
+
+class OtherModelsAnswer(ValueError):
+    """A view that reads an answer through its model (layers, attention, what steering did) was asked for with
+    another model loaded: its token ids mean other tokens there, or none. Refused before anything runs."""
+
+
+def made_by_other_model(recorded: dict[str, Any] | None, loaded: dict[str, Any]) -> bool:
+    """Whether an answer recorded with `recorded` was made by another model than `loaded` (model records): not the
+    same model by `same_model`, or the same name at another hub revision. An answer with no record: unknown, False."""
+    if not isinstance(recorded, dict) or not recorded:
+        return False
+    rev_a, rev_b = recorded.get("revision"), loaded.get("revision")
+    return not same_model(recorded, loaded) or bool(rev_a and rev_b and rev_a != rev_b)
+
+
+def check_answer_model(recorded: dict[str, Any] | None, loaded: dict[str, Any], what: str) -> None:
+    """Raise `OtherModelsAnswer` in words ("this answer was made by X; open X to see its layers") when the answer
+    recorded with `recorded` is another model's than `loaded`; `what` names what the view shows ("its layers")."""
+    if made_by_other_model(recorded, loaded):
+        assert recorded is not None
+        made = _name(recorded)
+        raise OtherModelsAnswer(f"This answer was made by {made}, and {_name(loaded)} is loaded: its token ids "
+                                f"would be read as {_name(loaded)}'s tokens. Open {made} to see {what}.")

@@ -25,7 +25,7 @@ class Signal:
     def connect(self, fn: Callable[..., Any]) -> None:
         ref: Callable[[], Callable[..., Any] | None]
         if hasattr(fn, "__self__") and hasattr(fn, "__func__"):
-            ref = weakref.WeakMethod(fn)  # type: ignore[arg-type]
+            ref = weakref.WeakMethod(fn)
         else:
             ref = _Strong(fn)
         self._slots.append(ref)

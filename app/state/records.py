@@ -62,6 +62,8 @@ def alternatives_json(ev: TokenEvent) -> str:
     if ev.rewind is not None:  # a banned string made the loop step back here: the inspector says so after a restart
         r = ev.rewind
         doc["rw"] = [r.phrase, r.withdrawn, r.banned_token_id, r.banned_token_text]
+    if ev.tool_position is not None:  # where it stands in a tool call: the call's confidence is read from it again
+        doc["tp"] = ev.tool_position
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -111,6 +113,7 @@ def token_from_row(row: tuple[Any, ...]) -> TokenEvent:
         token_bytes=bytes.fromhex(doc["b"]) if "b" in doc else None,
         constraint=_constraint_in(doc.get("c")),
         rewind=_rewind_in(doc.get("rw")),
+        tool_position=str(doc["tp"]) if "tp" in doc else None,
     )
 
 

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.state import folders
 from app.state.records import token_from_row
 from app.state.row_reader import count_rows, read_past_damage
 from app.state.store import (
@@ -280,6 +281,23 @@ def _copy(conn: sqlite3.Connection, store: Store, result: Salvage) -> None:
     store.insert_rows("settings", ("key", "value"), settings.rows)
     store.insert_rows("presets", ("name", "sampler_json"), presets.rows)
     result.settings = len(settings.rows) + len(presets.rows)
+    _copy_attachments(conn, store, kept)
+    folders.salvage(conn, store, set(rows))  # version 5: the folders and tags of the conversations kept
+
+
+def _copy_attachments(conn: sqlite3.Connection, store: Store, kept: set[int]) -> None:
+    """The attached documents (version 4) of the messages kept, where they read; a database before version 4,
+    or damage in these tables, leaves the messages without their attachments rather than lost."""
+    documents = ("sha256", "size", "media_kind", "encoding", "text", "created")
+    links = ("message_id", "idx", "sha256", "name")
+    try:
+        docs = conn.execute(f"SELECT {', '.join(documents)} FROM documents").fetchall()
+        linked = [row for row in conn.execute(f"SELECT {', '.join(links)} FROM message_attachments") if row[0] in kept]
+    except sqlite3.DatabaseError:
+        return
+    have = {row[0] for row in docs}
+    store.insert_rows("documents", documents, docs)
+    store.insert_rows("message_attachments", links, [row for row in linked if row[2] in have])
 
 
 def _has_column(conn: sqlite3.Connection, name: str) -> bool:

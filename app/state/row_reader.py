@@ -79,7 +79,7 @@ def read_past_damage(
                     result.note(e)
             if count < _BATCH:
                 return result  # the end of the table
-            next_id = last + 1  # type: ignore[operator]
+            next_id = last + 1  # type: ignore[operator]  # count > 0 rows read: `last` is set
         except sqlite3.DatabaseError as e:  # a page (or a value sqlite3 could not decode) is damaged
             result.note(e)
             # Our rowids start at 1: a failure before any row was read lies at or after rowid 0.

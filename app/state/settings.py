@@ -11,10 +11,11 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine import DEFAULT_SAMPLER, Constraint, SamplerSettings
+from engine import DEFAULT_SAMPLER, Constraint, SamplerSettings, steering
 
 from app.state.observable import Signal
 from app.state.store import Store
+from app.steering_state import SteeringState
 
 log = logging.getLogger(__name__)
 
@@ -326,3 +327,48 @@ class Selection:
 
     def clear(self) -> None:
         self.set(None, None)
+
+
+class SteeringMemory:
+    """The Steering panel's strengths (by vector content hash) and layer range, kept across restarts.
+
+    `SteeringState` starts every vector at 0; the window restores what the user last set, for the vectors
+    still listed (kept in the steering folder), and writes each change. The panel shows the restored
+    strengths, so a restart steers only as the user last chose, in plain view. A saved value the state
+    refuses (out of range, written by another version) is skipped with a warning."""
+
+    KEY = "steering"
+
+    def __init__(self, store: Store, state: SteeringState):
+        self._store, self._state = store, state
+        saved = store.get_setting(self.KEY)
+        self._saved: dict[str, Any] = saved if isinstance(saved, dict) else {}
+        self._restore()
+        state.changed.connect(self._save)
+
+    def _restore(self) -> None:
+        state, saved = self._state, self._saved
+        strengths = saved.get("strengths")
+        if isinstance(strengths, dict):
+            for vector in state.vectors:
+                if vector.digest in strengths:
+                    try:
+                        state.set_strength(vector, strengths[vector.digest])
+                    except (ValueError, steering.SteeringError) as e:
+                        log.warning("ignoring the saved strength of steering vector %r: %s", vector.name, e)
+        layers = saved.get("layers")
+        if isinstance(layers, list) and len(layers) == 2 and all(v is None or type(v) is int for v in layers):
+            try:
+                state.set_layers(layers[0], layers[1])
+            except (ValueError, steering.SteeringError) as e:
+                log.warning("ignoring the saved steering layer range: %s", e)
+
+    def _save(self) -> None:
+        state = self._state
+        # Vectors no longer listed keep their saved strength: one removed and loaded again comes back as it was.
+        old = self._saved.get("strengths")
+        strengths = {**(old if isinstance(old, dict) else {}), **{v.digest: state.strength(v) for v in state.vectors}}
+        data = {"strengths": strengths, "layers": [state.layer_start, state.layer_end]}
+        if data != self._saved:
+            self._saved = data
+            self._store.put_setting(self.KEY, data)

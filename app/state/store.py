@@ -27,13 +27,15 @@ import logging
 import re
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 from engine import TokenEvent
+from engine import documents
 
+from app.state import folders
 from app.state.observable import Signal
 from app.state.records import token_from_row, token_row
 from app.state.row_reader import ROW_ERRORS, count_rows, read_past_damage
@@ -53,7 +55,9 @@ class WaitingWrites(Protocol):
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3  # 2: conversations.mode ("chat" | "notebook"); 3: conversations.served_json (Model ▸ Serve…)
+SCHEMA_VERSION = 5  # 2: conversations.mode ("chat" | "notebook"); 3: conversations.served_json (Model ▸ Serve…);
+# 4: documents + message_attachments (files attached to user messages, docs/documents.md); 5: folders and tags
+# (app/state/folders.py's tables)
 MEMORY = ":memory:"
 REPAIR_MARKER_SUFFIX = ".needs-repair"  # next to the database: damage was met; recover at the next start
 SCHEMA = """
@@ -99,7 +103,23 @@ CREATE TABLE IF NOT EXISTS tokens (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS presets (name TEXT PRIMARY KEY, sampler_json TEXT NOT NULL);
-"""
+CREATE TABLE IF NOT EXISTS documents (
+    sha256 TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    media_kind TEXT NOT NULL,
+    encoding TEXT NOT NULL,
+    text TEXT NOT NULL,
+    created REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS message_attachments (
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    sha256 TEXT NOT NULL REFERENCES documents(sha256),
+    name TEXT NOT NULL,
+    PRIMARY KEY (message_id, idx)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS message_attachments_by_document ON message_attachments(sha256);
+""" + folders.SCHEMA
 
 # Columns of `messages` a caller may update, with how each is encoded.
 _JSON_COLUMNS = {"request": "request_json", "model": "model_json", "stats": "stats_json"}
@@ -237,7 +257,7 @@ class Store:
             log.info("settings kept in memory for now: %s", e)
         return True
 
-    async def wait_writable(self, poll_s: float = 0.1, cancelled=lambda: False) -> bool:
+    async def wait_writable(self, poll_s: float = 0.1, cancelled: Callable[[], bool] = lambda: False) -> bool:
         """Wait on the event loop (never blocking it) until a write can start; False if `cancelled()` first."""
         import asyncio
 
@@ -304,7 +324,7 @@ class Store:
                 self._conn.close()
             except sqlite3.Error as e:
                 log.warning("closing %s failed: %s", self.path, e)
-            self._conn = None  # type: ignore[assignment]
+            self._conn = None  # type: ignore[assignment]  # closed: any later use fails loudly
 
     @property
     def closed(self) -> bool:
@@ -424,7 +444,9 @@ class Store:
         self._write("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
 
     def delete_conversation(self, conversation_id: int) -> None:
-        self._write("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        with self.transaction():
+            self._write("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            self._forget_unlinked_documents()
 
     def conversation(self, conversation_id: int) -> ConversationRow | None:
         try:
@@ -551,9 +573,45 @@ class Store:
             self._damage(f"{lost} token records of an answer could not be read ({len(events)} shown)", error)
         return events
 
+    # -- attachments (content-addressed: one `documents` row per file's bytes, linked from each message) -----
+
+    def attach_documents(self, message_id: int, attachments: Iterable[documents.Attachment]) -> None:
+        """Link `attachments`, in order, to the message. A document already stored (the same bytes, attached to
+        another message, a branch or an edit of this one) is not written again: both links name its row."""
+        now = time.time()
+        with self.transaction():
+            for idx, a in enumerate(attachments):
+                self._write("INSERT OR IGNORE INTO documents(sha256, size, media_kind, encoding, text, created) "
+                            "VALUES (?, ?, ?, ?, ?, ?)", (a.sha256, a.size, a.media_kind, a.encoding, a.text, now))
+                self._write("INSERT OR REPLACE INTO message_attachments(message_id, idx, sha256, name) VALUES (?, ?, ?, ?)",
+                            (message_id, idx, a.sha256, a.name))
+
+    def attachments_of(self, conversation_id: int) -> dict[int, list[documents.Attachment]]:
+        """Each message of the conversation that has attachments -> them, in the order attached."""
+        out: dict[int, list[documents.Attachment]] = {}
+        try:
+            rows = self._conn.execute(
+                "SELECT a.message_id, a.name, d.size, d.media_kind, d.text, d.sha256, d.encoding "
+                "FROM message_attachments a JOIN documents d ON d.sha256 = a.sha256 JOIN messages m ON m.id = a.message_id "
+                "WHERE m.conversation_id = ? ORDER BY a.message_id, a.idx", (conversation_id,))
+            for message_id, name, size, kind, text, sha256, encoding in rows:
+                out.setdefault(int(message_id), []).append(
+                    documents.Attachment(name=str(name), size=int(size), media_kind=str(kind), text=str(text),
+                               sha256=str(sha256), encoding=str(encoding)))
+        except ROW_ERRORS as e:
+            self._damage("the attachments of this conversation could not be read", f"{type(e).__name__}: {e}")
+        return out
+
+    def document_count(self) -> int:
+        return int(self._conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
+
+    def _forget_unlinked_documents(self) -> None:
+        # A document no message links to any more (its conversations deleted) is dropped with the last of them.
+        self._write("DELETE FROM documents WHERE sha256 NOT IN (SELECT sha256 FROM message_attachments)")
+
     def insert_rows(self, table: str, columns: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> None:
         """Insert rows as they are (ids included): recovery copies what it read into a fresh database."""
-        if table not in ("conversations", "messages", "tokens", "settings", "presets"):
+        if table not in ("conversations", "messages", "tokens", "settings", "presets", "documents", "message_attachments"):
             raise ValueError(f"unknown table {table!r}")
         marks = ", ".join("?" * len(columns))
         self._write(f"INSERT OR REPLACE INTO {table}({', '.join(columns)}) VALUES ({marks})", rows, many=True)
@@ -567,6 +625,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
 
     Version 1 had no `conversations.mode`: every conversation in it is a chat, the column's default.
     Version 2 had no `conversations.served_json`: none of its conversations was served (NULL).
+    Version 3 had no attachments: `documents` and `message_attachments` are made empty by SCHEMA's
+    CREATE TABLE IF NOT EXISTS, so its messages simply have none. Version 4 had no folders or tags: their
+    tables are made empty the same way, so its chats are in no folder and untagged.
     """
     columns = {row[1] for row in conn.execute("PRAGMA table_info(conversations)")}
     if "mode" not in columns:

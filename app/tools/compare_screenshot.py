@@ -13,6 +13,10 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the window's module is imported late (it pulls in the whole UI)
+    from app.main_window import MainWindow
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +24,7 @@ PROMPT = "Write one sentence about a lighthouse at night."
 SIZE = (1440, 900)
 
 
-async def take_compare_screenshot(window, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
+async def take_compare_screenshot(window: MainWindow, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
     from app.tools.screenshots import _save, _settle, ready_window
     from app.widgets.compare_view import CompareView
 

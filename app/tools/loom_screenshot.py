@@ -12,6 +12,10 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the window's module is imported late (it pulls in the whole UI)
+    from app.main_window import MainWindow
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +23,7 @@ QUESTION = "Write one sentence about the sea."
 SIZE = (1440, 900)
 
 
-async def take_loom_screenshot(window, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
+async def take_loom_screenshot(window: MainWindow, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
     from app.tools.screenshots import _save, _settle, ready_window
     from app.widgets.loom_view import NODE
 
@@ -28,6 +32,7 @@ async def take_loom_screenshot(window, out_dir: str | Path, size: tuple[int, int
     window.settings.update_sampler(seed=11)
     window.settings.set_max_new_tokens(24)
     answer = await window.controller.send(QUESTION)
+    assert answer is not None  # send() answers every non-empty prompt
     await window.loom.continuations(answer, 3, 4, "sample", 16)
     beams = await window.loom.continuations(answer, 1, 3, "beam", 12)
     window.view_options.set_heatmap(True)

@@ -11,6 +11,10 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the window's module is imported late (it pulls in the whole UI)
+    from app.main_window import MainWindow
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +34,7 @@ def default_base_model() -> str | None:
     return str(path)
 
 
-async def take_notebook_screenshot(window, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
+async def take_notebook_screenshot(window: MainWindow, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
     from app.notebook import generate, is_notebook
     from app.tools.screenshots import _interesting_token, _save, _settle, ready_window
 
@@ -41,6 +45,7 @@ async def take_notebook_screenshot(window, out_dir: str | Path, size: tuple[int,
     window.settings.update_sampler(seed=7)
     window.settings.set_max_new_tokens(80)
     conv = window.library.current
+    assert conv is not None  # the notebook just opened or made
     part = await generate(window.controller, conv, STORY)
     window.view_options.set_mode("probability")
     window.view_options.set_heatmap(True)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from pathlib import Path
+
+from engine import TokenEvent
 
 from PySide6.QtWidgets import QApplication, QWidget
 
@@ -44,7 +47,7 @@ async def ready_window(window: MainWindow, out_dir: str | Path, size: tuple[int,
     return out
 
 
-def _interesting_token(tokens) -> int:
+def _interesting_token(tokens: Sequence[TokenEvent]) -> int:
     """A token where sampling mattered: not the top choice, or else the least likely, with stages recorded."""
     candidates = [i for i, t in enumerate(tokens[:60]) if t.stages and not t.special and t.token_text.strip()]
     not_top = [i for i in candidates if tokens[i].rank > 0]

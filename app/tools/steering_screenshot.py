@@ -18,7 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the window's module is imported late (it pulls in the whole UI)
+    from app.main_window import MainWindow
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +33,7 @@ PAIRS = 16
 STRENGTH = 1.5
 
 
-async def _until(check, timeout_s: float, what: str) -> None:
+async def _until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     # Plain sleeps, not processEvents: the work waited for is a task of its own, which Qt's event processing
     # inside this task would try to step re-entrantly (qasync refuses, and the task is lost).
     loop = asyncio.get_running_loop()
@@ -39,13 +44,14 @@ async def _until(check, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-async def take_steering_screenshots(window, out_dir: str | Path, size: tuple[int, int] = SIZE) -> list[Path]:
+async def take_steering_screenshots(window: MainWindow, out_dir: str | Path, size: tuple[int, int] = SIZE) -> list[Path]:
     from app.tools.screenshots import _save, _settle, ready_window
 
     out = await ready_window(window, out_dir, size)
     state, jobs, panel = window.controller.steering, window.controller.steering_jobs, window.steering_panel
     await _until(lambda: state.can_steer is not None, 60, "the model's steering shape")
     if not state.can_steer:
+        assert window.host.info is not None  # ready_window waited for the model
         raise SystemExit(f"{window.host.info.name} cannot be steered here: {jobs.cannot_steer_text()}")
     window.settings.apply_preset("Balanced")
     window.settings.update_sampler(seed=11)
@@ -64,6 +70,7 @@ async def take_steering_screenshots(window, out_dir: str | Path, size: tuple[int
     _save(window, panel_path)
 
     conv = window.library.current
+    assert answer is not None and conv is not None  # send() answers a non-empty prompt, in the open chat
     window.view_options.set_mode("steering")
     window.view_options.set_heatmap(True)
     shadows = jobs.shadows

@@ -11,6 +11,35 @@ each one froze the window for minutes), and a long path shows its last
 `PAGE` messages, with a button above them for the earlier ones. A stored
 message that cannot be drawn (bad fields from an old or poisoned database)
 shows as "cannot show this message (why)" instead of taking the window down.
+
+The page drawn is a contiguous stretch of the path, in one of two places:
+
+- at the end (the usual case): the path's last `_shown` messages; "Show earlier
+  messages" adds `PAGE` above them.
+- up the path, around a selected message that was not drawn (a loom node or a
+  notebook hit opened far up a long chat): a window from `PAGE // 2` messages
+  above it, `PAGE` long, with "Show later messages" below it adding `PAGE` more
+  toward the end (and "Show earlier" above). A window that comes within
+  2 x `PAGE` of the end simply runs to the end. Drawing everything from the
+  selected message down made 3,000 widgets for a 3,000-message chat: 37 s frozen.
+
+When the path changes while a window up the path is shown:
+
+- the path grew at its end (the user sent a turn, an answer is streaming in,
+  an import or run appended): the view goes back to the end, last `PAGE`
+  messages, stuck to the bottom, so the new message and its answer are seen.
+- otherwise (another version chosen with a message's arrows, a branch made or
+  regenerated inside the window): the window keeps its top message where it
+  still is on the path; once the path ends inside it, it is the end page again.
+  If its top message left the path, back to the end.
+- a selection made together with the change is drawn in any case: the loom opens
+  a node by `Conversation.show` (`path_changed`, whose drawing waits for the loop
+  to turn, `_draw_timer`) and then `Selection.set` (`changed`, at once). A
+  selected message not drawn is remembered (`_focus`) and placed by the next
+  drawing, which is the one waiting, or one made now when nothing waits; the
+  other order (selected first, then shown) is placed by that same drawing.
+A selection is placed once, when it is made: a later turn, or the token view
+turned on, leaves the far-up selected message behind the "Show earlier" button.
 """
 
 from __future__ import annotations
@@ -18,10 +47,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QLabel, QPushButton, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from app.controllers.chat import ChatController
+from app.state.observable import Signal as StateSignal
 from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
 from app.state.write_queue import write_queue
@@ -29,11 +60,12 @@ from app.state.settings import Selection, ViewOptions
 from app.theme import is_dark
 from app.widgets.message_widget import MessageWidget
 from app.widgets.undrawable_message import UndrawableMessage
+from app.controllers.tool_calls import ToolCallActions
 
 log = logging.getLogger(__name__)
 
 MAX_TEXT_WIDTH = 920  # px: long lines are hard to read on a wide window
-PAGE = 20  # messages drawn from the end of a long path; "Show earlier messages" adds as many again
+PAGE = 20  # messages drawn from the end of a long path; "Show earlier/later messages" adds as many again
 
 Shown = MessageWidget | UndrawableMessage
 
@@ -42,6 +74,7 @@ class ChatView(QScrollArea):
     regenerate_requested = Signal(object)
     continue_requested = Signal(object)
     edit_submitted = Signal(object, str)
+    tool_actions: ToolCallActions | None = None  # what call blocks' buttons do (the Tools panel sets it)
 
     def __init__(
         self,
@@ -57,9 +90,13 @@ class ChatView(QScrollArea):
         self._selection = selection
         self._controller = controller
         self._conv: Conversation | None = None
-        self._widgets: list[Shown] = []  # for the last messages of the path, in order
+        self._widgets: list[Shown] = []  # for the page of the path drawn, in order
         self._by_id: dict[int, Shown] = {}
-        self._shown = PAGE  # how many of the path's last messages are drawn
+        self._shown = PAGE  # at the end: how many of the path's last messages are drawn
+        self._window: tuple[int, int] | None = None  # up the path: (its top message's id, how many); None: the end
+        self._focus: int | None = None  # a selected message not drawn yet: the next drawing places a window on it
+        self._drawn: tuple[int, Message | None] = (0, None)  # the path's length and last message when last drawn
+        self._hidden = (0, 0)  # messages of the path above and below the page drawn
         self._stick_to_bottom = True
         self._draw_timer = QTimer(self, singleShot=True, interval=0)
         self._draw_timer.timeout.connect(self._draw_path)
@@ -87,11 +124,16 @@ class ChatView(QScrollArea):
         self.earlier_button.setVisible(False)
         self.earlier_button.clicked.connect(self.show_earlier)
         self._column.addWidget(self.earlier_button, 0, Qt.AlignmentFlag.AlignHCenter)
+        self.later_button = QPushButton()  # below the messages: `_insert` puts them before it
+        self.later_button.setAccessibleName("Show later messages")
+        self.later_button.setVisible(False)
+        self.later_button.clicked.connect(self.show_later)
+        self._column.addWidget(self.later_button, 0, Qt.AlignmentFlag.AlignHCenter)
         self._column.addStretch(1)
         self._content.setMaximumWidth(MAX_TEXT_WIDTH)
         self._content.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         holder = QWidget()
-        row = QVBoxLayout(holder)
+        row = self._holder_row = QVBoxLayout(holder)
         row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(self._content, 0, Qt.AlignmentFlag.AlignHCenter)
         self.setWidget(holder)
@@ -120,15 +162,39 @@ class ChatView(QScrollArea):
     def hidden_count(self) -> int:
         """How many earlier messages of the path are not drawn (behind "Show earlier messages")."""
         self._draw_now()
-        return len(self._conv.path()) - len(self._widgets) if self._conv is not None else 0
+        return self._hidden[0]
+
+    @property
+    def later_count(self) -> int:
+        """How many later messages of the path are not drawn (behind "Show later messages")."""
+        self._draw_now()
+        return self._hidden[1]
 
     def show_earlier(self) -> None:
         """Draw `PAGE` more of the path's earlier messages."""
-        self._shown += PAGE
+        self._draw_now()  # a change waiting is placed first: the click acts on what is on screen
+        if self._window is not None and self._conv is not None:
+            path = self._conv.path()
+            top_id, count = self._window
+            top = _index(path, top_id)
+            if top is not None:
+                above = max(0, top - PAGE)
+                self._window = (path[above].id, count + top - above)
+        else:
+            self._shown += PAGE
         self._stick_to_bottom = False
         self._draw_path()
 
-    def resizeEvent(self, event) -> None:
+    def show_later(self) -> None:
+        """Draw `PAGE` more of the messages below a window up the path (reaching the end: the end page)."""
+        self._draw_now()
+        if self._window is not None:
+            top_id, count = self._window
+            self._window = (top_id, count + PAGE)
+            self._stick_to_bottom = False
+            self._draw_path()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self._content.setFixedWidth(min(MAX_TEXT_WIDTH, self.viewport().width()))
 
@@ -139,7 +205,8 @@ class ChatView(QScrollArea):
             for sig, slot in self._subscriptions(self._conv):
                 sig.disconnect(slot)
         self._conv = conv
-        self._shown = PAGE
+        self._shown, self._window, self._drawn = PAGE, None, (0, None)
+        self._focus = self._selection.message_id  # a message selected already is drawn, wherever it is
         self._clear()
         if conv is not None:
             for sig, slot in self._subscriptions(conv):
@@ -147,7 +214,7 @@ class ChatView(QScrollArea):
         self._draw_path()
         self._stick_to_bottom = True
 
-    def _subscriptions(self, conv: Conversation):
+    def _subscriptions(self, conv: Conversation) -> tuple[tuple[StateSignal, Callable[..., None]], ...]:
         return (
             (conv.path_changed, self._on_path_changed),
             (conv.message_changed, self._on_message_changed),
@@ -156,7 +223,8 @@ class ChatView(QScrollArea):
 
     def _on_path_changed(self) -> None:
         # Drawn when the loop turns: a burst of changes (an import, a loom run's N children) is drawn once.
-        self._stick_to_bottom = True
+        if self._window is None:
+            self._stick_to_bottom = True  # a window up the path decides when drawn (`_page`)
         if not self._draw_timer.isActive():
             self._draw_timer.start()
 
@@ -165,16 +233,12 @@ class ChatView(QScrollArea):
             self._draw_path()
 
     def _draw_path(self) -> None:
-        """Make the widgets match the path's last `_shown` messages, keeping those that still match."""
+        """Make the widgets match the page of the path (`_page`), keeping those that still match."""
         self._draw_timer.stop()
         path = self._conv.path() if self._conv is not None else []
-        wanted = path[max(0, len(path) - self._shown):]
-        if self._selection.message_id is not None and self._conv is not None:
-            # The selected message (a loom node opened far up a long chat) is drawn, however far up it is.
-            at = next((i for i, m in enumerate(path) if m.id == self._selection.message_id), None)
-            if at is not None and at < len(path) - len(wanted):
-                self._shown = len(path) - at
-                wanted = path[at:]
+        start, stop = self._page(path)
+        wanted = path[start:stop]
+        self._drawn = (len(path), path[-1] if path else None)
         place = {id(m): i for i, m in enumerate(wanted)}
         while self._widgets and id(self._widgets[0].message) not in place:
             self._remove(0)  # scrolled out of the page at the top, or no longer on the path
@@ -191,10 +255,58 @@ class ChatView(QScrollArea):
             self._insert(i, message)
         for message in wanted[top + keep:]:
             self._insert(len(self._widgets), message)
-        hidden = len(path) - len(wanted)
+        hidden, below = start, len(path) - stop
+        self._hidden = (hidden, below)
         self.earlier_button.setText(f"Show {min(PAGE, hidden)} earlier messages ({hidden} not shown)")
         self.earlier_button.setVisible(hidden > 0)
+        self.later_button.setText(f"Show {min(PAGE, below)} later messages ({below} not shown)")
+        self.later_button.setVisible(below > 0)
         self._placeholder.setVisible(not self._widgets)
+
+    def _page(self, path: list[Message]) -> tuple[int, int]:
+        """The stretch of `path` to draw, [start, stop), after the rules in the module's docstring."""
+        n = len(path)
+        length, last = self._drawn
+        if self._window is not None and 0 < length < n and path[length - 1] is last:
+            self._back_to_end()  # the path grew at its end: a new turn, an answer coming in
+        start, stop = self._range(path)
+        focus, self._focus = self._focus, None
+        at = _index(path, focus) if focus is not None and focus == self._selection.message_id else None
+        if at is not None and not start <= at < stop:
+            top = max(0, at - PAGE // 2)
+            if n - top <= 2 * PAGE:
+                self._window, self._shown = None, max(self._shown, PAGE, n - top)  # near the end: the end page
+            else:
+                self._window = (path[top].id, PAGE)
+            self._stick_to_bottom = False
+            QTimer.singleShot(0, self, lambda: self._reveal(path[at].id))
+            start, stop = self._range(path)
+        return start, stop
+
+    def _range(self, path: list[Message]) -> tuple[int, int]:
+        """Where the page is now: the window up the path, or the end's last `_shown` messages."""
+        n = len(path)
+        if self._window is not None:
+            top_id, count = self._window
+            top = _index(path, top_id)
+            if top is None:
+                self._back_to_end()  # its top message is on a branch no longer shown
+            elif top + count < n:
+                return top, top + count
+            else:
+                self._window, self._shown = None, max(PAGE, n - top)  # the path ends inside it: the end page
+        return max(0, n - self._shown), n
+
+    def _back_to_end(self) -> None:
+        self._window, self._shown = None, PAGE
+        self._stick_to_bottom = True
+
+    def _reveal(self, message_id: int) -> None:
+        """Scroll the selected message placed by `_page` into view, once its page is laid out."""
+        w = self._by_id.get(message_id)
+        if w is not None and not self._stick_to_bottom:
+            self._holder_row.activate()  # the sizes of a page just drawn, before the loop lays it out
+            self.ensureWidgetVisible(w, 0, 0)
 
     def _on_message_changed(self, message: Message) -> None:
         w = self._by_id.get(message.id)
@@ -210,12 +322,16 @@ class ChatView(QScrollArea):
         dark = is_dark(self.palette())
         for w in list(self._widgets):
             self._guard(w, lambda w: w.set_view(self._view.heatmap, self._view.mode, dark))
-        self._on_selection_changed(self._selection.message_id, self._selection.index)
+        self._mark_selected(self._selection.message_id, self._selection.index)  # where it is; no page moved
 
     def _on_selection_changed(self, message_id: int | None, index: int | None) -> None:
-        if (message_id is not None and message_id not in self._by_id and self._conv is not None
-                and any(m.id == message_id for m in self._conv.path())):
-            self._draw_path()  # the selected message is further up than the page drawn
+        self._focus = message_id if message_id is not None and message_id not in self._by_id else None
+        if (self._focus is not None and not self._draw_timer.isActive() and self._conv is not None
+                and _index(self._conv.path(), self._focus) is not None):
+            self._draw_path()  # the selected message is outside the page drawn (a drawing waiting places it)
+        self._mark_selected(message_id, index)
+
+    def _mark_selected(self, message_id: int | None, index: int | None) -> None:
         for w in list(self._widgets):
             self._guard(w, lambda w: w.set_selected(index if w.message.id == message_id else None))
 
@@ -223,7 +339,7 @@ class ChatView(QScrollArea):
         for w in list(self._widgets):
             self._guard(w, lambda w: w.set_busy(busy))
 
-    def changeEvent(self, event) -> None:
+    def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
         if event.type() == event.Type.PaletteChange:
             self._on_view_changed()  # heat colours differ between light and dark
@@ -238,7 +354,7 @@ class ChatView(QScrollArea):
         except Exception as e:  # noqa: BLE001 - a stored message with bad fields must not stop the window
             log.warning("cannot show message %s: %s", message.id, e, exc_info=True)
             w = UndrawableMessage(message, e)
-        offset = 2  # the placeholder and the "Show earlier messages" button come first
+        offset = 2  # the placeholder and the "Show earlier messages" button come first, "Show later" after
         self._column.insertWidget(offset + at, w)
         self._widgets.insert(at, w)
         self._by_id[message.id] = w
@@ -247,6 +363,7 @@ class ChatView(QScrollArea):
         assert self._conv is not None
         w = MessageWidget(self._conv, message)
         w.set_shadows(self._controller.steering_jobs.shadows)
+        w.tool_calls.set_actions(self.tool_actions)  # the Tools panel's: a call block's buttons (None: read-only)
         try:
             w.set_busy(self._controller.busy)
             w.set_view(self._view.heatmap, self._view.mode, is_dark(self.palette()))
@@ -308,3 +425,8 @@ class ChatView(QScrollArea):
     def scroll_to_bottom(self) -> None:
         self._stick_to_bottom = True
         self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+
+def _index(path: list[Message], message_id: int | None) -> int | None:
+    """Where the message `message_id` is on `path`, or None."""
+    return next((i for i, m in enumerate(path) if m.id == message_id), None)

@@ -19,6 +19,7 @@ import secrets
 
 from engine import SamplerSettings, experiments
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
     QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QSplitter, QVBoxLayout, QWidget,
 )
@@ -76,33 +77,7 @@ class CompareView(QWidget):
         self.prompt.textChanged.connect(self._update_prompt_note)
         self.steering_knob = SteeringKnob(None, steering, use_panel=True)  # the panel's vectors, every column
 
-        self.run_button = QPushButton("Run")
-        self.run_button.setDefault(True)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setEnabled(False)
-        self.add_button = QPushButton("Add column")
-        self.max_tokens = QSpinBox()
-        self.max_tokens.setRange(1, 4096)
-        self.max_tokens.setValue(min(settings.options.max_new_tokens, 128))
-        self.max_tokens.setAccessibleName("Max new tokens")
-        self.seed = QSpinBox()
-        self.seed.setRange(0, 2**31 - 1)
-        current_seed = settings.options.sampler.seed
-        self.seed.setValue(current_seed if current_seed is not None and current_seed < 2**31 else secrets.randbelow(2**31))
-        self.seed.setAccessibleName("Seed")
-        self.same_seed = QCheckBox("Same seed in every column")
-        self.same_seed.setChecked(True)
-        self.same_seed.setToolTip("The same random draw at every step, so differences come from the settings alone")
-        self.run_button.clicked.connect(lambda: self.run())
-        self.stop_button.clicked.connect(self.stop)
-        self.add_button.clicked.connect(lambda: self.add_column())
-        bar = QHBoxLayout()
-        for button in (self.run_button, self.stop_button, self.add_button):
-            bar.addWidget(button)
-        bar.addSpacing(12)
-        for control in (QLabel("Max tokens"), self.max_tokens, QLabel("Seed"), self.seed, self.same_seed):
-            bar.addWidget(control)
-        bar.addStretch(1)
+        bar = self._build_run_bar()
         self.status = QLabel()
         self.status.setTextFormat(Qt.TextFormat.PlainText)  # errors quote the user's and the model's text
         self.status.setAccessibleName("Comparison status")
@@ -131,6 +106,37 @@ class CompareView(QWidget):
             self.add_column(settings.options.sampler)
         self._update_prompt_note()
         fit_to_screen(self, 1200, 800)  # no larger than the screen (a 1024x700 one)
+
+    def _build_run_bar(self) -> QHBoxLayout:
+        """Run, Stop, Add column, the answers' length and the seed (the same in every column, or not)."""
+        self.run_button = QPushButton("Run")
+        self.run_button.setDefault(True)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        self.add_button = QPushButton("Add column")
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(1, 4096)
+        self.max_tokens.setValue(min(self._settings.options.max_new_tokens, 128))
+        self.max_tokens.setAccessibleName("Max new tokens")
+        self.seed = QSpinBox()
+        self.seed.setRange(0, 2**31 - 1)
+        current_seed = self._settings.options.sampler.seed
+        self.seed.setValue(current_seed if current_seed is not None and current_seed < 2**31 else secrets.randbelow(2**31))
+        self.seed.setAccessibleName("Seed")
+        self.same_seed = QCheckBox("Same seed in every column")
+        self.same_seed.setChecked(True)
+        self.same_seed.setToolTip("The same random draw at every step, so differences come from the settings alone")
+        self.run_button.clicked.connect(lambda: self.run())
+        self.stop_button.clicked.connect(self.stop)
+        self.add_button.clicked.connect(lambda: self.add_column())
+        bar = QHBoxLayout()
+        for button in (self.run_button, self.stop_button, self.add_button):
+            bar.addWidget(button)
+        bar.addSpacing(12)
+        for control in (QLabel("Max tokens"), self.max_tokens, QLabel("Seed"), self.seed, self.same_seed):
+            bar.addWidget(control)
+        bar.addStretch(1)
+        return bar
 
     # -- columns ---------------------------------------------------------------------------
 
@@ -317,7 +323,7 @@ class CompareView(QWidget):
         self.status.setText(f"{col.accessibleName()} is now an answer in “{self._anchor[0].title}”.")
         return answer
 
-    def closeEvent(self, event) -> None:
+    def closeEvent(self, event: QCloseEvent) -> None:
         if self._run is not None:
             for signal, slot in self._subscriptions(self._run):  # it ends after this window: nothing to draw into
                 signal.disconnect(slot)

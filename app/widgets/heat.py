@@ -6,7 +6,7 @@ import math
 
 from engine import TokenEvent
 from PySide6.QtCore import QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QLinearGradient, QPainter, QPalette
+from PySide6.QtGui import QColor, QLinearGradient, QPainter, QPaintEvent, QPalette
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 SURPRISAL_MAX_BITS = 10.0  # -log2 p beyond this is "very surprising" (p < 0.1 %)
@@ -104,7 +104,7 @@ class HeatLegend(QWidget):
     def minimumSizeHint(self) -> QSize:
         return QSize(0, self.sizeHint().height())
 
-    def paintEvent(self, _event) -> None:
+    def paintEvent(self, _event: QPaintEvent) -> None:
         fm = self.fontMetrics()
         lo, hi = legend_ends(self._mode)
         lw, hw = fm.horizontalAdvance(lo), fm.horizontalAdvance(hi)

@@ -62,6 +62,29 @@ class Inspector(QWidget):
         # shrinks (a layout saved at 1440 px opened at 1024), Qt then takes the width from the chat instead.
         self.setMinimumWidth(MIN_WIDTH)
 
+        top = self._build_token_row()
+        alternatives = self._build_alternatives()
+        self._build_tabs(alternatives)
+
+        self.chart = TokenChart()
+        self.chart.index_clicked.connect(self._on_chart_clicked)
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 8, 8, 8)
+        lay.addLayout(top)
+        lay.addWidget(self.metrics_label)
+        lay.addWidget(self.tabs, 1)
+        lay.addWidget(self.chart)
+
+        library.current_changed.connect(self._on_conversation_changed)
+        selection.changed.connect(self._on_selection_changed)
+        controller.busy_changed.connect(lambda _busy: self._update_branch_button())
+        controller.settings.changed.connect(self._on_sampling_mode_changed)
+        follow(self, ((controller.host.model_changed, self._on_sampling_mode_changed),))  # the host outlives it
+        self._on_conversation_changed(library.current)
+
+    def _build_token_row(self) -> QHBoxLayout:
+        """The selected token with its arrows (the row returned), and its statistics' line under it."""
         self.token_label = QLabel()
         self.token_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.token_label.setAccessibleName("Selected token")
@@ -87,7 +110,10 @@ class Inspector(QWidget):
         self.metrics_label.setWordWrap(True)
         self.metrics_label.setAccessibleName("Token statistics")
         self.metrics_label.setTextFormat(Qt.TextFormat.RichText)  # our markup; every number is escaped
+        return top
 
+    def _build_alternatives(self) -> QWidget:
+        """The alternatives' table with Branch and N continuations under it."""
         self.table = ProbTable()
         self.branch_button = TokenButton("Branch from here", longest_verb="Branch with")
         self.branch_button.setAccessibleName("Branch with the selected alternative")
@@ -108,33 +134,27 @@ class Inspector(QWidget):
         branch_row.addWidget(self.branch_button, 1)
         branch_row.addWidget(self.continue_button)
         alt_lay.addLayout(branch_row)
+        return alternatives
+
+    def _build_tabs(self, alternatives: QWidget) -> None:
+        """The views' tabs: Alternatives, Sampler stages, Layers and Steering, each tab's whole name its tooltip."""
         self.stages = StageView()
         self.tabs = QTabWidget()
         self.tabs.addTab(alternatives, "Alternatives")
         self.tabs.addTab(self.stages, "Sampler stages")
-        self.layer_view = LayerView(controller.host)  # computes only while its tab is open
+        self.layer_view = LayerView(self._controller.host)  # computes only while its tab is open
         self.layer_view.index_clicked.connect(self._on_chart_clicked)
         self.tabs.addTab(self.layer_view, "Layers")
-        self.steering_view = SteeringEffectView(controller.steering_jobs)  # "Without steering": on demand
+        self.steering_view = SteeringEffectView(self._controller.steering_jobs)  # "Without steering": on demand
         self.tabs.addTab(self.steering_view, "Steering")
         self.tabs.setAccessibleName("Inspector views")
-
-        self.chart = TokenChart()
-        self.chart.index_clicked.connect(self._on_chart_clicked)
-
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(8, 8, 8, 8)
-        lay.addLayout(top)
-        lay.addWidget(self.metrics_label)
-        lay.addWidget(self.tabs, 1)
-        lay.addWidget(self.chart)
-
-        library.current_changed.connect(self._on_conversation_changed)
-        selection.changed.connect(self._on_selection_changed)
-        controller.busy_changed.connect(lambda _busy: self._update_branch_button())
-        controller.settings.changed.connect(self._on_sampling_mode_changed)
-        follow(self, ((controller.host.model_changed, self._on_sampling_mode_changed),))  # the host outlives it
-        self._on_conversation_changed(library.current)
+        # A narrow inspector (320 px at 1024x700) shortens the tabs' names ("Sampler st…") rather than hiding
+        # the last tab behind scroll arrows; each tab's tooltip has its whole name.
+        self.tabs.setUsesScrollButtons(False)
+        self.tabs.setElideMode(Qt.TextElideMode.ElideRight)
+        for i in range(self.tabs.count()):
+            if not self.tabs.tabToolTip(i):
+                self.tabs.setTabToolTip(i, self.tabs.tabText(i))
 
     # -- what is shown ---------------------------------------------------------------------
 
@@ -244,11 +264,11 @@ class Inspector(QWidget):
         m = self._selected_message()
         by_server = bool((m.request or {}).get("server_sampling")) if m is not None else self._server_samples()
         self.tabs.setTabEnabled(1, not by_server)
-        self.tabs.setTabToolTip(1, SERVER_STAGES_TIP if by_server else "")
+        self.tabs.setTabToolTip(1, SERVER_STAGES_TIP if by_server else self.tabs.tabText(1))
         if by_server and self.tabs.currentIndex() == 1:
             self.tabs.setCurrentIndex(0)
 
-    def _on_sampling_mode_changed(self, *_args) -> None:
+    def _on_sampling_mode_changed(self, *_args: object) -> None:
         self._update_stage_tab()
         self._update_branch_button()
 

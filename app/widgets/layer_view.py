@@ -17,7 +17,9 @@ import logging
 import math
 
 import numpy as np
+from engine import ModelInfo
 from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import QHeaderView, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from app import lens_jobs
@@ -107,11 +109,11 @@ class LayerView(QWidget):
         self.attention.set_attention(None, (), 0)
         self.status.setText(EMPTY_TEXT)
 
-    def showEvent(self, event) -> None:
+    def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         self._settle.start(SETTLE_MS)
 
-    def _on_model_changed(self, _info) -> None:
+    def _on_model_changed(self, _info: ModelInfo) -> None:
         self._shown = None  # what is on screen was another model's view
         if self.isVisible():
             self._settle.start(SETTLE_MS)

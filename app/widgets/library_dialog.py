@@ -51,6 +51,9 @@ COLUMNS = (("Name", "name"), ("Source", "source"), ("Architecture", "architectur
            ("Runs on", "backend"))
 FIT_COLOURS = {"too big": QColor(200, 60, 60), "tight": QColor(200, 140, 0)}
 RecentFn = Callable[[], Sequence[dict[str, str]]]
+# The engine's advice after a failed hub download names this dialog; said inside it, it points at the list instead.
+SELF_REFERENCE = library.HUB_ALTERNATIVE
+IN_THIS_DIALOG = "open one of the models listed above"
 
 
 class LibraryDialog(QDialog):
@@ -260,11 +263,11 @@ class LibraryDialog(QDialog):
         try:
             result = await pending
         except EngineError as e:
-            self.progress_text.setText(str(e))
+            self._say_failed(str(e))
             return
         except Exception as e:  # noqa: BLE001 - a bug is logged and said, the dialog stays
             log.exception("download of %s failed", text)
-            self.progress_text.setText(f"The download failed: {type(e).__name__}: {e}")
+            self._say_failed(f"{type(e).__name__}: {e}")
             return
         finally:
             self._set_downloading(False)
@@ -272,6 +275,13 @@ class LibraryDialog(QDialog):
         self.progress_text.setText(f"Downloaded {library.printable(text)} to {library.printable(str(result.path))}. "
                                    "Select it and press Open.")
         await self.rescan(select_spec=result.spec)
+
+    def _say_failed(self, why: str) -> None:
+        """A download that ended without a file: the reason in words, no bar (a 0 % bar read as one still
+        waiting), and no advice to open the Library from inside it."""
+        self.progress.setVisible(False)
+        why = why.replace(SELF_REFERENCE, IN_THIS_DIALOG)
+        self.progress_text.setText(f"Not downloaded: {why[:1].lower()}{why[1:]}")
 
     def cancel_download(self) -> None:
         if self._cancel is not None:

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine import LoomAudit
 from PySide6.QtCore import Qt, QTimer
@@ -87,6 +89,13 @@ class LoomView(QWidget):
         self._root: LoomNode | None = None
         self._tasks: set[asyncio.Task] = set()
         self.last_audit: LoomAudit | None = None  # the latest audit of the loom rows
+        self._audit_cancel: threading.Event | None = None  # set while an audit runs (its Stop)
+        # The answer whose group the tree shows: kept during a loom run while the selection is gone for a moment
+        # (a run's new children are each made the shown answer, then the shown one comes back; the inspector
+        # lets go of its token meanwhile), so the tree does not jump to the conversation's last answer.
+        self._shown_id: int | None = None
+        # The token selected when a run started: given back when the run's children are in (see _on_children).
+        self._run_selection: tuple[int, int] | None = None
         self.setAccessibleName("Loom")
         self._rebuild_timer = QTimer(self, singleShot=True, interval=REBUILD_MS)
         self._rebuild_timer.timeout.connect(self._on_rebuild_due)
@@ -95,6 +104,16 @@ class LoomView(QWidget):
         self._build_timer = QTimer(self, singleShot=True, interval=0)
         self._build_timer.timeout.connect(self._build_slice)
 
+        self._build_tree()
+        self._build_continue_controls()
+        self._build_expand_controls()
+        self._build_run_and_file_buttons()
+        self._lay_out()
+        self._follow(loom, selection)
+        self._on_conversation_changed(self._library.current)
+
+    def _build_tree(self) -> None:
+        """The branch tree: tokens, log p and unexplored; Enter or a click opens a row's node in the chat."""
         self.tree = QTreeWidget()
         self.tree.setHeaderLabels(["Tokens", "log p", "unexplored"])
         self.tree.setAccessibleName("Branch tree")
@@ -114,6 +133,8 @@ class LoomView(QWidget):
         self.tree.itemExpanded.connect(self._on_expanded)
         self.tree.itemClicked.connect(lambda item, _col: self.open_node(item.data(0, NODE)))
 
+    def _build_continue_controls(self) -> None:
+        """Continue ×N: how many, how they differ, how long."""
         self.n_spin = QSpinBox(minimum=2, maximum=16, value=4)
         self.n_spin.setAccessibleName("Number of continuations")
         self.mode = QComboBox()
@@ -134,6 +155,8 @@ class LoomView(QWidget):
                                         "the selected branch, from one shared prefix, as one batch where the model can")
         self.continue_button.clicked.connect(self._on_continue_clicked)
 
+    def _build_expand_controls(self) -> None:
+        """Auto-expand: its entropy and min-p thresholds, depth and token budget."""
         self.entropy_spin = QDoubleSpinBox(minimum=0.0, maximum=12.0, value=1.5, singleStep=0.1)
         self.entropy_spin.setToolTip("Open forks whose entropy (nats) is at least this")
         self.entropy_spin.setAccessibleName("Entropy threshold")
@@ -149,15 +172,17 @@ class LoomView(QWidget):
         self.expand_button.setToolTip("From the selected branch, open every fork whose entropy reaches the "
                                       "threshold (or, with min-p on, where two alternatives pass it)")
         self.expand_button.clicked.connect(self._on_expand_clicked)
+
+    def _build_run_and_file_buttons(self) -> None:
+        """A run's progress and Stop; Export, Import and Audit rows; the status line and step mode."""
         self.progress = QProgressBar()
         self.progress.setAccessibleName("Loom progress")
         self.progress.setVisible(False)
         self.stop_button = QPushButton("Stop")
-        self.stop_button.clicked.connect(loom.stop)
+        self.stop_button.clicked.connect(self._on_stop_clicked)
         self.stop_button.setEnabled(False)
         self.export_button = QPushButton("Export…")
         self.export_button.clicked.connect(self._on_export_clicked)
-        self.mode.setAccessibleName("How the continuations differ")
         self.import_button = QPushButton("Import…")
         self.import_button.clicked.connect(self._on_import_clicked)
         self.audit_button = QPushButton("Audit rows")
@@ -166,8 +191,10 @@ class LoomView(QWidget):
         self.audit_button.clicked.connect(lambda: self.audit())
         self.status = QLabel()
         self.status.setWordWrap(True)
-        self.step_panel = StepPanel(loom)
+        self.step_panel = StepPanel(self._loom)
 
+    def _lay_out(self) -> None:
+        """The tree on top, the controls' grid under it, then the run's row, the status, the file row, step mode."""
         grid = QGridLayout()
         for row, pairs in enumerate(((("N", self.n_spin), ("tokens", self.tokens_spin)),
                                      (("entropy ≥", self.entropy_spin), ("or min-p", self.min_p_spin)),
@@ -180,14 +207,10 @@ class LoomView(QWidget):
                 grid.addWidget(self.continue_button, 1, 2, 1, 2)
         grid.addWidget(self.expand_button, 5, 0, 1, 4)
         run_row = QHBoxLayout()
-        self.entropy_spin.setAccessibleName("Entropy threshold")
         run_row.addWidget(self.progress, 1)
-        self.min_p_spin.setAccessibleName("Min-p threshold")
         run_row.addWidget(self.stop_button)
-        self.depth_spin.setAccessibleName("Auto-expand depth")
         file_row = QHBoxLayout()
         file_row.addWidget(self.export_button)
-        self.budget_spin.setAccessibleName("Auto-expand token budget")
         file_row.addWidget(self.import_button)
         file_row.addWidget(self.audit_button)
         file_row.addStretch(1)
@@ -200,14 +223,16 @@ class LoomView(QWidget):
         lay.addLayout(file_row)
         lay.addWidget(self.step_panel)
 
+    def _follow(self, loom: LoomController, selection: Selection) -> None:
+        """The conversation, the selection and the loom's runs redraw the tree and the status."""
         self._library.current_changed.connect(self._on_conversation_changed)
         selection.changed.connect(lambda *_: self._schedule())
         loom.busy_changed.connect(self._on_busy_changed)
+        loom.children_added.connect(self._on_children)
         loom.progress.connect(self._on_progress)
         loom.error.connect(lambda text: self.status.setText(f"Loom: {text}"))
         loom.notice.connect(lambda text: self.status.setText(f"Loom: {text}"))
         loom.chat.busy_changed.connect(lambda _b: self._on_busy_changed(loom.busy))
-        self._on_conversation_changed(self._library.current)
 
     # -- the tree -------------------------------------------------------------------------------
 
@@ -216,17 +241,19 @@ class LoomView(QWidget):
             for sig in (self._conv.path_changed, self._conv.message_changed, self._conv.tokens_appended):
                 sig.disconnect(self._schedule)
         self._conv = conv
+        self._shown_id = None
         if conv is not None:
             for sig in (conv.path_changed, conv.message_changed, conv.tokens_appended):
                 sig.connect(self._schedule)
         self.rebuild()
 
-    def _schedule(self, *_args) -> None:
+    def _schedule(self, *_args: object) -> None:
         if not self._rebuild_timer.isActive():
             self._rebuild_timer.start()
 
     def _focus_message(self) -> Message | None:
-        """The answer whose group the tree shows: the selected token's, else the last answer on screen."""
+        """The answer whose group the tree shows: the selected token's; during a loom run, the group it showed
+        (while its question is on screen); else the last answer on screen."""
         conv = self._conv
         if conv is None:
             return None
@@ -234,7 +261,23 @@ class LoomView(QWidget):
             m = conv.messages[self._selection.message_id]
             if m.is_assistant:
                 return m
-        return next((m for m in reversed(conv.path()) if m.is_assistant), None)
+        path = conv.path()
+        shown = conv.messages.get(self._shown_id) if self._shown_id is not None else None
+        if (self._loom.busy and shown is not None and shown.parent_id is not None
+                and conv.messages.get(shown.parent_id) in path):
+            return conv.active_child(shown.parent_id) or shown  # the version on screen, of the same group
+        return next((m for m in reversed(path) if m.is_assistant), None)
+
+    def _on_children(self, _children: list[Message]) -> None:
+        """A run's children exist: the token selected when it started is selected again. Each child was made the
+        shown answer for a moment while it was added, so the inspector let go of the token (its answer had left
+        the screen); the run itself shows the answer again."""
+        kept, conv = self._run_selection, self._conv
+        if kept is None or conv is None or self._selection.message_id is not None:
+            return
+        message = conv.messages.get(kept[0])
+        if message is not None and message in conv.path() and kept[1] < len(conv.tokens(message)):
+            self._selection.set(*kept)
 
     def _on_rebuild_due(self) -> None:
         if self._build is not None:
@@ -264,6 +307,7 @@ class LoomView(QWidget):
             self._update_buttons()
             return
         _question, answers = answer_group(conv, focus)
+        self._shown_id = focus.id
         self._build = _Build(grow_tree(conv, answers), len(answers), keep)
         self._build_slice()
 
@@ -422,13 +466,16 @@ class LoomView(QWidget):
         return self._start(self._loom.continuations(
             message, index, self.n_spin.value(), self.mode.currentData(), self.tokens_spin.value()))
 
-    def _start(self, coro) -> asyncio.Task:
+    def _start(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Run a controller coroutine; a refusal (another run under way) is said in the status line."""
+        sel = self._selection
+        self._run_selection = (sel.message_id, sel.index) if sel.message_id is not None and sel.index is not None else None
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
 
         def done(t: asyncio.Task) -> None:
             self._tasks.discard(t)
+            self._run_selection = None
             if not t.cancelled() and t.exception() is not None:
                 self.status.setText(f"Loom: {t.exception()}")
 
@@ -473,11 +520,11 @@ class LoomView(QWidget):
         self.progress.setValue(done)
 
     def _update_buttons(self) -> None:
-        idle = not self._loom.busy and not self._loom.chat.busy
+        idle = not self._loom.busy and not self._loom.chat.busy and self._audit_cancel is None
         for b in (self.continue_button, self.expand_button, self.import_button, self.audit_button):
             b.setEnabled(idle)
         self.export_button.setEnabled(self._root is not None and idle)
-        self.stop_button.setEnabled(self._loom.busy)
+        self.stop_button.setEnabled(self._loom.busy or self._audit_cancel is not None)
 
     def audit(self) -> asyncio.Task:
         """Rerun the focused question's loom rows one by one; the report goes to the status line (app/controllers/loom_audit.py)."""
@@ -487,15 +534,39 @@ class LoomView(QWidget):
             focus = self._focus_message()
             if self._conv is None or focus is None:
                 raise ValueError("open a conversation with loom continuations to audit")
+            self._audit_cancel = threading.Event()  # Stop sets it: the rerun under way ends before its next token
             self.audit_button.setEnabled(False)
+            self.stop_button.setEnabled(True)
             self.status.setText("Audit: rerunning each row alone…")
+            self.status.setToolTip("")
+
+            def progress(done: int, total: int) -> None:
+                self.progress.setVisible(True)
+                self.progress.setRange(0, max(1, total))
+                self.progress.setValue(done)
+                self.progress.setFormat(f"Audit: row {min(done + 1, total)} of {total}")
+                self.status.setText(f"Audit: rerunning row {min(done + 1, total)} of {total} alone…")
+
             try:
-                self.last_audit = audit = await audit_question(self._loom.host, self._conv, focus)
+                self.last_audit = audit = await audit_question(self._loom.host, self._conv, focus,
+                                                               cancel=self._audit_cancel, progress=progress)
             finally:
+                self._audit_cancel = None
+                self.progress.setVisible(self._loom.busy)
+                self.progress.setFormat("%p%")
                 self._update_buttons()
-            self.status.setText("Audit: " + "\n".join(audit.lines()))
+            # One line, so the tree keeps its room; each row's verdict is in the tooltip.
+            self.status.setText("Audit: " + audit.summary())
+            self.status.setToolTip("\n".join(audit.lines()))
 
         return self._start(run())
+
+    def _on_stop_clicked(self) -> None:
+        """Stop the loom's run, or the audit under way."""
+        if self._audit_cancel is not None:
+            self._audit_cancel.set()
+            self.status.setText("Audit: stopping after this token…")
+        self._loom.stop()
 
     # -- export and import ---------------------------------------------------------------------
 
@@ -518,7 +589,7 @@ class LoomView(QWidget):
         if path:
             self._report(lambda: self.import_from(path), "Imported as a new chat")
 
-    def _report(self, action, done_text: str) -> None:
+    def _report(self, action: Callable[[], object], done_text: str) -> None:
         try:
             action()
             self.status.setText(done_text)

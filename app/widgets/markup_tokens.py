@@ -46,8 +46,7 @@ class MarkupTokens(QObject):
 
     def _special_ids(self) -> frozenset[int] | None:
         engine = self._host.engine
-        tokenizer = engine.tokenizer if engine is not None and engine.ready.done() and not engine.ready.exception() \
-            else None
+        tokenizer = engine.tokenizer if engine is not None and engine.is_loaded else None
         read = getattr(tokenizer, "special_token_ids", None)  # only tokenizers that can list their vocabulary
         if tokenizer is None or not callable(read):
             return frozenset()

@@ -38,8 +38,8 @@ import time
 from collections.abc import Sequence
 
 from engine import TokenEvent
-from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QTextBoundaryFinder, QTimer, QUrl, Signal
-from PySide6.QtGui import QColor, QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor, QTextDocument
+from PySide6.QtCore import QEvent, QMimeData, QPoint, QPointF, QSizeF, Qt, QTextBoundaryFinder, QTimer, QUrl, Signal
+from PySide6.QtGui import QColor, QFont, QMouseEvent, QPalette, QResizeEvent, QTextCharFormat, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QTextEdit, QToolTip, QWidget
 
 from app.theme import is_dark
@@ -472,7 +472,7 @@ class MessageBody(QTextBrowser):
             if i is not None:
                 self.token_clicked.emit(i)
 
-    def leaveEvent(self, event) -> None:
+    def leaveEvent(self, event: QEvent) -> None:
         self._hovered = None
         super().leaveEvent(event)
 
@@ -496,7 +496,7 @@ class MessageBody(QTextBrowser):
         """Nothing: an answer's image or style sheet would name a local file (or a path relative to ours)."""
         return None
 
-    def changeEvent(self, event) -> None:
+    def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
         # Code blocks take their colours from light or dark: render them again in the new ones.
         if event.type() == event.Type.PaletteChange and self.mode == "markdown" and self.code_blocks:
@@ -504,14 +504,14 @@ class MessageBody(QTextBrowser):
 
     # -- size ------------------------------------------------------------------------------
 
-    def _fit_height(self, size) -> None:
+    def _fit_height(self, size: QSizeF) -> None:
         h = math.ceil(size.height()) + 2 * self.frameWidth()
         if h != self.height():
             self.setFixedHeight(max(h, self.fontMetrics().lineSpacing() + 4))
         if self.code_blocks:
             self.copy_buttons.reposition()
 
-    def resizeEvent(self, event) -> None:
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self._fit_height(self.document().size())
 

@@ -28,11 +28,14 @@ from PySide6.QtWidgets import (
 
 from app.state.conversation import Conversation, Message
 from app.state.versions import elsewhere
+from app.widgets.attachment_chips import ChipRow
 from app.widgets.composer import MessageEdit
 from app.widgets.message_body import MessageBody
 from app.widgets.thinking_block import ThinkingBlock
+from app.widgets.tool_call_block import ToolCallsArea
 from app.widgets.version_note import VersionNote, header_button
 from app.steering_shadows import SteeringShadows
+from app.widgets.shadow_status import ShadowStatus
 from app.widgets.subscriptions import follow
 
 FINISH_TEXT = {
@@ -67,6 +70,11 @@ class _ModelName(QLabel):
         p.drawText(self.rect(), int(Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft), text)
 
 
+CONTINUE_TIP = "Continue: generate more of this cut-off answer"
+CONTINUE_NEW_VERSION_TIP = ("Continue: generate more of this cut-off answer as a new version of it; the later "
+                            "messages stay with this version, which keeps its text")
+
+
 class MessageWidget(QFrame):
     regenerate_requested = Signal(object)  # Message
     continue_requested = Signal(object)  # Message
@@ -94,7 +102,14 @@ class MessageWidget(QFrame):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(14, 8, 14, 8)
         outer.setSpacing(2)
+        self._build_header(outer, who)
+        self._build_body(outer, who)
+        self._build_editor(outer)
+        self._build_footer(outer)
+        self.refresh()
 
+    def _build_header(self, outer: QVBoxLayout, who: str) -> None:
+        """Who wrote it and with which model, the version arrows, Edit, Regenerate, More and Copy."""
         header = QHBoxLayout()
         header.setSpacing(4)
         self.role_label = QLabel(f"<b>{who}</b>")
@@ -114,7 +129,7 @@ class MessageWidget(QFrame):
         # Short labels (the tooltip says what each does): with the version arrows they fit a 380 px chat column.
         self.regen_button = header_button("↻", "Regenerate: write a new answer (Ctrl+R); the old one stays as a branch",
                                   "Regenerate")
-        self.continue_button = header_button("More", "Continue: generate more of this cut-off answer", "Continue")
+        self.continue_button = header_button("More", CONTINUE_TIP, "Continue")
         self.copy_button = header_button("Copy", "Copy the text of this message", "Copy")
         self.edit_button.clicked.connect(self._begin_edit)
         self.regen_button.clicked.connect(lambda: self.regenerate_requested.emit(self.message))
@@ -124,18 +139,33 @@ class MessageWidget(QFrame):
             header.addWidget(w)
         outer.addLayout(header)
 
+    def _build_body(self, outer: QVBoxLayout, who: str) -> None:
+        """The thinking block, the steering-effect status, the text, and the files sent with it."""
         self.thinking = ThinkingBlock(self)
         self.thinking.setVisible(False)
         self.thinking.body.token_clicked.connect(lambda i: self.token_clicked.emit(self.message, i))
         outer.addWidget(self.thinking)
 
+        # "Steering effect: computing… 128/512 tokens [Stop]", or why the answer is not coloured in that mode.
+        self.shadow_status = ShadowStatus(self)
+        outer.addWidget(self.shadow_status)
+
         self.body = MessageBody(self)
-        if message.role == "user":
+        if self.message.role == "user":
             self.body.set_background_role(QPalette.ColorRole.AlternateBase)
         self.body.setAccessibleName(f"{who} text")
         self.body.token_clicked.connect(lambda i: self.token_clicked.emit(self.message, self._content_start + i))
         outer.addWidget(self.body)
+        self.tool_calls = ToolCallsArea(self.conv, self.message, self)  # each tool call as a block (tool_call_block.py)
+        outer.addWidget(self.tool_calls)
+        # The files sent with a question, as chips (name, size): the body shows what the user typed; the model
+        # read the files' blocks before it (Message.model_text).
+        self.attachment_chips = ChipRow(removable=False, parent=self)
+        self.attachment_chips.set_attachments(list(self.message.attachments))
+        outer.addWidget(self.attachment_chips)
 
+    def _build_editor(self, outer: QVBoxLayout) -> None:
+        """The editor an Edit opens in place of the text, with Cancel and Send."""
         self.editor = MessageEdit(self)  # Enter or Ctrl+Enter sends, Shift+Enter a new line, Esc cancels
         self.editor.setAccessibleName("Edit message")
         self.editor.submitted.connect(lambda: self._submit_edit())
@@ -156,6 +186,8 @@ class MessageWidget(QFrame):
         outer.addWidget(self.editor)
         outer.addWidget(self.editor_buttons)
 
+    def _build_footer(self, outer: QVBoxLayout) -> None:
+        """The answer's statistics, and the note on later messages that are on another version."""
         # The live token count is relabelled at most every 250 ms: a label's text change relayouts
         # the message, and per token that is work taken from the decode thread on small machines.
         self._footer_timer = QTimer(self)
@@ -174,23 +206,35 @@ class MessageWidget(QFrame):
         self.version_note.switch_requested.connect(lambda offset: self.sibling_requested.emit(self.message, offset))
         outer.addWidget(self.version_note)
 
-        self.refresh()
-
     # -- rendering -------------------------------------------------------------------------
 
     def set_view(self, heatmap: bool, heat_mode: str, dark: bool) -> None:
         if (heatmap, heat_mode, dark) != (self._heatmap, self._heat_mode, self._dark):
             self._heatmap, self._heat_mode, self._dark = heatmap, heat_mode, dark
             self._render_body()
+            self._update_shadow_status()
 
     def set_shadows(self, shadows: SteeringShadows) -> None:
         """Where the "Steering effect" colouring gets its KL per token (computed when first shown)."""
         self._shadows = shadows
-        follow(self, ((shadows.ready, self._on_shadow_ready),))  # the shadows outlive this widget
+        follow(self, ((shadows.ready, self._on_shadow_ready),  # the shadows outlive this widget
+                      (shadows.progressed, self._on_shadow_progress)))
+        self._update_shadow_status()
+
+    def _steering_mode(self) -> bool:
+        return self._heatmap and self._heat_mode == "steering"
 
     def _on_shadow_ready(self, message_id: int) -> None:
-        if message_id == self.message.id and self._heatmap and self._heat_mode == "steering":
+        if message_id == self.message.id and self._steering_mode():
             self._render_body()
+            self._update_shadow_status()
+
+    def _on_shadow_progress(self, message_id: int) -> None:
+        if message_id == self.message.id:
+            self._update_shadow_status()
+
+    def _update_shadow_status(self) -> None:
+        self.shadow_status.show_state(self._shadows, self.conv, self.message, self._steering_mode())
 
     def set_busy(self, busy: bool) -> None:
         self._busy = busy
@@ -199,6 +243,7 @@ class MessageWidget(QFrame):
     def refresh(self) -> None:
         """Bring body and chrome up to date with the message (cheap when nothing changed)."""
         self._sync_body()
+        self.tool_calls.refresh()
         self.update_chrome()
 
     def _split(self, text: str) -> reasoning.ReasoningSplit:
@@ -372,6 +417,9 @@ class MessageWidget(QFrame):
         self.edit_button.setVisible(m.role == "user")
         self.regen_button.setVisible(m.is_assistant)
         self.continue_button.setVisible(m.can_continue and bool(m.content or self.conv.tokens(m)))
+        if self.continue_button.isVisibleTo(self):  # later turns build on this text: it is continued as a new version
+            later = self.conv.active_child(m.id) is not None
+            self.continue_button.setToolTip(CONTINUE_NEW_VERSION_TIP if later else CONTINUE_TIP)
         for b in (self.edit_button, self.regen_button, self.continue_button):
             b.setEnabled(not self._busy)
         self._update_footer()
@@ -380,6 +428,7 @@ class MessageWidget(QFrame):
             self.version_note.show_note(elsewhere(self.conv, m), i > 0, i < len(sibs) - 1, not self._busy)
         else:
             self.version_note.show_note(None, False, False, False)
+        self._update_shadow_status()
 
     def _update_footer(self) -> None:
         m = self.message

@@ -15,12 +15,12 @@ import html
 import math
 from pathlib import Path
 
-from engine import TokenEvent, experiments
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QMouseEvent
+from engine import BACKEND_TABLE, TokenEvent, backend_help, experiments, user_backends
+from PySide6.QtCore import QSizeF, Qt, QTimer
+from PySide6.QtGui import QCloseEvent, QMouseEvent
 from PySide6.QtWidgets import (
-    QComboBox, QFileDialog, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton,
-    QSplitter, QToolTip, QVBoxLayout, QWidget,
+    QComboBox, QFileDialog, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPlainTextEdit, QProgressBar,
+    QPushButton, QSizePolicy, QSplitter, QToolTip, QVBoxLayout, QWidget,
 )
 
 from app.engine_host import EngineHost
@@ -35,7 +35,11 @@ from app.widgets.model_picker import recent_models
 from app.widgets.one_run import OneRun
 from app.window_geometry import fit_to_screen
 
-BACKENDS = ("auto", "torch", "llamacpp", "mlx")
+# Model B's backends: the engine's table's, those that give whole distributions (KL needs them; a server's top N
+# does not do).
+BACKENDS = user_backends(every_distribution=True)
+# The backend a GGUF file's float twin runs on: the one that converts it to float weights (the table's torch).
+FLOAT_TWIN = next(row.name for row in BACKEND_TABLE if row.float32_weights and row.user_facing)
 TOP_DIVERGENCES = 20
 DEFAULT_SPEC = "default"
 
@@ -47,7 +51,7 @@ def _spec_label(spec: str | None) -> str:
 def position_tooltip(p: experiments.PositionDiff, name_a: str, name_b: str, alternatives: int = 5) -> str:
     """Both models at one token: log-probs, ranks, KL both ways, each top token's rank under the other, and
     their top alternatives side by side (rich text)."""
-    def side(label: str, name: str, s) -> str:
+    def side(label: str, name: str, s: experiments.ScoredToken) -> str:
         return (f"<b>{label}</b> {html.escape(name)}: p {html.escape(pct(math.exp(s.logprob)))} · "
                 f"log-prob {s.logprob:.3f} · rank {s.rank + 1} · entropy {s.entropy:.2f}")
 
@@ -90,12 +94,25 @@ def _span_event(i: int, s: experiments.SpanDiff) -> TokenEvent:
                       rank=0, entropy=0.0, top_model=(), top_sampler=())
 
 
+WIDGET_SIZE_MAX = (1 << 24) - 1  # Qt's QWIDGETSIZE_MAX (no maximum), which PySide6 does not export
+
+
 class DivergenceBody(MessageBody):
     """The token view coloured by divergence ("divergence" colouring, app/widgets/heat.py); hover shows both models."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.tips: list[str] = []  # per drawn item: what hovering it shows
+        # Not a chat message, which grows to its text inside a scrolling column: this one fills the room the
+        # window leaves and scrolls itself. Sized to its one line, it held the whole result row to 18 px, and
+        # the window's spare height went to empty bands around the labels above.
+        self.setMinimumHeight(0)
+        self.setMaximumHeight(WIDGET_SIZE_MAX)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+
+    def _fit_height(self, size: QSizeF) -> None:
+        """Its height is the window's layout's (see __init__), never its text's."""
 
     def show_diff(self, diff: experiments.ModelDiff | experiments.SpanModelDiff, dark: bool) -> None:
         if isinstance(diff, experiments.ModelDiff):
@@ -130,9 +147,27 @@ class ModelDiffView(QWidget):
         self.host = host
         self.second = second or SecondModel()
         self.second.changed.connect(self._on_second_changed)
+        self.second.progressed.connect(self._show_models)
         self._load_task: asyncio.Task | None = None
         self.result: experiments.ModelDiff | experiments.SpanModelDiff | None = None
 
+        pick = self._build_pick(recent or [])
+        bar = self._build_compare_bar()
+        split = self._build_results()
+        lay = QVBoxLayout(self)
+        lay.addLayout(pick)
+        lay.addWidget(self.models_label)
+        lay.addWidget(self.text)
+        lay.addLayout(bar)
+        lay.addWidget(self.summary)
+        lay.addWidget(split, 1)
+        self.host.model_changed.connect(self._on_host_model)
+        self._show_models()
+        fit_to_screen(self, 1000, 760)
+
+    def _build_pick(self, recent: list[dict[str, str]]) -> QHBoxLayout:
+        """Model B's row: its name or path (the recent ones offered), its backend, Browse, Load, the load's bar
+        and Cancel; and the line under it that names both models."""
         self.model_box = QComboBox()
         self.model_box.setEditable(True)
         self.model_box.setAccessibleName("Second model")
@@ -141,6 +176,7 @@ class ModelDiffView(QWidget):
         self.model_box.activated.connect(self._on_model_picked)
         self.backend_box = QComboBox()
         self.backend_box.setAccessibleName("Second model's backend")
+        self.backend_box.setToolTip(backend_help("\n", BACKENDS))
         for b in BACKENDS:
             self.backend_box.addItem(b, b)
         self._on_model_picked(0)
@@ -154,10 +190,29 @@ class ModelDiffView(QWidget):
         pick.addWidget(self.backend_box)
         pick.addWidget(self.browse_button)
         pick.addWidget(self.load_button)
+        # Loading B can take minutes (a download, a conversion): a bar (determinate when the engine knows how far),
+        # the seconds so far in the line below, and a Cancel that stops the load.
+        self.load_bar = QProgressBar()
+        self.load_bar.setAccessibleName("Loading model B")
+        self.load_bar.setMaximumWidth(140)
+        self.load_bar.setVisible(False)
+        self.cancel_load_button = QPushButton("Cancel")
+        self.cancel_load_button.setAccessibleName("Cancel loading model B")
+        self.cancel_load_button.setToolTip("Stop loading model B (a download or conversion stops at once)")
+        self.cancel_load_button.clicked.connect(self.cancel_load)
+        self.cancel_load_button.setVisible(False)
+        pick.addWidget(self.load_bar)
+        pick.addWidget(self.cancel_load_button)
+        self._load_clock = QTimer(self)
+        self._load_clock.setInterval(1000)
+        self._load_clock.timeout.connect(self._show_models)
         self.models_label = QLabel()
         self.models_label.setWordWrap(True)
         self.models_label.setAccessibleName("Models and memory")
+        return pick
 
+    def _build_compare_bar(self) -> QHBoxLayout:
+        """The text to compare on, and Compare, Stop and the colours' legend under it."""
         self.text = QPlainTextEdit()
         self.text.setAccessibleName("Text to compare the models on")
         self.text.setPlaceholderText("Paste a text: where do the two models disagree about it?")
@@ -172,7 +227,10 @@ class ModelDiffView(QWidget):
         bar.addStretch(1)
         self.legend = HeatLegend("divergence")
         bar.addWidget(self.legend)
+        return bar
 
+    def _build_results(self) -> QSplitter:
+        """The summary, the coloured tokens, the largest divergences and the selected token's detail."""
         self.summary = QLabel("Load a second model, then compare: each token is coloured by KL(A‖B) of the two "
                               "models' next-token distributions there.")
         self.summary.setWordWrap(True)
@@ -196,22 +254,14 @@ class ModelDiffView(QWidget):
         right = QSplitter(Qt.Orientation.Vertical)
         right.addWidget(self.top_list)
         right.addWidget(self.detail)
+        right.setStretchFactor(0, 3)  # the list of largest divergences takes most of the height
+        right.setStretchFactor(1, 2)
         split = QSplitter()
         split.addWidget(self.body)
         split.addWidget(right)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
-
-        lay = QVBoxLayout(self)
-        lay.addLayout(pick)
-        lay.addWidget(self.models_label)
-        lay.addWidget(self.text)
-        lay.addLayout(bar)
-        lay.addWidget(self.summary)
-        lay.addWidget(split, 1)
-        self.host.model_changed.connect(self._on_host_model)
-        self._show_models()
-        fit_to_screen(self, 1000, 760)
+        return split
 
     # -- model B ---------------------------------------------------------------------------------
 
@@ -220,8 +270,8 @@ class ModelDiffView(QWidget):
         # A GGUF file (whichever backend runs it): its float twin, converted from the same file, is the natural
         # reference; the file's format says so, not the backend's name.
         if info is not None and info.runs_locally and info.path.lower().endswith(".gguf"):
-            self.model_box.addItem(f"{info.name} on torch (float, converted from the GGUF)",
-                                   (self.host.spec or DEFAULT_SPEC, "torch"))
+            self.model_box.addItem(f"{info.name} on {FLOAT_TWIN} (float, converted from the GGUF)",
+                                   (self.host.spec or DEFAULT_SPEC, FLOAT_TWIN))
         for row in recent:
             spec, backend = row.get("spec") or DEFAULT_SPEC, row.get("backend", "auto")
             self.model_box.addItem(f"{_spec_label(spec)} ({backend})", (spec, backend))
@@ -254,11 +304,23 @@ class ModelDiffView(QWidget):
             self.second.load(None if spec == DEFAULT_SPEC else spec, backend or "auto"))
         return self._load_task
 
+    def cancel_load(self) -> None:
+        """Stop loading model B (the picker stays as it was; Load tries again)."""
+        if self.second.cancel_load() and self._load_task is not None and not self._load_task.done():
+            self._load_task.cancel()
+
     def _on_second_changed(self) -> None:
-        self.load_button.setEnabled(not self.second.loading)
+        loading = self.second.loading
+        self.load_button.setEnabled(not loading)
+        self.load_bar.setVisible(loading)
+        self.cancel_load_button.setVisible(loading)
+        if loading:
+            self._load_clock.start()
+        else:
+            self._load_clock.stop()
         self._show_models()
 
-    def _on_host_model(self, _info) -> None:
+    def _on_host_model(self, _info: object) -> None:
         self._show_models()
 
     def _show_models(self) -> None:
@@ -270,7 +332,9 @@ class ModelDiffView(QWidget):
             parts.append("A: no model is loaded (Model ▸ Open model…)")
         b = self.second
         if b.loading:
-            parts.append(f"B: loading {_spec_label(b.spec)} ({b.backend})…")
+            parts.append(self._loading_words(b))
+        elif b.cancelled:
+            parts.append(f"B: loading {_spec_label(b.spec)} was cancelled (pick one and Load)")
         elif b.error:
             parts.append(f"B: could not be loaded: {b.error}")
         elif b.info is not None:
@@ -282,6 +346,21 @@ class ModelDiffView(QWidget):
             parts.append(f"both: {human_bytes(both)} (closing this window frees B)")
         self.models_label.setText(" · ".join(parts))
         self.compare_button.setEnabled(b.info is not None and not self._runs.running)
+
+    def _loading_words(self, b: SecondModel) -> str:
+        """"B: loading X (torch)… 12 s · downloading X 40 %", and the bar: determinate where a fraction is known."""
+        message, fraction = b.progress
+        try:
+            seconds = max(0, int(asyncio.get_running_loop().time() - b.started_at))
+        except RuntimeError:  # no loop (a script): no clock
+            seconds = 0
+        if fraction is None:
+            self.load_bar.setRange(0, 0)  # busy: the engine does not know how far it is
+        else:
+            self.load_bar.setRange(0, 100)
+            self.load_bar.setValue(round(100 * max(0.0, min(1.0, fraction))))
+        doing = f" · {message}" + (f" {round(100 * fraction)} %" if fraction is not None else "") if message else ""
+        return f"B: loading {_spec_label(b.spec)} ({b.backend})… {seconds} s{doing}"
 
     @staticmethod
     def _memory_words(which: str, m: MemoryLine) -> str:
@@ -327,10 +406,12 @@ class ModelDiffView(QWidget):
         self.body.set_selected(index)
         self.detail.setText(self.body.tips[index])
 
-    def closeEvent(self, event) -> None:
+    def closeEvent(self, event: QCloseEvent) -> None:
         self._runs.close(abandon=True)  # it ends after this window (B may still be loading): nothing to draw into
+        self.second.cancel_load()
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
+        self._load_clock.stop()
         self.host.model_changed.disconnect(self._on_host_model)
         self.second.close()  # the window held B for the comparison only
         super().closeEvent(event)

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import BACKENDS as ENGINE_BACKENDS, custom_code_files
+from engine import backend_help, custom_code_files, user_backends
 
 from app.state.store import Store
 from app.widgets.file_dialogs import open_file, open_folder
@@ -28,7 +28,7 @@ MODELS_FOLDER = "models"  # the file dialogs' memory of where models were last c
 RECENT_KEY = "recent_models"
 MAX_RECENT = 10
 DEFAULT_SPEC = "default"
-BACKENDS = tuple(b for b in ENGINE_BACKENDS if b != "mock")  # mock is for tests
+BACKENDS = user_backends()  # the engine's backend table: "auto" and each backend users see (not the mock)
 
 
 def recent_models(store: Store) -> list[dict[str, str]]:
@@ -117,10 +117,7 @@ class ModelPicker(QDialog):
         self._follow_text(self.spec_box.currentText())
         self.backend_box.currentTextChanged.connect(self._on_backend_changed)
         self.spec_box.currentTextChanged.connect(self._follow_text)
-        self.backend_box.setToolTip(
-            "auto: a .gguf file on llama.cpp when installed, a server URL on remote; "
-            "otherwise MLX on Apple Silicon, torch elsewhere (CUDA when present)"
-        )
+        self.backend_box.setToolTip(backend_help("\n"))
 
         pick = QHBoxLayout()
         pick.addWidget(self.spec_box, 1)

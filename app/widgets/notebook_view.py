@@ -17,8 +17,11 @@ from __future__ import annotations
 import bisect
 import os
 
+from collections.abc import Callable
+
+from engine import TokenEvent
 from PySide6.QtCore import QPoint, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor
+from PySide6.QtGui import QColor, QFocusEvent, QFont, QMouseEvent, QPalette, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTextEdit, QToolButton, QToolTip, QVBoxLayout, QWidget,
 )
@@ -27,6 +30,7 @@ from app.controllers.chat import ChatController
 from app.notebook import apply_text, is_notebook, notebook_text, spans
 from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
+from app.state.observable import Signal as ObservableSignal
 from app.state.write_queue import write_queue
 from app.state.settings import Selection, ViewOptions
 from app.theme import is_dark
@@ -35,6 +39,9 @@ from app.widgets.fmt import token_tooltip
 from app.widgets.heat import HeatLegend, confidence, heat_color
 from app.widgets.markup_tokens import MarkupTokens
 
+# Streaming follows the end while the view is this close to it (a QPlainTextEdit scrolls by lines); scrolled
+# further up, the person is reading: the view stays put.
+FOLLOW_SLACK_LINES = 1
 PLACEHOLDER = (
     "Write the beginning of a text — a story, a letter, a list, code — and press Generate (Ctrl+Enter): the model "
     "continues it. No chat template is applied: the model sees exactly this text, which is how a base model is used."
@@ -84,7 +91,7 @@ class NotebookEditor(QPlainTextEdit):
                 return position - 1
         return position
 
-    def focusOutEvent(self, event) -> None:
+    def focusOutEvent(self, event: QFocusEvent) -> None:
         super().focusOutEvent(event)
         self.left.emit()
 
@@ -105,6 +112,40 @@ class NotebookView(QWidget):
         self._markup = MarkupTokens(controller.host, self)
         self._markup.ready.connect(self._paint)
 
+        head = self._build_head()
+
+        self.editor = NotebookEditor()
+        self.editor.clicked.connect(self._on_clicked)
+        self.editor.hovered.connect(self._on_hovered)
+        self.editor.left.connect(self.commit_draft)
+        self.editor.cursorPositionChanged.connect(self._update_versions)
+
+        foot = self._build_foot()
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(6)
+        lay.addLayout(head)
+        body = QHBoxLayout()
+        body.setContentsMargins(16, 0, 12, 0)
+        body.addWidget(self.editor)
+        lay.addLayout(body, 1)
+        lay.addLayout(foot)
+
+        self._sync_timer = QTimer(self)  # streamed tokens: one repaint per frame, not per token
+        self._sync_timer.setSingleShot(True)
+        self._sync_timer.setInterval(30)
+        self._sync_timer.timeout.connect(self._sync)
+        library.current_changed.connect(self._on_conversation_changed)
+        view.changed.connect(self._on_view_changed)
+        selection.changed.connect(lambda *_: self._paint())
+        controller.busy_changed.connect(self._on_busy)
+        self._on_view_changed()
+        self._on_busy(controller.busy)
+        self._on_conversation_changed(library.current)
+
+    def _build_head(self) -> QHBoxLayout:
+        """The title, the note that no chat template wraps the text, token view's switch and its legend."""
         self.title_label = ElidedLabel()  # bold, and shortened rather than widening the window
         self.title_label.setAccessibleName("Notebook title")
         self.mode_note = QLabel("Notebook · no chat template")
@@ -113,8 +154,8 @@ class NotebookView(QWidget):
         self.heat_toggle = QCheckBox("Token view")
         self.heat_toggle.setAccessibleName("Token heatmap")
         self.heat_toggle.setToolTip("Colour the model's tokens by the chosen measure (Ctrl+H); the chat's choice")
-        self.heat_toggle.toggled.connect(view.set_heatmap)
-        self.legend = HeatLegend(view.mode)
+        self.heat_toggle.toggled.connect(self._view.set_heatmap)
+        self.legend = HeatLegend(self._view.mode)
         head = QHBoxLayout()
         head.setContentsMargins(16, 8, 12, 0)
         head.addWidget(self.title_label, 1)
@@ -122,13 +163,10 @@ class NotebookView(QWidget):
         head.addSpacing(12)
         head.addWidget(self.heat_toggle)
         head.addWidget(self.legend)
+        return head
 
-        self.editor = NotebookEditor()
-        self.editor.clicked.connect(self._on_clicked)
-        self.editor.hovered.connect(self._on_hovered)
-        self.editor.left.connect(self.commit_draft)
-        self.editor.cursorPositionChanged.connect(self._update_versions)
-
+    def _build_foot(self) -> QHBoxLayout:
+        """The part at the cursor's versions with their arrows, Stop and Generate."""
         self.version_label = QLabel()
         self.version_label.setTextFormat(Qt.TextFormat.PlainText)
         self.version_label.setAccessibleName("Version of the part at the cursor")
@@ -154,28 +192,7 @@ class NotebookView(QWidget):
         foot.addStretch(1)
         foot.addWidget(self.stop_button)
         foot.addWidget(self.generate_button)
-
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.setSpacing(6)
-        lay.addLayout(head)
-        body = QHBoxLayout()
-        body.setContentsMargins(16, 0, 12, 0)
-        body.addWidget(self.editor)
-        lay.addLayout(body, 1)
-        lay.addLayout(foot)
-
-        self._sync_timer = QTimer(self)  # streamed tokens: one repaint per frame, not per token
-        self._sync_timer.setSingleShot(True)
-        self._sync_timer.setInterval(30)
-        self._sync_timer.timeout.connect(self._sync)
-        library.current_changed.connect(self._on_conversation_changed)
-        view.changed.connect(self._on_view_changed)
-        selection.changed.connect(lambda *_: self._paint())
-        controller.busy_changed.connect(self._on_busy)
-        self._on_view_changed()
-        self._on_busy(controller.busy)
-        self._on_conversation_changed(library.current)
+        return foot
 
     # -- following the state ---------------------------------------------------------------
 
@@ -192,7 +209,7 @@ class NotebookView(QWidget):
         self._on_title()
         self._sync(force=True)
 
-    def _subscriptions(self, conv: Conversation):
+    def _subscriptions(self, conv: Conversation) -> tuple[tuple[ObservableSignal, Callable[..., None]], ...]:
         return ((conv.changed, self._on_title), (conv.path_changed, self._on_path_changed),
                 (conv.message_changed, self._on_part_changed), (conv.tokens_appended, self._on_part_changed))
 
@@ -202,7 +219,7 @@ class NotebookView(QWidget):
     def _on_path_changed(self) -> None:
         self._sync(force=True)
 
-    def _on_part_changed(self, *_args) -> None:
+    def _on_part_changed(self, *_args: object) -> None:
         self._sync_timer.start()
 
     def _sync(self, force: bool = False) -> None:
@@ -212,9 +229,13 @@ class NotebookView(QWidget):
         current = self.editor.toPlainText()
         if current != text and (force or current == self._synced):
             if text.startswith(current):  # streaming: append, keeping the cursor and the scroll position
+                bar = self.editor.verticalScrollBar()
+                following = bar.value() >= bar.maximum() - FOLLOW_SLACK_LINES  # at the end: follow it, as a terminal does
                 cursor = QTextCursor(self.editor.document())
                 cursor.movePosition(QTextCursor.MoveOperation.End)
                 cursor.insertText(text[len(current):])
+                if following:
+                    bar.setValue(bar.maximum())
             else:
                 self.editor.setPlainText(text)
         self._synced = text
@@ -285,7 +306,7 @@ class NotebookView(QWidget):
                 position = end
         self.editor.setExtraSelections(selections)
 
-    def _selection_for(self, start: int, end: int, ev, background: QColor, selected: bool) -> QTextEdit.ExtraSelection:
+    def _selection_for(self, start: int, end: int, ev: TokenEvent, background: QColor, selected: bool) -> QTextEdit.ExtraSelection:
         sel = QTextEdit.ExtraSelection()
         sel.cursor = QTextCursor(self.editor.document())
         sel.cursor.setPosition(start)
@@ -327,7 +348,7 @@ class NotebookView(QWidget):
         if hit is not None:
             self._selection.set(hit[0].id, hit[1])
 
-    def _on_hovered(self, position: int, where) -> None:
+    def _on_hovered(self, position: int, where: QPoint) -> None:
         hit = self.token_at(position)
         if hit is None:
             QToolTip.hideText()

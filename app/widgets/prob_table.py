@@ -6,7 +6,7 @@ import math
 
 from engine import TokenEvent, TokenProb
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFont
+from PySide6.QtGui import QFont, QKeyEvent
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTreeWidget, QTreeWidgetItem, QWidget
 
 from app.widgets.bars import CHOSEN_ROLE, MISSING_ROLE, PROB_ROLE, BarDelegate, SoftSelectionDelegate
@@ -131,7 +131,7 @@ class ProbTable(QTreeWidget):
                 return True
         return False
 
-    def keyPressEvent(self, event) -> None:
+    def keyPressEvent(self, event: QKeyEvent) -> None:
         current = self.currentItem()
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and current is not None:
             self._on_activated(current)

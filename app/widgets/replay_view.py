@@ -19,6 +19,7 @@ from dataclasses import fields
 from engine import SamplerSettings
 from engine import experiments
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout, QWidget
 
 from app.engine_host import EngineHost
@@ -215,11 +216,10 @@ class ReplayView(QWidget):
         a, b = self.original.token_ids, self.replay.token_ids
         what = ", ".join(f"{k} {old} → {new}" for k, (old, new) in run.changed.items()) or "nothing changed"
         v = run.verdict  # the tokens and their log-probs bit for bit, and what the fingerprints say differs
-        verdict = f" Verdict: {v.headline()}; {v.fingerprint_text()}." if v is not None else ""
+        record = f" {v.fingerprint_text()[:1].upper()}{v.fingerprint_text()[1:]}." if v is not None else ""
         first = d.first_divergence
-        if first is None:  # identical
-            head = "Identical" if v is None or v.identical else f"Same tokens, probabilities within {v.max_logprob_diff:.3g}"
-            record = f" {v.fingerprint_text()[:1].upper()}{v.fingerprint_text()[1:]}." if v is not None else ""
+        if first is None:  # the same tokens: identical bit for bit, or log-probs that moved (by how much, in nats)
+            head = "Identical" if v is None or v.identical else v.headline()[:1].upper() + v.headline()[1:]
             self.summary.setText(f"{head}: all {len(a)} tokens match ({what}; seed {settings.seed}).{record}")
             return
         # Up to the first divergence the runs saw the same text, so these positions are where the change mattered.
@@ -229,10 +229,14 @@ class ReplayView(QWidget):
         later = [i for i in d.changed if i > first]
         mark_tokens(self.original.body, later, CHANGED_COLOR)
         mark_tokens(self.replay.body, later, CHANGED_COLOR)
+        # One numbering (tokens from 1, as the token detail says) and one statement of where it diverged: the
+        # verdict's. With nothing changed, nothing "did not alter what could be drawn": the record says why.
+        head = v.headline() if v is not None else f"diverged at token {first + 1}"
+        before = ("the change did not alter what could be drawn before it" if run.changed
+                  else "the same tokens before it")
         self.summary.setText(
-            f"First divergence at token {first + 1} ({what}; seed {settings.seed}); "
-            f"{len(d.changed)} of {max(len(a), len(b))} positions differ. Tokens before it are identical: "
-            f"the change did not alter what could be drawn there.{verdict}"
+            f"{head[:1].upper()}{head[1:]} ({what}; seed {settings.seed}); {len(d.changed)} of "
+            f"{max(len(a), len(b))} positions differ, {before}.{record}"
         )
 
     def _on_token_clicked(self, col: TokenColumn, index: int) -> None:
@@ -250,7 +254,7 @@ class ReplayView(QWidget):
         self.summary.setText(self.summary.text() + " Kept as a new version of the answer.")
         return answer
 
-    def closeEvent(self, event) -> None:
+    def closeEvent(self, event: QCloseEvent) -> None:
         if self._run is not None:  # it ends after this window: nothing to draw into
             self._run.tokens.disconnect(self.replay.append)
             self._run.finished.disconnect(self._on_finished)

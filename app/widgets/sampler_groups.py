@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from engine import SAMPLER_CONTROLS, STAGE_ROWS, SamplerSettings
+from engine import SAMPLER_CONTROLS, SamplerSettings, switched_on_by
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtWidgets import QPlainTextEdit, QToolButton, QVBoxLayout, QWidget
 
@@ -21,8 +21,13 @@ from app.widgets.escaped_lines import format_lines, parse_lines
 from app.widgets.param_row import ParamRow
 from app.widgets.sampler_specs import BANNED_STRINGS_TEXT, OTHER_SECTION, SECTIONS, TEXT_SECTIONS, UNPLACED
 
-# Fields whose spin box minimum stands for "off": the settings' own off value is stored, so presets still match.
-OFF_VALUES = {"top_n_sigma": -1.0, "adaptive_target": -1.0}
+# Fields whose spin box minimum stands for "off" (the registry's control says so) below which the settings keep an
+# off value of their own: that value is stored, so presets still match.
+_NEUTRAL = SamplerSettings()
+OFF_VALUES: dict[str, float] = {
+    f: getattr(_NEUTRAL, f) for f, c in SAMPLER_CONTROLS.items()
+    if c.special and not c.lines and getattr(_NEUTRAL, f) < c.minimum
+}
 # Text boxes: label and tip (the stages' from the registry's controls).
 TEXTS = {
     **{f: (SAMPLER_CONTROLS[f].label, SAMPLER_CONTROLS[f].tip) for f in ("dry_sequence_breakers", "logit_bias")},
@@ -43,7 +48,7 @@ class Section(QWidget):
         self.header.setAccessibleName(title)
         self.body = QWidget()
         self.lay = QVBoxLayout(self.body)
-        self.lay.setContentsMargins(12, 0, 0, 4)
+        self.lay.setContentsMargins(0, 0, 0, 4)
         self.lay.setSpacing(4)
         col = QVBoxLayout(self)
         col.setContentsMargins(0, 0, 0, 0)
@@ -76,6 +81,7 @@ class SamplerGroups(QWidget):
         self.rows: dict[str, ParamRow] = {}
         self.texts: dict[str, QPlainTextEdit] = {}
         self.sections: dict[str, Section] = {}
+        self._fields: dict[str, set[str]] = {}  # the settings fields each section holds
         self._shown: dict[str, str] = {}  # the text each box last agreed with the state on
         col = QVBoxLayout(self)
         col.setContentsMargins(0, 0, 0, 0)
@@ -85,18 +91,21 @@ class SamplerGroups(QWidget):
             section = self._section(title)
             for spec in specs:
                 row = self.rows[spec.name] = ParamRow(spec)
+                self._fields[title].add(spec.name)
                 row.edited.connect(self._on_row_edited)
                 section.lay.addWidget(row)
         for title, names in TEXT_SECTIONS:
             section = self._section(title)
             for name in names:
                 section.lay.addWidget(self._text_box(name))
+                self._fields[title].add(name)
         for section in self.sections.values():
             col.addWidget(section)
 
     def _section(self, title: str) -> Section:
         if title not in self.sections:
             self.sections[title] = Section(title)
+            self._fields[title] = set()
         return self.sections[title]
 
     def _text_box(self, name: str) -> QPlainTextEdit:
@@ -150,19 +159,9 @@ class SamplerGroups(QWidget):
                 box.blockSignals(False)
                 current = text
             self._shown[name] = current
-        on = {
-            "Dynamic temp · top-nσ": s.dynatemp_range > 0 or s.top_n_sigma > 0,
-            "DRY (repetition of phrases)": s.dry_multiplier > 0,
-            "Mirostat": s.mirostat != 0,
-            "Adaptive-p": s.adaptive_target >= 0,
-            "Smoothing (quadratic)": s.smoothing_factor > 0,
-            "Logit bias · banned strings": bool(s.logit_bias or s.banned_strings),
-        }
-        if UNPLACED:  # stages the layout does not place yet: on when any of them is
-            rows = [row for row in STAGE_ROWS.values() if any(p.name in row.fields for p in UNPLACED)]
-            on[OTHER_SECTION] = any(row.active(s) for row in rows)
-        for title, section in self.sections.items():
-            section.set_on(on.get(title, False))
+        for title, section in self.sections.items():  # on by the registry's rule (`active`) for what it holds
+            fields = self._fields[title]
+            section.set_on(switched_on_by(fields, s) or ("banned_strings" in fields and bool(s.banned_strings)))
 
 
 def parse_logit_bias(text: str) -> tuple[tuple[int | str, float], ...]:

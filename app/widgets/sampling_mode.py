@@ -9,7 +9,7 @@ then fixed, again with the reason. Local models hide the box.
 
 from __future__ import annotations
 
-from engine import SAMPLER_CONTROLS, ModelInfo, server_sampler_fields
+from engine import SAMPLER_CONTROLS, STAGE_ROWS, ModelInfo, server_sampler_fields
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QGroupBox, QLabel, QVBoxLayout, QWidget
 
@@ -18,8 +18,18 @@ from app.state.servers import server_samples
 from app.state.settings import SettingsState
 
 # The controls a server may have no parameter for: every stage setting the registry lists (engine's
-# SAMPLER_CONTROLS), and the banned strings; temperature, top-p and the seed have their own rules.
-SERVER_LIMITED = (*(f for f in SAMPLER_CONTROLS if f not in ("temperature", "top_p")), "banned_strings")
+# SAMPLER_CONTROLS), and the banned strings (no stage: never a server's); the seed and the order have rules below.
+SERVER_LIMITED = (*SAMPLER_CONTROLS, "banned_strings")
+
+
+def sent_fields(taken: frozenset[str]) -> dict[str, bool]:
+    """Stage setting -> whether a server that takes `taken` (`server_sampler_fields`) applies it, by the registry's
+    rows: a field it names, and for a stage sent by its switch (`server_rule` "switch"), only with that switch."""
+    out: dict[str, bool] = {}
+    for row in STAGE_ROWS.values():
+        switch_sent = row.server_rule != "switch" or row.switches[0] in taken
+        out |= {f: f in taken and switch_sent for f in row.fields}
+    return out
 SERVER_SAMPLES_TIP = (
     "The server samples: fast, streaming, each token with the server's top-N log-probs (heatmap, alternatives). "
     "Its sampler stages are not visible and branching needs we-sample mode. "
@@ -76,12 +86,11 @@ class SamplingModeBox(QGroupBox):
         if facts is None or not server_samples(self._settings.options.server_sampling, info):
             return {}
         fields = server_sampler_fields(facts)
+        sent = sent_fields(fields)
         why = f"a {facts.kind} server has no parameter for this: it applies in we-sample mode only"
-        out = {name: why for name in SERVER_LIMITED if name not in fields}
-        if "xtc_probability" in out:
-            out["xtc_threshold"] = out["xtc_probability"]
-        if "penalty_last_n" in out:
-            out["penalty_last_n"] = f"a {facts.kind} server uses its own look-back: it applies in we-sample mode only"
+        own = f"a {facts.kind} server uses a value of its own for this: it applies in we-sample mode only"
+        server_own = {f for row in STAGE_ROWS.values() for f in row.server_defaults}
+        out = {name: own if name in server_own else why for name in SERVER_LIMITED if not sent.get(name, False)}
         if "seed" not in fields:
             out["seed"] = f"{facts.host} gave different tokens for one seed when probed: seeds apply in we-sample mode"
         if "order" not in fields:

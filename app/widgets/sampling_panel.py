@@ -15,6 +15,7 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, QObject, QRegularExpression, Qt, QTimer, Signal
 from PySide6.QtGui import QRegularExpressionValidator
 from PySide6.QtWidgets import (
+    QMainWindow,
     QAbstractSlider,
     QAbstractSpinBox,
     QCheckBox,
@@ -40,6 +41,7 @@ from app.widgets.param_row import ParamRow, ParamSpec
 from app.widgets.sampler_groups import TEXTS, SamplerGroups
 from app.widgets.sampler_specs import FILTERS, PENALTIES, XTC
 from app.widgets.sampling_mode import SamplingModeBox, show_limit
+from app.state import model_defaults
 from app.widgets.save_preset_dialog import SavePresetDialog
 from app.widgets.stage_order import StageOrderList
 from app.widgets.structured_output import StructuredOutputBox
@@ -63,7 +65,39 @@ class SamplingPanel(QScrollArea):
         body = QWidget()
         col = QVBoxLayout(body)
         col.setContentsMargins(8, 8, 8, 8)
+        self._build_presets(col)
+        self._build_samplers(col)
+        col.addWidget(self._seed_box())
+        col.addWidget(self._length_box())
+        col.addWidget(self._order_box())
+        col.addWidget(StructuredOutputBox(settings))  # JSON schema / regex / grammar (docs/constraints.md)
+        col.addWidget(self._error_label())
+        col.addStretch(1)
+        self.setWidget(body)
+        self._align_rows()
+        self._guard_wheel(body)
+        # The dock may not be narrowed below what the controls need: they are never cut off on the
+        # right (there is no horizontal scroll bar); only the height scrolls.
+        self._fit_width()
+        body.installEventFilter(self)  # its minimum is known for sure only once it is shown and polished
 
+        self._stop_timer = QTimer(self)
+        self._stop_timer.setSingleShot(True)
+        self._stop_timer.setInterval(400)
+        self._stop_timer.timeout.connect(self._apply_stop)
+        self._connect_controls()
+        follow(self, (
+            (settings.changed, self._on_settings_changed),
+            (settings.presets_changed, self._on_presets_changed),
+            (controller.finished, self._on_generation_finished),
+            (controller.library.current_changed, self._on_conversation_changed),
+            (controller.host.model_changed, self._on_model_changed),  # the host outlives this window
+        ))
+        self._on_presets_changed()
+        self._on_settings_changed(settings.options)
+
+    def _build_presets(self, col: QVBoxLayout) -> None:
+        """The preset box, its Save, Delete and Reset buttons, the llama.cpp JSON button and the sampling mode."""
         presets = QHBoxLayout()
         self.preset_box = QComboBox()
         self.preset_box.setAccessibleName("Preset")
@@ -84,10 +118,17 @@ class SamplingPanel(QScrollArea):
         for b in (self.save_preset_button, self.delete_preset_button, self.reset_button):
             preset_buttons.addWidget(b)
         col.addLayout(preset_buttons)
+        self.global_defaults_button = QPushButton("Global defaults")  # app/state/model_defaults.py
+        self.global_defaults_button.setAccessibleName("Use the global defaults")
+        self.global_defaults_button.setToolTip("Forget the loaded model's own defaults and use the global ones again")
+        self.global_defaults_button.clicked.connect(self.use_global_defaults)
+        col.addWidget(self.global_defaults_button)
         col.addWidget(self.json_button)
-        self.mode_box = SamplingModeBox(settings, controller.host)  # remote models only: who samples
+        self.mode_box = SamplingModeBox(self._settings, self._controller.host)  # remote models only: who samples
         col.addWidget(self.mode_box)
 
+    def _build_samplers(self, col: QVBoxLayout) -> None:
+        """The parameter rows: filters, penalties and XTC in groups of their own, then the other samplers."""
         self.rows: dict[str, ParamRow] = {}
         for title, specs in (("Temperature and filters", FILTERS), ("Penalties", PENALTIES), ("XTC", XTC)):
             col.addWidget(self._group(title, specs))
@@ -98,6 +139,8 @@ class SamplingPanel(QScrollArea):
         more.addWidget(self.groups)
         col.addWidget(more_box)
 
+    def _seed_box(self) -> QGroupBox:
+        """The seed: a number, Random, and Use last."""
         seed_box = QGroupBox("Seed")
         seed_col = QVBoxLayout(seed_box)  # two rows: one row was the widest thing in the panel at 1024 px
         seed_row, seed_buttons = QHBoxLayout(), QHBoxLayout()
@@ -120,8 +163,10 @@ class SamplingPanel(QScrollArea):
         seed_buttons.addWidget(self.random_seed)
         seed_buttons.addStretch(1)
         seed_buttons.addWidget(self.last_seed_button)
-        col.addWidget(seed_box)
+        return seed_box
 
+    def _length_box(self) -> QGroupBox:
+        """Max new tokens and the stop strings box."""
         length_box = QGroupBox("Length and stop strings")
         length = QVBoxLayout(length_box)
         self.max_tokens = ParamRow(MAX_TOKENS)
@@ -134,36 +179,28 @@ class SamplingPanel(QScrollArea):
         self.stop_edit.installEventFilter(self)  # focus out applies a pending edit
         self._shown_stop: tuple[str, ...] = ()  # the state's stop strings the box last agreed with
         length.addWidget(self.stop_edit)
-        col.addWidget(length_box)
+        return length_box
 
+    def _order_box(self) -> QGroupBox:
+        """The stage order list."""
         order_box = QGroupBox("Stage order")
         order = QVBoxLayout(order_box)
         self.stage_order = StageOrderList()
         order.addWidget(self.stage_order)
-        col.addWidget(order_box)
-        col.addWidget(StructuredOutputBox(settings))  # JSON schema / regex / grammar (docs/constraints.md)
+        return order_box
 
+    def _error_label(self) -> QLabel:
+        """Where a refused value's reason shows, under the controls (hidden while there is none)."""
         self.error_label = QLabel()
         self.error_label.setTextFormat(Qt.TextFormat.PlainText)  # errors quote what was typed
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #d9534f")
         self.error_label.setAccessibleName("Settings error")
         self.error_label.setVisible(False)
-        col.addWidget(self.error_label)
-        col.addStretch(1)
-        self.setWidget(body)
-        self._align_rows()
-        self._guard_wheel(body)
-        # The dock may not be narrowed below what the controls need: they are never cut off on the
-        # right (there is no horizontal scroll bar); only the height scrolls.
-        self._fit_width()
-        body.installEventFilter(self)  # its minimum is known for sure only once it is shown and polished
+        return self.error_label
 
-        self._stop_timer = QTimer(self)
-        self._stop_timer.setSingleShot(True)
-        self._stop_timer.setInterval(400)
-        self._stop_timer.timeout.connect(self._apply_stop)
-
+    def _connect_controls(self) -> None:
+        """Each control's edit to the handler that hands it to the settings."""
         for name, row in self.rows.items():
             if name not in self.groups.rows:  # the groups' rows reach us through `groups.edited`
                 row.edited.connect(self._on_param_edited)
@@ -180,16 +217,6 @@ class SamplingPanel(QScrollArea):
         self.json_button.clicked.connect(self._on_json_clicked)
         self.groups.edited.connect(self._on_param_edited)
         self.groups.invalid.connect(self._show_error)
-
-        follow(self, (
-            (settings.changed, self._on_settings_changed),
-            (settings.presets_changed, self._on_presets_changed),
-            (controller.finished, self._on_generation_finished),
-            (controller.library.current_changed, self._on_conversation_changed),
-            (controller.host.model_changed, self._on_model_changed),  # the host outlives this window
-        ))
-        self._on_presets_changed()
-        self._on_settings_changed(settings.options)
 
     def _align_rows(self) -> None:
         """One label width and one value-box width for every row: the sliders line up."""
@@ -314,7 +341,8 @@ class SamplingPanel(QScrollArea):
 
     def _on_save_preset_clicked(self) -> None:
         self.flush_pending_edits()  # the stop strings a preset may keep are the ones typed so far
-        answer = SavePresetDialog.ask(self, self._settings.preset_names())
+        info = self._controller.host.info
+        answer = SavePresetDialog.ask(self, self._settings.preset_names(), info.name if info else "")
         if answer is not None and answer[0]:
             self.save_preset(*answer)
 
@@ -326,8 +354,18 @@ class SamplingPanel(QScrollArea):
         finally:
             dialog.deleteLater()
 
-    def save_preset(self, name: str, include_length_and_stop: bool = False) -> bool:
-        return self._apply(self._settings.save_preset, name, include_length_and_stop)
+    def save_preset(self, name: str, include_length_and_stop: bool = False, for_model: bool = False) -> bool:
+        saved = self._apply(self._settings.save_preset, name, include_length_and_stop)
+        if saved and for_model:
+            model_defaults.save_for_loaded(self._controller.library, self._controller.host, name)
+        return saved
+
+    def use_global_defaults(self) -> None:
+        """Forget the loaded model's defaults and put back the global options (said in the status bar)."""
+        text = model_defaults.back_to_global(self._controller.library.store, self._settings, self._controller.host)
+        window = self.window()
+        if isinstance(window, QMainWindow):
+            window.statusBar().showMessage(text, 8000)
 
     def _on_delete_preset_clicked(self) -> None:
         name = self.preset_box.currentText()

@@ -1,4 +1,5 @@
-"""Save preset: a name, and whether the preset also keeps the answer length and the stop strings."""
+"""Save preset: a name, whether the preset also keeps the answer length and the stop strings, and whether it
+becomes the loaded model's own defaults (app/state/model_defaults.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from PySide6.QtWidgets import QCheckBox, QDialog, QDialogButtonBox, QFormLayout,
 class SavePresetDialog(QDialog):
     """Asks for the preset's name; `choice()` is (name, include length and stop strings)."""
 
-    def __init__(self, parent: QWidget | None = None, existing: list[str] | tuple[str, ...] = ()):
+    def __init__(self, parent: QWidget | None = None, existing: list[str] | tuple[str, ...] = (), model: str = ""):
         super().__init__(parent)
         self.setWindowTitle("Save preset")
         self._existing = set(existing)
@@ -20,6 +21,13 @@ class SavePresetDialog(QDialog):
         self.include_length_and_stop.setToolTip(
             "Off: the preset holds the sampler settings only, and choosing it keeps the length and stop strings you have"
         )
+        # Shown with a model loaded: this preset, its context length and the chat's system prompt, applied
+        # whenever that model is opened again.
+        self.for_model = QCheckBox(f"Save as this model's defaults ({model})")
+        self.for_model.setAccessibleName("Save as this model's defaults")
+        self.for_model.setToolTip(f"Opening {model} applies this preset, its context length and this chat's system "
+                                  "prompt; the Sampling panel's Global defaults goes back")
+        self.for_model.setVisible(bool(model))
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         self.ok_button: QPushButton = buttons.button(QDialogButtonBox.StandardButton.Save)
         buttons.accepted.connect(self.accept)
@@ -27,6 +35,7 @@ class SavePresetDialog(QDialog):
         form = QFormLayout(self)
         form.addRow("Name", self.name_edit)
         form.addRow(self.include_length_and_stop)
+        form.addRow(self.for_model)
         form.addRow(buttons)
         self.name_edit.textChanged.connect(self._on_name_changed)
         self._on_name_changed("")
@@ -40,10 +49,13 @@ class SavePresetDialog(QDialog):
         return self.name_edit.text().strip(), self.include_length_and_stop.isChecked()
 
     @staticmethod
-    def ask(parent: QWidget | None, existing: list[str]) -> tuple[str, bool] | None:
-        """Show the dialog; the user's (name, include) or None when cancelled."""
-        dialog = SavePresetDialog(parent, existing)
+    def ask(parent: QWidget | None, existing: list[str], model: str = "") -> tuple[str, bool, bool] | None:
+        """Show the dialog: the user's (name, include length and stop, make it `model`'s defaults), or None when
+        cancelled; without a model loaded ("") the last is always False."""
+        dialog = SavePresetDialog(parent, existing, model)
         try:
-            return dialog.choice() if dialog.exec() == QDialog.DialogCode.Accepted else None
+            if dialog.exec() != QDialog.DialogCode.Accepted:
+                return None
+            return (*dialog.choice(), dialog.for_model.isChecked() and bool(model))
         finally:
             dialog.deleteLater()

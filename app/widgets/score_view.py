@@ -16,6 +16,7 @@ from pathlib import Path
 
 from engine import experiments
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from app.engine_host import EngineHost
@@ -53,8 +54,9 @@ class ScoreView(QWidget):
         self.messages.setAccessibleName("User messages")
         self.messages.addItem("From the chat…", None)
         for m in (conv.path() if conv else []):
-            if m.role == "user":
-                self.messages.addItem(" ".join(m.content.split())[:60], m.content)
+            if m.role == "user":  # as the model read it: a question's attached files' blocks before its text
+                files = f" (+ {len(m.attachments)} attached)" if m.attachments else ""
+                self.messages.addItem(" ".join(m.content.split())[:60] + files, m.model_text())
         self.messages.setEnabled(self.messages.count() > 1)
         self.messages.activated.connect(self._on_message_picked)
         self.score_button = QPushButton("Score")
@@ -140,6 +142,6 @@ class ScoreView(QWidget):
         ev = self.result.tokens[index].as_event(index)
         self.detail.show_token(ev, f"token {index + 1}:")
 
-    def closeEvent(self, event) -> None:
+    def closeEvent(self, event: QCloseEvent) -> None:
         self._runs.close()  # the run ends after this window: nothing to draw into
         super().closeEvent(event)

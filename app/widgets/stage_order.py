@@ -74,6 +74,6 @@ class StageOrderList(QWidget):
         self._building = False
         self._emit()
 
-    def _emit(self, *_args) -> None:
+    def _emit(self, *_args: object) -> None:
         if not self._building:
             self.order_changed.emit(self.order())

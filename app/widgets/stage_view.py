@@ -10,10 +10,11 @@ out. A step back for a banned string is said above the table.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 from engine import StageSnapshot, TokenEvent, TokenProb
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QFont
+from PySide6.QtGui import QFont, QResizeEvent
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from app.widgets.bars import CHOSEN_ROLE, MISSING_ROLE, PROB_ROLE, BarDelegate
@@ -67,6 +68,25 @@ class StageView(QWidget):
             self.note.setText("Select a token to see what each sampler stage did.")
             return
         stages = ev.stages or ()
+        self._say_what_ran(ev, stages)
+        self._set_headers(ev, stages)
+        rows = _candidates(ev)
+        self.table.setRowCount(len(rows))
+        model = {p.token_id: p.prob for p in ev.top_model}
+        for r, p in enumerate(rows):
+            self._fill_row(r, p, ev, stages, model)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
+        # Stage columns share the width; below COLUMN_WIDTH each, the table scrolls sideways.
+        header.setMinimumSectionSize(COLUMN_WIDTH)
+        for c in range(1, self.table.columnCount()):
+            self.table.setItemDelegateForColumn(c, self._bars)
+            header.setSectionResizeMode(c, QHeaderView.ResizeMode.Stretch)
+        self._fit_token_column()
+        self.table.resizeRowsToContents()
+
+    def _say_what_ran(self, ev: TokenEvent, stages: Sequence[StageSnapshot]) -> None:
+        """The note above the table: which stages ran in which order, their notes, a step back."""
         greedy = _greedy(ev)
         if not stages and greedy:
             self.note.setText("Greedy (temperature 0): the model's most likely token was taken; no other stage was on.")
@@ -88,8 +108,10 @@ class StageView(QWidget):
             self.note.setText(
                 f"{self.note.text()} <b>Stepped back: the answer would have written the banned string "
                 f"{html.escape(repr(back.phrase))}, so {taken} and {html.escape(repr(back.banned_token_text))} is banned here.</b>")
-        columns = ["Token", "Model"] + [s.stage.replace("_", "-") for s in stages]
-        self.table.setColumnCount(len(columns))
+
+    def _set_headers(self, ev: TokenEvent, stages: Sequence[StageSnapshot]) -> None:
+        """A column per stage after Token and Model; each header says what survived it."""
+        self.table.setColumnCount(2 + len(stages))
         headers = ["Token", f"model\nall\nH {ev.entropy:.2f}"]
         for s in stages:
             headers.append(f"{s.stage.replace('_', '-')}\n{_count(s.survivors)} · {s.mass_kept:.0%}\nH {s.entropy:.2f}")
@@ -102,47 +124,41 @@ class StageView(QWidget):
                 f"that entered the stage; entropy after it {s.entropy:.3f} nats"
             )
 
-        rows = _candidates(ev)
-        self.table.setRowCount(len(rows))
-        model = {p.token_id: p.prob for p in ev.top_model}
-        for r, p in enumerate(rows):
-            chosen = p.token_id == ev.token_id
-            name = QTableWidgetItem(("▶ " if chosen else "") + visible(p.text, p.token_bytes))
-            font = QFont(self._mono)
-            font.setBold(chosen)
-            name.setFont(font)
-            self.table.setItem(r, 0, name)
-            cells = [model.get(p.token_id, ev.prob if chosen else None)]
-            missing = ["·"]
-            for s in stages:
-                probs = {t.token_id: t.prob for t in s.top}
-                cells.append(probs.get(p.token_id))
-                missing.append(_missing(s, p.token_id))
-            for c, (prob, miss) in enumerate(zip(cells, missing), start=1):
-                item = QTableWidgetItem()
-                item.setData(PROB_ROLE, prob)
-                item.setData(MISSING_ROLE, miss)
-                item.setData(CHOSEN_ROLE, chosen)
-                if prob is None:
-                    rw = ev.rewind
-                    if miss == "banned" and stages[c - 2].stage == BANNED_STAGE and rw is not None \
-                            and rw.banned_token_id == p.token_id:
-                        tip = (f"banned {rw.phrase!r} here: this token began the phrase, so the answer stepped back "
-                               f"({rw.withdrawn} tokens) and this token may not be picked at this position")
-                    else:
-                        removal = removed_by(ev, p.token_id) if miss in ("cut", "banned") else None
-                        tip = removal[1] if removal else _MISSING_TIPS[miss]
-                    item.setToolTip(tip)
-                self.table.setItem(r, c, item)
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
-        # Stage columns share the width; below COLUMN_WIDTH each, the table scrolls sideways.
-        header.setMinimumSectionSize(COLUMN_WIDTH)
-        for c in range(1, len(columns)):
-            self.table.setItemDelegateForColumn(c, self._bars)
-            header.setSectionResizeMode(c, QHeaderView.ResizeMode.Stretch)
-        self._fit_token_column()
-        self.table.resizeRowsToContents()
+    def _fill_row(self, r: int, p: TokenProb, ev: TokenEvent, stages: Sequence[StageSnapshot],
+                  model: dict[int, float]) -> None:
+        """One candidate token: its probability under the model and after each stage, or why it is missing."""
+        chosen = p.token_id == ev.token_id
+        name = QTableWidgetItem(("▶ " if chosen else "") + visible(p.text, p.token_bytes))
+        font = QFont(self._mono)
+        font.setBold(chosen)
+        name.setFont(font)
+        self.table.setItem(r, 0, name)
+        cells = [model.get(p.token_id, ev.prob if chosen else None)]
+        missing = ["·"]
+        for s in stages:
+            probs = {t.token_id: t.prob for t in s.top}
+            cells.append(probs.get(p.token_id))
+            missing.append(_missing(s, p.token_id))
+        for c, (prob, miss) in enumerate(zip(cells, missing), start=1):
+            item = QTableWidgetItem()
+            item.setData(PROB_ROLE, prob)
+            item.setData(MISSING_ROLE, miss)
+            item.setData(CHOSEN_ROLE, chosen)
+            if prob is None:
+                item.setToolTip(self._missing_tip(ev, p, stages[c - 2] if c >= 2 else None, miss))
+            self.table.setItem(r, c, item)
+
+    @staticmethod
+    def _missing_tip(ev: TokenEvent, p: TokenProb, stage: StageSnapshot | None, miss: str) -> str:
+        """Why a token has no probability after `stage` (None: the model column): what removed it, or the
+        banned phrase it began."""
+        rw = ev.rewind
+        began_phrase = rw is not None and rw.banned_token_id == p.token_id
+        if miss == "banned" and stage is not None and stage.stage == BANNED_STAGE and rw is not None and began_phrase:
+            return (f"banned {rw.phrase!r} here: this token began the phrase, so the answer stepped back "
+                    f"({rw.withdrawn} tokens) and this token may not be picked at this position")
+        removal = removed_by(ev, p.token_id) if miss in ("cut", "banned") else None
+        return removal[1] if removal else _MISSING_TIPS[miss]
 
     def _fit_token_column(self) -> None:
         """The token column as wide as its longest token ("␣atmospheric", not "␣atmosphe…"), as far as the
@@ -155,7 +171,7 @@ class StageView(QWidget):
         room = self.table.viewport().width() - COLUMN_WIDTH * (columns - 1)
         self.table.setColumnWidth(0, max(TOKEN_WIDTH, min(wanted, room)))
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt's name
         super().resizeEvent(event)
         self._fit_token_column()  # a wider dock gives the token column its words back
 

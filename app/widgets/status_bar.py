@@ -8,12 +8,14 @@ import sys
 
 from engine import GenerationStats, ModelInfo
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QPainter, QPaintEvent
+from PySide6.QtGui import QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from app.controllers.chat import ChatController
+from app.controllers.serve import ServeState
 from app.engine_host import EngineHost, LoadState
 from app.state.context_usage import ContextCounter
+from app.state.conversation import Conversation, Message
 from app.widgets.fmt import human_bytes
 
 
@@ -85,7 +87,8 @@ class StatusBar(QStatusBar):
         # The selected conversation's tokens in the model's context; the chat template is rendered off this thread.
         self._context = ContextCounter(host.run_off_ui_thread)
         self._context.counted.connect(self._update_context)
-        self._context_conv = None
+        self._context_conv: Conversation | None = None
+        self._attached: int | None = 0  # tokens of the files on the composer, not sent yet (None: being counted)
         self.progress_label = ElidedLabel()  # "Loading <a long path or URL>…" must not widen the window either
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(160)
@@ -126,6 +129,7 @@ class StatusBar(QStatusBar):
         host.load_failed.connect(self._on_load_failed)
         controller.finished.connect(self._on_finished)
         controller.busy_changed.connect(self._on_busy)
+        self._peak = 0  # the peak memory the last answer of the loaded model reported (0: none yet)
         self._memory_timer = QTimer(self)
         self._memory_timer.setInterval(2000)
         self._memory_timer.timeout.connect(self._update_memory)
@@ -186,7 +190,7 @@ class StatusBar(QStatusBar):
         """Lay the labels out again (a label's text changed, the bar was resized, a message came or went)."""
         self._on_message_changed(self.currentMessage())
 
-    def resizeEvent(self, event) -> None:
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self._fit_message()
 
@@ -209,15 +213,17 @@ class StatusBar(QStatusBar):
         self.model_label.setToolTip("\n".join(info.summary_lines()))
         if info.quantization:  # a GGUF file (llama.cpp): its quantization type and its size on disk
             self.model_label.setText(f"{self.model_label.text()} · {info.quantization} · {human_bytes(info.file_bytes)}")
-        # The last answer's speed was another model's: it says nothing about this one.
+        # The last answer's speed and peak memory were another model's: they say nothing about this one.
         self.speed_label.setText("")
         self.speed_label.setToolTip("")
+        self._peak = 0
+        self._update_memory()
         self._update_server()
         self._context.clear()
         self._update_context()
         self.showMessage(f"Loaded {info.name}", 4000)
 
-    def show_serving(self, state) -> None:
+    def show_serving(self, state: ServeState) -> None:
         """Model ▸ Serve…'s state (app/controllers/serve.py `ServeState`): its address while it serves."""
         self.serve_label.setText(state.status_text)
         self.serve_label.setToolTip(f"Serving {state.what} to OpenAI clients at {state.url}; every answer appears "
@@ -242,7 +248,7 @@ class StatusBar(QStatusBar):
         if busy:
             self.speed_label.setText("generating…")
 
-    def _on_finished(self, _message, stats: GenerationStats | None) -> None:
+    def _on_finished(self, _message: Message, stats: GenerationStats | None) -> None:
         if stats is None:
             self.speed_label.setText("")
             return
@@ -252,6 +258,7 @@ class StatusBar(QStatusBar):
             f"{stats.generated_tokens} tokens in {stats.total_s:.2f} s; prompt {stats.prompt_tokens} tokens, "
             f"{stats.reused_tokens} reused from the cache; seed {stats.seed}"
         )
+        self._peak = stats.peak_memory_bytes
         self._update_context()
         self._update_memory()
         self._update_server()
@@ -272,7 +279,7 @@ class StatusBar(QStatusBar):
             + "server can: " + ", ".join(server.labels())
         )
 
-    def _on_conversation_changed(self, conv) -> None:
+    def _on_conversation_changed(self, conv: Conversation | None) -> None:
         old, self._context_conv = self._context_conv, conv
         if old is not None:
             for signal in (old.tokens_appended, old.path_changed, old.message_changed):
@@ -282,7 +289,18 @@ class StatusBar(QStatusBar):
                 signal.connect(self._update_context)
         self._update_context()
 
-    def _update_context(self, *_args) -> None:
+    def context_used(self) -> int | None:
+        """The selected conversation's tokens in the context (None: unknown or being counted)."""
+        engine, info = self._host.engine, self._host.info
+        local = engine is not None and (info is None or info.runs_locally)
+        return self._context.used(self._context_conv, engine.tokenizer if engine is not None and local else None)
+
+    def set_attached_tokens(self, tokens: int | None) -> None:
+        """The composer's attachments, counted in the context label before they are sent (0: none)."""
+        self._attached = tokens
+        self._update_context()
+
+    def _update_context(self, *_args: object) -> None:
         info = self._host.info
         engine = self._host.engine
         # A remote model's tokenizer is HTTP: never from this (the UI) thread; finished answers still count.
@@ -295,8 +313,11 @@ class StatusBar(QStatusBar):
         runtime = info.runtime if info is not None else None
         capped = " (capped)" if runtime is not None and runtime.context_note else ""
         kv = f" · KV {human_bytes(runtime.kv_cache_bytes)}" if runtime is not None and runtime.kv_cache_bytes else ""
-        self.context_label.setText(f"context {shown} / {total}{capped}{kv}")
+        attached = "" if self._attached == 0 else " + … attached" if self._attached is None else f" + {self._attached:,} attached"
+        self.context_label.setText(f"context {shown}{attached} / {total}{capped}{kv}")
         tip = "Tokens of the model's context the selected conversation fills: system prompt, messages and answer"
+        if attached:
+            tip += "; then the files attached to the next message, not sent yet"
         if failed:
             tip = f"The context cannot be counted: {self._context.error}"
         elif used is None and self._context.counting:
@@ -309,11 +330,25 @@ class StatusBar(QStatusBar):
         self.context_label.setToolTip(tip)
 
     def _update_memory(self) -> None:
+        """The loaded model's own memory (its weights and KV cache), with the process's in the tooltip.
+
+        The label showed the process's resident memory: after Gemma 3 was closed for SmolLM2 it stayed at
+        2.0-2.2 GiB (0.47 before), because memory an earlier model used stays with the process (the
+        allocator keeps it) and the backends' "peak" is the process's lifetime peak. Neither is the model's."""
         rss = resident_bytes()
         info = self._host.info
-        self.memory_label.setText(f"memory {human_bytes(rss)}")
-        weights = f"; model weights {human_bytes(info.bytes)}" if info and info.bytes else ""
-        stats = self._controller.last_stats
-        peak = f"; peak during the last answer {human_bytes(stats.peak_memory_bytes)}" if stats and stats.peak_memory_bytes else ""
-        self.memory_label.setToolTip(f"resident memory of the app{weights}{peak}")
+        weights = info.bytes if info is not None else 0
+        runtime = info.runtime if info is not None else None
+        kv = runtime.kv_cache_bytes if runtime is not None else 0
+        if weights:
+            self.memory_label.setText(f"memory {human_bytes(weights + kv)}")
+            parts = f"model weights {human_bytes(weights)}" + (f" + KV cache {human_bytes(kv)}" if kv else "")
+            tip = f"The loaded model's memory: {parts}.\nThe app's resident memory now: {human_bytes(rss)}"
+        else:  # a server's model, or one whose size is unknown: the app's own is what there is to show
+            self.memory_label.setText(f"app memory {human_bytes(rss)}")
+            tip = f"The app's resident memory now: {human_bytes(rss)}"
+        tip += " (memory an earlier model used may stay with the process until the system needs it)"
+        if self._peak:
+            tip += f".\nPeak reported for the last answer: {human_bytes(self._peak)}"
+        self.memory_label.setToolTip(tip)
         self._fit_message()  # every 2 s: labels whose texts grew are laid out again

@@ -8,7 +8,7 @@ model go on by itself.
 from __future__ import annotations
 
 from engine import TokenEvent
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QCheckBox, QLabel, QListWidget, QListWidgetItem, QVBoxLayout, QWidget
 
@@ -96,7 +96,7 @@ class StepPanel(QWidget):
     def _on_activated(self, item: QListWidgetItem) -> None:
         self.take(int(item.data(Qt.ItemDataRole.UserRole)))
 
-    def eventFilter(self, obj, event) -> bool:  # noqa: N802 - Qt's name
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
         if obj is self.choices and isinstance(event, QKeyEvent) and event.type() == QKeyEvent.Type.KeyPress:
             key = event.key()
             if key in (Qt.Key.Key_Return, Qt.Key.Key_Enter):

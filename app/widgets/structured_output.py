@@ -1,7 +1,7 @@
 """The Structured output control: off, a JSON schema, a regular expression or a grammar, with an editor.
 
-The text is checked as it is typed (after a short pause), on a thread of its
-own: building a grammar is llguidance's work and can take a second (sizes
+The text is checked as it is typed (after a short pause), off the UI thread
+(`app.off_thread.start_off_thread`, on a small pool of its own): building a grammar is llguidance's work and can take a second (sizes
 past `engine.constraints.limits` are refused in words before it starts), and
 the window must not wait for it. A constraint that cannot work shows the
 engine's one-line reason under the editor and is not applied; one that can is
@@ -15,12 +15,17 @@ A few examples fill the editor. See docs/constraints.md.
 from __future__ import annotations
 
 import json
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QFontDatabase
-from PySide6.QtWidgets import QComboBox, QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
+import math
+
+from PySide6.QtCore import QPointF, QSize, Qt, QTimer
+from PySide6.QtGui import QFontDatabase, QPainter, QPaintEvent, QResizeEvent, QTextLayout, QTextOption
+from PySide6.QtWidgets import QComboBox, QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QSizePolicy, QVBoxLayout, QWidget
+from shiboken6 import isValid
+
+from app.off_thread import start_off_thread
 
 from app.state.settings import GenerationOptions, SettingsState
 from engine import CONSTRAINT_KINDS, Constraint, ConstraintError
@@ -38,7 +43,69 @@ EXAMPLES: dict[str, tuple[str, str]] = {
     "A list of three items (GBNF)": ("gbnf", 'root ::= item item item\nitem ::= "- " [^\\n]{1,40} "\\n"'),
 }
 CHECK_DELAY_MS = 400
-POLL_MS = 25  # how often a running check is looked at (the thread cannot touch widgets itself)
+# Where checks run: two, so that a slow build (a second or more) does not hold up the check of the text typed next.
+_CHECKS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logitlab-constraint-check")
+
+
+class WrappedLabel(QLabel):
+    """A plain-text label that wraps at word boundaries, and inside a word too long for a line.
+
+    A grammar's error quotes the rule it cannot find ('undefined_rule_with_a_long_name…'): QLabel's word wrap
+    never breaks a word, so the label asked for the word's width, widened the sampling panel past its dock and
+    was cut off. This one asks for a few characters of width and as many lines as its width needs."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setWordWrap(True)  # height for width, as Qt's own wrapped labels
+        policy = QSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        policy.setHeightForWidth(True)
+        self.setSizePolicy(policy)
+
+    def _layout(self, width: int) -> tuple[QTextLayout, float]:
+        # A line separator, not "\n", is how QTextLayout breaks a line.
+        layout = QTextLayout(self.text().replace("\n", "\u2028"), self.font())
+        option = QTextOption()
+        option.setWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
+        layout.setTextOption(option)
+        layout.beginLayout()
+        height = 0.0
+        while True:
+            line = layout.createLine()
+            if not line.isValid():
+                break
+            line.setLineWidth(max(1, width))
+            line.setPosition(QPointF(0, height))
+            height += line.height()
+        layout.endLayout()
+        return layout, height
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802 - Qt's name
+        margins = self.contentsMargins()
+        inner = width - margins.left() - margins.right()
+        return math.ceil(self._layout(inner)[1]) + margins.top() + margins.bottom() if self.text() else 0
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt's name
+        return True
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        width = max(self.width(), self.minimumSizeHint().width())
+        return QSize(width, self.heightForWidth(width))
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        return QSize(self.fontMetrics().averageCharWidth() * 8, self.heightForWidth(max(1, self.width())))
+
+    def paintEvent(self, _event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
+        rect = self.contentsRect()
+        layout, _height = self._layout(rect.width())
+        painter = QPainter(self)
+        painter.setPen(self.palette().color(self.foregroundRole()))
+        layout.draw(painter, QPointF(rect.left(), rect.top()))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        if self.height() < self.heightForWidth(self.width()):
+            self.updateGeometry()  # more lines at this width: ask the layout for them
 
 
 class StructuredOutputBox(QGroupBox):
@@ -69,19 +136,15 @@ class StructuredOutputBox(QGroupBox):
         self.editor.setPlaceholderText("a JSON schema, a regular expression, or a GBNF / Lark grammar")
         self.editor.setMaximumHeight(160)
         col.addWidget(self.editor)
-        self.status = QLabel()
-        self.status.setWordWrap(True)
-        self.status.setTextFormat(Qt.TextFormat.PlainText)  # a grammar's error quotes its text: never markup
+        self.status = WrappedLabel()  # plain text (a grammar's error quotes its text: never markup), wrapped anywhere
         self.status.setAccessibleName("Structured output status")
         col.addWidget(self.status)
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(CHECK_DELAY_MS)
         self._timer.timeout.connect(self.apply)
-        self._poll = QTimer(self)
-        self._poll.setInterval(POLL_MS)
-        self._poll.timeout.connect(self._on_poll)
-        self._job: _Check | None = None  # the check running now, if any
+        self._job = 0  # the check running now (its number), 0 if none: a newer check makes an older one's result moot
+        self._jobs = 0  # checks started so far
         self.valid: bool | None = True  # the editor's text as last checked: usable, refused, or None while checking
         self._show(settings.options.constraint)
         self.mode.currentIndexChanged.connect(self._on_mode)
@@ -94,7 +157,7 @@ class StructuredOutputBox(QGroupBox):
     @property
     def checking(self) -> bool:
         """A check of the editor's text is under way (or waiting for the typing to pause)."""
-        return self._job is not None or self._timer.isActive()
+        return self._job != 0 or self._timer.isActive()
 
     def apply(self) -> None:
         """Check the editor's text off the UI thread; it is applied, or its reason shown, when the check ends.
@@ -104,26 +167,29 @@ class StructuredOutputBox(QGroupBox):
         self._timer.stop()
         kind = self.mode.currentData()
         if kind is None:  # off: nothing to build
-            self._job = None
-            self._poll.stop()
+            self._job = 0
             self._finish(None, None)
             return
         self.valid = None
         self._settings.set_constraint_problem(f"the {_kind_label(kind)} is still being checked")
         self._say("checking…")
-        self._job = _Check(kind, self.editor.toPlainText())  # a newer check makes an older one's result moot
-        self._poll.start()
+        self._jobs += 1
+        self._job = job = self._jobs
+        text = self.editor.toPlainText()
+        # The work holds the kind and the text only, never this box; the box is called back on the loop.
+        if not start_off_thread(lambda: _check(kind, text), lambda result, error: self._checked(job, result, error),
+                                executor=_CHECKS):
+            self._checked(job, _check(kind, text), None)  # no event loop to come back to (never in the app): here
 
-    def _on_poll(self) -> None:
-        job = self._job
-        if job is None:
-            self._poll.stop()
+    def _checked(self, job: int, result: tuple[Constraint | None, str | None] | None,
+                 error: BaseException | None) -> None:
+        """On the loop: check number `job` ended (its result is moot if a newer one started, or the box is gone)."""
+        if not isValid(self) or job != self._job:
             return
-        if not job.done.is_set():
-            return
-        self._job = None
-        self._poll.stop()
-        self._finish(job.constraint, job.error)
+        self._job = 0
+        if result is None:  # _check itself failed (it turns every refusal into words): say so all the same
+            result = (None, f"the constraint cannot be checked: {error}")
+        self._finish(*result)
 
     def _finish(self, constraint: Constraint | None, error: str | None) -> None:
         if error is not None:
@@ -179,7 +245,7 @@ class StructuredOutputBox(QGroupBox):
         for w in (self.mode, self.editor):
             w.blockSignals(False)
         self._timer.stop()
-        self._job = None
+        self._job = 0
         self.valid = True
         self._settings.set_constraint_problem(None)
         self._say(f"on: answers must match this {constraint.label}" if constraint else "off")
@@ -197,29 +263,14 @@ def _shows(constraint: Constraint | None, kind: str | None, text: str) -> bool:
     return kind == shown_kind and text == constraint.text
 
 
-class _Check:
-    """One check of a constraint's text, on a thread of its own; `done` is set when it ends.
-
-    The thread builds the `Constraint` (llguidance, possibly a second or more) and writes only its own
-    attributes; the box reads them on the UI thread once `done` is set.
-    """
-
-    def __init__(self, kind: str, text: str) -> None:
-        self.constraint: Constraint | None = None
-        self.error: str | None = None
-        self.done = threading.Event()
-        threading.Thread(target=self._run, args=(kind, text), name="logitlab-constraint-check", daemon=True).start()
-
-    def _run(self, kind: str, text: str) -> None:
-        try:
-            self.constraint = Constraint(kind, text)
-        except ConstraintError as e:
-            self.error = str(e)
-        except Exception as e:  # anything else llguidance raises is a refusal too, never a lost window
-            self.error = f"the {_kind_label(kind)} cannot be used: {e}"
-        finally:
-            self.done.set()
-
+def _check(kind: str, text: str) -> tuple[Constraint | None, str | None]:
+    """Off the UI thread: the `Constraint` of `text` (llguidance, possibly a second or more), or why it cannot work."""
+    try:
+        return Constraint(kind, text), None
+    except ConstraintError as e:
+        return None, str(e)
+    except Exception as e:  # anything else llguidance raises is a refusal too, never a lost window
+        return None, f"the {_kind_label(kind)} cannot be used: {e}"
 
 
 def _kind_label(kind: str) -> str:

@@ -7,8 +7,8 @@ click inspects the token as anywhere else (the message maps indices).
 
 from __future__ import annotations
 
-from PySide6.QtCore import QRectF, Qt, Signal
-from PySide6.QtGui import QPainter, QPalette
+from PySide6.QtCore import QEvent, QRectF, Qt, Signal
+from PySide6.QtGui import QPainter, QPaintEvent, QPalette
 from PySide6.QtWidgets import QFrame, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
 from app.widgets.message_body import MessageBody
@@ -81,12 +81,12 @@ class ThinkingBlock(QFrame):
             pal.setColor(QPalette.ColorRole.Text, pal.color(QPalette.ColorRole.PlaceholderText))
         self.body.setPalette(pal)
 
-    def changeEvent(self, event) -> None:
+    def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
         if event.type() == event.Type.PaletteChange:  # light/dark switched
             self._mute_text()
 
-    def paintEvent(self, event) -> None:
+    def paintEvent(self, event: QPaintEvent) -> None:
         # A rule down the left side marks the block as apart from the answer.
         p = QPainter(self)
         p.setPen(Qt.PenStyle.NoPen)

@@ -8,7 +8,8 @@ and elides the token to fit it; its least width still shows the verb and "“…
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QEvent, QSize, Qt
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QPushButton, QSizePolicy, QStyle, QStyleOptionButton, QWidget
 
 
@@ -53,11 +54,11 @@ class TokenButton(QPushButton):
         shown = fm.elidedText(self._token, Qt.TextElideMode.ElideRight, max(room, 0)) or "…"
         self.setText(f"{self._verb} “{shown}”")
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt's name
         super().resizeEvent(event)
         self._fit()
 
-    def changeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
         super().changeEvent(event)
         if event.type() in (event.Type.FontChange, event.Type.StyleChange):
             self._update_minimum()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from engine import TokenEvent
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QMouseEvent, QPainter, QPalette, QPen, QPolygonF
+from PySide6.QtGui import QColor, QMouseEvent, QPainter, QPaintEvent, QPalette, QPen, QPolygonF
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from app.widgets.fmt import pct, visible
@@ -96,7 +96,7 @@ class TokenChart(QWidget):
             self._colors = [heat_color(i / (_LEVELS - 1), dark) for i in range(_LEVELS)]
         return self._colors
 
-    def paintEvent(self, _event) -> None:
+    def paintEvent(self, _event: QPaintEvent) -> None:
         p = QPainter(self)
         pal = self.palette()
         dark = pal.color(QPalette.ColorRole.Window).lightness() < 128

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 
-from engine import GenerationStats, SamplerSettings, TokenEvent
+from engine import SAMPLER_CONTROLS, GenerationStats, SamplerSettings, TokenEvent
 from engine import experiments
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
@@ -23,15 +23,10 @@ from app.widgets.message_body import MessageBody
 DIVERGENCE_COLOR = QColor(200, 30, 160)
 CHANGED_COLOR = QColor(220, 120, 0)
 
-# (field, label, kind, minimum, maximum, step): the knobs a column edits; the rest come from the chat's settings.
-EDITED_FIELDS: tuple[tuple[str, str, type, float, float, float], ...] = (
-    ("temperature", "Temperature", float, 0.0, 5.0, 0.05),
-    ("top_k", "Top-k", int, 0, 100000, 1),
-    ("top_p", "Top-p", float, 0.01, 1.0, 0.01),
-    ("min_p", "Min-p", float, 0.0, 1.0, 0.01),
-    ("typical_p", "Typical-p", float, 0.01, 1.0, 0.01),
-    ("repetition_penalty", "Repetition penalty", float, 0.05, 3.0, 0.01),
-    ("xtc_probability", "XTC probability", float, 0.0, 1.0, 0.05),
+# The knobs a column edits (the rest come from the chat's settings); each box's label, range, step and decimals are
+# its control's in the engine's stage registry (`SAMPLER_CONTROLS`), as in the sampling panel.
+EDITED_FIELDS: tuple[str, ...] = (
+    "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "xtc_probability",
 )
 
 
@@ -44,25 +39,32 @@ class SettingsEditor(QWidget):
         super().__init__(parent)
         self._base = settings
         self.boxes: dict[str, QSpinBox | QDoubleSpinBox] = {}
+        self.labels: dict[str, QLabel] = {}
         grid = QGridLayout(self)  # two label/box pairs per row: the columns stay short
         grid.setContentsMargins(0, 0, 0, 0)
         grid.setVerticalSpacing(2)
-        for i, (name, label, kind, lo, hi, step) in enumerate(EDITED_FIELDS):
+        for i, name in enumerate(EDITED_FIELDS):
+            c = SAMPLER_CONTROLS[name]
             box: QSpinBox | QDoubleSpinBox
-            if kind is int:
+            if c.decimals == 0:  # a whole number (top-k)
                 box = QSpinBox()
-                box.setRange(int(lo), int(hi))
+                box.setRange(int(c.minimum), int(c.maximum))
+                box.setSingleStep(int(c.step))
             else:
                 box = QDoubleSpinBox()
-                box.setDecimals(2)
-                box.setRange(lo, hi)
-                box.setSingleStep(step)
+                box.setDecimals(c.decimals)
+                box.setRange(c.minimum, c.maximum)
+                box.setSingleStep(c.step)
+            box.setSpecialValueText(c.special)
+            box.setToolTip(c.tip)
             box.setValue(getattr(settings, name))
-            box.setAccessibleName(label)
+            box.setAccessibleName(c.label)
             box.valueChanged.connect(lambda _v: self.changed.emit())
             self.boxes[name] = box
+            self.labels[name] = label = QLabel(c.label)
+            label.setToolTip(c.tip)
             row, col = divmod(i, 2)
-            grid.addWidget(QLabel(label), row, 2 * col)
+            grid.addWidget(label, row, 2 * col)
             grid.addWidget(box, row, 2 * col + 1)
         grid.setColumnStretch(1, 1)
         grid.setColumnStretch(3, 1)

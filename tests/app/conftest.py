@@ -42,17 +42,6 @@ def _gc_on_ui_thread(qapp) -> Iterator[None]:
                     "deadlock PySide6; restore what gc.isenabled() said before")
 
 
-@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
-def pytest_runtest_teardown(item, nextitem) -> None:
-    """After the last window test in a row, everything is collected here once, and CPython collects as
-    usual again for the tests that follow (the engine's, which never run the Qt loop the collector needs)."""
-    global _gc_collector
-    if _gc_collector is not None and (nextitem is None or Path(__file__).parent not in nextitem.path.parents):
-        _gc_collector.stop()
-        _gc_collector.deleteLater()
-        _gc_collector = None
-
-
 @pytest.fixture(scope="session")
 def _session_loop(qapp) -> asyncio.AbstractEventLoop:
     # One loop for the session: stopping a qasync loop calls QApplication.exit(), which would
@@ -119,21 +108,38 @@ def window(qtbot, qloop, store, host):
         close_window(qtbot, w)
 
 
-@pytest.fixture
-def closing(qtbot) -> Iterator:
-    """Close a delete-on-close window at teardown, unless Qt has deleted it already.
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # before pytest-qt's teardown closes what qtbot holds
+def pytest_runtest_teardown(item, nextitem):
+    """Forget the widgets Qt has deleted already, so pytest-qt closes only live ones; after the last window
+    test in a row, stop collecting garbage on the UI thread.
 
-    `qtbot.addWidget` closes every widget it holds at teardown; a compare, replay or
-    score window deletes itself when closed, and if Qt has already run that deletion,
-    pytest-qt's `close()` raises "Internal C++ object already deleted" and fails the
-    next test's setup. Whether it has depends on when the event loop last spun, so the
-    failure came and went with timing.
+    `qtbot.addWidget` closes every widget it holds at teardown. A compare, replay, score or model-diff
+    window deletes itself when closed (WA_DeleteOnClose); when a test closed it and the loop then ran that
+    deletion, pytest-qt's `close()` raised "Internal C++ object already deleted" and failed the next test's
+    setup. Whether it did depended on timing and on whether a cycle still held the Python wrapper (automatic
+    garbage collection is off here, see _gc_on_ui_thread): it failed on CI's Python 3.13 and passed here.
+    Deferred deletions still queued are run first, so none lands between this check and pytest-qt's close.
     """
     import shiboken6
+    from PySide6.QtCore import QCoreApplication, QEvent
 
-    opened: list = []
-    yield opened.append
-    for widget in opened:
-        if shiboken6.isValid(widget):
-            widget.close()
-    qtbot.wait(0)  # let the deferred deletes run here, not in the next test
+    if QCoreApplication.instance() is not None:
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    held = getattr(item, "qt_widgets", None)
+    if held:
+        item.qt_widgets = [(ref, before) for ref, before in held if ref() is not None and shiboken6.isValid(ref())]
+    result = yield  # pytest-qt closes the live widgets; the test's fixtures are torn down
+    # After the last window test in a row, everything is collected here once, and CPython collects as usual
+    # again for the tests that follow (the engine's, which never run the Qt loop the collector needs).
+    global _gc_collector
+    if _gc_collector is not None and (nextitem is None or Path(__file__).parent not in nextitem.path.parents):
+        _gc_collector.stop()
+        _gc_collector.deleteLater()
+        _gc_collector = None
+    return result
+
+
+@pytest.fixture
+def closing(qtbot):
+    """Close a delete-on-close window at teardown (qtbot.addWidget, safe for it by the hook above)."""
+    return qtbot.addWidget

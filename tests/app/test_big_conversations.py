@@ -16,6 +16,7 @@ from PySide6.QtCore import QTimer, QUrl
 
 from app.widgets.chat_view import PAGE
 from app.widgets.message_body import MORE_HREF, TEXT_PAGE_CHARS, TOKEN_CHARS, TOKEN_PAGE, MessageBody
+from app.widgets.message_widget import MessageWidget
 from big_conversations import (
     TickGaps, deep_tree, token, long_transcript, long_unbroken_answer, loom_file_doc, many_answers, one_long_token,
 )
@@ -124,9 +125,17 @@ def test_a_long_transcript_draws_its_last_page_and_earlier_ones_on_request(qtbot
     assert chat.earlier_button.isVisible() and chat.hidden_count == len(path) - PAGE
     chat.earlier_button.click()
     assert [w.message for w in chat.message_widgets] == path[-2 * PAGE:]
-    # A message far up the path that gets selected (a loom node opened there) is drawn.
-    window.selection.set(path[1].id, 0)
-    assert chat.widget_for(path[1].id) is not None
+    # A message far up the path that gets selected (a loom node opened there) is drawn, in a page around it: drawing
+    # everything from it to the end made 3,000 widgets and froze the window for 37 s.
+    with TickGaps() as gaps:
+        QTimer.singleShot(0, lambda: window.selection.set(path[1].id, 0))
+        qtbot.waitUntil(lambda: window.selection.message_id == path[1].id, timeout=120_000)
+        qtbot.wait(100)  # the widgets replaced are deleted
+    print(f"longest stall selecting a message far up: {gaps.longest:.3f} s")
+    assert gaps.longest < STALL_S, f"the window froze {gaps.longest:.1f} s"
+    assert chat.widget_for(path[1].id) is not None and len(chat.message_widgets) <= 2 * PAGE
+    assert len(chat.findChildren(MessageWidget)) <= 2 * PAGE
+    assert chat.later_button.isVisible() and chat.later_count == len(path) - len(chat.message_widgets)
 
 
 def test_importing_a_big_loom_file_keeps_the_window_answering(qtbot, window, tmp_path, monkeypatch):

@@ -17,13 +17,16 @@ from app.off_thread import ReleasedOnLoop, TaskState, run_off_thread, to_loop
 
 APP = Path(__file__).resolve().parents[2] / "app"
 
-# Where `call_soon_threadsafe` may appear in app/ besides app/off_thread.py, and why.
+# Where a way across threads may appear in app/ besides app/off_thread.py (the one way: `run_off_thread` /
+# `start_off_thread` out, `to_loop` back, `close_in_background` for a close that must outlive the loop), and why.
+# Anything else hands a worker the loop's objects without `ReleasedOnLoop` (released on the worker: app/ui_thread_gc.py).
 HOPS_ALLOWED = {
     "off_thread.py": "the mechanism itself",
     "token_stream.py": "FrameHop: a stream of items batched to the frame rate (tokens, served requests)",
-    "engine_host.py": "the model's load progress: the one place the engine's own worker callbacks hop",
     "lifecycle.py": "a POSIX signal handler wakes the loop (no thread involved; the signal-safe call)",
 }
+EXECUTORS_ALLOWED: dict[str, str] = {}  # off_thread.py submits to its executor itself
+THREADS_ALLOWED = {"off_thread.py": "the mechanism itself (close_in_background's daemon thread)"}
 
 
 def test_result_and_progress_arrive_on_the_loop_in_order():
@@ -212,18 +215,48 @@ def test_released_on_loop_runs_the_work_and_lets_go_of_it_on_the_loop():
     assert ReleasedOnLoop(loop, lambda x: x * 7, 6)() == 42
 
 
-def _calls_to(attr: str, path: Path) -> list[int]:
-    """Lines of `path` that call a method named `attr` on anything."""
+def _calls_to(attr: str, path: Path, owner: str | None = None) -> list[int]:
+    """Lines of `path` that call a method named `attr` on anything (on the name `owner` only, when given), or
+    call `attr` by its bare name (imported: `from threading import Thread`)."""
     tree = ast.parse(path.read_text(), str(path))
-    return [node.lineno for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr]
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == attr and (
+                owner is None or isinstance(func.value, ast.Name) and func.value.id == owner):
+            lines.append(node.lineno)
+        elif isinstance(func, ast.Name) and func.id == attr:
+            lines.append(node.lineno)
+    return sorted(lines)
 
 
-def test_only_the_off_thread_module_and_the_listed_exceptions_hop_to_the_loop():
+def _found(attr: str, owner: str | None = None) -> dict[str, list[int]]:
     files = sorted(APP.rglob("*.py"))
     assert len(files) > 10
-    hopping = {str(p.relative_to(APP)): lines for p in files if (lines := _calls_to("call_soon_threadsafe", p))}
-    assert "off_thread.py" in hopping  # the check sees a call where there is one
-    unexpected = {path: lines for path, lines in hopping.items() if path not in HOPS_ALLOWED}
-    assert not unexpected, (f"call_soon_threadsafe outside app/off_thread.py: {unexpected}; use run_off_thread "
-                            "or to_loop (or add the file to HOPS_ALLOWED with the reason)")
+    return {str(p.relative_to(APP)): lines for p in files if (lines := _calls_to(attr, p, owner))}
+
+
+def test_the_check_sees_each_way_across_threads_where_there_is_one(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import asyncio, threading\nfrom threading import Thread\n"
+                      "loop = asyncio.get_event_loop()\nloop.call_soon_threadsafe(print)\n"
+                      "loop.run_in_executor(None, print)\nthreading.Thread(target=print).start()\n"
+                      "Thread(target=print)\nthreading.Event()\n")
+    assert _calls_to("call_soon_threadsafe", sample) == [4]
+    assert _calls_to("run_in_executor", sample) == [5]
+    assert _calls_to("Thread", sample, "threading") == [6, 7]
+
+
+@pytest.mark.parametrize("attr, owner, allowed", [
+    ("call_soon_threadsafe", None, HOPS_ALLOWED),
+    ("run_in_executor", None, EXECUTORS_ALLOWED),
+    ("Thread", "threading", THREADS_ALLOWED),
+])
+def test_only_the_off_thread_module_and_the_listed_exceptions_cross_threads(attr, owner, allowed):
+    found = _found(attr, owner)  # (the check sees a call where there is one: the test above)
+    unexpected = {path: lines for path, lines in found.items() if path not in allowed}
+    assert not unexpected, (f"{attr} outside app/off_thread.py: {unexpected}; use run_off_thread, start_off_thread, "
+                            "to_loop or close_in_background (or add the file to the list with the reason)")
+    assert set(allowed) <= set(found), f"listed but not needed any more: {set(allowed) - set(found)}"

@@ -72,7 +72,7 @@ def test_an_answer_saves_its_fingerprint_and_replay_says_identical_then_diverged
     v = changed.verdict
     assert v.kind == "diverged" and v.diverged_at == changed.diff.first_divergence
     assert "sampler.top_k 0 -> 1" in v.fingerprint_changes
-    assert v.headline().startswith(f"diverged at token {v.diverged_at} (")
+    assert v.headline().startswith(f"diverged at token {v.diverged_at + 1} (")
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """The Replay window says the verdict (issue 35 item 4): "Identical" only when tokens and log-probs are equal bit for
-bit, "Same tokens, probabilities within x" when only the log-probs moved, and which fingerprint fields differ."""
+bit, "Same tokens, log-probs within x nats" when only the log-probs moved, and which fingerprint fields differ."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_replay_window_shows_the_verdict_and_the_fingerprint(qtbot, window, clos
     again = open_replay(window.context, with_change=False)
     closing(again)
     qtbot.waitUntil(lambda: again.diff is not None, timeout=15000)
-    assert again.summary.text().startswith("Same tokens, probabilities within 0.125: all "), again.summary.text()
+    assert again.summary.text().startswith("Same tokens, log-probs within 0.125 nats: all "), again.summary.text()
     again.close()
 
     changed = open_replay(window.context, with_change=True)
@@ -41,5 +41,8 @@ def test_replay_window_shows_the_verdict_and_the_fingerprint(qtbot, window, clos
     changed.value.setText("1")
     run_task(qtbot, changed.run())
     text = changed.summary.text()
-    assert f"Verdict: diverged at token {changed.diff.first_divergence} (" in text, text
-    assert "fingerprint differs: sampler.top_k 0 -> 1." in text, text
+    # One statement of where, numbered from 1 as the token detail numbers tokens (it once said "First divergence
+    # at token 7" and "Verdict: diverged at token 6" in one line).
+    assert text.startswith(f"Diverged at token {changed.diff.first_divergence + 1} ("), text
+    assert text.count("token ") == 1 + text.count("tokens before"), text
+    assert "Fingerprint differs: sampler.top_k 0 -> 1." in text, text

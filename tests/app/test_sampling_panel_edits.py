@@ -123,7 +123,7 @@ def test_the_save_dialog_asks_for_a_name_and_whether_to_include_length_and_stop(
     assert dialog.ok_button.isEnabled()
     assert dialog.choice() == ("Mine", True)
 
-    monkeypatch.setattr(SavePresetDialog, "ask", staticmethod(lambda parent, names: ("Via button", True)))
+    monkeypatch.setattr(SavePresetDialog, "ask", staticmethod(lambda parent, names, model="": ("Via button", True, False)))
     window.settings.set_stop(["STOP"])
     qtbot.mouseClick(window.sampling.save_preset_button, Qt.MouseButton.LeftButton)
     assert window.sampling.preset_box.currentText() == "Via button"

@@ -361,3 +361,35 @@ def test_closing_while_serving_starts_leaves_no_server_behind(qtbot, window):
     qtbot.waitUntil(starting.done, timeout=15_000)
     assert not window.serving.running and not window.serving.state.running
     qtbot.waitUntil(lambda: not [t for t in threading.enumerate() if t.name.startswith("logitlab-serve-")])
+
+
+@pytest.mark.slow
+def test_answers_through_responses_and_messages_are_chats_in_the_window(qtbot, served_window):
+    w = served_window
+    started = _served_conversations(w)
+    url = _start_serving(qtbot, w)
+    replies: list[httpx.Response] = []
+
+    def ask() -> None:  # the two other doors, as an agent harness knocks on them
+        replies.append(httpx.post(f"{url}/responses", timeout=120, json={
+            "input": "Name a colour.", "instructions": "Answer in one word.", "max_output_tokens": 6,
+            "temperature": 0.7}))
+        replies.append(httpx.post(f"{url}/messages", timeout=120, json={
+            "system": "Answer in one word.", "max_tokens": 6, "temperature": 0.7,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Name a colour."}]}]}))
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    qtbot.waitUntil(lambda: len(replies) == 2 and len(started) == 2 and
+                    not any(c.path()[-1].generating for c in started), timeout=MODEL_WAIT_MS)
+    assert [r.status_code for r in replies] == [200, 200]
+    texts = [replies[0].json()["output"][0]["content"][0]["text"], replies[1].json()["content"][0]["text"]]
+    for conv, endpoint, text in zip(started, ("responses", "messages"), texts):
+        # A conversation like a served chat's: the system prompt, the client's turn, the answer with its tokens,
+        # their alternatives and the sampler's stages (temperature's).
+        assert conv.served["endpoint"] == endpoint and conv.system_prompt == "Answer in one word."
+        assert [m.role for m in conv.path()] == ["user", "assistant"] and conv.path()[0].content == "Name a colour."
+        answer = conv.path()[-1]
+        tokens = [t for t in conv.tokens(answer) if not t.special]
+        assert answer.content == text and tokens and all(len(t.top_model) >= 5 and t.stages for t in tokens)
+    run_task(qtbot, w.serving.stop())
