@@ -25,6 +25,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if DEFAULT_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+    # The bundle's build (PyInstaller, minutes on one core) goes first: with the suite split over processes
+    # (`-n`, pytest-xdist) one of them builds while the others run the rest, instead of it starting last.
+    items.sort(key=lambda item: item.get_closest_marker("packaging") is None)
 
 
 @pytest.fixture(scope="session")

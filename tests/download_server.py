@@ -29,6 +29,8 @@ class Served:
     range_start_shift: int = 0  # a 206 that starts this many bytes away from the asked offset (and says so)
     total_override: int | None = None  # a 206 answers as if the file had this size (a resume answered with another)
     redirect_to: str | None = None  # answer 302 with this Location (a loop, a file:// address)
+    declared_length: int | None = None  # a Content-Length to state whatever is sent (a lie, too long or too short);
+    # a body shorter than it ends by closing the connection, as a server whose file ran out would
 
 
 class DownloadServer:
@@ -107,6 +109,11 @@ class DownloadServer:
                 elif served.unframed:
                     self.send_header("Connection", "close")
                     self.close_connection = True
+                elif served.declared_length is not None and not (rng and served.honour_range):  # every 200
+                    self.send_header("Content-Length", str(served.declared_length))
+                    chunk = chunk[: served.declared_length]
+                    if len(chunk) < served.declared_length:
+                        self.close_connection = True
                 else:
                     self.send_header("Content-Length", str(len(chunk)))
                 self.end_headers()

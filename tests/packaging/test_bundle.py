@@ -219,3 +219,16 @@ def test_packaged_app_downloads_the_default_model_or_says_clearly_why_not(build,
         assert "HubUnreachableError" in report["download"]["error"]
         assert report["download_s"] < 30  # a clear answer within seconds, not a hang
         assert not (tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").exists()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_model_familys_modules_read_off_its_folder_are_what_pyinstaller_collects(family):
+    """The spec lists the families' modules from their folders (packaging/transformers_families.py) instead of
+    asking PyInstaller, which imports transformers in a new Python per family (~95 s of a build): same list."""
+    from PyInstaller.utils.hooks import collect_submodules
+
+    spec = importlib.util.spec_from_file_location("transformers_families", ROOT / "packaging" / "transformers_families.py")
+    families = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(families)
+    assert family in families.MODEL_FAMILIES
+    assert sorted(families.family_modules(family)) == sorted(collect_submodules(f"transformers.models.{family}"))
