@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from engine.cli.input import bad_utf8, check_args, runtime_settings_from
 from engine.cli.options import EXIT_USAGE, OneLineParser, add_model_args, add_sampling_args, add_tool_args
-from engine.cli.sampling_args import resolve_sampling
+from engine.cli.sampling_args import sampler_from_args
+from engine.cli.answer_output import fit_length, print_stats, print_tool_calls, stream_to, tool_fields
 from engine.cli.research import add_batch_parser, cmd_batch, cmd_beams
 from engine.cli.experiments import add_experiment_parsers, cmd_compare, cmd_score
 from engine.cli.models import LIBRARY_COMMANDS, add_library_parsers
@@ -28,7 +29,7 @@ from engine.cli.model_diff import add_model_diff_parser, cmd_compare_models
 from engine.cli.replay import add_audit_parser, add_replay_parser, cmd_audit, cmd_replay
 from engine.cli.serve import add_serve_parser, cmd_serve
 from engine.errors import EngineError
-from engine.events import Done, TokenEvent
+from engine.events import TokenEvent
 from engine.sampling.settings import SamplerSettings
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from engine.request import GenerationRequest
 
 EXIT_FAILED = 1  # the run started but did not finish (a server failed mid-answer): what arrived was printed
-UNTIL_FULL = (-1, -2)  # -n: llama.cpp's "no limit" and "until the context is filled"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,13 +92,6 @@ def print_attachment_tokens(engine: Engine, attachments: Sequence[Attachment]) -
         print(f"[attached {a.name}: {a.size_text()}, {tokens:,} tokens]", file=sys.stderr, flush=True)
 
 
-def sampler_from_args(args: argparse.Namespace) -> SamplerSettings:
-    """The sampler settings the command line, its --settings-json file and the defaults make (also fills in
-    `max_new_tokens`, `stop`, `top_n` and `constraint` in `args`)."""
-    resolve_sampling(args)
-    return args.sampler
-
-
 def _load(args: argparse.Namespace) -> Engine:
     from engine.engine import Engine
 
@@ -125,46 +118,6 @@ def _load(args: argparse.Namespace) -> Engine:
             engine.close()
             raise
     return engine
-
-
-def format_token_line(event: TokenEvent) -> str:
-    """One token for --show-probs; its rank counts from 1 (the model's most likely token), as everywhere."""
-    alts = ", ".join(f"{a.text!r} {a.prob:.3f}" for a in event.top_model if a.token_id != event.token_id)
-    return f"{event.token_text!r:>16} p={event.prob:.3f} rank={event.rank + 1} H={event.entropy:.2f} | {alts}"
-
-
-def stream_to(out: TextIO, engine: Engine, request: GenerationRequest, show_probs: bool,
-              keep: list[TokenEvent] | None = None) -> Done:
-    """Print a generation as it streams; return its Done (its token events added to `keep` when given)."""
-    for event in engine.generate(request):
-        if isinstance(event, Done):
-            return event
-        if keep is not None:
-            keep.append(event)
-        if show_probs:
-            print(format_token_line(event), file=out, flush=True)
-        else:
-            out.write(event.text)
-            out.flush()
-    raise AssertionError("unreachable")
-
-
-def fit_length(engine: Engine, request: GenerationRequest, max_new_tokens: int) -> GenerationRequest:
-    """`request` with its answer length: `max_new_tokens`, or with -n -1 (llama.cpp's "no limit") every
-    token the context has room for after the prompt."""
-    if max_new_tokens not in UNTIL_FULL:
-        return request
-    from dataclasses import replace
-
-    from engine.decode import prompt_ids_for
-    from engine.errors import ContextLengthError
-
-    prompt = len(prompt_ids_for(engine.tokenizer, request))
-    room = engine.info.context_length - prompt
-    if room < 1:
-        raise ContextLengthError(f"the prompt has {prompt} tokens and fills the model's context of "
-                                 f"{engine.info.context_length}; nothing is left to generate")
-    return replace(request, max_new_tokens=room)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -195,52 +148,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             print()
         print_tool_calls(sys.stdout, events, done, request)
-        _print_stats(done)
+        print_stats(done)
     return EXIT_FAILED if done.stats.finish_reason == "error" else 0
-
-
-TOOLS_TOP_N = 20  # alternatives kept per token with --tools, so the tool names' distribution can be read
-
-
-def tool_fields(args: argparse.Namespace) -> dict[str, object]:
-    """The request's tools, tool choice and alternatives kept, from --tools/--tool-choice (none without them)."""
-    if getattr(args, "tool_specs", None) is None:
-        return {}
-    return {"tools": args.tool_specs, "tool_choice": args.tool_choice_spec, "top_n": max(args.top_n, TOOLS_TOP_N)}
-
-
-def print_tool_calls(out: TextIO, events: Sequence[TokenEvent], done: Done, request: GenerationRequest) -> None:
-    """Each call the answer made, with what the model decided (engine.tools.confidence), a few lines each."""
-    if not request.tools:
-        return
-    from engine.tools.confidence import call_confidence
-
-    choice = request.tool_choice_spec
-    allowed = [choice.name] if choice.mode == "named" else [t.name for t in request.tools]
-    calls = done.stats.tool_calls
-    if not calls:
-        print(f"[no tool call in this answer ({done.stats.finish_reason})]" if choice.calls
-              else "[tool_choice none: no calls read]", file=sys.stderr)
-        return
-    for confidence in call_confidence(events, calls, allowed):
-        print(confidence.describe(), file=out, flush=True)
-
-
-def _print_stats(done: Done) -> None:
-    s = done.stats
-    seed = f"seed {s.seed}" if s.seed >= 0 else "no seed (the server sampled without one)"
-    print(
-        f"[{s.generated_tokens} tokens, {s.finish_reason}; first token {s.time_to_first_token_s * 1000:.0f} ms, "
-        f"{s.decode_tokens_per_s:.1f} tok/s; prompt {s.prompt_tokens} ({s.reused_tokens} reused); {seed}]",
-        file=sys.stderr,
-    )
-    if s.finish_reason == "error":
-        print(f"error: the answer stopped after {s.generated_tokens} tokens (kept above): {s.error}", file=sys.stderr)
-    elif s.error:
-        print(f"note: {s.error}", file=sys.stderr)  # e.g. what a server said with an empty answer
-    if s.constraint_status and s.constraint_status != s.error:
-        cost = f"; it cost {s.constraint_logprob:.2f} nats of log-probability" if s.constraint_logprob is not None else ""
-        print(f"constraint: {s.constraint_status}{cost}", file=sys.stderr)
 
 
 CHAT_HELP = """commands:
@@ -349,7 +258,7 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
             print()
             print_tool_calls(sys.stdout, events, done, request)
             session.add_turn(text, done.stats.text)
-            _print_stats(done)
+            print_stats(done)
     return 0
 
 

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from engine.cli.main import TOOLS_TOP_N, _print_stats, print_tool_calls, sampler_from_args, stream_to
+from engine.cli.answer_output import TOOLS_TOP_N, fit_length, print_stats, print_tool_calls, stream_to
+from engine.cli.sampling_args import sampler_from_args
 from engine.cli.steer import steering_from_args
 from engine.cli.text_files import bad_utf8
 from engine.errors import EngineError, UsageError
@@ -157,7 +158,6 @@ class McpTurns:
             self.messages.append({"role": "assistant", "content": outcome.last.content})
 
     def _generate(self, messages: tuple[dict[str, Any], ...], choice: ToolChoice) -> StepAnswer:
-        from engine.cli.main import fit_length
         from engine.request import GenerationRequest
 
         a = self.args
@@ -171,7 +171,7 @@ class McpTurns:
         done = stream_to(sys.stdout, self.engine, request, a.show_probs, events)
         print()
         print_tool_calls(sys.stdout, events, done, request)
-        _print_stats(done)
+        print_stats(done)
         return step_from_stats(self.engine.tokenizer, request, done.stats)
 
     def _approve(self, call: ToolCall) -> str:

@@ -327,3 +327,10 @@ def _unescape(text: str) -> str:
             out.append(text[i])
             i += 1
     return "".join(out)
+
+
+def sampler_from_args(args: argparse.Namespace) -> SamplerSettings:
+    """The sampler settings the command line, its --settings-json file and the defaults make (also fills in
+    `max_new_tokens`, `stop`, `top_n` and `constraint` in `args`)."""
+    resolve_sampling(args)
+    return args.sampler
