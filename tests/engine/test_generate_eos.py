@@ -45,7 +45,9 @@ def test_the_default_model_stops_at_im_end(default_model_folder):
     try:
         im_end = lm.tokenizer.encode("<|im_end|>", add_special_tokens=False)
         assert len(im_end) == 1 and im_end[0] in lm.tokenizer.eos_token_ids
-        prompt = lm.tokenizer.encode("<|im_start|>user\nSay hello in two words.<|im_end|>\n<|im_start|>assistant\n",
+        # A question with one short answer: "Say hello in two words" ended after 12 tokens on some CPUs and ran
+        # to the limit ("Aw, wow, wow, ...") on an AVX-512 one, whose kernels round differently.
+        prompt = lm.tokenizer.encode("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
                                      add_special_tokens=False)
         out = lm.generate_output([prompt], max_new_tokens=48)
         n = int(out.lengths[0])
