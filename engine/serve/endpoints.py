@@ -1,5 +1,6 @@
-"""What the server answers, said once: its endpoints (for `logitlab-cli serve --help` and the tests that hold
-docs/serve.md to the app's routes) and what a served model can do (`GET /v1/models`' `capabilities`).
+"""What the server answers, said once: its endpoints and the fields each reads (for `logitlab-cli serve --help`
+and the tests that hold docs/serve.md to the app's routes). What a served model can do is
+`engine.serve.model_capabilities` (the server imports that one; this one imports the parsers, for help only).
 
 docs/serve.md says what every endpoint and field does; tests/engine/test_serve_docs.py fails when the app
 serves a route, or a parser takes a field, that the page does not name.
@@ -8,10 +9,8 @@ serves a route, or a parser takes a field, that the page does not name.
 from __future__ import annotations
 
 import textwrap
-from typing import Any
 
-from engine.model_info import ModelInfo
-from engine.serve.limits import MAX_N, MAX_PROMPTS, MAX_TOP_LOGPROBS
+from engine.serve.limits import MAX_PROMPTS
 
 # (method, path, what it does here). Each /v1 route also answers without the prefix, as llama.cpp's server does.
 ENDPOINTS: tuple[tuple[str, str, str], ...] = (
@@ -59,21 +58,3 @@ def fields_help(width: int = 110) -> str:
         out.append(textwrap.fill(", ".join(sorted(keys)), width, initial_indent=f"  {name}: ",
                                  subsequent_indent="    "))
     return "\n".join(out)
-
-
-def capabilities(info: ModelInfo) -> dict[str, Any]:
-    """What requests to this model can ask, as `GET /v1/models` says it (per model; an alias is the same model).
-
-    A model on another server (a remote backend) has no tools here (they need the engine's decode loop and
-    grammar), and its prompt log-probs are scored step by step from that server's top N: a token outside them
-    reads -inf, so `prompt_logprobs_exact` is false."""
-    local = info.runs_locally
-    return {
-        "chat_completions": True, "completions": True, "streaming": True,
-        "logprobs": True, "max_top_logprobs": MAX_TOP_LOGPROBS, "max_n": MAX_N,
-        "echo": True, "prompt_logprobs": True, "prompt_logprobs_exact": local, "score_only": True,
-        "max_prompts": MAX_PROMPTS,
-        "tools": local, "responses": True, "messages": True, "count_tokens": True,
-        "response_format": True, "grammar": True,
-        "embeddings": False, "vision": False, "audio": False,
-    }

@@ -20,7 +20,7 @@ from engine.errors import TokenIdError
 from engine.sampling.llamacpp_json import llamacpp_fields
 from engine.sampling.settings import SamplerSettings
 from engine.serve import fields as f
-from engine.serve.endpoints import capabilities
+from engine.serve.model_capabilities import capabilities
 from engine.serve.errors import ApiError, bad_field
 from engine.serve.parse import check_model
 from engine.tokenizer import check_token_ids, vocabulary_size
