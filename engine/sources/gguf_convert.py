@@ -4,11 +4,12 @@ Loading a GGUF through transformers de-quantizes every tensor (~20 s for the
 135M default model on two cores); loading the converted folder takes well
 under a second. The folder is keyed by the file's SHA-256 and the converting transformers release, written to a
 temporary sibling and renamed into place, so an interrupted conversion never
-leaves a half folder that a later load would trust.
+leaves a half folder that a later load would trust; a file lock lets one process convert while others wait.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -17,6 +18,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from engine.atomic_file import write_text_atomic
@@ -72,7 +74,11 @@ def converted_dir_for(path: Path) -> Path:
 
 
 def ensure_converted(path: Path, progress: ProgressCallback | None = None) -> Path:
-    """Return the converted folder for GGUF `path`, converting it first if needed."""
+    """Return the converted folder for GGUF `path`, converting it first if needed.
+
+    Two processes (two pytest-xdist workers, two app instances) asking at once would both spend the 20-50 s of a
+    conversion; a file lock beside the folder makes the second wait for the first and then use its folder.
+    """
     # The whole header is checked (a regular file; lying counts refused at once) before the file is hashed, so
     # a broken or hostile file is refused in words instead of being read end to end first.
     from engine.backends.llamacpp.gguf_header import read_header
@@ -81,11 +87,39 @@ def ensure_converted(path: Path, progress: ProgressCallback | None = None) -> Pa
     target = converted_dir_for(path)
     if (target / COMPLETE_MARKER).is_file():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _conversion_lock(target, progress):
+        # Checked again under the lock: whoever held it before us may have just finished this very folder.
+        if (target / COMPLETE_MARKER).is_file():
+            return target
+        _convert_into(path, target, progress)
+    return target
+
+
+@contextlib.contextmanager
+def _conversion_lock(target: Path, progress: ProgressCallback | None) -> Iterator[None]:
+    """Hold the lock of `target`'s conversion, waiting (and saying so) while another process or thread holds it."""
+    from filelock import FileLock, Timeout
+
+    # thread_local=False: one lock object per call anyway; a lock held by one thread is simply not ours.
+    lock = FileLock(str(target.parent / f".{target.name}.lock"), thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if progress:
+            progress(f"waiting for another conversion of {target.name}", None)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _convert_into(path: Path, target: Path, progress: ProgressCallback | None) -> None:
     if target.exists():  # a folder without the marker is a leftover from a crash
         shutil.rmtree(target, ignore_errors=True)
     if progress:
         progress(f"converting {path.name} (once)", None)
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     try:
         _convert(path, tmp)
@@ -93,13 +127,12 @@ def ensure_converted(path: Path, progress: ProgressCallback | None = None) -> Pa
         try:
             os.replace(tmp, target)
         except OSError:
-            # Another process converted the same file meanwhile: keep theirs.
+            # A process that ran without the lock (an older release) converted the same file meanwhile: keep theirs.
             if not (target / COMPLETE_MARKER).is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted %s into %s", path, target)
-    return target
 
 
 def _convert(path: Path, out: Path) -> None:
