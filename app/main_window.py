@@ -14,7 +14,8 @@ import logging
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Awaitable, Coroutine
+from typing import Any, Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QCloseEvent
@@ -35,7 +36,7 @@ from app.menus import WindowActions, build_menu_bar, show_about, show_shortcuts
 from app.actions.library import open_library
 from app.actions.model import ModelActions
 from app.controllers.serve import ServeController
-from app.state.conversation import Message
+from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
 from app.state.recovery import DatabaseNotice
 from app.state.servers import ApiKeys
@@ -391,7 +392,7 @@ class MainWindow(QMainWindow):
 
     # -- chat actions ----------------------------------------------------------------------
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -419,7 +420,7 @@ class MainWindow(QMainWindow):
             return self._spawn(self._after_waiting_actions(self.controller.regenerate, None))
         return self._spawn(self.controller.regenerate(message))
 
-    async def _after_waiting_actions(self, run, *args):
+    async def _after_waiting_actions(self, run: Callable[..., Awaitable[Any]], *args: Any) -> Any:
         # A New chat or a switch that waits for the database's write lock (app/state/write_queue.py) decides which
         # chat is open; a message sent meanwhile belongs to the chat the person will see, so it waits its turn.
         await write_queue(self.store).drained()
@@ -469,9 +470,9 @@ class MainWindow(QMainWindow):
 
     def on_generate_notebook(self, text: str) -> asyncio.Task | None:
         conv = self.library.current
-        return self._spawn(self._generate_notebook(conv, text)) if is_notebook(conv) else None
+        return self._spawn(self._generate_notebook(conv, text)) if conv is not None and is_notebook(conv) else None
 
-    async def _generate_notebook(self, conv, text: str):
+    async def _generate_notebook(self, conv: Conversation, text: str) -> Message:
         # Its text is written first: while another connection holds the write lock (or an earlier edit waits for
         # it) this waits on the event loop, the status bar says so (app/state/write_queue.py).
         await write_queue(self.store).settled()
@@ -483,7 +484,7 @@ class MainWindow(QMainWindow):
         else:
             self.chat.composer.submit()
 
-    def _show_mode(self, conv) -> None:
+    def _show_mode(self, conv: Conversation | None) -> None:
         notebook = is_notebook(conv)
         inputs = (self.chat.composer.edit, self.notebook.editor)
         typing = QApplication.focusWidget() in inputs  # read before hiding one moves the focus elsewhere

@@ -538,7 +538,7 @@ class ChatController:
             self.error.emit(f"the answer stopped after {stats.generated_tokens} tokens: {stats.error or 'unknown error'}")
 
     @staticmethod
-    def _fit_to_context(engine, history: "Prompt | list[dict[str, str]]", prefix_len: int, wanted: int) -> int:
+    def _fit_to_context(engine: Engine, history: "Prompt | list[dict[str, str]]", prefix_len: int, wanted: int) -> int:
         """Clamp the answer length to what the context has left (the engine refuses overflowing requests)."""
         context = engine.info.context_length
         if not context or not engine.info.runs_locally:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import html
 
-from engine import reasoning
+from engine import TokenEvent, reasoning
 
 from PySide6.QtCore import QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication, QPainter, QPalette
+from PySide6.QtGui import QGuiApplication, QPainter, QPaintEvent, QPalette
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -63,7 +63,7 @@ class _ModelName(QLabel):
         # Qt renders a tooltip that looks like HTML as HTML: escaped inside a paragraph, the name shows as typed.
         self.setToolTip(f"<p>{html.escape(text)}</p>")
 
-    def paintEvent(self, _event) -> None:  # noqa: N802 - Qt's name
+    def paintEvent(self, _event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
         p = QPainter(self)
         p.setPen(self.palette().color(self.foregroundRole()))
         text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, self.width())
@@ -253,7 +253,7 @@ class MessageWidget(QFrame):
             self._format = (doc, reasoning.ReasoningFormat.from_dict(doc))
         return reasoning.split_reasoning(text, self._format[1], complete=not self.message.generating)
 
-    def _token_split(self, tokens) -> tuple[bool, int]:
+    def _token_split(self, tokens: list[TokenEvent]) -> tuple[bool, int]:
         """(has a Thinking block, index of the first content token) for the token view.
 
         The text split is a few string searches; the walk over the tokens to find where the content
@@ -483,7 +483,7 @@ class MessageWidget(QFrame):
 
     # -- look ------------------------------------------------------------------------------
 
-    def paintEvent(self, event) -> None:
+    def paintEvent(self, event: QPaintEvent) -> None:
         if self.message.role == "user":
             p = QPainter(self)
             p.setRenderHint(QPainter.RenderHint.Antialiasing)

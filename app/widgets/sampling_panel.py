@@ -12,8 +12,10 @@ that follows can lose it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import QEvent, QObject, QRegularExpression, Qt, QTimer, Signal
-from PySide6.QtGui import QRegularExpressionValidator
+from PySide6.QtGui import QHideEvent, QRegularExpressionValidator
 from PySide6.QtWidgets import (
     QMainWindow,
     QAbstractSlider,
@@ -32,7 +34,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine import GenerationStats, ModelInfo
+
 from app.controllers.chat import ChatController
+from app.state.conversation import Conversation, Message
 from app.state.settings import MAX_NEW_TOKENS_LIMIT, PRESET_DESCRIPTIONS, GenerationOptions, SettingsState
 from app.widgets.escaped_lines import format_lines as format_stop
 from app.widgets.escaped_lines import parse_lines as parse_stop
@@ -274,11 +279,11 @@ class SamplingPanel(QScrollArea):
             self._apply_stop()
         self.groups.flush()  # logit bias, banned strings, DRY breakers typed and not yet applied
 
-    def hideEvent(self, event) -> None:  # noqa: N802 - Qt's name
+    def hideEvent(self, event: QHideEvent) -> None:  # noqa: N802 - Qt's name
         self.flush_pending_edits()  # the window is closing (or the dock hiding): keep what was typed
         super().hideEvent(event)
 
-    def _apply(self, fn, *args, **kwargs) -> bool:
+    def _apply(self, fn: Callable[..., object], *args: object, **kwargs: object) -> bool:
         self.flush_pending_edits()  # first the stop strings typed a moment ago, then this edit
         try:
             fn(*args, **kwargs)
@@ -433,13 +438,13 @@ class SamplingPanel(QScrollArea):
                                    else "Load a preset")
         self.delete_preset_button.setEnabled(name is not None and not self._settings.is_builtin(name))
 
-    def _on_generation_finished(self, _message, _stats) -> None:
+    def _on_generation_finished(self, _message: Message, _stats: GenerationStats | None) -> None:
         self._apply_server_limits()  # "Use last" now has a seed to use
 
-    def _on_conversation_changed(self, _conversation) -> None:
+    def _on_conversation_changed(self, _conversation: Conversation | None) -> None:
         self._apply_server_limits()  # "Use last" follows the open conversation's latest answer
 
-    def _on_model_changed(self, info) -> None:
+    def _on_model_changed(self, info: ModelInfo) -> None:
         self.mode_box.update_from(info)
         self._apply_server_limits()
 
