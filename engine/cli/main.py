@@ -13,8 +13,8 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import fields
-from typing import TYPE_CHECKING, TextIO
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, TextIO
 
 from engine.cli.input import bad_utf8, check_args, runtime_settings_from
 from engine.cli.options import EXIT_USAGE, OneLineParser, add_model_args, add_sampling_args, add_tool_args
@@ -33,6 +33,7 @@ from engine.events import TokenEvent
 from engine.sampling.settings import SamplerSettings
 
 if TYPE_CHECKING:
+    from engine.chat import ChatSession
     from engine.documents.attachment import Attachment
     from engine.engine import Engine
     from engine.request import GenerationRequest
@@ -172,6 +173,18 @@ def _coerce(name: str, value: str, current: object) -> int | float | str | tuple
     return value
 
 
+@dataclass
+class _ChatState:
+    """What the chat's commands change between turns: the sampler, the answer length, the probabilities shown,
+    the conversation, and the attachments still to send (they go with the first message)."""
+
+    session: ChatSession
+    sampler: SamplerSettings
+    max_new: int
+    show_probs: bool
+    attachments: list[Attachment]
+
+
 def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
     from engine.chat import ChatSession
     from engine.reasoning import prompt_format
@@ -181,14 +194,14 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
         # Undecodable bytes arrive as lone surrogates instead of killing the session; each line is checked below.
         stdin.reconfigure(errors="surrogateescape")
     sampler = sampler_from_args(args)
-    max_new, show_probs = args.max_new_tokens, args.show_probs
     steering = steering_from_args(args)  # the vector files read and checked before the model loads
-    session = ChatSession(system_prompt=args.system)
-    attachments = list(args.attachments)  # read and checked before the load; they go with the first message sent
+    # The attachments are read and checked before the load; they go with the first message sent.
+    state = _ChatState(ChatSession(system_prompt=args.system), sampler, args.max_new_tokens, args.show_probs,
+                       list(args.attachments))
     with _load(args) as engine:
-        print_attachment_tokens(engine, attachments)
+        print_attachment_tokens(engine, state.attachments)
         # Earlier answers' reasoning stays out of the next prompt the way this model's template wants.
-        session.reasoning = prompt_format(engine.tokenizer, vocabulary=engine.info.runs_locally)
+        state.session.reasoning = prompt_format(engine.tokenizer, vocabulary=engine.info.runs_locally)
         print(f"{engine.info.name} on {engine.info.backend}/{engine.info.device}. /help for commands.", file=sys.stderr)
         interactive = stdin.isatty()
         while True:
@@ -204,62 +217,80 @@ def cmd_chat(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
             if not text.strip():
                 continue
             if text.startswith("/"):
-                cmd, _, rest = text[1:].partition(" ")
-                if cmd in ("quit", "exit", "q"):
+                if _chat_command(text[1:], state):
                     break
-                if cmd == "help":
-                    print(CHAT_HELP)
-                elif cmd == "reset":
-                    session.reset()
-                    print("(conversation cleared)")
-                elif cmd == "probs":
-                    show_probs = not show_probs
-                elif cmd == "show":
-                    print(sampler.to_dict(), f"max_new_tokens={max_new}", f"system={session.system_prompt!r}")
-                elif cmd == "set":
-                    name, _, value = rest.strip().partition(" ")
-                    try:
-                        if name == "max_new_tokens":
-                            if int(value) < 1:
-                                raise ValueError(f"max_new_tokens must be at least 1, got {value}")
-                            max_new = int(value)
-                        elif name == "system":
-                            session.system_prompt = value or None
-                        elif name in {f.name for f in fields(SamplerSettings)}:
-                            sampler = sampler.with_(**{name: _coerce(name, value, getattr(sampler, name))})
-                        else:
-                            raise ValueError(f"unknown setting {name!r}")
-                        print(f"({name} = {value})")
-                    except ValueError as e:
-                        print(f"error: {e}", file=sys.stderr)
-                else:
-                    print(f"unknown command /{cmd}; /help lists them", file=sys.stderr)
                 continue
-            if attachments and not text.startswith("/"):
-                from engine.documents import compose_message
-
-                text = compose_message(text, attachments).text
-                attachments = []
-            turn: dict[str, object] = {"top_n": args.top_n, **tool_fields(args)}
-            request = session.request(text, sampler=sampler, max_new_tokens=max(max_new, 1), stop=tuple(args.stop),
-                                      server_sampling=args.server_sampling, ignore_eos=args.ignore_eos,
-                                      steering=steering, **turn)
-            print("assistant> ", end="", flush=True)
-            events: list[TokenEvent] = []
-            try:
-                request = fit_length(engine, request, max_new)
-                done = stream_to(sys.stdout, engine, request, show_probs, events)
-            except KeyboardInterrupt:
-                print("\n(stopped)")
-                continue
-            except EngineError as e:
-                print(f"\nerror: {e}", file=sys.stderr)
-                continue
-            print()
-            print_tool_calls(sys.stdout, events, done, request)
-            session.add_turn(text, done.stats.text)
-            print_stats(done)
+            _chat_turn(engine, args, state, text, steering)
     return 0
+
+
+def _chat_command(command: str, state: _ChatState) -> bool:
+    """Run one /command of the chat; True when it ends the chat."""
+    cmd, _, rest = command.partition(" ")
+    if cmd in ("quit", "exit", "q"):
+        return True
+    if cmd == "help":
+        print(CHAT_HELP)
+    elif cmd == "reset":
+        state.session.reset()
+        print("(conversation cleared)")
+    elif cmd == "probs":
+        state.show_probs = not state.show_probs
+    elif cmd == "show":
+        print(state.sampler.to_dict(), f"max_new_tokens={state.max_new}", f"system={state.session.system_prompt!r}")
+    elif cmd == "set":
+        _chat_set(rest.strip(), state)
+    else:
+        print(f"unknown command /{cmd}; /help lists them", file=sys.stderr)
+    return False
+
+
+def _chat_set(text: str, state: _ChatState) -> None:
+    """/set NAME VALUE: the answer length, the system prompt or a sampler setting; a bad value is one line."""
+    name, _, value = text.partition(" ")
+    try:
+        if name == "max_new_tokens":
+            if int(value) < 1:
+                raise ValueError(f"max_new_tokens must be at least 1, got {value}")
+            state.max_new = int(value)
+        elif name == "system":
+            state.session.system_prompt = value or None
+        elif name in {f.name for f in fields(SamplerSettings)}:
+            state.sampler = state.sampler.with_(**{name: _coerce(name, value, getattr(state.sampler, name))})
+        else:
+            raise ValueError(f"unknown setting {name!r}")
+        print(f"({name} = {value})")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+
+
+def _chat_turn(engine: Engine, args: argparse.Namespace, state: _ChatState, text: str,
+               steering: Any) -> None:
+    """One message and its answer, streamed; Ctrl-C or an engine error ends the answer, not the chat."""
+    if state.attachments:
+        from engine.documents import compose_message
+
+        text = compose_message(text, state.attachments).text
+        state.attachments = []
+    turn: dict[str, object] = {"top_n": args.top_n, **tool_fields(args)}
+    request = state.session.request(text, sampler=state.sampler, max_new_tokens=max(state.max_new, 1),
+                                    stop=tuple(args.stop), server_sampling=args.server_sampling,
+                                    ignore_eos=args.ignore_eos, steering=steering, **turn)
+    print("assistant> ", end="", flush=True)
+    events: list[TokenEvent] = []
+    try:
+        request = fit_length(engine, request, state.max_new)
+        done = stream_to(sys.stdout, engine, request, state.show_probs, events)
+    except KeyboardInterrupt:
+        print("\n(stopped)")
+        return
+    except EngineError as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        return
+    print()
+    print_tool_calls(sys.stdout, events, done, request)
+    state.session.add_turn(text, done.stats.text)
+    print_stats(done)
 
 
 def cmd_info(args: argparse.Namespace) -> int:

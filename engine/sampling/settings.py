@@ -273,6 +273,14 @@ def _strings(name: str, v: Any, errors: list[str], what: str) -> bool:
 def validate(s: SamplerSettings) -> list[str]:
     """Every problem with `s`, as messages a user can act on (empty if fine)."""
     e: list[str] = []
+    for check in (_check_shaping, _check_penalties, _check_dry, _check_targets, _check_smoothing_and_seed,
+                  _check_order):
+        check(s, e)
+    return e
+
+
+def _check_shaping(s: SamplerSettings, e: list[str]) -> None:
+    """Temperature, its dynamic range, and the truncation stages (top-k, top-p, min-p, typical-p, top-n-sigma)."""
     if _finite("temperature", s.temperature, e) and s.temperature < 0:
         e.append(f"temperature must be >= 0 (0 = greedy), got {s.temperature}")
     elif isinstance(s.temperature, (int, float)) and 0 < s.temperature < MIN_TEMPERATURE:
@@ -296,6 +304,10 @@ def validate(s: SamplerSettings) -> list[str]:
     if _finite("top_n_sigma", s.top_n_sigma, e) and s.top_n_sigma > MAX_TEMPERATURE:  # <= 0 is off, as in llama.cpp
         e.append(f"top_n_sigma must be at most {MAX_TEMPERATURE:g} (past it every token is kept; <= 0 is off), "
                  f"got {s.top_n_sigma:g}")
+
+
+def _check_penalties(s: SamplerSettings, e: list[str]) -> None:
+    """The repetition, presence and frequency penalties and the window they look back over."""
     if _finite("repetition_penalty", s.repetition_penalty, e) and not PENALTY_RANGE[0] <= s.repetition_penalty <= PENALTY_RANGE[1]:
         e.append(f"repetition_penalty must be between {PENALTY_RANGE[0]:g} and {PENALTY_RANGE[1]:g} (1 = off), "
                  f"got {s.repetition_penalty:g}")
@@ -305,6 +317,10 @@ def validate(s: SamplerSettings) -> list[str]:
         e.append(f"frequency_penalty must be in [-2, 2], got {s.frequency_penalty}")
     if _integer("penalty_last_n", s.penalty_last_n, e) and s.penalty_last_n < -1:
         e.append(f"penalty_last_n must be >= -1 (-1 = whole history), got {s.penalty_last_n}")
+
+
+def _check_dry(s: SamplerSettings, e: list[str]) -> None:
+    """DRY's strength, base, allowed length, window and sequence breakers."""
     if _finite("dry_multiplier", s.dry_multiplier, e) and not 0 <= s.dry_multiplier <= MAX_SHAPE:
         e.append(f"dry_multiplier must be in [0, {MAX_SHAPE:g}] (0 = off), got {s.dry_multiplier:g}")
     if _finite("dry_base", s.dry_base, e) and not 1 <= s.dry_base <= MAX_SHAPE:
@@ -320,6 +336,10 @@ def validate(s: SamplerSettings) -> list[str]:
                      f"{len(s.dry_sequence_breakers):,}")
         elif long:
             e.append(f"dry_sequence_breakers must be at most {DRY_BREAKER_MAX_CHARS} characters each; shorten {long[0]!r}")
+
+
+def _check_targets(s: SamplerSettings, e: list[str]) -> None:
+    """XTC, mirostat and adaptive-p (the stages that aim at a probability or a surprise), and their clash."""
     if _finite("xtc_probability", s.xtc_probability, e) and not 0 <= s.xtc_probability <= 1:
         e.append(f"xtc_probability must be in [0, 1], got {s.xtc_probability}")
     if _finite("xtc_threshold", s.xtc_threshold, e) and not 0 < s.xtc_threshold <= 0.5:
@@ -337,6 +357,10 @@ def validate(s: SamplerSettings) -> list[str]:
     if isinstance(s.mirostat, int) and s.mirostat and isinstance(s.adaptive_target, (int, float)) and s.adaptive_target >= 0:
         e.append("mirostat and adaptive-p cannot both be on (each steers the picks toward its own target, and "
                  "llama.cpp runs only mirostat then); turn one off: mirostat 0 or adaptive_target -1")
+
+
+def _check_smoothing_and_seed(s: SamplerSettings, e: list[str]) -> None:
+    """Quadratic smoothing, banned strings and the seed."""
     if _finite("smoothing_factor", s.smoothing_factor, e) and not 0 <= s.smoothing_factor <= MAX_SHAPE:
         e.append(f"smoothing_factor must be in [0, {MAX_SHAPE:g}] (0 = off), got {s.smoothing_factor:g}")
     if _finite("smoothing_curve", s.smoothing_curve, e) and not 1 <= s.smoothing_curve <= MAX_SHAPE:
@@ -344,9 +368,13 @@ def validate(s: SamplerSettings) -> list[str]:
     _strings("banned_strings", s.banned_strings, e, "phrases the answer must not contain")
     if s.seed is not None and _integer("seed", s.seed, e) and not 0 <= s.seed < 2**63:
         e.append(f"seed must be in [0, 2**63), got {s.seed}")
+
+
+def _check_order(s: SamplerSettings, e: list[str]) -> None:
+    """The stage order: known stages (built in or custom), each once."""
     if not isinstance(s.order, tuple) or not all(isinstance(n, str) for n in s.order):
         e.append(f'order must be a list of stage names, e.g. ["top_k", "temperature"], got {s.order!r}')
-        return e
+        return
     e += custom_stage_problems(s.custom_stages, STAGE_NAMES, s.order)
     custom = {c.name for c in s.custom_stages if isinstance(c, CustomStage)} if isinstance(s.custom_stages, tuple) else set()
     unknown = [n for n in s.order if n not in STAGE_NAMES and n not in custom]
@@ -355,7 +383,6 @@ def validate(s: SamplerSettings) -> list[str]:
                  + (f", and the custom {', '.join(sorted(custom))}" if custom else ""))
     if len(set(s.order)) != len(s.order):
         e.append(f"sampler stage order names a stage twice: {list(s.order)}")
-    return e
 
 
 # The settings an answer uses unless told otherwise, in the window (its default preset) and the CLI: llama.cpp's
