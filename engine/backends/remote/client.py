@@ -218,15 +218,8 @@ class ServerClient:
                 if isinstance(item, _End):
                     ended = True
                     break
-                if isinstance(item, httpx.HTTPError):
-                    raise self._transport_error(item, streaming=True) from None
-                if isinstance(item, httpx.InvalidURL):
-                    raise self._invalid_url(item) from None
-                if isinstance(item, LineTooLong):
-                    raise ServerResponseError(f"{host} streamed an event longer than {MAX_EVENT_BYTES // 2**20} MiB "
-                                              "without ending it: the answer was refused there") from None
                 if isinstance(item, BaseException):
-                    raise item
+                    raise self._stream_failure(item) from None
                 if not item.startswith("data:"):
                     if not seen_data and sum(map(len, before_data)) < 65536:
                         before_data.append(item)
@@ -250,6 +243,18 @@ class ServerClient:
             raise self._not_a_stream("\n".join(before_data))
         # The body ended without "[DONE]": the server (or a proxy) dropped the connection.
         raise StreamCutError(f"the connection to {host} ended in the middle of the answer, without its end marker")
+
+    def _stream_failure(self, error: BaseException) -> BaseException:
+        """What the reading thread's `error` is to the caller: a transport failure or an overlong event said in
+        words, anything else (a cancel, an interrupt) as it is."""
+        if isinstance(error, httpx.HTTPError):
+            return self._transport_error(error, streaming=True)
+        if isinstance(error, httpx.InvalidURL):
+            return self._invalid_url(error)
+        if isinstance(error, LineTooLong):
+            return ServerResponseError(f"{self.options.host} streamed an event longer than "
+                                       f"{MAX_EVENT_BYTES // 2**20} MiB without ending it: the answer was refused there")
+        return error
 
     def _not_a_stream(self, body: str) -> ServerResponseError:
         """A whole answer where a stream (server-sent events) was asked for: say what came, in its own words."""
