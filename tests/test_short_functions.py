@@ -35,7 +35,6 @@ ALLOWED: dict[str, int] = {
     "engine/loom/shared_batch.py:shared_batch_events": 119,
     "engine/research/beam.py:beam_search": 97,
     "engine/serve/app.py:build_app": 100,
-    "engine/serve/running.py:start_server": 84,
     "app/widgets/connect_dialog.py:ConnectDialog.__init__": 84,
 }
 

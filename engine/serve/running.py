@@ -157,14 +157,7 @@ def start_server(
         raise ServeSetupError(f"serving on {host} makes the model reachable from other machines: give an API key "
                               "(--api-key) so that only those who know it can use it")
     sinks = Sinks(list(sink) if isinstance(sink, Sequence) else [sink] if sink is not None else [])
-    if upstream is not None:
-        from engine.serve.proxy import ProxyService
-
-        service: Any = ProxyService(upstream, sinks, options, api_key=upstream_api_key)
-    elif engine is not None:
-        service = EngineService(engine, sinks, options)
-    else:
-        raise ServeSetupError("give a model to serve, or --upstream URL to forward to another server")
+    service = _service(engine, sinks, options, upstream, upstream_api_key)
     sock = bind(host, port)
     bound_port = sock.getsockname()[1]
     limit_repeated_logs()
@@ -175,27 +168,8 @@ def start_server(
     server = uvicorn.Server(config)
     holder: dict[str, Any] = {}
     started = threading.Event()
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        holder["loop"] = loop
-        started.set()
-        try:
-            loop.run_until_complete(server.serve(sockets=[sock]))
-        except BaseException:  # noqa: BLE001 - logged: the thread has nobody to raise to
-            log.exception("the server stopped with an error")
-        finally:
-            try:
-                closer = getattr(service, "aclose", None)
-                if closer is not None:
-                    loop.run_until_complete(closer())
-                _cancel_leftovers(loop)
-            finally:
-                loop.close()
-                sock.close()
-
-    thread = threading.Thread(target=run, name=f"logitlab-serve-{bound_port}", daemon=True)
+    thread = threading.Thread(target=_serve, args=(server, sock, service, holder, started),
+                              name=f"logitlab-serve-{bound_port}", daemon=True)
     thread.start()
     started.wait(START_WAIT_S)
     running = RunningServer(host, bound_port, service, server, thread, holder.get("loop"))
@@ -212,6 +186,41 @@ def start_server(
     # there instead of being retried a second later.
     sock.listen(LISTEN_QUEUE)
     return running
+
+
+def _service(engine: Engine | None, sinks: Sinks, options: ServeOptions, upstream: str | None,
+             upstream_api_key: str | None) -> Any:
+    """What answers the requests: the engine's service, or with `upstream` the proxy's."""
+    if upstream is not None:
+        from engine.serve.proxy import ProxyService
+
+        return ProxyService(upstream, sinks, options, api_key=upstream_api_key)
+    if engine is not None:
+        return EngineService(engine, sinks, options)
+    raise ServeSetupError("give a model to serve, or --upstream URL to forward to another server")
+
+
+def _serve(server: uvicorn.Server, sock: socket.socket, service: Any, holder: dict[str, Any],
+           started: threading.Event) -> None:
+    """The server's thread: its own event loop (put in `holder` before `started` is set), uvicorn on `sock`
+    until stopped, then the service's connections closed, leftover tasks cancelled and the socket closed."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    holder["loop"] = loop
+    started.set()
+    try:
+        loop.run_until_complete(server.serve(sockets=[sock]))
+    except BaseException:  # noqa: BLE001 - logged: the thread has nobody to raise to
+        log.exception("the server stopped with an error")
+    finally:
+        try:
+            closer = getattr(service, "aclose", None)
+            if closer is not None:
+                loop.run_until_complete(closer())
+            _cancel_leftovers(loop)
+        finally:
+            loop.close()
+            sock.close()
 
 
 def connection_cap(wanted: int | None) -> int | None:
