@@ -215,35 +215,43 @@ def download_url(
                     ) from e
                 log.warning("download of %s dropped (%s); resuming", url, type(e).__name__)
                 time.sleep(RETRY_PAUSE_S)
-        size = part.stat().st_size
-        if expected.total is None or size != expected.total:  # _confirmed_whole said so; never named unchecked
-            raise DownloadInterrupted(
-                f"the download of {target.name} ended at {format_bytes(size)}"
-                f"{' of ' + format_bytes(expected.total) if expected.total else ''}; pull again to resume"
-            )
-        want = (expected_sha256 or expected.sha256).lower()
-        got = digest.hexdigest()
-        if want and got != want:
-            part.unlink(missing_ok=True)
-            raise ChecksumMismatchError(
-                f"{target.name} is damaged: its SHA-256 is {got[:16]}…, but {want[:16]}… was published for it. "
-                "The file was deleted; try again (if it happens again, the server's copy is damaged)"
-            )
-        if is_gguf_name(target.name) and (short := gguf_shortfall(part)):
-            # The server said this was all (a short Content-Length it stands by, or a file cut short on its side),
-            # and a checksum of these bytes would match them: only the file's own header shows it is not whole.
-            part.unlink(missing_ok=True)
-            raise DownloadError(
-                f"{target.name} is incomplete: the server sent {size:,} bytes as the whole file, but its GGUF header "
-                f"says otherwise ({short}). It was deleted, not named; the server's copy or the size it states is "
-                "wrong, so try another address or later"
-            )
+        size, got, want = _verify(part, target.name, expected, expected_sha256, digest)
         part.replace(target)
         log.info("downloaded %s (%s, sha256 %s%s)", target, format_bytes(size), got[:12], " checked" if want else "")
         return target
     finally:
         if own_client:
             client.close()
+
+
+def _verify(part: Path, name: str, expected: _Expected, expected_sha256: str | None,
+            digest: "hashlib._Hash") -> tuple[int, str, str]:
+    """(size, its SHA-256, the one published or "") of the finished `part`, checked whole: the size the server
+    stated, the published checksum, a GGUF's own header; a part that fails is deleted, never named."""
+    size = part.stat().st_size
+    if expected.total is None or size != expected.total:  # _confirmed_whole said so; never named unchecked
+        raise DownloadInterrupted(
+            f"the download of {name} ended at {format_bytes(size)}"
+            f"{' of ' + format_bytes(expected.total) if expected.total else ''}; pull again to resume"
+        )
+    want = (expected_sha256 or expected.sha256).lower()
+    got = digest.hexdigest()
+    if want and got != want:
+        part.unlink(missing_ok=True)
+        raise ChecksumMismatchError(
+            f"{name} is damaged: its SHA-256 is {got[:16]}…, but {want[:16]}… was published for it. "
+            "The file was deleted; try again (if it happens again, the server's copy is damaged)"
+        )
+    if is_gguf_name(name) and (short := gguf_shortfall(part)):
+        # The server said this was all (a short Content-Length it stands by, or a file cut short on its side),
+        # and a checksum of these bytes would match them: only the file's own header shows it is not whole.
+        part.unlink(missing_ok=True)
+        raise DownloadError(
+            f"{name} is incomplete: the server sent {size:,} bytes as the whole file, but its GGUF header "
+            f"says otherwise ({short}). It was deleted, not named; the server's copy or the size it states is "
+            "wrong, so try another address or later"
+        )
+    return size, got, want
 
 
 def _has_request(e: httpx.HTTPError) -> bool:
