@@ -58,30 +58,8 @@ def build_app(service: Service, api_key: str | None = None, *,
     async def read_json(request: Request) -> dict[str, Any]:
         return await read_body_json(request, timeout=body_timeout_s)
 
-    def authorized(request: Request) -> None:
-        if not api_key:
-            return
-        given = request.headers.get("authorization", "")
-        token = given[7:].strip() if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-        if not hmac.compare_digest(token.encode("utf-8", "replace"), api_key.encode("utf-8")):
-            raise ApiError(401, "missing or wrong API key: send it as 'Authorization: Bearer KEY' (or x-api-key)",
-                           code="invalid_api_key")
-
-    def guarded(handler: Callable[[Request], Awaitable[Response]],
-                render: Callable[[ApiError], Response] = ApiError.response) -> Callable[[Request], Awaitable[Response]]:
-        # `render`: an error in the route's API's shape (OpenAI's; Anthropic's for /v1/messages)
-        async def endpoint(request: Request) -> Response:
-            try:
-                authorized(request)
-                return await handler(request)
-            except ApiError as e:
-                return render(e)
-            except RecursionError:
-                return render(ApiError(400, "the request is nested too deeply to read", code="invalid_json"))
-            except Exception as e:  # noqa: BLE001 - a bug: answered in words, logged with its traceback
-                log.exception("the server failed on %s", request.url.path)
-                return render(ApiError(500, f"the server failed: {type(e).__name__}: {e}"))
-        return endpoint
+    def guarded(handler: Handler, render: Callable[[ApiError], Response] = ApiError.response) -> Handler:
+        return _guarded(handler, api_key, render)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -134,22 +112,55 @@ def build_app(service: Service, api_key: str | None = None, *,
                Route("/props", guarded(props), methods=["GET"]),
                Route("/tokenizer_info", guarded(tokenizer_info), methods=["GET"])]
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        if status == 404:
-            return ApiError(404, f"there is no {request.url.path} here; see GET /v1/models, POST /v1/chat/completions "
-                                 "and POST /v1/completions", code="unknown_url").response()
-        if status == 405:
-            return ApiError(405, f"{request.method} is not allowed on {request.url.path}",
-                            code="method_not_allowed").response()
-        return ApiError(status, str(getattr(exc, "detail", exc))).response()
-
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error},
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error},
                     middleware=[Middleware(OneSlashForm)])
     # Starlette would answer `/v1/models/` with a 307 to a Location built from the client's Host header, before
     # any key is checked; the slash form is served instead (OneSlashForm), after the key check like any route.
     app.router.redirect_slashes = False
     return app
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _check_key(request: Request, api_key: str | None) -> None:
+    """An ApiError 401 unless the request sends `api_key` (as a Bearer token or x-api-key); None: none needed."""
+    if not api_key:
+        return
+    given = request.headers.get("authorization", "")
+    token = given[7:].strip() if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+    if not hmac.compare_digest(token.encode("utf-8", "replace"), api_key.encode("utf-8")):
+        raise ApiError(401, "missing or wrong API key: send it as 'Authorization: Bearer KEY' (or x-api-key)",
+                       code="invalid_api_key")
+
+
+def _guarded(handler: Handler, api_key: str | None, render: Callable[[ApiError], Response]) -> Handler:
+    """`handler` behind the key check, every failure answered in words in the route's API's shape (`render`:
+    OpenAI's; Anthropic's for /v1/messages), a bug logged with its traceback."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            _check_key(request, api_key)
+            return await handler(request)
+        except ApiError as e:
+            return render(e)
+        except RecursionError:
+            return render(ApiError(400, "the request is nested too deeply to read", code="invalid_json"))
+        except Exception as e:  # noqa: BLE001 - a bug: answered in words, logged with its traceback
+            log.exception("the server failed on %s", request.url.path)
+            return render(ApiError(500, f"the server failed: {type(e).__name__}: {e}"))
+    return endpoint
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404s and 405s (and any other HTTPException) in OpenAI's error shape."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if status == 404:
+        return ApiError(404, f"there is no {request.url.path} here; see GET /v1/models, POST /v1/chat/completions "
+                             "and POST /v1/completions", code="unknown_url").response()
+    if status == 405:
+        return ApiError(405, f"{request.method} is not allowed on {request.url.path}",
+                        code="method_not_allowed").response()
+    return ApiError(status, str(getattr(exc, "detail", exc))).response()
 
 
 class OneSlashForm:
