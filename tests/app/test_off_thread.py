@@ -178,11 +178,18 @@ def test_a_cancelled_works_references_end_on_the_loop_not_on_the_worker():
         loop = asyncio.get_running_loop()
         await asyncio.wrap_future(pool.submit(work, TaskState(loop, None)), loop=loop)
 
-    assert _cancelled_while_running(plain) == ["worker_0"]
-    # run_off_thread: on the loop's thread, every time. Which thread lets go last is a race (a version that handed
-    # the loop a reference while the worker kept one ended on the worker in about one run of five), so it is run
-    # many times.
-    ended = [_cancelled_while_running(lambda work, pool: run_off_thread(work, executor=pool)) for _ in range(25)]
+    # Each run's gc.collect() would walk the whole heap: ~0.5 s in a worker that has loaded torch and Qt (13 s of
+    # the 26 runs). Frozen, the objects from before this test are skipped; what each run's collection must find
+    # (the cancelled task's cycle) is made after the freeze, so it is still collected.
+    gc.freeze()
+    try:
+        assert _cancelled_while_running(plain) == ["worker_0"]
+        # run_off_thread: on the loop's thread, every time. Which thread lets go last is a race (a version that
+        # handed the loop a reference while the worker kept one ended on the worker in about one run of five), so
+        # it is run many times: 25 runs miss a one-in-five failure with probability 0.8**25 < 0.4%.
+        ended = [_cancelled_while_running(lambda work, pool: run_off_thread(work, executor=pool)) for _ in range(25)]
+    finally:
+        gc.unfreeze()
     assert ended == [[threading.main_thread().name]] * 25
 
 

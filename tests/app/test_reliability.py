@@ -240,6 +240,7 @@ def _leaked(before: dict, after: dict) -> list[str]:
 @pytest.mark.model
 def test_rapid_send_stop_cycles_leak_no_threads_or_memory(dirs):
     data, logs = dirs
+    # Not fewer cycles: the memory bound (50 MiB) catches a leak of half a MiB a cycle only over 100 of them.
     app = App(data, logs, "--tokens", "4", "--cycles", "100", "--timeout", "300")
     assert app.finish(240) == 0, "".join(app.output[-30:])
     cycles = app.report["cycles"]

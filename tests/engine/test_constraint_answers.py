@@ -44,6 +44,7 @@ SAMPLER = st.fixed_dictionaries({
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schema=SCHEMA, sampler=SAMPLER)
 def test_every_constrained_answer_validates(default_llamacpp, schema, sampler):
+    # Not fewer examples or tokens: 15 drawn schemas and samplers are the property's breadth, 80 tokens a whole object.
     default_llamacpp.trim_cache(0)
     request = GenerationRequest(
         messages=({"role": "user", "content": "Answer with JSON."},), sampler=SamplerSettings(**sampler),

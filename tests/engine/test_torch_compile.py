@@ -147,6 +147,7 @@ def _compiler_available() -> bool:
 def test_inductor_compiled_bfloat16_step_passes_the_check(private_cache_dir):
     """bf16 kernels round differently from eager's; the check tells that from a wrong position (test above).
     One layer: the build (paused-at-every-call tracing, ~1.6x slower than without) stays within minutes here."""
+    # Not faster: one layer and a 512-token vocabulary already; what is left is inductor's build, the test's point.
     model = _tiny_llama(torch.bfloat16, "tiny-inductor", layers=1)
     built = compile_step.CompiledDecodeStep(model)
     assert built.wait(800), built.error or "still building after 800 s"
