@@ -72,6 +72,21 @@ class ConnectDialog(QDialog):
         self.listing: asyncio.Task | None = None
         self._listed = ""  # the URL text of the latest listing
 
+        self._make_server_boxes()
+        self._make_key_fields(keys)
+        self._make_options(server_sampling)
+        self._lay_out()
+        url_edit = self.url_box.lineEdit()
+        if url_edit is not None:
+            url_edit.editingFinished.connect(self._on_url_edited)
+        self.url_box.activated.connect(lambda _i: self._on_url_edited())
+        self.model_box.currentTextChanged.connect(lambda _t: self._update_connect_button())
+        self.finished.connect(lambda _result: self._pool.shutdown(wait=False))
+        if self._recent:
+            self._fill_from_recent(self._recent[0]["url"])
+
+    def _make_server_boxes(self) -> None:
+        """The server's URL (recent ones listed) and its model."""
         self.url_box = QComboBox()
         self.model_box = QComboBox()
         self.model_box.setAccessibleName("Model on the server")
@@ -85,6 +100,9 @@ class ConnectDialog(QDialog):
         for box in (self.url_box, self.model_box):
             box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
             box.setMinimumContentsLength(COMBO_CHARS)
+
+    def _make_key_fields(self, keys: ApiKeys) -> None:
+        """The API key and whether the keyring keeps it (only where a keyring is installed)."""
         self.key_edit = QLineEdit()
         self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
         self.key_edit.setAccessibleName("API key")
@@ -96,6 +114,9 @@ class ConnectDialog(QDialog):
         else:
             self.remember_key.setEnabled(False)
             self.remember_key.setToolTip("The keyring package is not installed: the key is kept until the app closes")
+
+    def _make_options(self, server_sampling: bool) -> None:
+        """The timeout, the List models button, who samples, and the status line."""
         self.timeout = QDoubleSpinBox()
         self.timeout.setAccessibleName("Timeout in seconds")
         self.timeout.setRange(1.0, 3600.0)
@@ -114,6 +135,7 @@ class ConnectDialog(QDialog):
         self.message.setWordWrap(True)
         self.message.setAccessibleName("Connection status")
 
+    def _lay_out(self) -> None:
         model_row = QHBoxLayout()
         model_row.addWidget(self.model_box, 1)
         model_row.addWidget(self.refresh_button)
@@ -137,14 +159,6 @@ class ConnectDialog(QDialog):
         lay.addLayout(form)
         lay.addWidget(self.message)
         lay.addWidget(self.buttons)
-
-        if url_edit is not None:
-            url_edit.editingFinished.connect(self._on_url_edited)
-        self.url_box.activated.connect(lambda _i: self._on_url_edited())
-        self.model_box.currentTextChanged.connect(lambda _t: self._update_connect_button())
-        self.finished.connect(lambda _result: self._pool.shutdown(wait=False))
-        if self._recent:
-            self._fill_from_recent(self._recent[0]["url"])
 
     # -- reading the fields -------------------------------------------------------------------
 
