@@ -29,6 +29,21 @@ class RowEvent:
     event: Event
 
 
+def _take_tokens(rows: list[AnswerRow], live: list[int], logits: np.ndarray,
+                 force: Callable[[int, AnswerRow], int | None]) -> tuple[list[tuple[int, Taken]], list[int]]:
+    """Each live row's next token, taken: ([(answer row, what it took)], the batch rows that have not ended)."""
+    shown: list[tuple[int, Taken]] = []
+    unfinished: list[int] = []
+    for i, r in enumerate(live):
+        row = rows[r]
+        taken = row.take(row.choose(logits[i], force(r, row)), logits[i])
+        assert taken is not None and taken.step_back is None  # rows that step back or are refused run elsewhere
+        shown.append((r, taken))
+        if not taken.ends:
+            unfinished.append(i)
+    return shown, unfinished
+
+
 def decode_rows(
     runner: BatchRunner,
     rows: list[AnswerRow],
@@ -55,15 +70,7 @@ def decode_rows(
         # Every row's token first (the next forward needs them all), then the next forward starts, and the
         # tokens' reports (stage snapshots, top-N, entropy) are built while it runs where the runner can step
         # on a helper thread (BackgroundStep), as the decode loop overlaps them (OverlappedForward).
-        shown: list[tuple[int, Taken]] = []
-        unfinished: list[int] = []  # batch rows that took a token and have not ended
-        for i, r in enumerate(live):
-            row = rows[r]
-            taken = row.take(row.choose(logits[i], force(r, row)), logits[i])
-            assert taken is not None and taken.step_back is None
-            shown.append((r, taken))
-            if not taken.ends:
-                unfinished.append(i)
+        shown, unfinished = _take_tokens(rows, live, logits, force)
         going = [i for i in unfinished if not stopped(live[i])]
         tokens = [shown[i][1].token_id for i in going]
         pending = None
