@@ -64,14 +64,10 @@ def beam_search(
 
     `cancelled`: asked before every forward after the first; when it says yes the search stops and returns [].
     """
-    if num_beams < 1 or not 1 <= num_return_sequences <= num_beams:
-        raise ValueError("need num_beams >= 1 and 1 <= num_return_sequences <= num_beams")
-    if early_stopping not in (True, False, "never"):
-        raise ValueError("early_stopping must be True, False or 'never'")
+    _check_beam_args(num_beams, num_return_sequences, early_stopping)
     prompt = list(prompt)
     check_context(len(prompt), max_new_tokens, context_length)  # before the first forward: a long prompt fails now
-    p, nb = len(prompt), num_beams
-    max_length = p + max_new_tokens
+    p, nb, max_length = len(prompt), num_beams, len(prompt) + max_new_tokens
     eos = np.asarray(sorted(set(eos_token_ids)), dtype=np.int64)
     keep = max(2, 1 + len(eos)) * nb  # candidates per step: enough that nb stay alive after EOS hits
     top_mask = np.arange(keep) < nb
@@ -119,13 +115,9 @@ def beam_search(
         finished, finished_scores, is_finished = merged_seqs[best], merged_scores[best], merged_fin[best]
 
         cur += 1
-        if early_stopping == "never" and length_penalty > 0.0:
-            best_len = max_length - p
-        else:
-            best_len = cur - p
-        best_running = running_scores[0] / (best_len**length_penalty)
-        worst_finished = finished_scores.min() if is_finished.all() else NEG  # an open slot can always improve
-        heuristic_open = heuristic_open and best_running > worst_finished
+        heuristic_open = heuristic_open and _can_improve(running_scores[0], finished_scores, is_finished,
+                                                         (max_length if early_stopping == "never" and length_penalty > 0.0
+                                                          else cur) - p, length_penalty)
         if not heuristic_open or (is_finished.all() and early_stopping is True) or hits.all():
             break
         if cancelled is not None and cancelled():
@@ -133,12 +125,32 @@ def beam_search(
         runner.reorder(parents.tolist())
         logits = runner.step(running[:, cur - 1].tolist())
 
+    return _results(prompt, finished[:num_return_sequences], finished_scores[:num_return_sequences], eos)
+
+
+def _check_beam_args(num_beams: int, num_return_sequences: int, early_stopping: bool | str) -> None:
+    if num_beams < 1 or not 1 <= num_return_sequences <= num_beams:
+        raise ValueError("need num_beams >= 1 and 1 <= num_return_sequences <= num_beams")
+    if early_stopping not in (True, False, "never"):
+        raise ValueError("early_stopping must be True, False or 'never'")
+
+
+def _can_improve(best_running_score: float, finished_scores: np.ndarray, is_finished: np.ndarray, best_len: int,
+                 length_penalty: float) -> bool:
+    """Whether the best running beam, at the best length it can reach, can still beat the worst finished one
+    (transformers' heuristic); a slot not yet filled can always be improved."""
+    worst_finished = finished_scores.min() if is_finished.all() else NEG
+    return bool(best_running_score / (best_len**length_penalty) > worst_finished)
+
+
+def _results(prompt: list[int], seqs: np.ndarray, scores: np.ndarray, eos: np.ndarray) -> list[BeamResult]:
+    """The finished beams as results; generated tokens run up to the first EOS (kept), like transformers' output."""
+    p, stops = len(prompt), set(eos.tolist())
     results = []
-    for seq, score in zip(finished[:num_return_sequences], finished_scores[:num_return_sequences]):
+    for seq, score in zip(seqs, scores):
         gen = seq[p:].tolist()
-        # Generated tokens run up to the first EOS (kept), like transformers' output.
         for j, t in enumerate(gen):
-            if t in set(eos.tolist()):
+            if t in stops:
                 gen = gen[: j + 1]
                 break
         results.append(BeamResult(tuple(prompt + gen), tuple(gen), float(score)))
