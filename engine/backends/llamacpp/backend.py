@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import llama_cpp
 import numpy as np
@@ -22,8 +22,8 @@ from engine.backends.base import CachedTokens, process_peak_rss_bytes
 from engine.backends.chunks import positions_per_chunk
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.abort import ABORTED, AbortSwitch
-from engine.backends.llamacpp.gguf_header import kv_bytes_per_token, read_header
-from engine.backends.llamacpp.placement import layers_as_asked, plan_gpu_layers
+from engine.backends.llamacpp.gguf_header import GGUFHeader, kv_bytes_per_token, read_header
+from engine.backends.llamacpp.placement import GpuPlan, layers_as_asked, plan_gpu_layers
 from engine.backends.llamacpp.runner import LlamaCppRunner
 from engine.backends.llamacpp.steering import LlamaCppSteering
 from engine.backends.llamacpp.threads import default_threads
@@ -43,6 +43,17 @@ T = TypeVar("T")
 
 N_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch); a cancel stops inside one
 NO_GPU = "this llama.cpp build runs on the CPU only (no Metal, CUDA or Vulkan), so no layers can go to a GPU"
+
+
+def _gpu_plan(header: GGUFHeader, offload: OffloadPolicy | str | None, n_gpu_layers: int | None, n_layers: int,
+              cache_bytes: int, gpus: list[native.GpuDevice]) -> GpuPlan:
+    """Which layers run on the GPU: `n_gpu_layers` as asked, else what `offload` says for this model and cache
+    in the first GPU's free memory (none on a CPU build)."""
+    gpu_build = bool(llama_cpp.llama_supports_gpu_offload())
+    if n_gpu_layers is not None:
+        return layers_as_asked(n_gpu_layers, n_layers, gpu_build=gpu_build)
+    return plan_gpu_layers(offload, n_layers=n_layers, gpu_build=gpu_build, model_bytes=header.file_bytes,
+                           cache_bytes=cache_bytes, free_gpu_bytes=gpus[0].free_bytes if gpus else None)
 
 
 class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vectors (steering.py)
@@ -84,11 +95,7 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         self.header = header
         if n_gpu_layers is not None and offload is not None:
             raise ValueError("give either n_gpu_layers or offload, not both: both say which layers run on the GPU")
-        self.n_threads = n_threads or default_threads()
-        self.n_threads_batch = n_threads_batch or self.n_threads  # as llama.cpp: the prompt's follow the decode's
-        # Not asked for: chosen again for each answer from the cores free then (engine/cpu_load.py).
-        self._threads_per_answer = ThreadsPerAnswer(fallback=self.n_threads) if not n_threads else None
-        self._batch_threads_follow = not n_threads_batch
+        self._choose_threads(n_threads, n_threads_batch)
         n_batch = n_batch or N_BATCH
         n_layers = int(header.arch_value("block_count", 0) or 0)
         per_token = kv_bytes_per_token(header)
@@ -98,16 +105,7 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         self.n_ctx = self.context.n_ctx
         ctx_reason = self.context.capped or ("as asked" if n_ctx is not None else "the model's context length")
         gpus = native.gpu_devices()
-        self.gpu_plan = plan_gpu_layers(
-            offload,
-            n_layers=n_layers,
-            gpu_build=bool(llama_cpp.llama_supports_gpu_offload()),
-            model_bytes=header.file_bytes,
-            cache_bytes=per_token * self.n_ctx,
-            free_gpu_bytes=gpus[0].free_bytes if gpus else None,
-        )
-        if n_gpu_layers is not None:
-            self.gpu_plan = layers_as_asked(n_gpu_layers, n_layers, gpu_build=bool(llama_cpp.llama_supports_gpu_offload()))
+        self.gpu_plan = _gpu_plan(header, offload, n_gpu_layers, n_layers, per_token * self.n_ctx, gpus)
         log.info("llama.cpp: n_ctx %d (%s); %s; %d decode threads, %d prompt threads",
                  self.n_ctx, ctx_reason, self.gpu_plan.reason, self.n_threads, self.n_threads_batch)
 
@@ -120,21 +118,8 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         self._batch: native.Batch = None  # type: ignore[assignment]  # made below; None only once closed
         try:
             self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model)))
-            cparams = llama_cpp.llama_context_default_params()
-            cparams.n_ctx = self.n_ctx
-            cparams.n_batch = cparams.n_ubatch = n_batch
-            cparams.n_seq_max = 1
-            # Only the last position's logits are ever asked for: without this llama.cpp reserves room
-            # for n_batch rows of logits (512 x 49k floats = 96 MiB for the default model).
-            cparams.n_outputs_max = 1
-            cparams.n_threads, cparams.n_threads_batch = self.n_threads, self.n_threads_batch
-            cparams.offload_kqv = self.gpu_plan.offload_kqv
-            cparams.swa_full = True  # sliding-window layers keep every position, so trimming stays exact
-            cparams.no_perf = True
-            if flash_attn is not None:
-                cparams.flash_attn_type = int(flash_attn)  # LLAMA_FLASH_ATTN_TYPE_DISABLED 0 / ENABLED 1
             self.flash_attn = "auto" if flash_attn is None else "on" if flash_attn else "off"
-            self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+            self.ctx = llama_cpp.llama_init_from_model(self.model, self._context_params(n_batch, flash_attn))
             if not self.ctx:
                 why = native.take_recent_errors() or "out of memory?"
                 raise ModelLoadError(f"llama.cpp could not create a context of {self.n_ctx} tokens: {why}")
@@ -153,6 +138,31 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         self._schedule = CacheSchedule()  # the llama_decode calls of each cached position (exact replays)
         self.tokens_evaluated = 0  # every token run through the model, for tests and stats
         self._overlap_pool: ThreadPoolExecutor | None = None  # made on the first forward_during
+
+    def _choose_threads(self, n_threads: int | None, n_threads_batch: int | None) -> None:
+        self.n_threads = n_threads or default_threads()
+        self.n_threads_batch = n_threads_batch or self.n_threads  # as llama.cpp: the prompt's follow the decode's
+        # Not asked for: chosen again for each answer from the cores free then (engine/cpu_load.py).
+        self._threads_per_answer = ThreadsPerAnswer(fallback=self.n_threads) if not n_threads else None
+        self._batch_threads_follow = not n_threads_batch
+
+    def _context_params(self, n_batch: int, flash_attn: bool | None) -> Any:
+        """llama.cpp's context parameters for this model: one sequence, logits of one position, the chosen
+        threads, and the sliding-window layers kept whole."""
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 1
+        # Only the last position's logits are ever asked for: without this llama.cpp reserves room
+        # for n_batch rows of logits (512 x 49k floats = 96 MiB for the default model).
+        cparams.n_outputs_max = 1
+        cparams.n_threads, cparams.n_threads_batch = self.n_threads, self.n_threads_batch
+        cparams.offload_kqv = self.gpu_plan.offload_kqv
+        cparams.swa_full = True  # sliding-window layers keep every position, so trimming stays exact
+        cparams.no_perf = True
+        if flash_attn is not None:
+            cparams.flash_attn_type = int(flash_attn)  # LLAMA_FLASH_ATTN_TYPE_DISABLED 0 / ENABLED 1
+        return cparams
 
     def _describe(self, spec: str, display_name: str, gpus: list[native.GpuDevice]) -> ModelInfo:
         plan = self.gpu_plan
