@@ -102,6 +102,7 @@ def test_two_thousand_answers_open_without_freezing(qtbot, window, store):
 
 
 def test_a_tree_1100_forks_deep_opens_and_its_deepest_branch_can_be_reached(qtbot, window, store):
+    # Not smaller: 1,100 forks deep means answers sharing up to 1,100 tokens (~600k in all), the size under test.
     cid = deep_tree(store, 1_100)
     stall = open_and_measure(qtbot, window, cid)
     assert stall < STALL_S, f"the window froze {stall:.1f} s"
