@@ -29,7 +29,8 @@ FILLER = [
     "The town's bus stops outside the library twice an hour, and the last one leaves for the station at half "
     "past ten.",
 ]
-FACT = "The vault code is 4729. Only the head librarian and the night guard are told it, and it is changed every winter."
+FACT = ("The vault code is 4729. Only the head librarian and the night guard are told it, and it is changed "
+        "every winter.")
 QUESTION = "What is the vault code?"
 
 

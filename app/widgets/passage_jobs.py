@@ -1,0 +1,67 @@
+"""Where an answer token looked in the attached documents, from the layer view's own capture (Qt-free).
+
+The inspector's layer view already holds the selected token's attention (`lens_jobs.layer_view`, captured with
+`attention=True`): the passages' masses are that array summed over their tokens
+(`engine.documents.attention.passage_mass`), so opening this view runs nothing on the model. Only the
+passages' token ranges are made here, off the UI thread: the prompt's tokens (the chat template renders)
+and, for each earlier message with files, where its composed text lies in them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine import documents
+
+from app.engine_host import EngineHost
+from app.lens_jobs import LensView, answer_parts, check_model
+from app.state.conversation import Conversation, Message
+
+
+@dataclass(frozen=True)
+class PassageView:
+    """What the passage panel draws for one answer token: its attention and the passages it is summed over."""
+
+    index: int  # the token's index in the answer
+    attention: np.ndarray  # (layers, heads, position): the layer view's capture of the token
+    passages: tuple[documents.Passage, ...]
+    caveat: str = documents.CAVEAT
+
+
+def attached_messages(conv: Conversation, message: Message) -> list[Message]:
+    """The messages before answer `message` that carry files, oldest first."""
+    if message.parent_id is None:
+        return []
+    return [m for m in conv.ancestry(conv.messages[message.parent_id]) if m.attachments]
+
+
+def prompt_passages(tokenizer: Any, prompt: Sequence[int], messages: Sequence[Message]) -> list[documents.Passage]:
+    """Every attached passage of `messages` with its token range in `prompt`; a message whose text is not in
+    the prompt (a notebook's raw text, a history cut to fit) gives none."""
+    out: list[documents.Passage] = []
+    for m in messages:
+        composed = documents.compose_message(m.content, m.attachments)
+        try:
+            out.extend(documents.passages_in_prompt(tokenizer, prompt, composed, m.attachments))
+        except ValueError:
+            continue
+    return out
+
+
+async def passage_view(host: EngineHost, conv: Conversation, message: Message, view: LensView) -> PassageView | None:
+    """The passages the answer token of `view` looked at; None when its prompt holds no attached file."""
+    messages = attached_messages(conv, message)
+    if not messages or view.capture.attention is None:
+        return None
+    engine = await host.wait_engine()
+    check_model(engine, message, "where it looked")
+    history, _answer = answer_parts(conv, message)
+    prompt = await host.off_ui_thread(history.token_ids, engine.tokenizer)
+    passages = await host.off_ui_thread(prompt_passages, engine.tokenizer, prompt, messages)
+    if not passages:
+        return None
+    return PassageView(view.index, view.capture.attention, tuple(passages))

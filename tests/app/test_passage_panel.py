@@ -1,0 +1,51 @@
+"""The passage panel (where the answer looked): highlights from a token's attention, the layers picked, the caveat.
+
+A UI test on a made-up capture (layers 0-1 looking at the first passage, 2-3 at the second), so the numbers
+it must show are known; the real capture and its passages are tested in tests/engine/test_attention_passages.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.documents import CAVEAT, Passage
+
+from app.widgets.passage_jobs import PassageView
+from app.widgets.passage_panel import ALL, PassagePanel
+
+
+def _view() -> PassageView:
+    passages = (Passage("a" * 64, "notes.txt", 0, 0, 10, "The garden <b>", 2, 10),
+                Passage("a" * 64, "notes.txt", 1, 12, 30, "The vault code is 4729.", 10, 20))
+    attention = np.zeros((4, 2, 30), dtype=np.float32)
+    attention[:2, :, 0] = 0.2  # the prompt's start: outside every passage
+    attention[:2, :, 2:10] = 0.1  # early layers: the first passage (0.8 of each row)
+    attention[2:, :, 10:20] = 0.06  # late layers: the second (0.6), the rest on the answer
+    attention[2:, :, 25:30] = 0.08
+    attention[:2, :, 10:20] = 0.0
+    return PassageView(3, attention, passages)
+
+
+@pytest.mark.parametrize("layers, top, share", [(None, "§2", 1.0), (ALL, "§1", 0.8 / 1.4)])
+def test_panel_highlights_the_passage_looked_at(qtbot, layers, top, share):
+    panel = PassagePanel()
+    qtbot.addWidget(panel)
+    panel.set_view(_view())
+    if layers is not None:
+        panel.layer_box.setCurrentIndex(panel.layer_box.findData(layers))
+    shares = panel.shares()
+    assert max(shares) == pytest.approx(share, rel=1e-5)
+    assert sum(shares) == pytest.approx(1.0)
+    assert f"looked mostly at <b>notes.txt {top}</b>" in panel.summary.text()
+    assert "Token 4" in panel.summary.text()
+    assert CAVEAT in panel.caveat.text().lower()
+    assert "The garden &lt;b&gt;" in panel.text.toHtml()  # a passage's text is escaped, not markup
+
+
+def test_panel_without_attachments_says_so(qtbot):
+    panel = PassagePanel()
+    qtbot.addWidget(panel)
+    panel.set_view(None)
+    assert panel.shares() == ()
+    assert "No attached file" in panel.summary.text()
