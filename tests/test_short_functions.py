@@ -27,10 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("engine", "app")
 MAX_LINES = 80
 
-# "path:qualified name": its length today. Another change shortens these and takes them out of the list.
-ALLOWED: dict[str, int] = {
-    "engine/loom/shared_batch.py:shared_batch_events": 119,
-}
+# "path:qualified name": its length today, for a function that must stay long for a while (none is, now: keep
+# it so; a function over the limit is split into named parts instead).
+ALLOWED: dict[str, int] = {}
 
 # A comment, or a string (prefix letters stay behind as harmless text): matched left to right, as the
 # tokenizer reads them, so a quote inside a comment and a # inside a string are each taken for what they are.
