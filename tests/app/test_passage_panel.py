@@ -49,3 +49,25 @@ def test_panel_without_attachments_says_so(qtbot):
     panel.set_view(None)
     assert panel.shares() == ()
     assert "No attached file" in panel.summary.text()
+
+
+def test_prompt_passages_finds_each_attached_message(default_model_folder):
+    import hashlib
+
+    from engine import documents
+    from engine.tokenizer import Tokenizer
+
+    from app.state.conversation import Message
+    from app.widgets.passage_jobs import prompt_passages
+
+    text = "First paragraph about roses.\n\nThe vault code is 4729.\n"
+    data = text.encode()
+    attachment = documents.Attachment("notes.txt", len(data), "text", text, hashlib.sha256(data).hexdigest())
+    asked = Message(1, None, "user", "What is the code?", 0.0, attachments=[attachment])
+    elsewhere = Message(3, 2, "user", "And again?", 0.0, attachments=[attachment])  # not in this prompt
+    tok = Tokenizer.from_folder(default_model_folder)
+    prompt = tok.chat_ids([{"role": "user", "content": asked.model_text()}])
+    passages = prompt_passages(tok, prompt, [asked, elsewhere])
+    assert [p.label for p in passages] == ["notes.txt §1", "notes.txt §2"]
+    assert [tok.decode(prompt[p.first_token:p.end_token]).strip() for p in passages] == [
+        "First paragraph about roses.", "The vault code is 4729."]
