@@ -102,7 +102,7 @@ DOCKS: tuple[DockRow, ...] = (
     DockRow("inspector_dock", "Inspector", lambda window: window.inspector, RIGHT),
     DockRow("loom_dock", "Loom", lambda window: window._loom_view(), RIGHT, tab_with="inspector_dock",
             raise_after="inspector_dock"),
-    DockRow("tools_dock", "Tools", tools_panel_for, RIGHT, tab_with="loom_dock", raise_after="inspector_dock"),
+    DockRow("tools_dock", "Tools", lambda window: window._tools_panel(), RIGHT, tab_with="loom_dock", raise_after="inspector_dock"),
 )
 
 
@@ -217,6 +217,10 @@ class MainWindow(QMainWindow):
         steering_scroll.setFrameShape(QFrame.Shape.NoFrame)
         steering_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         return steering_scroll
+
+    def _tools_panel(self) -> QWidget:
+        """The Tools dock (issue 45): the chat's tools, MCP servers and the call blocks' actions."""
+        return tools_panel_for(self.store, self.library, self.controller, self.chat, self._spawn, self.closed)
 
     def _loom_view(self) -> QWidget:
         """The loom (issue 25): its controller and view, a tab beside the Inspector."""

@@ -7,9 +7,11 @@ under the button, naming the field, and the chat's tools stay as they were.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, SignalInstance
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QComboBox,
@@ -30,7 +32,9 @@ from app.widgets.file_dialogs import open_file
 
 if TYPE_CHECKING:
     from app.controllers.tool_calls import ToolCallActions
-    from app.main_window import MainWindow
+    from app.controllers.chat import ChatController
+    from app.state.conversation_list import Library
+    from app.widgets.chat_pane import ChatPane
 
 CHOICE_LABELS = {"auto": "auto: the model decides", "required": "required: it must call one",
                  "none": "none: answer in text"}
@@ -135,33 +139,36 @@ class ToolsPanel(QWidget):
             self.state.set_choice(self.choice_box.itemData(index))
 
 
-def tools_panel_for(window: "MainWindow") -> ToolsPanel:
+def tools_panel_for(store: Store, library: Library, controller: ChatController, chat: ChatPane,
+                    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+                    closed: SignalInstance) -> ToolsPanel:
     """The Tools dock's panel, with the chat's tools put in its requests, the call blocks' actions and the MCP
-    tool loop wired."""
+    tool loop wired: `spawn` runs an action as the window's others (a failure said in the status bar), `closed`
+    is the window's last signal (the MCP servers are closed then)."""
     from app.controllers.tool_calls import ToolCallActions  # the panel's half of the window: built with it
     from app.controllers.tool_loop import ToolLoop
     from app.widgets.mcp_section import McpSection
 
     mcp = McpState()
-    requests = ToolRequests(window.store, mcp.tools)
-    window.controller.tool_requests = requests
-    state = ToolsPanelState(window.library)
-    panel = ToolsPanel(state, window.store)
+    requests = ToolRequests(store, mcp.tools)
+    controller.tool_requests = requests
+    state = ToolsPanelState(library)
+    panel = ToolsPanel(state, store)
     panel.requests, panel.mcp = requests, mcp
-    panel.call_actions = actions = ToolCallActions(window.controller, requests, window.store)
-    actions.spawn = window._spawn  # a failed action is said in the status bar, as the window's others
-    actions.loop = loop = ToolLoop(window.controller, mcp, state)
-    loop.spawn = window._spawn
-    loop.changed.connect(lambda message: _redraw(window, message))
-    window.chat.composer.stop_requested.connect(loop.stop)  # Stop ends a running tool call too
-    window.closed.connect(mcp.close_soon)
-    panel.extra.addWidget(McpSection(mcp, state, window.store, window._spawn))
-    window.chat.chat_view.tool_actions = actions
+    panel.call_actions = actions = ToolCallActions(controller, requests, store)
+    actions.spawn = spawn
+    actions.loop = loop = ToolLoop(controller, mcp, state)
+    loop.spawn = spawn
+    loop.changed.connect(lambda message: _redraw(library, message))
+    chat.composer.stop_requested.connect(loop.stop)  # Stop ends a running tool call too
+    closed.connect(mcp.close_soon)
+    panel.extra.addWidget(McpSection(mcp, state, store, spawn))
+    chat.chat_view.tool_actions = actions
     return panel
 
 
-def _redraw(window: "MainWindow", message: object) -> None:
+def _redraw(library: Library, message: object) -> None:
     """A call's state changed (waiting, running): its block shows it (the message's widget is refreshed)."""
-    conv = window.library.current
+    conv = library.current
     if conv is not None and conv.messages.get(getattr(message, "id", -1)) is message:
         conv.message_changed.emit(message)
