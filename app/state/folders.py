@@ -26,23 +26,6 @@ if TYPE_CHECKING:  # the store imports this module's schema
 
 log = logging.getLogger(__name__)
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS folders (
-    id INTEGER PRIMARY KEY,
-    name TEXT NOT NULL,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS conversation_folders (
-    conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
-    folder_id INTEGER NOT NULL REFERENCES folders(id) ON DELETE CASCADE
-);
-CREATE INDEX IF NOT EXISTS conversation_folders_by_folder ON conversation_folders(folder_id);
-CREATE TABLE IF NOT EXISTS conversation_tags (
-    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    tag TEXT NOT NULL,
-    UNIQUE (conversation_id, tag)
-);
-"""
 TABLES = ("folders", "conversation_folders", "conversation_tags")
 
 # Which chats the sidebar lists: every one, those in no folder, or those in one folder (its id).

@@ -35,8 +35,8 @@ from typing import Any, Protocol
 from engine import TokenEvent
 from engine import documents
 
-from app.state import folders
 from app.state.observable import Signal
+from app.state.schema import SCHEMA, SCHEMA_VERSION, migrate  # noqa: F401  (SCHEMA read from here by tests)
 from app.state.records import token_from_row, token_row
 from app.state.row_reader import ROW_ERRORS, count_rows, read_past_damage
 from app.state.stored_rows import (  # noqa: F401  (read from here by recovery and the window)
@@ -55,71 +55,8 @@ class WaitingWrites(Protocol):
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5  # 2: conversations.mode ("chat" | "notebook"); 3: conversations.served_json (Model ▸ Serve…);
-# 4: documents + message_attachments (files attached to user messages, docs/documents.md); 5: folders and tags
-# (app/state/folders.py's tables)
 MEMORY = ":memory:"
 REPAIR_MARKER_SUFFIX = ".needs-repair"  # next to the database: damage was met; recover at the next start
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
-    id INTEGER PRIMARY KEY,
-    title TEXT NOT NULL,
-    system_prompt TEXT NOT NULL DEFAULT '',
-    created REAL NOT NULL,
-    updated REAL NOT NULL,
-    active_root_id INTEGER,
-    mode TEXT NOT NULL DEFAULT 'chat',
-    served_json TEXT
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
-    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
-    role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
-    content TEXT NOT NULL DEFAULT '',
-    created REAL NOT NULL,
-    active_child_id INTEGER,
-    finish_reason TEXT,
-    branch_index INTEGER,
-    request_json TEXT,
-    model_json TEXT,
-    stats_json TEXT
-);
-CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id);
-CREATE TABLE IF NOT EXISTS tokens (
-    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
-    idx INTEGER NOT NULL,
-    token_id INTEGER NOT NULL,
-    text TEXT NOT NULL,
-    token_text TEXT NOT NULL,
-    logprob REAL,
-    sampler_logprob REAL,
-    rank INTEGER NOT NULL,
-    entropy REAL NOT NULL,
-    forced INTEGER NOT NULL,
-    special INTEGER NOT NULL,
-    top_json TEXT NOT NULL,
-    PRIMARY KEY (message_id, idx)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS presets (name TEXT PRIMARY KEY, sampler_json TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS documents (
-    sha256 TEXT PRIMARY KEY,
-    size INTEGER NOT NULL,
-    media_kind TEXT NOT NULL,
-    encoding TEXT NOT NULL,
-    text TEXT NOT NULL,
-    created REAL NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS message_attachments (
-    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
-    idx INTEGER NOT NULL,
-    sha256 TEXT NOT NULL REFERENCES documents(sha256),
-    name TEXT NOT NULL,
-    PRIMARY KEY (message_id, idx)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS message_attachments_by_document ON message_attachments(sha256);
-""" + folders.SCHEMA
 
 # Columns of `messages` a caller may update, with how each is encoded.
 _JSON_COLUMNS = {"request": "request_json", "model": "model_json", "stats": "stats_json"}
@@ -198,7 +135,7 @@ class Store:
                 # Statement by statement: executescript() would commit behind the transaction's back.
                 for statement in filter(str.strip, SCHEMA.split(";")):
                     self._conn.execute(statement)
-                _migrate(self._conn)
+                migrate(self._conn)
                 self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             self._set_busy_timeout(BUSY_TIMEOUT_S)
         except BaseException:
@@ -618,22 +555,6 @@ class Store:
 
     def token_count(self, message_id: int) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM tokens WHERE message_id = ?", (message_id,)).fetchone()[0])
-
-
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Bring a database of an older version up to `SCHEMA_VERSION` (inside the opening transaction).
-
-    Version 1 had no `conversations.mode`: every conversation in it is a chat, the column's default.
-    Version 2 had no `conversations.served_json`: none of its conversations was served (NULL).
-    Version 3 had no attachments: `documents` and `message_attachments` are made empty by SCHEMA's
-    CREATE TABLE IF NOT EXISTS, so its messages simply have none. Version 4 had no folders or tags: their
-    tables are made empty the same way, so its chats are in no folder and untagged.
-    """
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(conversations)")}
-    if "mode" not in columns:
-        conn.execute("ALTER TABLE conversations ADD COLUMN mode TEXT NOT NULL DEFAULT 'chat'")
-    if "served_json" not in columns:
-        conn.execute("ALTER TABLE conversations ADD COLUMN served_json TEXT")
 
 
 def read_tokens(conn: sqlite3.Connection, message_id: int) -> tuple[list[TokenEvent], str | None]:

@@ -42,9 +42,8 @@ def _action(menu: QMenu, *path: str):
 def _v4_database(path) -> None:
     """A database as version 4 wrote it: the schema without the folder tables, two chats."""
     conn = sqlite3.connect(path)
-    ours = {s.strip() for s in folder_tables.SCHEMA.split(";")}
     for statement in filter(str.strip, SCHEMA.split(";")):
-        if statement.strip() not in ours:
+        if not any(f" {table}" in statement for table in folder_tables.TABLES):  # the folder tables and index
             conn.execute(statement)
     for title in ("old chat", "older chat"):
         conn.execute("INSERT INTO conversations(title, system_prompt, created, updated) VALUES (?, '', 1, 1)", (title,))
