@@ -25,9 +25,11 @@ from PySide6.QtWidgets import QHeaderView, QLabel, QSplitter, QTableWidget, QTab
 from app import lens_jobs
 from app.engine_host import EngineHost, describe_error
 from app.state.conversation import Conversation, Message
+from app.widgets import passage_jobs
 from app.widgets.attention_view import AttentionView
 from app.widgets.fmt import pct, visible
 from app.widgets.layer_heatmap import LayerHeatmap
+from app.widgets.passage_panel import PassagePanel
 from app.widgets.subscriptions import follow
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class LayerView(QWidget):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
         self.attention = AttentionView()
+        self.passages = PassagePanel()  # where the token looked in the attached documents (issue 48)
         top = QWidget()
         top_lay = QVBoxLayout(top)
         top_lay.setContentsMargins(0, 0, 0, 0)
@@ -81,6 +84,7 @@ class LayerView(QWidget):
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(top)
         split.addWidget(self.attention)
+        split.addWidget(self.passages)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 4, 0, 0)
         lay.addWidget(self.status)
@@ -107,6 +111,7 @@ class LayerView(QWidget):
         self.table.setRowCount(0)
         self.heatmap.clear()
         self.attention.set_attention(None, (), 0)
+        self.passages.set_view(None)
         self.status.setText(EMPTY_TEXT)
 
     def showEvent(self, event: QShowEvent) -> None:
@@ -146,6 +151,10 @@ class LayerView(QWidget):
             if generation != self._generation:
                 return
             self._show(view, message)
+            passages = await passage_jobs.passage_view(self._host, conv, message, view)
+            if generation != self._generation:
+                return
+            self.passages.set_view(passages)
             tokens = conv.tokens(message)
             columns = lens_jobs.heatmap_columns(len(tokens), index)
             probs = np.full((view.capture.n_layers, len(columns)), np.nan, dtype=np.float32)  # NaN: not yet read
@@ -168,6 +177,7 @@ class LayerView(QWidget):
                 self.table.setRowCount(0)
                 self.heatmap.clear()
                 self.attention.set_attention(None, (), 0)
+                self.passages.set_view(None)
                 self.status.setText(html.escape(describe_error(e)))
 
     # -- drawing ------------------------------------------------------------------------
