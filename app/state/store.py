@@ -36,6 +36,7 @@ from engine import TokenEvent
 from engine import documents
 
 from app.state.observable import Signal
+from app.state.setting_keys import keys_of_chat
 from app.state.schema import SCHEMA, SCHEMA_VERSION, migrate  # noqa: F401  (SCHEMA read from here by tests)
 from app.state.records import token_from_row, token_row
 from app.state.row_reader import ROW_ERRORS, count_rows, read_past_damage
@@ -382,7 +383,14 @@ class Store:
 
     def delete_conversation(self, conversation_id: int) -> None:
         with self.transaction():
+            messages = [int(r[0]) for r in self._conn.execute(
+                "SELECT id FROM messages WHERE conversation_id = ?", (conversation_id,))]
             self._write("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            # Its tools and its calls' results live in the settings table (app/state/tool_settings.py).
+            keys = keys_of_chat(conversation_id, messages)
+            self._write("DELETE FROM settings WHERE key = ?", [(k,) for k in keys], many=True)
+            for k in keys:
+                self._deferred_settings.pop(k, None)
             self._forget_unlinked_documents()
 
     def conversation(self, conversation_id: int) -> ConversationRow | None:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from engine import tools as engine_tools
 
+from app.state.setting_keys import chat_tools_key, tool_results_key
+
 if TYPE_CHECKING:
     from app.state.store import Store
 
@@ -23,14 +25,6 @@ log = logging.getLogger(__name__)
 CHOICES = ("auto", "required", "none")  # and a tool's name: that tool is forced
 MAX_RESULT_CHARS = 16_000  # a tool result's text kept and sent back (untrusted: a longer one is cut, and says so)
 CUT_NOTE = "\n[… cut: the result had {n:,} characters; at most {limit:,} are kept]"
-
-
-def _chat_key(conversation_id: int) -> str:
-    return f"tools of chat {conversation_id}"
-
-
-def _results_key(message_id: int) -> str:
-    return f"tool results of message {message_id}"
 
 
 @dataclass(frozen=True)
@@ -88,11 +82,11 @@ def _names(value: Any) -> frozenset[str]:
 
 
 def load_chat_tools(store: "Store", conversation_id: int) -> ChatTools:
-    return ChatTools.from_dict(store.get_setting(_chat_key(conversation_id)))
+    return ChatTools.from_dict(store.get_setting(chat_tools_key(conversation_id)))
 
 
 def save_chat_tools(store: "Store", conversation_id: int, tools: ChatTools) -> None:
-    store.put_setting(_chat_key(conversation_id), tools.to_dict())
+    store.put_setting(chat_tools_key(conversation_id), tools.to_dict())
 
 
 @dataclass(frozen=True)
@@ -134,7 +128,7 @@ def limited(text: str, limit: int = MAX_RESULT_CHARS) -> tuple[str, bool]:
 
 def tool_results(store: "Store", message_id: int) -> dict[str, ToolResult]:
     """The results given to the calls of one answer, by call id."""
-    raw = store.get_setting(_results_key(message_id), {})
+    raw = store.get_setting(tool_results_key(message_id), {})
     out: dict[str, ToolResult] = {}
     if isinstance(raw, dict):
         for call_id, d in raw.items():
@@ -150,5 +144,5 @@ def save_tool_result(store: "Store", message_id: int, call_id: str, result: Tool
     kept = replace(result, text=text, truncated=result.truncated or cut)
     doc = {k: r.to_dict() for k, r in tool_results(store, message_id).items()}
     doc[call_id] = kept.to_dict()
-    store.put_setting(_results_key(message_id), doc)
+    store.put_setting(tool_results_key(message_id), doc)
     return kept

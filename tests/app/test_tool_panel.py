@@ -76,3 +76,23 @@ def test_the_chats_tool_settings_and_results_survive_reopening_the_database(qtbo
         reopened.close()
     other = window.library.new(system_prompt="another")  # another chat has its own tools (none)
     assert window.library.current is other and _panel(window).tool_list.count() == 0
+
+
+def test_deleting_a_chat_deletes_its_tools_and_its_calls_results(tmp_path):
+    """A chat's tools and its calls' results are settings rows of their own: deleting the chat left them behind."""
+    from app.state.tool_settings import ChatTools, save_chat_tools
+
+    store = Store(tmp_path / "db.sqlite")
+    answers = {}
+    kept, gone = store.create_conversation("kept"), store.create_conversation("gone")
+    for conv in (kept, gone):
+        answer = store.insert_message(conv.id, store.insert_message(conv.id, None, "user", "hi").id, "assistant", "x")
+        save_chat_tools(store, conv.id, ChatTools(choice="required"))
+        save_tool_result(store, answer.id, "call_1", ToolResult("18 C"))
+        answers[conv.id] = answer.id
+    store.delete_conversation(gone.id)
+    keys = {r[0] for r in store._conn.execute("SELECT key FROM settings")}
+    assert f"tools of chat {gone.id}" not in keys and f"tool results of message {answers[gone.id]}" not in keys
+    assert load_chat_tools(store, kept.id).choice == "required"
+    assert tool_results(store, answers[kept.id])["call_1"].text == "18 C"
+    store.close()
