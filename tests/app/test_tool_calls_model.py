@@ -97,8 +97,22 @@ def test_a_real_call_shows_the_models_numbers_branches_and_continues_with_a_type
         assert instead.branch_index == d.token.index and instead.finish_reason != "tool_calls"
         assert conv.tokens(instead)[d.token.index].forced
 
-        # A typed result: Continue sends it as a tool message with the call's id; the model goes on.
+        # Call another tool: a branch at the name token whose forced characters spell the other allowed tool;
+        # the constraint then keeps that tool's own arguments.
         conv.select_sibling(instead, -2)
+        block = w.chat.chat_view.widget_for(answer.id).tool_calls.blocks[0]
+        (other_action,) = block.other_tool_button.menu().actions()
+        assert other_action.text() == "add"
+        other_action.trigger()
+        qtbot.waitUntil(lambda: answered(w) and conv.path()[-1] not in (answer, branch, instead), timeout=120_000)
+        other = conv.path()[-1]
+        assert other.branch_index == expected.name.token.index and other.finish_reason == "tool_calls", other.stats
+        (other_call,) = other.stats["tool_calls"]
+        assert other_call["name"] == "add" and set(json.loads(other_call["arguments"])) == {"a", "b"}
+        assert conv.tokens(other)[expected.name.token.index].forced
+
+        # A typed result: Continue sends it as a tool message with the call's id; the model goes on.
+        conv.select_sibling(other, -3)
         block = w.chat.chat_view.widget_for(answer.id).tool_calls.blocks[0]
         panel.state.set_choice("auto")
         block.result_edit.setPlainText("18 °C and <b>sunny</b>")
