@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from engine import Engine, GenerationRequest, GenerationStats, ModelInfo, TokenEvent, loom, reasoning
+from engine import Engine, GenerationRequest, GenerationStats, ModelInfo, TokenEvent, loom, reasoning, tools
 from engine import documents
 
 from app.engine_host import EngineHost, describe_error
@@ -445,7 +445,8 @@ class ChatController:
             history, tool_fields, tool_doc = self.tool_requests(conv, user, history)
         # Counting the prompt renders the model's chat template: its code, never on the UI thread.
         prompt = prompt_for(conv, user, history)  # a notebook's text (no template), or the chat's messages
-        max_new = await self.host.off_ui_thread(self._fit_to_context, engine, prompt, len(prefix), options.max_new_tokens)
+        max_new = await self.host.off_ui_thread(self._fit_to_context, engine, prompt, len(prefix), options.max_new_tokens,
+                                                tool_fields)
         by_server = server_samples(options.server_sampling, engine.info)  # remote models only
         steering = self.steering.steering()  # None when no vector is on: exactly an unsteered answer
         request = GenerationRequest(
@@ -538,13 +539,18 @@ class ChatController:
             self.error.emit(f"the answer stopped after {stats.generated_tokens} tokens: {stats.error or 'unknown error'}")
 
     @staticmethod
-    def _fit_to_context(engine: Engine, history: "Prompt | list[dict[str, str]]", prefix_len: int, wanted: int) -> int:
-        """Clamp the answer length to what the context has left (the engine refuses overflowing requests)."""
+    def _fit_to_context(engine: Engine, history: "Prompt | list[dict[str, str]]", prefix_len: int, wanted: int,
+                        tool_fields: dict[str, Any] | None = None) -> int:
+        """Clamp the answer length to what the context has left (the engine refuses overflowing requests); with
+        tools, the prompt is counted as the engine renders it, the tools' descriptions included."""
         context = engine.info.context_length
         if not context or not engine.info.runs_locally:
             # A remote tokenizer is HTTP: not on this (the UI) thread. The server refuses an overflow itself.
             return wanted
-        prompt = len(prompt_ids(engine.tokenizer, history)) + prefix_len
+        ids = None
+        if tool_fields and isinstance(history, Prompt) and history.messages is not None:
+            ids = tools.prompt_ids_with_tools(engine.tokenizer, GenerationRequest(**history.request_fields(), **tool_fields))
+        prompt = len(ids if ids is not None else prompt_ids(engine.tokenizer, history)) + prefix_len
         room = context - prompt
         if room < 1:
             raise ValueError(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from engine import GenerationRequest
+
 from app.state.store import Store
 from app.state.tool_settings import MAX_RESULT_CHARS, ToolResult, load_chat_tools, save_tool_result, tool_results
 from qt_helpers import send
@@ -96,3 +98,27 @@ def test_deleting_a_chat_deletes_its_tools_and_its_calls_results(tmp_path):
     assert load_chat_tools(store, kept.id).choice == "required"
     assert tool_results(store, answers[kept.id])["call_1"].text == "18 C"
     store.close()
+
+
+def test_the_answer_length_is_fitted_to_the_context_the_tools_leave(default_llamacpp):
+    """The window clamps an answer to the context left after the prompt; with tools the engine's prompt also holds
+    their descriptions, which the count left out (a chat near the end of its context was refused instead)."""
+    from types import SimpleNamespace
+
+    from engine import tools
+
+    from app.controllers.chat import ChatController
+    from app.notebook import Prompt
+
+    tok = default_llamacpp.tokenizer
+    specs = tools.parse_tools([{"type": "function", "function": {
+        "name": f"tool_{i}", "description": "A tool with a long description. " * 8,
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}} for i in range(6)])
+    fields = {"tools": specs, "tool_choice": "auto"}
+    prompt = Prompt(messages=({"role": "user", "content": "hi"},))
+    plain = len(tok.chat_ids(list(prompt.messages), add_generation_prompt=True))
+    with_tools = len(tools.prompt_ids_with_tools(tok, GenerationRequest(**prompt.request_fields(), **fields)))
+    assert with_tools > plain + 300
+    engine = SimpleNamespace(info=SimpleNamespace(context_length=with_tools + 50, runs_locally=True), tokenizer=tok)
+    assert ChatController._fit_to_context(engine, prompt, 0, 4096, fields) == 50
+    assert ChatController._fit_to_context(engine, prompt, 0, 4096) == with_tools + 50 - plain  # no tools: all of it
