@@ -270,7 +270,13 @@ class AnswerRow:
             constraint_status=grammar.run.finish_note(self.record.finish) if grammar is not None else "",
         )
         if self.calls is not None:  # the calls read from the answer (engine.tools)
-            stats = replace(stats, tool_calls=answer_calls(stats.text, self.tools).calls)
+            calls = answer_calls(stats.text, self.tools).calls
+            stats = replace(stats, tool_calls=calls)
+            if stats.finish_reason == "tool_calls" and not calls:
+                # The call's end was written but no call reads out of the answer (a model writing one with no
+                # grammar: a remote server's, or the text before it): the answer is text, said so.
+                stats = replace(stats, finish_reason="stop", error=stats.error or
+                                "the answer wrote a tool call that could not be read; it is kept as text")
         return replace(stats, prompt_sha256=token_ids_sha256(self.prompt),
                        cache_schedule=tuple((c, k, times) for c, k, times in to_record(cache_schedule)))
 

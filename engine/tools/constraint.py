@@ -2,7 +2,7 @@
 
 One Lark grammar in llguidance's dialect: a rule per allowed tool, its name written out and its arguments
 `%json {the tool's parameters}`, so a call's arguments always match that tool's schema. `tool_choice`
-decides the top rule: "auto" allows text (any text that does not begin like a call) or a call,
+decides the top rule: "auto" allows text (any text that holds no call opener, nor begins like a call) or a call,
 "required" a call to any tool, a named tool a call to it only; "none" has no grammar. The call is
 written exactly as the format writes it (`engine.tools.formats`), one call per answer; the decode loop
 ends the answer when the call is complete (`engine.tools.tracker`).
@@ -24,12 +24,14 @@ _SHAPES = {
     "llama3": ('{"name": "', '", "parameters": ', "}"),
     "mistral": ('[{"name": "', '", "arguments": ', "}]"),
 }
-# What text may not begin with under "auto" (it would be a call written wrongly).
+# What text may not be under "auto" (whole-text patterns): text that holds a call's opener anywhere, or (Llama 3's
+# bare JSON) begins like a call. A call after some text was outside the grammar, so a small model wrote
+# `<tool_call>{"name": ..., "arguments": {<arguments as JSON>}}</tool_call>` after a sentence, unparsed.
 _NOT_TEXT = {
-    "builtin": r"\s*<tool_call>",
-    "hermes": r"\s*<tool_call>",
-    "llama3": r"\s*(<\|python_tag\|>|\{)",
-    "mistral": r"\s*\[TOOL_CALLS\]",
+    "builtin": r"(?s:.*<tool_call>.*)",
+    "hermes": r"(?s:.*<tool_call>.*)",
+    "llama3": r"(?s:\s*\{.*)|(?s:.*<\|python_tag\|>.*)",
+    "mistral": r"(?s:.*\[TOOL_CALLS\].*)",
 }
 MISTRAL_TOKEN = "[TOOL_CALLS]"
 
@@ -51,7 +53,7 @@ def tool_grammar(plan: ToolPlan, tok: Any = None) -> str | None:
              f"args_{i}: %json {_args_schema(t)}" for i, t in enumerate(allowed)]
     calls = " | ".join(f"call_{i}" for i in range(len(allowed)))
     if plan.choice.mode == "auto":
-        top = f"start: TEXT | {calls}\nTEXT: /(?s:.+)/ & ~/(?s:{_NOT_TEXT[plan.format]}.*)/"
+        top = f"start: TEXT | {calls}\nTEXT: /(?s:.+)/ & ~/{_NOT_TEXT[plan.format]}/"
     else:
         top = f"start: {calls}"
     return top + "\n" + "\n".join(rules) + "\n"

@@ -174,3 +174,21 @@ def test_a_banned_string_inside_a_call_steps_back_and_the_call_is_followed_again
     assert any(e.rewind is not None for e in events[:-1])
     positions = [kept[i] for i in sorted(kept)]
     assert positions[0] == "opener" and positions[-1] == "closer" and "arguments.city" in positions
+
+
+def test_a_call_that_reads_as_no_call_ends_as_text_and_says_so(default_llamacpp, monkeypatch):
+    """Where no grammar holds the answer (here: taken away, as on a path without one), a model can write a call's
+    end around something that is no call: the answer ended "tool_calls" with no call in it, and a server sent
+    exactly that. It is text then, with a note."""
+    import engine.decode_row as decode_row
+
+    monkeypatch.setattr(decode_row, "tool_constraint", lambda tools, tok: None)
+    tok = default_llamacpp.tokenizer
+    written = 'I will check. <tool_call>{"name": "get_weather", "arguments": {<arguments as JSON>}}</tool_call>'
+    default_llamacpp.trim_cache(0)
+    request = GenerationRequest(messages=ASK, tools=[WEATHER, ADD], tool_choice="auto", max_new_tokens=64,
+                                forced_tokens=tuple(tok.encode(written, add_special_tokens=False)))
+    done = list(generate_events(default_llamacpp, request))[-1]
+    assert isinstance(done, Done) and done.stats.text == written
+    assert done.stats.finish_reason == "stop" and done.stats.tool_calls == ()
+    assert "could not be read" in done.stats.error

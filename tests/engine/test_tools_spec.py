@@ -105,6 +105,8 @@ def test_grammar_allows_text_or_a_valid_call_as_the_choice_says():
     for bad in ('{"city": 3}', "{}", '{"city": "Oslo", "units": "C"}'):
         assert not _walk(required, f'<tool_call>{{"name": "get_weather", "arguments": {bad}}}</tool_call>')[1]
     assert not _walk(auto, ' <tool_call>{"name": "nope"')[1]  # a broken call is not text either
+    # ...nor a call after a sentence (SmolLM2 wrote one, copying the prompt's placeholder; it was read as text)
+    assert not _walk(auto, "I will check. " + good)[1] and _walk(auto, "A <b>bold</b> {json} answer.")[1]
     # Whitespace in the arguments is bounded as llama.cpp bounds JSON's (SmolLM2 at temperature 0 wrote
     # newlines inside `{` of a call without arguments until the token limit).
     spaced = '<tool_call>{"name": "get_weather", "arguments": {\n  "city": "Oslo"\n}}</tool_call>'
