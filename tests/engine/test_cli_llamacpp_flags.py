@@ -13,7 +13,8 @@ import pytest
 
 from engine import cli
 from engine.cli.input import check_args
-from engine.cli.main import build_parser, format_token_line, sampler_from_args
+from engine.cli.answer_output import format_token_line
+from engine.cli.main import build_parser, sampler_from_args
 from engine.events import Done, GenerationStats, TokenEvent, TokenProb
 from engine.sampling.settings import DEFAULT_SAMPLER, SamplerSettings
 from cli_checks import one_error_line, refuse_model_load, run_cli as run
