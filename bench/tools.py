@@ -30,6 +30,9 @@ Printed (`name=value`):
 - `ratio_tools_vs_plain=`: decode tokens/s of the auto answers with tools (constraint on) against the same
   questions asked without tools, answered to the same number of tokens (end of sequence ignored), alternated;
   median over the answers of at least 8 tokens; goal >= 0.9.
+- `ratio_tools_vs_same_prompt=`: the same auto answers against their own prompt (the tools' block included)
+  decoded with no tools to the same length: the grammar's and the call tracker's cost per token alone, apart
+  from the longer prompt (each step attends over the tools' descriptions too).
 - `confidence_ms_per_call=`: `call_confidence` per call, median over the constrained calls (each timed
   `--repeat` times, 20 alternatives per token); goal < 1.
 Counts before them: `calls_auto=` (auto answers that called), `calls_with_constraint=`, `calls_without=`, and
@@ -243,6 +246,16 @@ def plain_rate(backend: Any, p: Prompt, tokens: int) -> float:
     return run(backend, request)[1].decode_tokens_per_s
 
 
+def same_prompt_rate(backend: Any, p: Prompt, tokens: int) -> float:
+    """Decode tokens/s of the auto answer's own prompt (the tools' block included) with no tools, so no grammar
+    or call tracker: what tools cost per token, apart from the longer prompt every step attends over."""
+    ids = prompt_ids_with_tools(backend.tokenizer, request_for(p, tokens, "auto"))
+    assert ids is not None
+    request = GenerationRequest(prompt_ids=tuple(ids), max_new_tokens=tokens, top_n=20, ignore_eos=True,
+                                sampler=SamplerSettings(temperature=0.0))
+    return run(backend, request)[1].decode_tokens_per_s
+
+
 def confidence_ms(events: list[TokenEvent], calls: tuple[ToolCall, ...], allowed: list[str], repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -282,7 +295,8 @@ def bench(backend: Any, items: list[Prompt], tokens: tuple[int, int], repeat: in
         if required and p.group != "nofit":
             one_prompt(backend, p, "required", tokens, r, repeat)
         if auto.generated_tokens >= 8:  # shorter answers' rates are mostly timer noise
-            r["rates"].append((auto.decode_tokens_per_s, plain_rate(backend, p, auto.generated_tokens)))
+            r["rates"].append((auto.decode_tokens_per_s, plain_rate(backend, p, auto.generated_tokens),
+                               same_prompt_rate(backend, p, auto.generated_tokens)))
     nofit_n = sum(p.group == "nofit" for p in items)
     r["nofit"] = nofit_called / nofit_n if nofit_n else 0.0
     return r
@@ -322,7 +336,8 @@ def main() -> None:
     backend.close()
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
     con, free = r["con"], r["free"]
-    ratios = [t / p for t, p in r["rates"] if p > 0]
+    ratios = [t / p for t, p, _ in r["rates"] if p > 0]
+    same = [t / q for t, _, q in r["rates"] if q > 0]
     print(f"calls_auto={r['auto_calls']}/{len(items)} calls_with_constraint={con.calls} calls_without={free.calls} "
           f"malformed_with=(cut_off {con.cut_off}, after_text {con.after_text}, other "
           f"{con.calls - con.well_formed - con.cut_off - con.after_text}) speed_pairs={len(ratios)} "
@@ -334,6 +349,7 @@ def main() -> None:
     print(f"well_formed_without={free.share():.2f}")
     print(f"called_when_none_fits={r['nofit']:.2f}")
     print(f"ratio_tools_vs_plain={statistics.median(ratios) if ratios else 0.0:.3f}")
+    print(f"ratio_tools_vs_same_prompt={statistics.median(same) if same else 0.0:.3f}")
     print(f"confidence_ms_per_call={statistics.median(r['conf_ms']) if r['conf_ms'] else float('nan'):.3f}")
 
 

@@ -17,7 +17,7 @@ pytest.importorskip("llama_cpp")
 
 ROOT = Path(__file__).resolve().parents[2]
 LINES = ("well_formed_with_constraint", "well_formed_without", "called_when_none_fits", "ratio_tools_vs_plain",
-         "confidence_ms_per_call")
+         "ratio_tools_vs_same_prompt", "confidence_ms_per_call")
 
 
 @pytest.mark.slow
@@ -34,7 +34,7 @@ def test_quick_bench_prints_each_figure_in_range() -> None:
     assert figure["well_formed_with_constraint"] == 1.0  # the grammar allows no other call
     assert 0.0 <= figure["well_formed_without"] <= 1.0
     assert 0.0 <= figure["called_when_none_fits"] <= 1.0
-    assert 0.0 < figure["ratio_tools_vs_plain"] < 10.0
+    assert 0.0 < figure["ratio_tools_vs_plain"] < 10.0 and 0.0 < figure["ratio_tools_vs_same_prompt"] < 10.0
     # --quick's required pass makes 4 calls with the grammar and 4 without (their opener forced): both defined.
     assert 0.0 < figure["confidence_ms_per_call"] < 50.0
     assert re.search(r"^machine=.* threads=1 .*prompts=5 ", out.stdout, re.M), out.stdout
