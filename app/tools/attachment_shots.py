@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app.tools.screen_size_shots import _settle, _use_screen
+from app.tools.screen_size_shots import _settle, run_at_size, save_window
 
 log = logging.getLogger(__name__)
 
@@ -83,26 +83,13 @@ async def _shoot(out: Path) -> None:
         window.view_options.set_heatmap(True)
         window.status.clearMessage()
         await _settle(1.0)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        window.grab().save(str(out))
-        log.info("saved %s (%dx%d)", out, window.width(), window.height())
+        save_window(window, out)
     finally:
         await close_session(session)
 
 
 def main(argv: list[str]) -> int:
-    size, out = argv[0], Path(argv[1])
-    width, height = (int(v) for v in size.lower().split("x"))
-    _use_screen(width, height)
-    import qasync
-    from PySide6.QtWidgets import QApplication
-
-    logging.basicConfig(level=logging.INFO)
-    app = QApplication(sys.argv[:1])
-    app.setQuitOnLastWindowClosed(False)
-    with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
-        runner.run(_shoot(out))
-    return 0
+    return run_at_size(argv, _shoot)
 
 
 if __name__ == "__main__":

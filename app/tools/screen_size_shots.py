@@ -17,7 +17,12 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from PySide6.QtWidgets import QWidget
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +70,20 @@ async def _shoot(out: Path) -> None:
         window.inspector.tabs.setCurrentWidget(window.inspector.stages)
         window.status.clearMessage()  # "Loaded …" would still show: the labels as people read them
         await _settle()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        window.grab().save(str(out))
-        log.info("saved %s (%dx%d)", out, window.width(), window.height())
+        save_window(window, out)
     finally:
         await close_session(session)
 
 
-def main(argv: list[str]) -> int:
+def save_window(window: QWidget, out: Path) -> None:
+    """The window as it is on screen, saved as an image at `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    window.grab().save(str(out))
+    log.info("saved %s (%dx%d)", out, window.width(), window.height())
+
+
+def run_at_size(argv: list[str], shoot: Callable[[Path], Coroutine[Any, Any, None]]) -> int:
+    """`SIZE OUT` (e.g. `1024x700 docs/x.png`): the offscreen screen set to SIZE, then `shoot(OUT)` on a qasync loop."""
     size, out = argv[0], Path(argv[1])
     width, height = (int(v) for v in size.lower().split("x"))
     _use_screen(width, height)
@@ -83,8 +94,12 @@ def main(argv: list[str]) -> int:
     app = QApplication(sys.argv[:1])
     app.setQuitOnLastWindowClosed(False)
     with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
-        runner.run(_shoot(out))
+        runner.run(shoot(out))
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return run_at_size(argv, _shoot)
 
 
 if __name__ == "__main__":
