@@ -27,7 +27,7 @@ import platformdirs
 from engine.errors import ModelLoadError, ModelNotFoundError
 
 if TYPE_CHECKING:
-    from engine.sources.resolve import ProgressCallback
+    from engine.sources.progress import ProgressCallback
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from engine.errors import ModelLoadError
 from engine.sources.cache_dir import cache_root
 
 if TYPE_CHECKING:
-    from engine.sources.resolve import ProgressCallback
+    from engine.sources.progress import ProgressCallback
 
 log = logging.getLogger(__name__)
 

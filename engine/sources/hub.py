@@ -19,7 +19,7 @@ from engine.errors import HubUnreachableError, ModelNotFoundError
 if TYPE_CHECKING:
     from tqdm.auto import tqdm
 
-    from engine.sources.resolve import ProgressCallback
+    from engine.sources.progress import ProgressCallback
 
 log = logging.getLogger(__name__)
 

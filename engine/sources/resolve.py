@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -11,9 +10,8 @@ from typing import Literal
 from engine.errors import ModelNotFoundError
 from engine.sources import gguf_convert, hub
 from engine.sources.default_model import DEFAULT_NAME, default_model_path
+from engine.sources.progress import ProgressCallback
 
-# (what is happening, fraction done or None when unknown)
-ProgressCallback = Callable[[str, "float | None"], None]
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SourceKind = Literal["default", "folder", "gguf", "hub", "url"]

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from engine.backends.remote.runner import RemoteRunner
     from engine.events import Event
     from engine.request import GenerationRequest
-    from engine.sources.resolve import ProgressCallback
+    from engine.sources.progress import ProgressCallback
 
 log = logging.getLogger(__name__)
 
