@@ -35,7 +35,10 @@ GIL_HOG = "{{ (range(100000)|batch(1)|list)|sum(start=[])|length }}"
 FILTER_LOOP = "{{ ('<>'*3000000)|striptags }}"
 # The same `sum` reached at once: one C call of ~30 s in-process, where no trace function runs.
 ONE_C_CALL = "{{ ([[0]] * 100000)|sum(start=[])|length }}"
-LIMIT_S = 1.0
+# With markupsafe 3.0.4 the filter loop's `striptags` ends after ~1 s here (it never ended with the one the issue
+# met), a coin flip against a 1 s limit (3.13's CI pass once finished it in time); the text cannot grow, templates
+# may build at most 8,000,000 characters. So the limit is a quarter of a second: each template is 4x past it.
+LIMIT_S = 0.25
 # The limit, the grace before the kill, and room for a loaded two-core machine.
 ENDS_WITHIN_S = LIMIT_S + template_process.GRACE_S + 1.5
 
@@ -101,7 +104,7 @@ def test_a_template_the_trace_cannot_stop_ends_after_its_limit_and_this_process_
     with _Ticker() as ticker:
         error, took = _render_with_deadline(template, LIMIT_S, wait_s=30)
     assert isinstance(error, ChatTemplateError), error
-    assert "did not finish within 1 s" in str(error) and "\n" not in str(error)
+    assert f"did not finish within {LIMIT_S:g} s" in str(error) and "\n" not in str(error)
     assert took < ENDS_WITHIN_S, f"took {took:.2f} s"
     # In-process, the C call held the GIL for the whole render: here no thread of ours waited more than a moment.
     assert ticker.largest_gap < 0.5, f"this process was frozen for {ticker.largest_gap:.2f} s"
@@ -114,7 +117,8 @@ def test_a_template_the_trace_cannot_stop_ends_after_its_limit_and_this_process_
 
 @pytest.mark.slow
 def test_a_template_that_ran_out_of_time_is_refused_at_once_the_next_time(warm_renderer):
-    _render_with_deadline(FILTER_LOOP, LIMIT_S, wait_s=30)
+    first, _ = _render_with_deadline(FILTER_LOOP, LIMIT_S, wait_s=30)
+    assert isinstance(first, ChatTemplateError) and "did not finish" in str(first)  # it did run out of time
     t0 = time.monotonic()
     error, _ = _render_with_deadline(FILTER_LOOP, LIMIT_S, wait_s=30)
     assert isinstance(error, ChatTemplateError) and "did not finish" in str(error)
