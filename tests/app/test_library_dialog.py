@@ -78,6 +78,8 @@ def test_open_loads_the_selected_model_the_way_open_model_does(qtbot, window, ho
     qtbot.mouseClick(dialog.open_button, qtbot_left())
     qtbot.waitUntil(lambda: not window.host.loading and window.host.spec == str(path), timeout=30000)
     assert window.host.info is not None and window.host.info.backend == "llamacpp"
+    # the load's own task records the model once it resumes after the load: a loop turn after `loading` clears
+    qtbot.waitUntil(lambda: bool(recent_models(window.store)), timeout=5000)
     assert recent_models(window.store)[0] == {"spec": str(path), "backend": "auto"}
     assert window.findChild(LibraryDialog) is None  # closed and deleted once the model was chosen
 
