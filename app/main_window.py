@@ -20,7 +20,7 @@ from typing import Any, Callable
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
-    QApplication, QDockWidget, QFrame, QMainWindow, QMessageBox, QScrollArea, QVBoxLayout, QWidget,
+    QApplication, QDockWidget, QMainWindow, QMessageBox, QVBoxLayout, QWidget,
 )
 
 from engine import ModelInfo
@@ -41,9 +41,10 @@ from app.state.conversation_list import Library
 from app.state.recovery import DatabaseNotice
 from app.state.servers import ApiKeys
 from app.state.settings import Selection, SettingsState, SteeringMemory, ViewOptions
-from app.state.store import BUSY_TEXT, Store
+from app.state.store import Store
 from app.state.write_queue import write_queue
 from app.theme import Theme, app_icon
+from app.database_messages import DatabaseMessages
 from app.widgets.banner import Banner
 from app.widgets.chat_pane import ChatPane
 from app.widgets.inspector import MIN_WIDTH as INSPECTOR_MIN_WIDTH
@@ -57,6 +58,7 @@ from app.widgets.steering_panel import SteeringPanel
 from app.steering_state import FOLDER_NAME as STEERING_FOLDER, SteeringState
 from app.widgets.serve_dialog import ServeDialog
 from app.widgets.served_bar import ServedBar
+from app.widgets.side_scroll import SIDE_PANEL_MIN_WIDTH, downward_scroll, sideways_scroll
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
 from app.widgets.tools_panel import tools_panel_for
@@ -70,10 +72,8 @@ from app.window_layout import DEFAULT_SIZE, restore_layout, save_layout
 log = logging.getLogger(__name__)
 
 DEFAULT_DOCK_WIDTHS = (300, 470)  # chats, inspector: their widths in a window of the default size
-# The sampling dock never asks for more (its panel scrolls sideways inside it): with the inspector's 320 and
-# the chat's ~370, the window's minimum width stays well within a 1024-pixel screen.
-SIDE_PANEL_MIN_WIDTH = 270  # about the chats panel's own minimum
-SIDE_PANEL_MAX_FLOOR = 300  # the sampling dock's floor follows its panel up to this; a wider panel scrolls sideways
+# The sampling dock never asks for more than SIDE_PANEL_MAX_FLOOR (its panel scrolls sideways inside it): with
+# the inspector's 320 and the chat's ~370, the window's minimum width stays well within a 1024-pixel screen.
 CHAT_MIN_WIDTH = 400  # a first start's chat column is at least this wide where the screen allows
 APPEARANCE_KEY = "appearance"
 NOTHING_SAVED = "nothing saved"  # in the title bar while the app runs on a temporary database
@@ -149,7 +149,6 @@ class MainWindow(QMainWindow):
         self.steering_memory = SteeringMemory(store, self.controller.steering)  # strengths and range across restarts
         self.serving = ServeController(self.library, host)  # Model ▸ Serve…: its requests become conversations
         self.serve_dialog: ServeDialog | None = None
-        self.database_box: QMessageBox | None = None  # the start-up notice about the database file
         self._model_title = host.info.name if host.info is not None else ""
         self._closing = False
         self._shutdown_done = False
@@ -188,35 +187,13 @@ class MainWindow(QMainWindow):
 
     def _sampling_sideways(self) -> QWidget:
         """The sampling panel in a sideways scroll area (the panel's own one scrolls down)."""
-        # This one scrolls sideways, so controls added to the panel never make the window wider than a small
-        # screen (the panel keeps its width inside, the dock keeps the window's).
-        sideways = QScrollArea()
-        sideways.setObjectName("sampling_sideways")
-        sideways.setAccessibleName("Sampling settings")
-        sideways.setWidget(self.sampling)
-        sideways.setWidgetResizable(True)
-        sideways.setFrameShape(QFrame.Shape.NoFrame)
-        sideways.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        # The panel's own width where it is modest (no sideways scrolling at 1024 px), never above the floor's cap.
-        def follow_panel(width: int) -> None:
-            sideways.setMinimumWidth(max(SIDE_PANEL_MIN_WIDTH, min(width, SIDE_PANEL_MAX_FLOOR)))
-
-        follow_panel(self.sampling.minimumWidth())
-        self.sampling.min_width_changed.connect(follow_panel)
-        return sideways
+        return sideways_scroll(self.sampling, self.sampling.min_width_changed, "sampling_sideways", "Sampling settings")
 
     def _steering_scroll(self) -> QWidget:
         """The steering panel, in a scroll area: its rows grow with the vectors, it scrolls down, never widens."""
         self.steering_panel = SteeringPanel(self.controller.steering, self.controller.steering_jobs, self.store,
                                             lambda coro: self._spawn(coro))
-        steering_scroll = QScrollArea()
-        steering_scroll.setObjectName("steering_scroll")
-        steering_scroll.setAccessibleName("Steering vectors")
-        steering_scroll.setWidget(self.steering_panel)
-        steering_scroll.setWidgetResizable(True)
-        steering_scroll.setFrameShape(QFrame.Shape.NoFrame)
-        steering_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        return steering_scroll
+        return downward_scroll(self.steering_panel, "steering_scroll", "Steering vectors")
 
     def _tools_panel(self) -> QWidget:
         """The Tools dock (issue 45): the chat's tools, MCP servers and the call blocks' actions."""
@@ -282,15 +259,15 @@ class MainWindow(QMainWindow):
         store, controller = self.store, self.controller
         controller.error.connect(lambda text: self.status.showMessage(f"Generation failed: {text}", 15000))
         controller.notice.connect(lambda text: self.status.showMessage(text[:1].upper() + text[1:], 15000))
-        store.busy_changed.connect(self._on_database_busy)
+        # The database's notices, failed and resumed saves, a held lock, damage: app.database_messages.
+        self.database = DatabaseMessages(self, self.banner, self.status, store, controller.retry_saving)
         # An action that waited for the lock and then failed for another reason: said, never a traceback.
         write_queue(store).failed = lambda what, why: self.status.showMessage(f"Not done: {what}: {why}", 15000)
         controller.busy_changed.connect(self._on_busy_changed)
         # Continue names the answer it acts on, and is off with the reason when there is none.
         self.continue_action = ContinueAction(self.menu_actions.continue_answer, self.library, controller.busy_changed)
-        controller.save_failed.connect(self._on_save_failed)
-        controller.saved.connect(self._on_saved)
-        store.damaged.connect(self._on_damage_read)
+        controller.save_failed.connect(self.database.save_failed)
+        controller.saved.connect(self.database.saved)
         controller.started.connect(self._on_generation_started)
         # The host can outlive this window (tests open a second one on it): closing disconnects these.
         self.host.model_changed.connect(self._on_model_changed)
@@ -407,7 +384,7 @@ class MainWindow(QMainWindow):
         if not task.cancelled() and task.exception() is not None:
             e = task.exception()
             if isinstance(e, sqlite3.Error):  # a write outside a generation (a new message, a rename)
-                self._on_save_failed(f"{e}")
+                self.database.save_failed(f"{e}")
             elif isinstance(e, (Busy, ValueError)):
                 self.status.showMessage(str(e), 8000)
             else:
@@ -535,8 +512,7 @@ class MainWindow(QMainWindow):
             save_layout(self)
             self.host.model_changed.disconnect(self._on_model_changed)
             self.models.detach()
-            self.store.damaged.disconnect(self._on_damage_read)
-            self.store.busy_changed.disconnect(self._on_database_busy)
+            self.database.detach()
             self.status.detach()
             self.attachment_actions.detach()
             self.templates.detach()
@@ -577,55 +553,12 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(" — ".join([*parts, APP_NAME]))
 
     def show_database_notice(self, notice: DatabaseNotice) -> QMessageBox:
-        """The one dialog about the database at start-up: what was recovered, or what is wrong and what now.
+        """The one dialog about the database at start-up (app.database_messages); `database_box` holds it."""
+        return self.database.show_notice(notice, self.close)
 
-        Opened, not exec()'d: the window stays live (and a test closes it with `database_box.done`).
-        """
-        icon = QMessageBox.Icon.Warning if notice.temporary else QMessageBox.Icon.Information
-        box = QMessageBox(icon, notice.title, notice.text, parent=self)
-        box.setObjectName("database_notice")
-        box.setAccessibleName(notice.title)
-        box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)  # paths can be copied
-        if notice.temporary:
-            go_on = box.addButton("Continue without saving", QMessageBox.ButtonRole.AcceptRole)
-            quit_button = box.addButton("Quit", QMessageBox.ButtonRole.RejectRole)
-            go_on.setObjectName("continue_temporary")
-            quit_button.setObjectName("quit")
-            quit_button.clicked.connect(self.close)
-            box.setDefaultButton(go_on)
-            self.banner.show_message("database", f"{notice.title}: running on a temporary database — nothing is saved.")
-        else:
-            box.addButton(QMessageBox.StandardButton.Ok)
-        box.open()
-        self.database_box = box
-        return box
-
-    def _on_save_failed(self, reason: str) -> None:
-        self.banner.show_message(
-            "saving",
-            f"Saving failed: {reason}. Your conversation is kept in this window; Logit Lab tries again "
-            "every few seconds, when you export and when you quit.",
-            "Try again",
-            self.controller.retry_saving,
-        )
-
-    def _on_database_busy(self, busy: bool) -> None:
-        # Another connection holds the write lock: writes wait in memory (app/state/store.py); say so until free.
-        if busy:
-            self.status.showMessage(BUSY_TEXT[:1].upper() + BUSY_TEXT[1:])
-        elif self.status.currentMessage().lower() == BUSY_TEXT.lower():
-            self.status.clearMessage()
-
-    def _on_saved(self) -> None:
-        self.banner.clear("saving")
-        self.status.showMessage("Everything is saved again.", 6000)
-
-    def _on_damage_read(self, what: str) -> None:
-        self.banner.show_message(
-            "damage",
-            f"The database is damaged: {what}. What could be read is shown. Logit Lab will repair the file when "
-            "it next starts (the damaged file is kept).",
-        )
+    @property
+    def database_box(self) -> QMessageBox | None:
+        return self.database.notice_box
 
     def interrupt(self, reason: str) -> None:
         """Quit as closing the window does, on a signal (SIGTERM, SIGHUP, SIGINT): the answer is marked interrupted."""
