@@ -19,6 +19,7 @@ from engine.tokenizer import TokenizerLike
 from engine.worker import EventCallback, GenerationHandle, ModelWorker
 
 if TYPE_CHECKING:
+    from engine.documents import AnswerAttention, Passage
     from engine.events import TokenEvent
     from engine.experiments import CompareResult, ScoreResult
     from engine.experiments.audit import LoomAudit
@@ -227,6 +228,14 @@ class Engine:
         from engine.lens import capture
 
         return self.call(lambda b: capture(b, token_ids, positions, top_k=top_k, attention=attention))
+
+    def start_answer_attention(self, token_ids: Sequence[int], positions: Sequence[int],
+                               passages: "Sequence[Passage]") -> "Future[AnswerAttention]":
+        """The whole answer's attention on the attached passages, per token and layer (the per-passage bar;
+        see `engine.documents.whole_answer`); MissingCapabilityError in words without a layer view."""
+        from engine.documents import answer_attention
+
+        return self.call(lambda b: answer_attention(b, token_ids, positions, passages))
 
     def start_loom_rows(self, request: GenerationRequest, n: int, on_event: "Callable[[RowEvent], None]", *,
                         mode: str = "sample", cancel: "threading.Event | None" = None) -> "Future[None]":

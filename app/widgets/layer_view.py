@@ -76,6 +76,8 @@ class LayerView(QWidget):
         header.setStretchLastSection(True)
         self.attention = AttentionView()
         self.passages = PassagePanel()  # where the token looked in the attached documents (issue 48)
+        self.passages.whole_answer_requested.connect(self._start_whole_answer)
+        self._whole_answer_of: int | None = None  # the answer (message id) whose whole-answer bar is shown
         top = QWidget()
         top_lay = QVBoxLayout(top)
         top_lay.setContentsMargins(0, 0, 0, 0)
@@ -112,6 +114,7 @@ class LayerView(QWidget):
         self.heatmap.clear()
         self.attention.set_attention(None, (), 0)
         self.passages.set_view(None)
+        self._forget_whole_answer()
         self.status.setText(EMPTY_TEXT)
 
     def showEvent(self, event: QShowEvent) -> None:
@@ -155,6 +158,8 @@ class LayerView(QWidget):
             if generation != self._generation:
                 return
             self.passages.set_view(passages)
+            if self._whole_answer_of != message.id:
+                self._forget_whole_answer()  # the bar was another answer's
             tokens = conv.tokens(message)
             columns = lens_jobs.heatmap_columns(len(tokens), index)
             probs = np.full((view.capture.n_layers, len(columns)), np.nan, dtype=np.float32)  # NaN: not yet read
@@ -179,6 +184,31 @@ class LayerView(QWidget):
                 self.attention.set_attention(None, (), 0)
                 self.passages.set_view(None)
                 self.status.setText(html.escape(describe_error(e)))
+
+    def _forget_whole_answer(self) -> None:
+        self._whole_answer_of = None
+        self.passages.set_answer(None)
+
+    def _start_whole_answer(self) -> None:
+        conv, message = self._conv, self._message
+        if conv is None or message is None or self._wanted() is None:
+            self.passages.set_answer(None)
+            return
+        self._whole_answer_of = message.id
+        asyncio.ensure_future(self._whole_answer(conv, message))
+
+    async def _whole_answer(self, conv: Conversation, message: Message) -> None:
+        """The per-passage bar of the whole answer (issue 48): on the model's worker, shown unless the view moved
+        to another chat or answer meanwhile (another token of the same answer keeps it)."""
+        try:
+            answer = await passage_jobs.answer_attention(self._host, conv, message)
+        except Exception as e:  # noqa: BLE001 - said in the panel, the window goes on
+            log.info("whole-answer attention failed: %s", e, exc_info=not isinstance(e, (ValueError, RuntimeError)))
+            answer, note = None, f"Not read: {describe_error(e)}"
+        else:
+            note = "" if answer is not None else "No attached file in this answer's prompt."
+        if self._conv is conv and self._whole_answer_of == message.id:
+            self.passages.set_answer(answer, note)
 
     # -- drawing ------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ and, for each earlier message with files, where its composed text lies in them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,3 +66,20 @@ async def passage_view(host: EngineHost, conv: Conversation, message: Message, v
     if not passages:
         return None
     return PassageView(view.index, view.capture.attention, tuple(passages))
+
+
+async def answer_attention(host: EngineHost, conv: Conversation, message: Message) -> documents.AnswerAttention | None:
+    """The whole answer's attention on the attached passages (the panel's per-passage bar), computed on the
+    model's worker; None when its prompt holds no attached file."""
+    messages = attached_messages(conv, message)
+    if not messages:
+        return None
+    engine = await host.wait_engine()
+    check_model(engine, message, "where it looked")
+    history, answer = answer_parts(conv, message)
+    prompt = await host.off_ui_thread(history.token_ids, engine.tokenizer)
+    passages = await host.off_ui_thread(prompt_passages, engine.tokenizer, prompt, messages)
+    if not passages or not answer:
+        return None
+    ids = [*prompt, *answer]
+    return await asyncio.wrap_future(engine.start_answer_attention(ids, range(len(prompt), len(ids)), passages))

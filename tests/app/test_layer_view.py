@@ -133,3 +133,49 @@ def test_layers_tab_waits_for_the_answer_to_finish(qtbot, qloop, store):
         if not w._shutdown_done:
             close_window(qtbot, w)
         host.close()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_whole_answer_bar_on_a_real_answer_is_the_engines_map(qtbot, qloop, store, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    from engine import documents
+    from app.lens_jobs import answer_parts
+    from app.widgets.passage_jobs import attached_messages, prompt_passages
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The garden has twelve rose bushes.\n\nThe vault code is 4729.\n\nThe bus leaves at ten.\n")
+    host = EngineHost()
+    w = make_window(qtbot, store, host, max_new_tokens=6)
+    try:
+        task = w.start(None, "llamacpp")
+        qtbot.waitUntil(task.done, timeout=120_000)
+        w.settings.apply_preset("Greedy")
+        monkeypatch.setattr(QFileDialog, "getOpenFileNames", lambda *a, **k: ([str(notes)], ""))
+        qtbot.mouseClick(w.chat.composer.attach_button, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: len(w.chat.composer.attachments) == 1, timeout=10_000)
+        answer = send(qtbot, w, "What is the vault code?", timeout_ms=120_000)
+        view, panel = w.inspector.layer_view, w.inspector.layer_view.passages
+        _open_layers_tab(w)
+        w.selection.set(answer.id, 0)
+        qtbot.waitUntil(lambda: panel.whole_button.isEnabled(), timeout=120_000)
+        qtbot.mouseClick(panel.whole_button, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: bool(panel.answer_shares()), timeout=120_000)
+        assert f"all {len(w.library.current.tokens(answer))} tokens" in panel.answer_bar.text()
+
+        conv, engine = w.library.current, host.engine
+        history, ids = answer_parts(conv, answer)
+        prompt = history.token_ids(engine.tokenizer)
+        passages = prompt_passages(engine.tokenizer, prompt, attached_messages(conv, answer))
+        assert [p.label for p in passages] == ["notes.txt §1", "notes.txt §2", "notes.txt §3"]
+        layers = documents.late_layers(30)  # the panel's default pick
+        amap = engine.call(lambda b: documents.attention_map(
+            b, prompt + ids, range(len(prompt), len(prompt) + len(ids)), passages, layers=layers)).result(120)
+        assert panel.answer_shares() == pytest.approx(amap.share, rel=1e-9, abs=1e-12)
+        view.show_token(None, None, None)  # another chat: the bar goes
+        assert panel.answer_shares() == ()
+    finally:
+        if not w._shutdown_done:
+            close_window(qtbot, w)
+        host.close()

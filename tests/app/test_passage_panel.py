@@ -71,3 +71,29 @@ def test_prompt_passages_finds_each_attached_message(default_model_folder):
     assert [p.label for p in passages] == ["notes.txt §1", "notes.txt §2"]
     assert [tok.decode(prompt[p.first_token:p.end_token]).strip() for p in passages] == [
         "First paragraph about roses.", "The vault code is 4729."]
+
+
+def test_whole_answer_bar_is_asked_for_and_follows_the_layers(qtbot):
+    from engine.documents import AnswerAttention
+
+    panel = PassagePanel()
+    qtbot.addWidget(panel)
+    assert not panel.whole_button.isEnabled()  # no token, no passages: nothing to read
+    view = _view()
+    panel.set_view(view)
+    with qtbot.waitSignal(panel.whole_answer_requested, timeout=1000):
+        panel.whole_button.click()
+    assert not panel.whole_button.isEnabled() and "Reading" in panel.answer_bar.text()
+    # Two tokens read of a 5-token answer; per token and layer each passage's mass (late layers: §2, all: §1).
+    layer_mass = np.array([[[0.6, 0.0], [0.6, 0.0], [0.0, 0.2], [0.0, 0.2]],
+                           [[0.4, 0.0], [0.4, 0.0], [0.0, 0.4], [0.0, 0.4]]])
+    panel.set_answer(AnswerAttention(view.passages, (12, 16), layer_mass, 5))
+    assert panel.whole_button.isEnabled() and not panel.answer_bar.isHidden()
+    assert panel.answer_shares() == pytest.approx((0.0, 1.0))  # the later half: layers 2-3
+    text = panel.answer_bar.text()
+    assert "2 of its 5 tokens" in text and text.index("§2") < text.index("§1")  # the most attended first
+    panel.layer_box.setCurrentIndex(panel.layer_box.findData(ALL))
+    assert panel.answer_shares() == pytest.approx((0.5 / 0.8, 0.3 / 0.8))
+    assert panel.answer_bar.text().index("§1") < panel.answer_bar.text().index("§2")
+    panel.set_answer(None, "Not read: the model has no layer view")
+    assert panel.answer_shares() == () and "Not read" in panel.answer_bar.text()

@@ -120,3 +120,27 @@ def test_map_is_the_layer_views_attention(request, backend_name):
     assert 0 < sum(amap.tokens[0].mass) < 1
     with pytest.raises(ValueError, match="layers must be among"):
         passage_mass(view, passages, [view.shape[0]])
+
+
+def test_whole_answer_bar_is_the_tokens_maps_averaged(default_llamacpp, monkeypatch):
+    # The bar keeps per-layer masses, so either layer choice equals attention_map of the same tokens (captured
+    # in the same chunks: 2 positions a forward here) averaged over the tokens and summed over those layers.
+    from engine.documents import whole_answer as whole
+
+    monkeypatch.setattr(whole, "CHUNK", 2)
+    ids, digits, passages = _forced(default_llamacpp, 1)
+    answer = list(range(digits[0] - 5, len(ids)))  # "The vault code is" and the digits
+    bar = whole.answer_attention(default_llamacpp, ids, answer, passages)
+    assert bar.positions == tuple(answer) and bar.layer_mass.shape == (len(answer), 30, len(passages))
+    for layers in (late_layers(30), None):
+        maps = [attention_map(default_llamacpp, ids, answer[i:i + 2], passages, layers=layers)
+                for i in range(0, len(answer), 2)]
+        joined = AttentionMap(tuple(passages), tuple(t for m in maps for t in m.tokens), maps[0].layers)
+        np.testing.assert_allclose(bar.share(layers), joined.share, rtol=1e-9, atol=1e-12)
+        # One forward for every position instead: llama.cpp's other batch shape moves the shares by < 1e-3.
+        whole_forward = attention_map(default_llamacpp, ids, answer, passages, layers=layers)
+        np.testing.assert_allclose(bar.share(layers), whole_forward.share, atol=1e-3)
+    assert max(range(len(passages)), key=lambda i: bar.share(late_layers(30))[i]) == 1  # the fact's paragraph
+    assert whole.spaced(list(range(1000)), 128)[::127] == (0, 999) and len(whole.spaced(list(range(1000)))) == 128
+    with pytest.raises(ValueError, match="layers must be among"):
+        bar.share([30])
