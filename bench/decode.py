@@ -24,7 +24,10 @@ can pick on this machine (torch's, and oneDNN's for float32 on the CPU).
 `--lean off` measures transformers' forward for our decode steps instead of
 the lean step (engine/backends/torch/lean.py); `--linear torch|onednn` pins
 the lean step's matmul kernel instead of timing both at load.
-Last lines: ratio_vs_generate=X.XX and long_context_ratio=X.XX
+With `--compile on` the compiled step over the fixed-shape (static) cache is waited for, then timed against
+the lean step on the same model and tokens, in turn (`ratio_static_vs_lean=`: the static step's tok/s over
+the lean step's; 1.00 or more: no slower).
+Last lines: ratio_vs_generate=X.XX, long_context_ratio=X.XX and (with --compile on) ratio_static_vs_lean=X.XX
 """
 
 from __future__ import annotations
@@ -153,6 +156,25 @@ def long_context_ratio(backend: TorchBackend, prompt_ids: list[int], n: int) -> 
     return late / early
 
 
+def static_vs_lean(backend: TorchBackend, prompt_ids: list[int], n: int, rounds: int) -> tuple[float, bool]:
+    """(the compiled static step's decode tok/s over the lean step's, whether their tokens were the same),
+    taken in turn on one backend: the lean step runs while the compiled one is set aside."""
+    compiled = backend.compiled
+    static, lean, same = [], [], True
+    for r in range(rounds):
+        rate, static_tokens = ours(backend, prompt_ids, n)
+        static.append(rate)
+        backend.compiled = None  # forward() then takes the lean step
+        try:
+            rate, lean_tokens = ours(backend, prompt_ids, n)
+        finally:
+            backend.compiled = compiled
+        lean.append(rate)
+        same = same and static_tokens == lean_tokens
+        print(f"round {r + 1}: static (compiled) step {static[-1]:.1f} tok/s, lean step {lean[-1]:.1f} tok/s")
+    return statistics.median(static) / statistics.median(lean), same
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
@@ -212,9 +234,15 @@ def main() -> None:
               f"{floor_ms / ours_ms:.0%} of the floor's speed")
     ratio = statistics.median(a) / statistics.median(b)
     long_ratio = long_context_ratio(backend, prompt_ids, args.long_tokens) if args.long_tokens >= 300 else None
+    static_ratio = None
+    if backend.compiled is not None and backend.compiled.step is not None and backend.lean is not None:
+        static_ratio, same_static = static_vs_lean(backend, prompt_ids, args.new_tokens, args.rounds)
+        print(f"static step vs lean step: same tokens: {'yes' if same_static else 'NO'}")
     print(f"ratio_vs_generate={ratio:.2f}")
     if long_ratio is not None:
         print(f"long_context_ratio={long_ratio:.2f}")
+    if static_ratio is not None:
+        print(f"ratio_static_vs_lean={static_ratio:.2f}")
 
 
 if __name__ == "__main__":

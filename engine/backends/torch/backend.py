@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from engine.backends.torch.compat import with_cache
 from engine.backends.torch.compile import CompiledDecodeStep, compile_wanted, relative_logit_error
 from engine.backends.torch.foreground import foreground_step
 from engine.backends.torch.lean import LeanDecodeStep
+from engine.backends.torch.overlap import OverlapPool
 from engine.backends.torch.runner import TorchRunner
 from engine.backends.torch.steering import TorchSteering
 from engine.devices import check_device_name, require_available
@@ -47,6 +48,7 @@ from engine.runtime_settings import RuntimeFacts, RuntimeSettings
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # The runtime settings torch leaves to itself, and why (the runtime dialog shows it under each).
 TORCH_TAKES = ("n_threads",)  # engine.backends.select.RUNTIME_SETTINGS_TAKEN says the same before loading
@@ -125,6 +127,7 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         self.dtype = pick_dtype(dtype, self.device)
         self.tokenizer = Tokenizer.from_folder(folder, trust_remote_code)
         self.offload = None  # OffloadHandle when weights are streamed (engine.offload)
+        self._overlap: OverlapPool | None = None  # made on the first forward_during
         try:
             if offload is not None:
                 from engine.offload import load_offloaded, parse_offload
@@ -305,6 +308,16 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         self._tokens.extend(int(t) for t in token_ids)
         return logits[0, -1].float().cpu().numpy()  # (V,)
 
+    def forward_during(self, token_ids: Sequence[int], work: Callable[[], T]) -> tuple[np.ndarray, T]:
+        """`forward` on a helper thread, `work()` on this one meanwhile (OverlappedForward, overlap.py).
+
+        The row is a fresh numpy copy (`.cpu().numpy()` of a new tensor): nothing writes to it later.
+        """
+        if self._overlap is None:
+            self._overlap = OverlapPool()
+        pool = self._overlap
+        return pool.run(lambda: self.forward(token_ids), work)
+
     def _ids(self, token_ids: Sequence[int]) -> torch.Tensor:
         return torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # (1, T)
 
@@ -351,6 +364,10 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         return process_peak_rss_bytes()
 
     def close(self) -> None:
+        overlap = getattr(self, "_overlap", None)  # (None also when __init__ failed before making it)
+        if overlap is not None:  # its helper thread ends with the backend
+            overlap.close()
+            self._overlap = None
         if self.compiled is not None:  # a build still under way ends now, not minutes after its model
             self.compiled.close()
         self._reset()

@@ -88,6 +88,13 @@ def _logits_under(name: str) -> Callable[[HFModel, torch.Tensor, object], torch.
     return logits
 
 
+def _mode(model: HFModel) -> str | None:
+    """torch.compile's mode: "reduce-overhead" on CUDA, where it captures the step as a CUDA graph (one launch a
+    token, not one per kernel: a single-token step is bound by launches); the default elsewhere, as CUDA graphs
+    exist only on CUDA and the CPU's build was measured in the default mode."""
+    return "reduce-overhead" if next(model.parameters()).device.type == "cuda" else None
+
+
 def _logits(model: HFModel, ids: torch.Tensor, cache: object) -> torch.Tensor:
     return _logits_under(cache_argument(model))(model, ids, cache)
 
@@ -127,7 +134,7 @@ class CompiledDecodeStep:
 
     def _build(self) -> None:
         try:
-            compiled = torch.compile(_logits_under(cache_argument(self._model)), dynamic=True)
+            compiled = torch.compile(_logits_under(cache_argument(self._model)), dynamic=True, mode=_mode(self._model))
             with torch.inference_mode(), yielding_to_foreground():
                 self._check(compiled)
             self.step = compiled
