@@ -30,6 +30,7 @@ from app.widgets.attention_view import AttentionView
 from app.widgets.fmt import pct, visible
 from app.widgets.layer_heatmap import LayerHeatmap
 from app.widgets.passage_panel import PassagePanel
+from app.widgets.side_scroll import downward_scroll
 from app.widgets.subscriptions import follow
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,16 @@ class LayerView(QWidget):
         top_lay.setContentsMargins(0, 0, 0, 0)
         top_lay.addWidget(self.heatmap)
         top_lay.addWidget(self.table, 1)
+        # Below their size hints (82 and 118 px), so that with the Layers tab open the window still fits a
+        # 700-pixel screen (it was 727 tall there); the splitter gives them their room back when there is some.
+        top.setMinimumHeight(60)
+        self.attention.setMinimumHeight(80)
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(top)
         split.addWidget(self.attention)
-        split.addWidget(self.passages)
+        # In a scroll area: the whole answer's bar (a row per passage) must not make the window taller than a
+        # small screen (at 1024x700 it grew to 851 pixels).
+        split.addWidget(downward_scroll(self.passages, "passage_scroll", "Where it looked"))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 4, 0, 0)
         lay.addWidget(self.status)

@@ -23,7 +23,7 @@ from app.widgets.fmt import pct
 HIGHLIGHT = (255, 170, 0)  # the attention view's amber
 LATE, ALL = "late", "all"  # layer picker data
 SHOWN_CHARS = 600  # a passage's text shown at most (a long table run is cut, its share is not)
-BAR_PX = 160  # the whole answer's bar for the most attended passage
+BAR_PX = 110  # the whole answer's bar for the most attended passage
 
 
 class PassagePanel(QWidget):
@@ -49,6 +49,9 @@ class PassagePanel(QWidget):
         self.layer_box.addItem("later half of the layers", LATE)
         self.layer_box.addItem("all layers", ALL)
         self.layer_box.currentIndexChanged.connect(lambda _i: self._redraw())
+        # Narrower than its longest item: the picker and Whole answer fit a 1024-pixel window's Inspector.
+        self.layer_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.layer_box.setMinimumContentsLength(6)
         self.caveat = QLabel(documents.CAVEAT[0].upper() + documents.CAVEAT[1:] + ".")
         self.caveat.setWordWrap(True)
         self.caveat.setAccessibleName("What attention means")
