@@ -12,7 +12,7 @@ small Python values are yielded.
 
 Per token the sampler chooses first (`SamplerChain.choose`), and the token's
 report (stage snapshots, top-N, entropy) is built after. On a backend that
-can (`OverlappedForward`: llama.cpp, MLX) the report is built while the
+can (`OverlappedForward`: llama.cpp, MLX, torch) the report is built while the
 model computes the next token, as mlx-lm overlaps its bookkeeping with
 `mx.async_eval`; a token's event then comes out once the next forward has
 run, so a cancel seen on that event takes effect one token later.
