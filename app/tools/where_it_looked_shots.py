@@ -3,7 +3,7 @@ as the window shows it on a screen of that size (docs/documents.md's pictures of
 
 As app/tools/attachment_shots.py (its report PDF and question, the default model, greedy): the answer's token
 that names the capital selected, the Inspector's Layers tab open with the passage panel's highlight for that
-token, and the whole answer's bar asked for (Whole answer):
+token, and the whole answer's bar asked for (Whole answer); the sidebar's Folders (the chat kept in one) and tags:
 
     python -m app.tools.where_it_looked_shots 1440x900 docs/where-it-looked-1440x900.png
     python -m app.tools.where_it_looked_shots 1024x700 docs/where-it-looked-1024x700.png
@@ -61,6 +61,10 @@ async def _shoot(out: Path) -> None:
         await _until(lambda: len(conv.path()) == 2 and not conv.path()[-1].generating
                      and not window.controller.busy, "the answer")
         answer = conv.path()[-1]
+        # Chats kept in folders (the sidebar's Folders): this one in "Reports", tagged, beside an empty folder.
+        window.library.create_folder("Recipes")
+        window.library.folders.add_tag(conv.id, "zorbia")
+        window.sidebar.move_chat(conv.id, window.library.create_folder("Reports"))  # (the sidebar reloads)
         window.inspector_dock.show()
         window.inspector.tabs.setCurrentWidget(window.inspector.layer_view)
         panel = window.inspector.layer_view.passages

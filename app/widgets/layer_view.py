@@ -79,6 +79,7 @@ class LayerView(QWidget):
         self.passages = PassagePanel()  # where the token looked in the attached documents (issue 48)
         self.passages.whole_answer_requested.connect(self._start_whole_answer)
         self._whole_answer_of: int | None = None  # the answer (message id) whose whole-answer bar is shown
+        self._whole_task: asyncio.Future[None] | None = None
         top = QWidget()
         top_lay = QVBoxLayout(top)
         top_lay.setContentsMargins(0, 0, 0, 0)
@@ -202,7 +203,7 @@ class LayerView(QWidget):
             self.passages.set_answer(None)
             return
         self._whole_answer_of = message.id
-        asyncio.ensure_future(self._whole_answer(conv, message))
+        self._whole_task = asyncio.ensure_future(self._whole_answer(conv, message))  # held: the loop keeps weak refs
 
     async def _whole_answer(self, conv: Conversation, message: Message) -> None:
         """The per-passage bar of the whole answer (issue 48): on the model's worker, shown unless the view moved
