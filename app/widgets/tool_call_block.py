@@ -78,7 +78,10 @@ def _alternatives_tip(at: str, alts: list[TokenProb]) -> str:
 
 def _menu_button(text: str, tip: str, name: str) -> QToolButton:
     b = QToolButton()
-    b.setText(text)
+    # The style's menu indicator is drawn over the text's last letter (Fusion: "Call another too"+arrow): an
+    # arrow in the text instead, the indicator hidden.
+    b.setText(f"{text} ▾")
+    b.setStyleSheet("QToolButton::menu-indicator { image: none; width: 0px; }")
     b.setToolTip(tip)
     b.setAccessibleName(name)
     b.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
