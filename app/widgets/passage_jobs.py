@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import documents
+from engine import Engine, documents
 
 from app.engine_host import EngineHost
 from app.lens_jobs import LensView, answer_parts, check_model
@@ -53,24 +53,10 @@ def prompt_passages(tokenizer: Any, prompt: Sequence[int], messages: Sequence[Me
     return out
 
 
-async def passage_view(host: EngineHost, conv: Conversation, message: Message, view: LensView) -> PassageView | None:
-    """The passages the answer token of `view` looked at; None when its prompt holds no attached file."""
-    messages = attached_messages(conv, message)
-    if not messages or view.capture.attention is None:
-        return None
-    engine = await host.wait_engine()
-    check_model(engine, message, "where it looked")
-    history, _answer = answer_parts(conv, message)
-    prompt = await host.off_ui_thread(history.token_ids, engine.tokenizer)
-    passages = await host.off_ui_thread(prompt_passages, engine.tokenizer, prompt, messages)
-    if not passages:
-        return None
-    return PassageView(view.index, view.capture.attention, tuple(passages))
-
-
-async def answer_attention(host: EngineHost, conv: Conversation, message: Message) -> documents.AnswerAttention | None:
-    """The whole answer's attention on the attached passages (the panel's per-passage bar), computed on the
-    model's worker; None when its prompt holds no attached file."""
+async def _prompt_passages(host: EngineHost, conv: Conversation, message: Message
+                           ) -> tuple[Engine, list[int], list[int], list[documents.Passage]] | None:
+    """(the engine, the prompt's ids, the answer's ids, the attached passages in the prompt) for answer `message`;
+    None when its prompt holds no attached file."""
     messages = attached_messages(conv, message)
     if not messages:
         return None
@@ -79,7 +65,24 @@ async def answer_attention(host: EngineHost, conv: Conversation, message: Messag
     history, answer = answer_parts(conv, message)
     prompt = await host.off_ui_thread(history.token_ids, engine.tokenizer)
     passages = await host.off_ui_thread(prompt_passages, engine.tokenizer, prompt, messages)
-    if not passages or not answer:
+    return (engine, prompt, answer, passages) if passages else None
+
+
+async def passage_view(host: EngineHost, conv: Conversation, message: Message, view: LensView) -> PassageView | None:
+    """The passages the answer token of `view` looked at; None when its prompt holds no attached file."""
+    attention = view.capture.attention
+    found = None if attention is None else await _prompt_passages(host, conv, message)
+    if attention is None or found is None:
         return None
+    return PassageView(view.index, attention, tuple(found[3]))
+
+
+async def answer_attention(host: EngineHost, conv: Conversation, message: Message) -> documents.AnswerAttention | None:
+    """The whole answer's attention on the attached passages (the panel's per-passage bar), computed on the
+    model's worker; None when its prompt holds no attached file."""
+    found = await _prompt_passages(host, conv, message)
+    if found is None or not found[2]:
+        return None
+    engine, prompt, answer, passages = found
     ids = [*prompt, *answer]
     return await asyncio.wrap_future(engine.start_answer_attention(ids, range(len(prompt), len(ids)), passages))
