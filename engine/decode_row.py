@@ -35,6 +35,7 @@ from engine.sampling.pick import Choice
 from engine.stopping import StopStringMatcher
 from engine.tokenizer import StreamDetokenizer, TokenizerLike, partial_token_bytes
 from engine.tools.constraint import tool_constraint
+from engine.tools.kept_prefix import follow_kept, kept_text
 from engine.tools.render import ToolPlan
 from engine.tools.request_tools import answer_calls, plan_for_request
 from engine.tools.tracker import CallTracker
@@ -120,6 +121,10 @@ class AnswerRow:
         # answer when one is complete (finish reason "tool_calls"); None without tools.
         self.tools = tools
         self.calls = CallTracker(tools.format) if tools is not None and tools.tools and tools.choice.calls else None
+        # A branch or Continue inside a call: the reader starts after the kept part (engine.tools.kept_prefix).
+        self.kept_text = kept_text(tok, prompt, request.assistant_prefix) if self.calls is not None else ""
+        if self.calls is not None:
+            self.calls.follow(self.kept_text)
 
     @classmethod
     def start(
@@ -135,6 +140,8 @@ class AnswerRow:
         # with a constraint of its own.
         constraint = request.constraint or (tool_constraint(tools, tok) if tools is not None else None)
         grammar = grammar_stage(constraint, tok, backend.info)
+        if grammar is not None and request.constraint is None:  # the tools' grammar starts after the kept part
+            follow_kept(grammar.run, request.assistant_prefix)
         sampler = request.sampler if seed is None else request.sampler.with_(seed=seed)
         chain = SamplerChain(sampler, vocab=tok, constraint=grammar)
         return cls(tok, request, prompt, chain, t0=t0, grammar=grammar, reported_n=backend.info.reports_top_n,
@@ -240,7 +247,7 @@ class AnswerRow:
         self.detok = StreamDetokenizer(self.tok, context_ids=self.prompt + self.generated)
         if self.calls is not None and self.tools is not None:  # follow the call again over the text kept
             self.calls = CallTracker(self.tools.format)
-            self.calls.feed(self.tok.decode(self.generated) if self.generated else "")
+            self.calls.follow(self.kept_text + (self.tok.decode(self.generated) if self.generated else ""))
         return self.prompt + self.generated
 
     # --- what leaves the row -------------------------------------------------------------
@@ -270,7 +277,7 @@ class AnswerRow:
             constraint_status=grammar.run.finish_note(self.record.finish) if grammar is not None else "",
         )
         if self.calls is not None:  # the calls read from the answer (engine.tools)
-            calls = answer_calls(stats.text, self.tools).calls
+            calls = answer_calls(self.kept_text + stats.text, self.tools).calls  # a call begun before a branch too
             stats = replace(stats, tool_calls=calls)
             if stats.finish_reason == "tool_calls" and not calls:
                 # The call's end was written but no call reads out of the answer (a model writing one with no

@@ -17,8 +17,6 @@ the closer) go with the next chunk. docs/serve.md "Tools", docs/tools.md.
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +26,7 @@ from engine.serve.errors import ApiError, bad_field, refused
 from engine.tools import ToolCall, ToolChoice, ToolSpec, ToolSpecError, answer_calls, parse_tool_choice, parse_tools
 from engine.tools.calls import new_call_id
 from engine.tools.render import ToolPlan
+from engine.tools.tracker import CallTracker
 from engine.tools.spec import NAME_PATTERN
 
 MAX_CALL_ID_CHARS = 256  # a call's id (OpenAI's are 29 characters; other servers' a little longer)
@@ -178,34 +177,29 @@ def whole_message(text: str, stats: GenerationStats | None, plan: ToolPlan | Non
             "tool_calls": [c.to_openai() for c in calls]}
 
 
-_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
-_OPENERS = {"builtin": ("<tool_call>",), "hermes": ("<tool_call>",), "llama3": ("<|python_tag|>", "{"),
-            "mistral": ("[TOOL_CALLS]",)}
-
-
 class ToolStream:
     """One streamed choice's deltas when tools are offered: text as `content`, a call as `tool_calls` deltas.
 
-    The answer's text is held while it may still be the start of a call (white space, a prefix of the
-    format's opener); then it is text (sent as content from there on) or a call. A call's header goes when
-    its name is complete, then the arguments object's text as it comes, up to its closing brace. With tools the
-    constraint keeps an answer to text or one call, so a call never follows text; `finish` sends any call
-    the final parse found that the stream did not (a model without the constraint).
+    The call's structure is read by the decode loop's own reader (`engine.tools.tracker.CallTracker`) over the
+    answer's text as it is sent, character by character (a token can straddle the name, the call's punctuation
+    and the arguments, so a token's `tool_position` alone cannot cut them): text is held while it may still be
+    the start of a call (white space, a prefix of the format's opener); then it is text (sent as content from
+    there on) or a call. A call's header goes when its name's string has closed, then the arguments' own text
+    as it comes, up to the arguments' end. With tools the constraint keeps an answer to text or one call, so a
+    call never follows text; `finish` sends any call the final parse found that the stream did not (a model
+    without the constraint).
     """
 
     def __init__(self, plan: ToolPlan) -> None:
-        self.openers = _OPENERS.get(plan.format, ("<tool_call>",))
+        self.tracker = CallTracker(plan.format)
         self.mode = "undecided"  # undecided / text / call
         self.held = ""  # text not sent yet (undecided), or the call's text so far
         self.held_lps: list[dict[str, Any]] = []
         self.call_id = new_call_id()
         self.name: str | None = None  # sent in the header
-        self.args_at = -1  # where the arguments object begins in `held`
-        self.sent_to = 0  # how far into `held` the arguments have been sent
+        self.args = ""  # the arguments' text not sent yet
         self.args_sent = 0  # characters of the arguments sent
-        self.depth = 0
-        self.in_string = self.escape = self.args_done = False
+        self.args_done = False
 
     def feed(self, event: TokenEvent, lp: dict[str, Any] | None) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         """The delta and log-prob entries for one token; None while nothing can be sent (its log-prob held)."""
@@ -220,27 +214,26 @@ class ToolStream:
     def _delta(self, text: str) -> dict[str, Any] | None:
         if self.mode == "text":
             return {"content": text} if text else None
-        self.held += text
-        if self.mode == "undecided":
-            start = self.held.lstrip()
-            if not start or any(o.startswith(start) for o in self.openers):
-                return None  # may still become a call
-            if any(start.startswith(o) for o in self.openers):
-                self.mode = "call"
-            else:
-                self.mode, content, self.held = "text", self.held, ""
+        for i, (ch, (_, part)) in enumerate(zip(text, self.tracker.places(text))):
+            if part == "text" and self.name is None and (self.held.strip() or not ch.isspace()):
+                self.mode, content, self.held = "text", self.held + text[i:], ""  # it was not a call
                 return {"content": content}
+            if part == "text" and self.name is not None:
+                continue  # after the call (the answer ends there)
+            self.held += ch
+            if self.tracker.state in ("json", "closer", "done"):
+                self.mode = "call"  # the opener is complete
+            if part == "arguments" and not self.args_done:
+                self.args += ch
+            elif self.args or self.args_sent:
+                self.args_done = True  # the arguments' value has ended
         return self._call_delta()
 
     def _call_delta(self) -> dict[str, Any] | None:
         if self.name is None:
-            name = _NAME.search(self.held)
-            if name is None:
+            if self.tracker.name is None:
                 return None
-            try:
-                self.name = str(json.loads(f'"{name.group(1)}"'))
-            except ValueError:
-                self.name = name.group(1)
+            self.name = self.tracker.name
             header = {"index": 0, "id": self.call_id, "type": "function",
                       "function": {"name": self.name, "arguments": self._arguments()}}
             return {"tool_calls": [header]}
@@ -248,37 +241,10 @@ class ToolStream:
         return {"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]} if fragment else None
 
     def _arguments(self) -> str:
-        """The arguments' text that came since the last fragment, up to the object's end."""
-        if self.args_done:
-            return ""
-        if self.args_at < 0:
-            found = _ARGS.search(self.held, self.held.find('"name"'))
-            if found is None or found.end() >= len(self.held):
-                return ""
-            self.args_at = self.sent_to = found.end()
-        out = []
-        i = self.sent_to
-        while i < len(self.held) and not self.args_done:
-            ch = self.held[i]
-            out.append(ch)
-            i += 1
-            if self.in_string:
-                if self.escape:
-                    self.escape = False
-                elif ch == "\\":
-                    self.escape = True
-                elif ch == '"':
-                    self.in_string = False
-            elif ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
-                self.args_done = self.depth <= 0
-        self.sent_to = i
-        self.args_sent += len(out)
-        return "".join(out)
+        """The arguments' text that came since the last fragment."""
+        fragment, self.args = self.args, ""
+        self.args_sent += len(fragment)
+        return fragment
 
     def finish(self, stats: GenerationStats | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The deltas still to send at the answer's end (held text, calls the stream did not send) and the

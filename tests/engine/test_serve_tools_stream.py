@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from engine.events import GenerationStats, TokenEvent
 from engine.serve.tool_calls import ToolStream
 from engine.tools import ToolCall, ToolChoice, ToolSpec
@@ -78,3 +80,25 @@ def test_a_call_the_stream_did_not_see_is_sent_whole_at_the_end():
     deltas, _, _ = _run(["Sure: ", "I will call it"], (call,))
     assert deltas[-1] == {"tool_calls": [{"index": 0, "id": call.id, "type": "function",
                                           "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
+
+
+CALL_TEXTS = {  # each format's call as its grammar writes it (engine.tools.constraint)
+    "builtin": '<tool_call>{"name": "get_weather", "arguments": {"q": "x\\"}", "n": [1, {"x": 2}]}}</tool_call>',
+    "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"q": "x\\"}", "n": [1, {"x": 2}]}}\n</tool_call>',
+    "llama3": '{"name": "get_weather", "parameters": {"q": "x\\"}", "n": [1, {"x": 2}]}}',
+    "mistral": '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"q": "x\\"}", "n": [1, {"x": 2}]}}]',
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(CALL_TEXTS))
+@pytest.mark.parametrize("width", [1, 2, 5, 9])
+def test_every_format_cut_every_width_streams_the_name_then_exactly_the_arguments(fmt, width):
+    text = CALL_TEXTS[fmt]
+    pieces = [text[i:i + width] for i in range(0, len(text), width)]
+    stream = ToolStream(ToolPlan(PLAN.tools, PLAN.choice, fmt, False))
+    deltas = [d for d in (stream.feed(_event(i, p), None) for i, p in enumerate(pieces)) if d is not None]
+    calls = [d[0]["tool_calls"][0] for d in deltas]
+    assert all("content" not in d[0] for d in deltas)
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"] == stream.call_id
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"q": "x\\"}", "n": [1, {"x": 2}]}'
+    assert stream.args_done  # the arguments ended where the call closes
