@@ -23,7 +23,9 @@ from engine.lens import log_softmax
 from engine.steering import PairSet, Steering, SteeringVector, builtin_pair_sets, train_vector
 
 REPENG_PYTHON_ENV = "LOGITLAB_REPENG_PYTHON"
-REPENG_VENV = Path(tempfile.gettempdir()) / "logitlab-repeng-venv"
+# One per Python minor: the venv's .pth names this run's site-packages, and CI's 3.13 pass found the 3.11 pass's
+# venv pointing at a site-packages `venv --clear` had removed (no torch there).
+REPENG_VENV = Path(tempfile.gettempdir()) / f"logitlab-repeng-venv-{sys.version_info[0]}{sys.version_info[1]}"
 
 # Runs in repeng's environment: its own `read_representations` (pca_diff, its sign rule) on the folder's model.
 REPENG_SCRIPT = r"""
