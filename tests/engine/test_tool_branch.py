@@ -17,14 +17,7 @@ from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                          "required": ["city"]}}}
-ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers",
-       "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                      "required": ["a", "b"]}}}
-SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "add": ADD["function"]["parameters"]}
-ASK = ({"role": "user", "content": "What is the weather in Paris?"},)
+from test_tools_model import ADD, ASK, SCHEMAS, WEATHER  # the tools the model tests use, one definition
 
 
 def _run(backend, seed, prefix=(), forced=()):
