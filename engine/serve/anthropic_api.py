@@ -8,6 +8,7 @@ Anthropic's API has it) the answer's length, `stop_sequences` the stop strings, 
 `tool_result` blocks go to the chat path's tool calling (engine.serve.anthropic_tools). What it cannot honour
 (images and documents, server tools, extended thinking, an assistant turn to continue) is a 400 in words; every error is in
 Anthropic's shape (engine.serve.anthropic_shape). Documents and stream events: engine.serve.anthropic_shape.
+In proxy mode both routes go to the upstream's own (engine.serve.proxy_messages).
 """
 
 from __future__ import annotations
@@ -50,14 +51,11 @@ class AnthropicApi:
     def __init__(self, service: Any) -> None:
         self.service = service
 
-    def _engine_service(self) -> EngineService:
-        if not isinstance(self.service, EngineService):
-            raise ApiError(400, "/v1/messages is answered by a model this server runs, not in proxy mode; use "
-                                "/v1/chat/completions", code="unsupported_endpoint")
-        return self.service
-
     async def answer(self, body: dict[str, Any], request: Request) -> Response:
-        service = self._engine_service()
+        service = self.service
+        if not isinstance(service, EngineService):  # proxy mode: the upstream answers (engine.serve.proxy_messages)
+            response: Response = await service.answer("messages", body, request)
+            return response
         served = await asyncio.to_thread(read_request, body, service.context)
         active = adapted.begin(service, "messages", served, body, request, "msg_")
         if served.stream:
@@ -70,7 +68,9 @@ class AnthropicApi:
         return JSONResponse(message_doc(served, exchange, adapted.cached_tokens(active.stats)))
 
     async def count_tokens(self, body: dict[str, Any]) -> Response:
-        service = self._engine_service()
+        service = self.service
+        if not isinstance(service, EngineService):  # proxy mode: the upstream counts
+            return JSONResponse(await service.count_tokens(body))
         return JSONResponse({"input_tokens": await asyncio.to_thread(count_tokens, body, service.context)})
 
 

@@ -1,11 +1,16 @@
 """Proxy mode: each request goes to another OpenAI-compatible server, and its answer is recorded like ours.
 
-The client's body is forwarded as it is, with one change: the upstream is asked for log-probs (the chosen
-token's and its top `min(options.top_n, UPSTREAM_TOP)` alternatives) so the record has them; what the client
-did not ask for is taken out of the answer again before it reaches the client (and alternatives beyond the
-number it asked for). An upstream that refuses the log-probs request (4xx) is asked again with the client's
-own body, and the record then has the tokens' text only. The upstream's errors reach the client with the
-upstream's status and words. Nothing but the configured upstream is ever contacted.
+Chat and text completions, OpenAI's Responses (`/v1/responses`) and Anthropic's Messages (`/v1/messages`,
+`/v1/messages/count_tokens`) are forwarded to the same route of the upstream; each API's reading of its
+answer (what to ask, what to record, what to take out again) is its shape's (engine.serve.proxy_openai,
+proxy_responses, proxy_messages). The client's body is forwarded as it is, with one change: the upstream is
+asked for log-probs (the chosen token's and its top `min(options.top_n, UPSTREAM_TOP)` alternatives; none in
+Anthropic's API, which has none) so the record has them; what the client did not ask for is taken out of
+the answer again before it reaches the client (and alternatives beyond the number it asked for). An upstream
+that refuses the log-probs request (4xx but 404) is asked again with the client's own body, and the record
+then has the tokens' text only. The upstream's errors reach the client with the upstream's status and words
+(in the route's API's error shape); a 404 for Responses or Messages says the upstream may not have that API.
+Nothing but the configured upstream is ever contacted.
 
 The upstream is not trusted (engine.serve.proxy_read, engine.serve.proxy_limits): an answer past the caps on
 bytes and tokens, or one that is not what the API says (a JSON list, an `index` of "abc", status 600, a chunk
@@ -35,19 +40,24 @@ from engine.events import FinishReason
 from engine.serve import fields as f
 from engine.serve.body import client_address
 from engine.serve.errors import ApiError
-from engine.serve.exchange import Endpoint, ServedChoice, ServedExchange, Sinks
-from engine.serve.limits import MAX_N
+from engine.serve.exchange import ExchangeEndpoint, ServedChoice, ServedExchange, Sinks
 from engine.serve.parse import read_sampler
-from engine.serve.proxy_events import UpstreamChoice
 from engine.serve.proxy_limits import PROXY_MAX_ERROR_BYTES
-from engine.serve.proxy_read import BadUpstream, passable, read_whole, sse_data, upstream_choices, upstream_json
-from engine.serve.service import ServeOptions, dumps
+from engine.serve.proxy_messages import MessagesShape
+from engine.serve.proxy_openai import OpenAiShape
+from engine.serve.proxy_read import BadUpstream, passable, read_whole, sse_events, upstream_json
+from engine.serve.proxy_responses import ResponsesShape
+from engine.serve.service import ServeOptions
 
 log = logging.getLogger(__name__)
 
 UPSTREAM_TOP = 20  # alternatives asked of the upstream per token: OpenAI's chat ceiling, which servers copy
 _T = TypeVar("_T")
-_PATHS = {"chat.completions": "/chat/completions", "completions": "/completions"}
+# Each API's reading of its requests, answers and events (what to ask, record and take out again).
+Shape = OpenAiShape | ResponsesShape | MessagesShape
+_SHAPES: dict[str, type[Shape]] = {"chat.completions": OpenAiShape, "completions": OpenAiShape,
+                                   "responses": ResponsesShape, "messages": MessagesShape}
+_OTHER_APIS = ("responses", "messages")  # not OpenAI's chat: an upstream may well not have them
 
 
 class _ClientGone(Exception):
@@ -57,13 +67,18 @@ class _ClientGone(Exception):
 class _Answer:
     """A proxied answer under way: what stopping it and recording its end need."""
 
-    def __init__(self, exchange: ServedExchange, n: int, response: httpx.Response, seed: int | None) -> None:
+    def __init__(self, exchange: ServedExchange, shape: Shape, response: httpx.Response, seed: int | None,
+                 t0: float) -> None:
         self.exchange = exchange
-        self.choices = [UpstreamChoice() for _ in range(n)]
+        # One record per prompt, as the engine's own server keeps a list of prompts (`<id>-<p>`, `n` choices
+        # each): the upstream's choice p * n + j is choice j of record p.
+        self.parts = shape.records(exchange)
+        self.per = exchange.n
+        self.shape = shape
+        self.choices = shape.new_choices()
         self.response = response
         self.seed = seed
-        self.t0 = time.perf_counter()
-        self.prompt_tokens = 0
+        self.t0 = t0  # when the request was sent: a whole answer's headers come only when it is finished
         self.stopped = False
 
     def stop(self) -> None:
@@ -155,43 +170,47 @@ class ProxyService:
 
     # --- answers -------------------------------------------------------------------------------------------
 
-    async def answer(self, endpoint: Endpoint, body: dict[str, Any], request: Request) -> Response:
-        n = f.whole(body, "n", 1, MAX_N, 1) or 1
+    async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Anthropic's `/v1/messages/count_tokens`, forwarded."""
+        return await self._call("POST", self.upstream + "/messages/count_tokens", body)
+
+    async def answer(self, endpoint: ExchangeEndpoint, body: dict[str, Any], request: Request) -> Response:
+        """Chat and text completions, Responses and Anthropic Messages: forwarded, recorded, passed back."""
+        shape = _SHAPES[endpoint](endpoint, body)
         stream = f.flag(body, "stream")
         model = f.text(body, "model") or ""
-        chat = endpoint == "chat.completions"
-        asked_top = _asked_top(body, chat)
-        forwarded = _with_logprobs(body, chat, min(self.options.top_n, UPSTREAM_TOP))
+        forwarded = shape.forwarded(min(self.options.top_n, UPSTREAM_TOP))
         try:
             sampler = read_sampler(body)
         except ApiError:
             sampler = None  # fields the upstream may know and we do not: the record has no settings
-        answer_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-        messages = tuple(body["messages"]) if chat and isinstance(body.get("messages"), list) else None
-        prompt = body.get("prompt") if isinstance(body.get("prompt"), str) else None
+        answer_id = shape.id_prefix + secrets.token_hex(12)
+        messages, prompt = shape.exchange_fields()
         exchange = ServedExchange(
             id=answer_id, endpoint=endpoint, model=model, client=client_address(request), proxied=True,
             upstream=self.upstream, messages=messages, prompt=prompt, prompt_ids=(), sampler=sampler, request=None,
-            n=n, stream=stream, body=body,
+            n=getattr(shape, "n", 1), stream=stream, body=body,
         )
-        url = self.upstream + _PATHS[endpoint]
+        url = self.upstream + shape.path
+        t0 = time.perf_counter()
         try:
             # A whole answer's headers come when the upstream has finished it: a client that leaves meanwhile
             # must not hold a connection to the upstream (and the upstream's work) for the read timeout.
-            response = await self._until_gone(self._open(url, forwarded, body), request)
+            response = await self._until_gone(self._open(url, forwarded, body, shape), request)
         except _ClientGone:
             return Response(status_code=499)  # nobody to answer; nothing was recorded yet
         seed = body.get("seed") if isinstance(body.get("seed"), int) else None
-        answer = _Answer(exchange, n, response, seed)
-        self.active[answer_id] = answer
-        self.sinks.on_start(exchange)
+        answer = _Answer(exchange, shape, response, seed, t0)
+        for part in answer.parts:
+            self.active[part.id] = answer
+            self.sinks.on_start(part)
         if stream:
             async def on_close() -> None:
                 await response.aclose()
                 self._end(answer, disconnected=True)  # a no-op when the stream recorded its own end
 
-            return _ProxiedStream(self._stream(answer, asked_top), on_close)
-        return await self._whole(answer, asked_top, request)
+            return _ProxiedStream(self._stream(answer), on_close)
+        return await self._whole(answer, request)
 
     async def _until_gone(self, work: Awaitable[_T], request: Request) -> _T:
         """`work`'s response; `_ClientGone` (the work cancelled, its connection closed) when the client hangs up first."""
@@ -211,7 +230,7 @@ class ProxyService:
             if gone or not task.done():
                 task.add_done_callback(_close_orphan)
 
-    async def _open(self, url: str, forwarded: dict[str, Any], body: dict[str, Any]) -> httpx.Response:
+    async def _open(self, url: str, forwarded: dict[str, Any], body: dict[str, Any], shape: Shape) -> httpx.Response:
         """The upstream's response, headers read; its error, with its status, when it refused."""
         for attempt, payload in enumerate((forwarded, body)):
             try:
@@ -233,7 +252,9 @@ class ProxyService:
                 raise _unreachable(self.upstream, e) from None
             finally:
                 await response.aclose()
-            if 400 <= status < 500 and attempt == 0 and forwarded is not body:
+            if status == 404 and shape.endpoint in _OTHER_APIS:
+                raise _no_such_api(self.upstream, shape.path, _upstream_error(self.upstream, status, raw))
+            if 400 <= status < 500 and status != 404 and attempt == 0 and forwarded is not body:
                 log.info("%s refused the request with log-probs (%d); forwarding it as the client sent it",
                          self.upstream, status)
                 continue
@@ -252,22 +273,14 @@ class ProxyService:
             raise BadUpstream(f"sent more than {self.limits.max_answer_tokens:,} tokens, the most this proxy "
                               "records of one answer")
 
-    async def _whole(self, answer: _Answer, asked_top: int | None, request: Request) -> Response:
-        chat = answer.exchange.endpoint == "chat.completions"
+    async def _whole(self, answer: _Answer, request: Request) -> Response:
         response = answer.response
         try:
             raw = await self._until_gone(read_whole(response, self.limits.max_answer_bytes), request)
             doc = upstream_json(raw)
             del raw
-            pairs = upstream_choices(doc, len(answer.choices), stream=False)
-            answer.prompt_tokens = _prompt_tokens(doc)
-            for i, choice in pairs:
-                try:
-                    answer.choices[i].feed(choice, whole=True)
-                except ServerError as e:
-                    log.warning("the upstream's log-probs could not be read: %s", e)
-                self._too_many_tokens(answer)
-                _trim_logprobs(choice, asked_top, chat)
+            answer.shape.whole(doc, answer.choices)  # recorded, and trimmed to what the client asked
+            self._too_many_tokens(answer)
             content = passable(doc)
         except _ClientGone:
             self._end(answer, disconnected=True)
@@ -287,29 +300,26 @@ class ProxyService:
                                 f"{type(e).__name__}: {e}", code="bad_upstream") from None
         finally:
             await response.aclose()
-        self._end(answer)
+        self._end(answer, error=answer.shape.error)
         return Response(content, media_type="application/json")
 
-    async def _stream(self, answer: _Answer, asked_top: int | None) -> AsyncIterator[str]:
-        chat = answer.exchange.endpoint == "chat.completions"
+    async def _stream(self, answer: _Answer) -> AsyncIterator[Any]:
+        shape = answer.shape
         lim = self.limits
         ended = False
         events = 0
         try:
             try:
-                async for data in sse_data(answer.response, lim.max_answer_bytes, lim.max_line_bytes):
+                async for name, data in sse_events(answer.response, lim.max_answer_bytes, lim.max_line_bytes):
                     events += 1
                     if data == "[DONE]":
                         break
                     chunk = upstream_json(data)
-                    pairs = upstream_choices(chunk, len(answer.choices), stream=True)
-                    answer.prompt_tokens = _prompt_tokens(chunk) or answer.prompt_tokens
-                    for i, choice in pairs:
-                        for event in answer.choices[i].feed(choice):
-                            self.sinks.on_token(answer.exchange.id, i, event)
-                        _trim_logprobs(choice, asked_top, chat)
+                    for i, new in shape.event(name, chunk, answer.choices):  # recorded, and trimmed
+                        for event in new:
+                            self.sinks.on_token(answer.parts[i // answer.per].id, i % answer.per, event)
                     self._too_many_tokens(answer)
-                    yield passable(chunk).decode("utf-8")
+                    yield shape.passed(name, passable(chunk).decode("utf-8"))
                     # An upstream that sends as fast as we read never makes a read wait, so without this turn
                     # one endless stream would hold the loop, and /health, every other client, for seconds.
                     await asyncio.sleep(0)
@@ -321,16 +331,14 @@ class ProxyService:
                     err = self._bad(e) if isinstance(e, BadUpstream) else ApiError(
                         502, f"{self.upstream}'s stream failed: {e}", code="bad_upstream")
                     self._end(answer, error=err.message)
-                    yield dumps(err.body())
-                    yield "[DONE]"
+                    for item in (*shape.failed(err), *shape.done):
+                        yield item
                     return
-            if answer.stopped:  # the window's Stop: the client's stream ends like a finished answer
-                for i, c in enumerate(answer.choices):
-                    if c.finish is None:
-                        yield dumps(_stop_chunk(answer.exchange, i, chat))
+            tail = shape.stopped(answer.exchange, answer.choices) if answer.stopped else []
             ended = True
-            self._end(answer)
-            yield "[DONE]"
+            self._end(answer, error=shape.error)
+            for item in (*tail, *shape.done):  # the window's Stop: the client's stream ends like a finished answer
+                yield item
         finally:
             with anyio.CancelScope(shield=True):  # the client left: the task is cancelled, the close must still run
                 await answer.response.aclose()
@@ -338,23 +346,26 @@ class ProxyService:
                 self._end(answer, disconnected=True)
 
     def _end(self, answer: _Answer, *, error: str | None = None, disconnected: bool = False) -> None:
-        if self.active.pop(answer.exchange.id, None) is None:
-            return
+        popped = [self.active.pop(part.id, None) for part in answer.parts]
+        if popped[0] is None:
+            return  # ended already
         ended: FinishReason | None = "cancelled" if (answer.stopped or disconnected) else ("error" if error else None)
         choices = []
         for i, c in enumerate(answer.choices):
-            stats = c.stats(answer.t0, answer.prompt_tokens, answer.seed, ended if c.finish is None or error else None,
-                            error)
+            stats = c.stats(answer.t0, answer.shape.prompt_tokens, answer.seed,
+                            ended if c.finish is None or error else None, error)
             if error:
                 reason = "error"
             elif c.finish is None:
                 reason = "cancelled" if disconnected else "stop"  # gone before the end; or the window's Stop
             else:
                 reason = c.finish
-            choices.append(ServedChoice(i, tuple(c.events), stats, reason))
-        answer.exchange = dataclasses.replace(answer.exchange, finished_at=time.time(), choices=tuple(choices),
-                                              error=error, stopped=answer.stopped, disconnected=disconnected)
-        self.sinks.on_end(answer.exchange)
+            choices.append(ServedChoice(i % answer.per, tuple(c.events), stats, reason))
+        finished = time.time()
+        for p, part in enumerate(answer.parts):
+            mine = tuple(choices[p * answer.per:(p + 1) * answer.per])
+            self.sinks.on_end(dataclasses.replace(part, finished_at=finished, choices=mine, error=error,
+                                                  stopped=answer.stopped, disconnected=disconnected))
 
 
 def _close_orphan(task: "asyncio.Future[Any]") -> None:
@@ -378,58 +389,6 @@ async def _error_bytes(response: httpx.Response) -> bytes:
     return b"".join(chunks)[:PROXY_MAX_ERROR_BYTES]
 
 
-def _asked_top(body: dict[str, Any], chat: bool) -> int | None:
-    """How many alternatives the client asked for (None: no log-probs at all)."""
-    if chat:
-        if body.get("logprobs") is not True:
-            return None
-        top = body.get("top_logprobs")
-        return top if isinstance(top, int) and not isinstance(top, bool) else 0
-    top = body.get("logprobs")
-    return top if isinstance(top, int) and not isinstance(top, bool) else None
-
-
-def _with_logprobs(body: dict[str, Any], chat: bool, top: int) -> dict[str, Any]:
-    asked = _asked_top(body, chat)
-    if asked is not None and asked >= top:
-        return body
-    if chat:
-        return {**body, "logprobs": True, "top_logprobs": max(top, asked or 0)}
-    return {**body, "logprobs": max(top, asked or 0)}
-
-
-def _trim_logprobs(choice: dict[str, Any], asked_top: int | None, chat: bool) -> None:
-    """Take out of a choice the log-probs the client did not ask for (in place)."""
-    lp = choice.get("logprobs")
-    if not isinstance(lp, dict):
-        return
-    if asked_top is None:
-        choice["logprobs"] = None
-        return
-    content = lp.get("content")
-    for entry in content if isinstance(content, list) else []:
-        if isinstance(entry, dict) and isinstance(entry.get("top_logprobs"), list):
-            entry["top_logprobs"] = entry["top_logprobs"][:asked_top]
-    if isinstance(lp.get("top_logprobs"), list):
-        lp["top_logprobs"] = [dict(list(t.items())[:asked_top]) if isinstance(t, dict) else t
-                              for t in lp["top_logprobs"]]
-
-
-def _stop_chunk(exchange: ServedExchange, index: int, chat: bool) -> dict[str, Any]:
-    if chat:
-        choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": "stop"}
-    else:
-        choice = {"index": index, "text": "", "logprobs": None, "finish_reason": "stop"}
-    return {"id": exchange.id, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(exchange.started_at), "model": exchange.model, "choices": [choice]}
-
-
-def _prompt_tokens(doc: Any) -> int:
-    usage = doc.get("usage") if isinstance(doc, dict) else None
-    value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
 def _upstream_error(upstream: str, status: int, raw: bytes) -> ApiError:
     """The upstream's refusal, passed on with its status and its words (a status that is no HTTP error: 502)."""
     if not 400 <= status <= 599:
@@ -444,6 +403,14 @@ def _upstream_error(upstream: str, status: int, raw: bytes) -> ApiError:
     first = str(words or "").strip().splitlines()[0] if str(words or "").strip() else ""
     return ApiError(status, f"the upstream server refused the request ({status}): {first[:500]}",
                     code="upstream_error")
+
+
+def _no_such_api(upstream: str, path: str, said: ApiError) -> ApiError:
+    """An upstream's 404 for a Responses or Messages route: most likely it does not have that API."""
+    api = "OpenAI's Responses API" if path == "/responses" else "Anthropic's Messages API"
+    return ApiError(404, f"the upstream server {upstream} answered 404 for {path}: it does not seem to have {api} "
+                         f"(its words: {said.message.split(': ', 1)[-1] or 'none'}); /v1/chat/completions reaches "
+                         "any OpenAI-compatible server", code="upstream_lacks_endpoint")
 
 
 def _unreachable(upstream: str, e: Exception) -> ApiError:

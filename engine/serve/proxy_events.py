@@ -17,6 +17,7 @@ from typing import Any
 from engine.backends.remote.step import chosen_tokens, parse_alternatives, position_entries
 from engine.decode_stats import generation_stats
 from engine.events import FinishReason, GenerationStats, TokenEvent, TokenProb, rest_entry
+from engine.serve.proxy_echo import EchoCut
 
 
 def upstream_tokens(logprobs: Any) -> list[tuple[int, str, float, list[tuple[int, str, float]]]]:
@@ -53,6 +54,7 @@ class UpstreamChoice:
     finish: str | None = None  # the upstream's finish_reason
     t_first: float | None = None
     t_last: float | None = None
+    echo: EchoCut | None = None  # completions with echo: the prompt's part, cut off (engine.serve.proxy_echo)
 
     def feed(self, choice: dict[str, Any], whole: bool = False) -> list[TokenEvent]:
         """The events of one streamed chunk's choice (or, `whole`, of a whole answer's)."""
@@ -63,9 +65,12 @@ class UpstreamChoice:
             delta = choice.get("delta")
             piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
         piece = piece if isinstance(piece, str) else ""
+        logprobs = choice.get("logprobs")
+        if self.echo is not None:
+            piece, logprobs = self.echo.cut(piece, logprobs)
         if piece:  # an endless stream of empty deltas must not grow the record
             self.texts.append(piece)
-        tokens = upstream_tokens(choice.get("logprobs"))
+        tokens = upstream_tokens(logprobs)
         if not tokens and piece and not whole:
             tokens = [(-1, piece, math.nan, [])]  # an upstream that sent no log-probs: the text alone
         new = []
@@ -84,8 +89,20 @@ class UpstreamChoice:
 
     def stats(self, t0: float, prompt_tokens: int, seed: int | None, ended: FinishReason | None = None,
               error: str | None = None) -> GenerationStats:
+        if self.echo is not None and self.echo.cut_tokens:
+            prompt_tokens = self.echo.cut_tokens  # this choice's own prompt (usage sums a list of prompts')
         finish: FinishReason = ended or ("length" if self.finish == "length" else
                                          "cancelled" if self.finish is None else "eos")
         return generation_stats(finish=finish, prompt_tokens=prompt_tokens, seed=seed if seed is not None else -1,
                                 token_ids=tuple(e.token_id for e in self.events), text="".join(self.texts),
                                 t0=t0, t_first=self.t_first, t_last=self.t_last, error=error)
+
+
+def recorded_top(events: Any) -> int | None:
+    """The most alternatives a recorded token has (the upstream's top-N); None when no token has a log-prob
+    (an upstream that gave none, or an API that has none: Anthropic's; the record is then its text pieces)."""
+    top: int | None = None
+    for e in events:
+        if not math.isnan(e.logprob):
+            top = max(top or 0, sum(1 for p in e.top_model if not p.is_rest))
+    return top

@@ -18,6 +18,8 @@ PROXY_MAX_ANSWER_TOKENS = 32_768  # one answer's recorded tokens, all its choice
 # ~4 KB per token with its alternatives (measured: 46,000 tokens of an endless stream, +178 MB), so ~130 MB
 PROXY_MAX_LINE_BYTES = 4 * 2**20  # one line of a stream (one chunk of ~2,000 tokens' log-probs): held whole
 PROXY_MAX_ERROR_BYTES = 64 * 2**10  # an upstream's refusal: only its first line is passed on
+PROXY_MAX_CHOICES = 1024  # answers recorded of one request (n per prompt of a completions list): each is a
+# record of its own, made before the upstream answers
 PROXY_MAX_JSON_DEPTH = 64  # an answer nests ~6 deep (choices, logprobs, content, top_logprobs)
 PROXY_MAX_CONNECTIONS = 100  # open connections to the upstream at once (httpx's default pool)
 PROXY_POOL_WAIT_S = 10.0  # a request that finds them all taken waits this long, then gets 503

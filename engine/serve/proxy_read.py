@@ -47,11 +47,14 @@ async def read_whole(response: httpx.Response, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def sse_data(response: httpx.Response, max_bytes: int, max_line: int) -> AsyncIterator[str]:
-    """The `data:` payloads of an event stream, one per line, as they arrive; at most `max_bytes` in all and
-    `max_line` per line (httpx's own line reader would hold an endless line whole)."""
+async def sse_events(response: httpx.Response, max_bytes: int, max_line: int) -> AsyncIterator[tuple[str | None, str]]:
+    """(event name or None, `data:` payload) of an event stream, one per data line, as they arrive; at most
+    `max_bytes` in all and `max_line` per line (httpx's own line reader would hold an endless line whole). The
+    name is the `event:` line's before the data (Responses and Anthropic's streams name each event; chat's do
+    not), forgotten at the blank line that ends the event."""
     pending = b""
     size = 0
+    name: str | None = None
     async for chunk in response.aiter_bytes():
         size += len(chunk)
         if size > max_bytes:
@@ -60,23 +63,38 @@ async def sse_data(response: httpx.Response, max_bytes: int, max_line: int) -> A
         if b"\n" in chunk:
             *lines, pending = pending.split(b"\n")
             for line in lines:
-                data = _data_of(line)
+                name, data = _line_of(line, name)
                 if data is not None:
-                    yield data
+                    yield name, data
         if len(pending) > max_line:
             raise BadUpstream(f"streamed a line of more than {max_line:,} bytes")
         await asyncio.sleep(0)
-    data = _data_of(pending)
+    name, data = _line_of(pending, name)
     if data is not None:
+        yield name, data
+
+
+async def sse_data(response: httpx.Response, max_bytes: int, max_line: int) -> AsyncIterator[str]:
+    """The `data:` payloads of an event stream (`sse_events` without the names)."""
+    async for _, data in sse_events(response, max_bytes, max_line):
         yield data
 
 
-def _data_of(line: bytes) -> str | None:
+def _line_of(line: bytes, name: str | None) -> tuple[str | None, str | None]:
+    """(the event's name after this line, the line's data or None)."""
     line = line.rstrip(b"\r")
+    if not line:
+        return None, None  # the blank line that ends an event
+    if line.startswith(b"event:"):
+        return _text(line[6:]).strip()[:200] or None, None
     if not line.startswith(b"data:"):
-        return None  # comments (pings), event names, blank lines between events
+        return name, None  # comments (pings), ids, retry hints
+    return name, _text(line[5:]).strip()
+
+
+def _text(raw: bytes) -> str:
     try:
-        return line[5:].decode("utf-8").strip()
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadUpstream(f"streamed text that is not UTF-8 (byte {e.start} of a line)") from None
 

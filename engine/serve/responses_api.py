@@ -11,7 +11,8 @@ alternatives, in the output text. `previous_response_id` continues a response th
 `function_call_output` input items) go to the chat path's tool calling (engine.serve.responses_tools); a call
 comes back as a `function_call` output item. What it cannot honour (hosted tools, `background`, reasoning, other
 `include` entries, images and files, other input items) is a 400 in words, in Responses' error shape
-(OpenAI's: `{"error": {"message", "type", "param", "code"}}`); an unknown stored id is a 404.
+(OpenAI's: `{"error": {"message", "type", "param", "code"}}`); an unknown stored id is a 404. In proxy mode
+the body goes to the upstream's own /v1/responses (engine.serve.proxy_responses).
 Documents and stream events: engine.serve.responses_shape.
 """
 
@@ -99,9 +100,9 @@ class ResponsesApi:
 
     async def answer(self, body: dict[str, Any], request: Request) -> Response:
         service = self.service
-        if not isinstance(service, EngineService):
-            raise ApiError(400, "/v1/responses is answered by a model this server runs, not in proxy mode; use "
-                                "/v1/chat/completions", code="unsupported_endpoint")
+        if not isinstance(service, EngineService):  # proxy mode: the upstream answers (engine.serve.proxy_responses)
+            response: Response = await service.answer("responses", body, request)
+            return response
         served, ask = await asyncio.to_thread(read_request, body, service.context, self.store)
         active = adapted.begin(service, "responses", served, body, request, "resp_")
         ask = replace(ask, response_id=active.exchange.id)

@@ -2,8 +2,9 @@
 
 One file per request, `<record_dir>/<UTC time>-<answer id>.jsonl`, one run per choice. Each run's header has
 the usual fields (model, settings, seed, prompt_ids) and `served`: the client, the endpoint, its messages or
-prompt, whether it was proxied (and to where), how it ended. Written whole or not at all
-(engine.atomic_file), when the answer ends; nothing is written while it runs.
+prompt, whether it was proxied (and to where, and `upstream_top_n`: the most alternatives the upstream gave
+a recorded token, null when it gave no log-probs and the tokens are its text pieces), how it ended. Written
+whole or not at all (engine.atomic_file), when the answer ends; nothing is written while it runs.
 """
 
 from __future__ import annotations
@@ -18,11 +19,20 @@ from engine.events import TokenEvent
 from engine.experiments.trace import dumps, generation_run
 from engine.model_info import ModelInfo
 from engine.serve.exchange import ServedExchange
+from engine.serve.proxy_events import recorded_top
 
 log = logging.getLogger(__name__)
 
 
 def served_header(exchange: ServedExchange, choice: int) -> dict[str, Any]:
+    header = _served_fields(exchange, choice)
+    if exchange.proxied:  # what the record holds of the upstream's answer: its top-N, or text alone (None)
+        events = next((c.events for c in exchange.choices if c.index == choice), ())
+        header["upstream_top_n"] = recorded_top(events)
+    return header
+
+
+def _served_fields(exchange: ServedExchange, choice: int) -> dict[str, Any]:
     return {"id": exchange.id, "choice": choice, "n": exchange.n, "endpoint": exchange.endpoint,
             "client": exchange.client, "proxied": exchange.proxied, "upstream": exchange.upstream,
             "messages": list(exchange.messages) if exchange.messages is not None else None,

@@ -300,14 +300,21 @@ def test_a_client_that_leaves_mid_stream_frees_the_model(server, engine, sink, p
     assert r.status_code == 200
 
 
-def test_proxy_mode_says_it_does_not_pass_these_endpoints(server):
+def test_proxy_mode_passes_these_endpoints_to_the_upstream(server, engine):
+    """Once a 400 ("not in proxy mode"); the proxy's answers and records: test_serve_proxy_responses_messages.py."""
     from engine.serve import start_server
 
+    said = {"/responses": lambda d: d["output"][0]["content"][0]["text"],
+            "/messages": lambda d: d["content"][0]["text"], "/messages/count_tokens": lambda d: d["input_tokens"]}
+    turn = [{"role": "user", "content": "Hi"}]
+    bodies = {"/responses": {"model": engine.info.name, "input": "Hi", "max_output_tokens": 3, "temperature": 0},
+              "/messages": {"model": engine.info.name, "max_tokens": 3, "temperature": 0, "messages": turn},
+              "/messages/count_tokens": {"model": engine.info.name, "messages": turn}}
     with start_server(upstream=server.url) as proxy:
-        r = httpx.post(proxy.url + "/responses", json={"input": "Hi"})
-        assert r.status_code == 400 and "proxy mode" in r.json()["error"]["message"]
-        r = httpx.post(proxy.url + "/messages", json={"max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
-        assert r.status_code == 400 and r.json()["type"] == "error" and "proxy mode" in r.json()["error"]["message"]
+        for path, body in bodies.items():
+            through, direct = (httpx.post(url + path, json=body, timeout=60) for url in (proxy.url, server.url))
+            assert through.status_code == direct.status_code == 200, through.text
+            assert said[path](through.json()) == said[path](direct.json())
 
 
 # Values of every JSON type and some hostile sizes, put in each field a body has (and in a message's or an
