@@ -172,7 +172,12 @@ class ProxyService:
 
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         """Anthropic's `/v1/messages/count_tokens`, forwarded."""
-        return await self._call("POST", self.upstream + "/messages/count_tokens", body)
+        try:
+            return await self._call("POST", self.upstream + "/messages/count_tokens", body)
+        except ApiError as e:
+            if e.status == 404:
+                raise _no_such_api(self.upstream, "/messages/count_tokens", e) from None
+            raise
 
     async def answer(self, endpoint: ExchangeEndpoint, body: dict[str, Any], request: Request) -> Response:
         """Chat and text completions, Responses and Anthropic Messages: forwarded, recorded, passed back."""
@@ -407,7 +412,7 @@ def _upstream_error(upstream: str, status: int, raw: bytes) -> ApiError:
 
 def _no_such_api(upstream: str, path: str, said: ApiError) -> ApiError:
     """An upstream's 404 for a Responses or Messages route: most likely it does not have that API."""
-    api = "OpenAI's Responses API" if path == "/responses" else "Anthropic's Messages API"
+    api = "OpenAI's Responses API" if path == "/responses" else "Anthropic's Messages API"  # or its count_tokens
     return ApiError(404, f"the upstream server {upstream} answered 404 for {path}: it does not seem to have {api} "
                          f"(its words: {said.message.split(': ', 1)[-1] or 'none'}); /v1/chat/completions reaches "
                          "any OpenAI-compatible server", code="upstream_lacks_endpoint")

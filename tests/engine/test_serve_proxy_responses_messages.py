@@ -211,7 +211,8 @@ def test_an_upstream_without_these_apis_is_a_clear_404_in_each_apis_shape(served
             r = httpx.post(proxy.url + path, timeout=30, json={
                 "model": "m", "max_tokens": 2, "stream": True, "messages": [{"role": "user", "content": "Hi"}]})
             assert r.status_code == 404 and r.json()["type"] == "error"
-            assert r.json()["error"]["type"] == "not_found_error" and "404" in r.json()["error"]["message"]
+            assert r.json()["error"]["type"] == "not_found_error"
+            assert "does not seem to have Anthropic's Messages API" in r.json()["error"]["message"]
         r = httpx.post(proxy.url + "/responses", json={"input": "Hi", "stream": True}, timeout=30)
         assert r.status_code == 404 and r.json()["error"]["code"] == "upstream_lacks_endpoint"
 
@@ -325,3 +326,11 @@ def test_new_routes_keep_the_proxys_byte_cap_pool_wait_and_hang_up(hostile):
     assert up.wait_idle(2), f"{up.busy} upstream calls still open after their clients left"
     r = httpx.post(server.url + "/messages/count_tokens", json={**MESSAGE, "model": "ok"}, timeout=10)
     assert r.status_code == 200  # the pool is free again (the hostile upstream answers any route alike)
+    # A client that leaves a dripping stream after two events closes its upstream stream; the record says so.
+    sink.clear()
+    with httpx.stream("POST", server.url + "/responses", json={"model": "drip", "input": "hi", "stream": True},
+                      timeout=10) as s:
+        got = [line for line, _ in zip((x for x in s.iter_lines() if x.startswith("data:")), range(2))]
+    assert len(got) == 2
+    assert up.wait_idle(2), "the upstream stream stayed open after its client left"
+    assert sink.wait_ends(1)[0].disconnected
