@@ -35,7 +35,9 @@ Printed (`name=value`):
   from the longer prompt (each step attends over the tools' descriptions too).
 - `confidence_ms_per_call=`: `call_confidence` per call, median over the constrained calls (each timed
   `--repeat` times, 20 alternatives per token); goal < 1.
-Counts before them: `calls_auto=` (auto answers that called), `calls_with_constraint=`, `calls_without=`, and
+Counts before them: `calls_auto=` (auto answers that called), `calls_with_constraint=`, `calls_without=`,
+`prompt_tokens=` (the speed pairs' median prompt length, with the tools' block and without: every decode step
+attends over it, most of what `ratio_tools_vs_plain` loses), and
 why constrained calls were malformed: `cut_off` (max_new_tokens ran out inside the call), `after_text` (under
 auto the grammar only keeps text from *beginning* like a call: text that opens `<tool_call>` later is not
 constrained), `other`.
@@ -239,11 +241,12 @@ def without_constraint(backend: Any, p: Prompt, max_new_tokens: int,
     return text, answer_calls(text, plan_for_request(tok, with_tools)).calls, stats.finish_reason
 
 
-def plain_rate(backend: Any, p: Prompt, tokens: int) -> float:
-    """Decode tokens/s of the same question with no tools, answered to exactly `tokens` tokens."""
+def plain_rate(backend: Any, p: Prompt, tokens: int) -> tuple[float, int]:
+    """Decode tokens/s of the same question with no tools, answered to exactly `tokens` tokens; its prompt's length."""
     request = GenerationRequest(messages=({"role": "user", "content": p.question},), max_new_tokens=tokens,
                                 top_n=20, ignore_eos=True, sampler=SamplerSettings(temperature=0.0))
-    return run(backend, request)[1].decode_tokens_per_s
+    stats = run(backend, request)[1]
+    return stats.decode_tokens_per_s, stats.prompt_tokens
 
 
 def same_prompt_rate(backend: Any, p: Prompt, tokens: int) -> float:
@@ -284,7 +287,8 @@ def one_prompt(backend: Any, p: Prompt, choice: str, tokens: tuple[int, int], r:
 
 
 def bench(backend: Any, items: list[Prompt], tokens: tuple[int, int], repeat: int, required: bool) -> dict[str, Any]:
-    r: dict[str, Any] = {"con": Tally(), "free": Tally(), "rates": [], "conf_ms": [], "auto_calls": 0}
+    r: dict[str, Any] = {"con": Tally(), "free": Tally(), "rates": [], "conf_ms": [], "auto_calls": 0,
+                         "prompt_tokens": []}
     nofit_called = 0
     # Per prompt: auto, then required with and without the grammar (where a tool fits: the calls' form), then
     # the plain answer of the speed pair last, so the three with the same tools' block reuse its cache.
@@ -295,11 +299,17 @@ def bench(backend: Any, items: list[Prompt], tokens: tuple[int, int], repeat: in
         if required and p.group != "nofit":
             one_prompt(backend, p, "required", tokens, r, repeat)
         if auto.generated_tokens >= 8:  # shorter answers' rates are mostly timer noise
-            r["rates"].append((auto.decode_tokens_per_s, plain_rate(backend, p, auto.generated_tokens),
-                               same_prompt_rate(backend, p, auto.generated_tokens)))
+            plain, plain_tokens = plain_rate(backend, p, auto.generated_tokens)
+            r["rates"].append((auto.decode_tokens_per_s, plain, same_prompt_rate(backend, p, auto.generated_tokens)))
+            r["prompt_tokens"].append((auto.prompt_tokens, plain_tokens))
     nofit_n = sum(p.group == "nofit" for p in items)
     r["nofit"] = nofit_called / nofit_n if nofit_n else 0.0
     return r
+
+
+def _median(values: Any) -> float:
+    values = list(values)
+    return statistics.median(values) if values else 0
 
 
 def main() -> None:
@@ -341,6 +351,8 @@ def main() -> None:
     print(f"calls_auto={r['auto_calls']}/{len(items)} calls_with_constraint={con.calls} calls_without={free.calls} "
           f"malformed_with=(cut_off {con.cut_off}, after_text {con.after_text}, other "
           f"{con.calls - con.well_formed - con.cut_off - con.after_text}) speed_pairs={len(ratios)} "
+          f"prompt_tokens=(tools {_median(t for t, _ in r['prompt_tokens'])}, plain "
+          f"{_median(q for _, q in r['prompt_tokens'])}) "
           f"seconds={time.perf_counter() - t0:.1f} load={load}")
     if args.verbose:
         for line in free.failures + con.failures:

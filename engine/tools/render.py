@@ -5,8 +5,9 @@ A template renders tools when its prompt with the `tools` variable differs from 
 through `ToolTemplate.tool_chat_text` (a tokenizer without it: the built-in format). Where the template
 renders none (SmolLM2's) the built-in format does, with messages only, so any template renders it:
 
-- a system block listing the tools as JSON and asking for `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-  (first in the first system message, or a system message of its own);
+- a system block listing the tools as compact JSON, one a line, and asking for
+  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (first in the first system message, or a system
+  message of its own);
 - an assistant message's earlier `tool_calls` as those blocks after its text;
 - `tool` messages as a user message of `<tool_response id="...">` blocks (consecutive ones together), as
   Hermes' template renders them.
@@ -108,20 +109,36 @@ def _object(arguments: Any) -> Any:
 # --- the built-in format ------------------------------------------------------------------
 
 def builtin_block(tools: Sequence[ToolSpec], choice: ToolChoice) -> str:
-    """The system text that offers `tools` in the built-in format."""
-    listed = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.schema},
-                                   ensure_ascii=False) for t in tools)  # one tool a line
+    """The system text that offers `tools` in the built-in format.
+
+    Kept short, since every decode step attends over it (docs/tools.md, "Measured"): each tool one line of
+    compact JSON (`_definition`); the call's shape written as the grammar forces it.
+    """
+    listed = "\n".join(_definition(t) for t in tools)
     if choice.mode == "named":
         rule = f'You must call the tool "{choice.name}" now.'
     elif choice.mode == "required":
         rule = "You must call one of the tools now."
     else:
-        rule = "If no tool fits, answer in plain text instead."
-    return ("You can call these tools (one JSON definition a line):\n"
-            f"{listed}\n\n"
-            "To call a tool, answer with only this, the arguments matching its parameters:\n"
-            '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>\n'
-            f"{rule} The tool's result comes back in a <tool_response> block.")
+        rule = "If no tool fits, answer in plain text."
+    return ("You can call these tools:\n"
+            f"{listed}\n"
+            'To call one, answer with only <tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}'
+            "</tool_call>, the arguments matching its parameters.\n"
+            f"{rule} Its result comes back in a <tool_response> block.")
+
+
+def _definition(tool: ToolSpec) -> str:
+    """One tool as one line of compact JSON: its name, description (where it has one) and parameters' schema.
+
+    The schema as given, less its top-level `"type": "object"`: every tool's parameters are an object
+    (engine.tools.spec refuses any other), so it says nothing, and it is 12 of a short tool's tokens.
+    """
+    d: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        d["description"] = tool.description
+    d["parameters"] = {k: v for k, v in tool.schema.items() if not (k == "type" and v == "object")}
+    return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
 def builtin_call(name: str, arguments: str) -> str:

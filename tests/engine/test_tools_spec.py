@@ -9,7 +9,7 @@ import pytest
 from engine.constraints.spec import Constraint
 from engine.request import GenerationRequest
 from engine.tools.constraint import tool_grammar
-from engine.tools.render import ToolPlan, builtin_messages
+from engine.tools.render import ToolPlan, builtin_block, builtin_messages
 from engine.tools.spec import ToolChoice, ToolSpec, ToolSpecError, parse_tools
 from engine.tools.tracker import CallTracker
 
@@ -72,11 +72,35 @@ def test_builtin_messages_carry_tools_calls_and_results():
     out = builtin_messages(messages, parse_tools([WEATHER]), ToolChoice("required"))
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
     assert out[0]["content"].startswith("Be brief.\n\nYou can call these tools")
-    assert '"name": "get_weather"' in out[0]["content"] and "You must call one of the tools" in out[0]["content"]
+    assert '{"name":"get_weather",' in out[0]["content"] and "You must call one of the tools" in out[0]["content"]
     assert out[2]["content"] == '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
     assert out[3]["content"] == ('<tool_response id="call_1">\n12 C\n</tool_response>\n'
                                  '<tool_response id="call_2">\nrain\n</tool_response>')
     assert all(set(m) == {"role", "content"} for m in out)
+
+
+def test_builtin_block_lists_each_tool_as_one_line_of_compact_json():
+    # Every decode step attends over this block, so it is short: compact JSON, no top-level "type": "object"
+    # (every tool's parameters are an object), no empty description; the rest of the schema as given.
+    block = builtin_block(parse_tools([WEATHER, ADD]), ToolChoice("auto"))
+    lines = block.splitlines()
+    assert lines[0] == "You can call these tools:"
+    assert lines[1] == ('{"name":"get_weather","description":"Weather in a city",'
+                        '"parameters":{"properties":{"city":{"type":"string"}},"required":["city"]}}')
+    assert lines[2] == '{"name":"add","parameters":{"properties":{"a":{"type":"number"}}}}'
+    assert json.loads(lines[1])["parameters"] == {k: v for k, v in WEATHER["function"]["parameters"].items()
+                                                  if k != "type"}
+    # How to call, in the shape the grammar forces, and what the choice asks.
+    assert ('<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>' in lines[3]
+            and "matching its parameters" in lines[3])
+    assert lines[4].startswith("If no tool fits, answer in plain text.") and "<tool_response>" in lines[4]
+    assert len(lines) == 5
+    named = builtin_block(parse_tools([WEATHER]), ToolChoice("named", "get_weather"))
+    assert 'You must call the tool "get_weather" now.' in named
+    # A schema without "type" (the object is the default) and with other top-level keys keeps them all.
+    free = parse_tools([{"name": "f", "description": "d",
+                         "parameters": {"properties": {}, "additionalProperties": True}}])
+    assert '"parameters":{"properties":{},"additionalProperties":true}' in builtin_block(free, ToolChoice("auto"))
 
 
 def _walk(grammar: str, text: str) -> tuple[int, bool]:
