@@ -53,7 +53,7 @@ class Prompt:
         return {"prompt": self.text} if self.text is not None else {"messages": self.messages}
 
     def token_ids(self, tokenizer: Any) -> list[int]:
-        """The prompt's token ids as the engine makes them (`engine.decode.prompt_ids_for`)."""
+        """The prompt's token ids as the engine makes them (`engine.decode.loop.prompt_ids_for`)."""
         if self.text is not None:
             return list(tokenizer.encode(self.text))
         return list(tokenizer.chat_ids(list(self.messages or ()), add_generation_prompt=True))

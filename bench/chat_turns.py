@@ -6,9 +6,9 @@ input per turn, so with prefix reuse turn 5 costs about what turn 1 does.
 
 from __future__ import annotations
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.chat import ChatSession
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.sampling.settings import SamplerSettings
 
 GREEDY = SamplerSettings(temperature=0.0)

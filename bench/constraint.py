@@ -47,7 +47,7 @@ ANSWER = json.dumps({"title": "A walk in the park", "year": 1999, "tags": ["walk
 
 def bench_decode(runs: int) -> None:
     from engine.backends.llamacpp import LlamaCppBackend
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
     from engine.events import Done
     from engine.request import GenerationRequest
     from engine.sampling import SamplerSettings

@@ -46,7 +46,7 @@ from transformers.generation.streamers import BaseStreamer  # noqa: E402
 
 from engine.backends.torch import linear as cpu_linear  # noqa: E402
 from engine.backends.torch.backend import TorchBackend  # noqa: E402
-from engine.decode import generate_events  # noqa: E402
+from engine.decode.loop import generate_events  # noqa: E402
 from engine.events import Done  # noqa: E402
 from engine.sources import materialize, resolve_spec  # noqa: E402
 from engine.quiet import quiet_third_party  # noqa: E402

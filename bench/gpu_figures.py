@@ -97,7 +97,7 @@ def build_model(shape: Shape, folder: Path, device: torch.device, tokenizer_fold
 
 def loom_speedup(backend, n: int, tokens: int, repeats: int) -> float:
     """N children of `tokens` tokens together over the same N one after another (bench/loom.py's measurement)."""
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
     from engine.events import TokenEvent
     from engine.loom import continuation_events
     from engine.loom.continuations import collect
@@ -129,10 +129,10 @@ def loom_speedup(backend, n: int, tokens: int, repeats: int) -> float:
 
 def shared_batch_speedup(backend, n: int, tokens: int, repeats: int) -> float:
     """N different requests (a server's clients that waited together) as rows of one batch
-    (`engine.loom.shared_batch`) over the same N answered one after another."""
-    from engine.decode import generate_events
+    (`engine.decode.shared_batch`) over the same N answered one after another."""
+    from engine.decode.loop import generate_events
     from engine.events import TokenEvent
-    from engine.loom.shared_batch import BatchJob, shared_batch_events
+    from engine.decode.shared_batch import BatchJob, shared_batch_events
     from engine.request import GenerationRequest
     from engine.sampling import SamplerSettings
 

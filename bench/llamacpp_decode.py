@@ -49,7 +49,7 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 
 
 def ours(backend, prompt_ids: list[int], n: int, top_n: int) -> float:
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
     from engine.events import Done
     from engine.request import GenerationRequest
     from engine.sampling import SamplerSettings
@@ -105,7 +105,7 @@ print(json.dumps({{"peak_rss": peak}}))
 
 def prefill_rate(backend, n: int = 2000) -> float:
     ids = (backend.tokenizer.encode(PROMPT + " ") * (n // 10 + 1))[:n]
-    from engine.backends.base import prefill
+    from engine.backend import prefill
 
     backend.trim_cache(0)
     t0 = time.perf_counter()
@@ -121,7 +121,7 @@ def peak_rss(spec: str | None, backend: str) -> int:
 
 def ours_tokens(backend, prompt_ids: list[int], n: int, settings, record_stages: bool) -> Iterator:
     """Our TokenEvents as the window gets them: the preset's chain, top-20, stages recorded if asked."""
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
     from engine.events import TokenEvent
     from engine.request import GenerationRequest
 

@@ -83,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     quiet_third_party()
 
-    from engine.decode import generate_events, prompt_ids_for
+    from engine.decode.loop import generate_events, prompt_ids_for
     from engine.events import TokenEvent
     from engine.loom import continuation_events
     from engine.loom.continuations import collect

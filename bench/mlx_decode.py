@@ -27,7 +27,7 @@ from mlx_lm import load as mlx_load  # noqa: E402
 from mlx_lm import stream_generate  # noqa: E402
 
 from engine.backends.mlx.backend import MlxBackend  # noqa: E402
-from engine.decode import generate_events  # noqa: E402
+from engine.decode.loop import generate_events  # noqa: E402
 from engine.sources import materialize, resolve_spec  # noqa: E402
 from engine.quiet import quiet_third_party  # noqa: E402
 from engine.request import GenerationRequest  # noqa: E402

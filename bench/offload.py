@@ -67,7 +67,7 @@ def proc_status() -> dict[str, int]:
             if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
                 out[key] = int(rest.split()[0]) * 1024
     if "VmHWM" not in out:
-        from engine.backends.base import process_peak_rss_bytes
+        from engine.backend import process_peak_rss_bytes
 
         out["VmHWM"] = process_peak_rss_bytes()
     return out

@@ -43,7 +43,7 @@ BUSY_LOOP = "while True:\n    pass\n"
 
 def decode_rate(backend, prompt_ids: list[int], n: int) -> float:
     """Greedy steps per second after the prompt: one `forward` of one token each (argmax picks it)."""
-    from engine.backends.base import prefill
+    from engine.backend import prefill
 
     backend.trim_cache(0)
     logits, _ = prefill(backend, prompt_ids)
@@ -54,7 +54,7 @@ def decode_rate(backend, prompt_ids: list[int], n: int) -> float:
 
 
 def prompt_rate(backend, ids: list[int]) -> float:
-    from engine.backends.base import prefill
+    from engine.backend import prefill
 
     backend.trim_cache(0)
     t0 = time.perf_counter()
@@ -77,7 +77,7 @@ class BusyProgram:
 
 def first_token_s(backend, prompt_ids: list[int]) -> float:
     """A cold prefill of the chat prompt: what the first token waits for."""
-    from engine.backends.base import prefill
+    from engine.backend import prefill
 
     backend.trim_cache(0)
     t0 = time.perf_counter()

@@ -39,7 +39,7 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 
 def capture(backend, prompt: list[int], settings, n: int) -> tuple[list[np.ndarray], list[int], list[float]]:
     """A real answer's logits rows, tokens, and the forward's wall seconds per token."""
-    from engine.backends.base import prefill
+    from engine.backend import prefill
     from engine.sampling import SamplerChain
 
     backend.trim_cache(0)
@@ -95,7 +95,7 @@ def timed_chain(chain, spent: dict[str, float]):
 def replay(backend, prompt: list[int], settings, rows: list[np.ndarray], tokens: list[int], record: bool,
            top_n: int) -> dict[str, list[float]]:
     """One replay of the answer through an `AnswerRow`: each piece's CPU µs per token."""
-    from engine.decode_row import AnswerRow
+    from engine.decode.row import AnswerRow
     from engine.request import GenerationRequest
 
     req = GenerationRequest(prompt_ids=prompt, sampler=settings, max_new_tokens=len(rows), ignore_eos=True,

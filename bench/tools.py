@@ -182,7 +182,7 @@ def request_for(p: Prompt, max_new_tokens: int, choice: str) -> GenerationReques
 
 
 def run(backend: Any, request: GenerationRequest) -> tuple[list[TokenEvent], GenerationStats]:
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
 
     # No trim: the tools' block leads the prompt, so answers offering the same tools reuse its cache (prefill
     # is most of a short answer's time on two cores); decode speed, the figure here, does not depend on it.

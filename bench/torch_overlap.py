@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import engine.decode as decode_loop  # noqa: E402
+import engine.decode.loop as decode_loop  # noqa: E402
 from decode import PROMPT, ours  # noqa: E402  (bench/decode.py: bench/ is the script folder, first on sys.path)
 from engine.backends.torch.backend import TorchBackend  # noqa: E402
 from engine.quiet import quiet_third_party  # noqa: E402

@@ -13,7 +13,7 @@ from engine.backends.select import BACKEND_TABLE, BACKENDS, backend_help, user_b
 from engine.chat import ChatSession
 from engine.atomic_file import atomic_text_file, write_text_atomic  # a file whole or not at all (exports)
 from engine.engine import Engine
-from engine.template_process import shutdown as end_template_renders  # renders under way end; the next starts anew
+from engine.templates.process import shutdown as end_template_renders  # renders under way end; the next starts anew
 from engine.worker import busy_workers, close_all  # every model thread of the process: what is busy; close them at exit
 from engine.errors import (
     ContextLengthError,
@@ -26,13 +26,13 @@ from engine.errors import (
     TokenIdError,
 )
 from engine.events import ConstraintStep, Done, GenerationStats, Rewind, StageSnapshot, TokenEvent, TokenProb
-from engine.fingerprint import Fingerprint  # what an answer's numbers depend on (GenerationStats.fingerprint)
+from engine.fingerprints.record import Fingerprint  # what an answer's numbers depend on (GenerationStats.fingerprint)
 from engine.constraints import KIND_LABELS as CONSTRAINT_KINDS, Constraint, ConstraintError
 from engine import experiments  # score, compare, token diff, JSONL traces (engine.experiments)
 from engine.experiments.audit import LoomAudit  # what Engine.start_audit_rows gives (the loom's audit)
 from engine import loom  # N continuations from one prefix, step mode (engine.loom)
 from engine import library  # models on this machine, and downloads (engine.library)
-from engine import template_choice  # built-in and chosen chat templates, which one a model uses
+from engine.templates import choice as template_choice  # built-in and chosen chat templates, which one a model uses
 from engine import reasoning  # <think>…</think> in answers and in the next turn's prompt (engine.reasoning)
 from engine import lens  # the layer view (logit lens) and attention of a position (engine.lens)
 from engine import documents  # files attached to a message: read, checked, inserted (engine.documents)

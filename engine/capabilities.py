@@ -1,6 +1,6 @@
 """What only some backends can do: typed, optional protocols beside `Backend`.
 
-`Backend` (engine/backends/base.py) stays at its five methods. A backend that
+`Backend` (engine/backend.py) stays at its five methods. A backend that
 can do more implements one of these protocols in its own package, and a
 caller asks for it by type, never by the backend's name::
 
@@ -42,7 +42,7 @@ from engine.errors import EngineError
 
 if TYPE_CHECKING:
     from engine.events import Event
-    from engine.fingerprint import NumericSetup
+    from engine.fingerprints.record import NumericSetup
     from engine.layer_capture import LayerCapture
     from engine.request import GenerationRequest
     from engine.steering.settings import Steering
@@ -107,6 +107,15 @@ class PositionRunner(Protocol):
 
     def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
         """(T, V) float32 log-probs at every position of `ids`."""
+        ...
+
+
+@runtime_checkable
+class InterruptibleForward(Protocol):
+    """Can stop a forward part way, when asked from another thread (llama.cpp's abort callback)."""
+
+    def forward_until(self, token_ids: Sequence[int], cancelled: Callable[[], bool]) -> np.ndarray | None:
+        """`forward`, or None once `cancelled()` (polled from another thread) is true; what ran stays cached."""
         ...
 
 
@@ -263,7 +272,7 @@ class StartsFromBackendCache(Protocol):
 class RecordsCacheSchedule(Protocol):
     """Says in which forward calls its cache's positions were computed (engine/cache_schedule.py): where a batch's
     size changes the numbers (llama.cpp's CPU kernels), an answer repeats bit for bit only when its prompt's
-    cache is computed in the same pieces. `engine.backends.base.prefill` does that when asked."""
+    cache is computed in the same pieces. `engine.backend.prefill` does that when asked."""
 
     def cache_schedule(self, upto: int) -> "tuple[tuple[int, int], ...]":
         """The (computed, kept) pieces of the first `upto` cached positions, in order."""

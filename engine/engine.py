@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.events import Done, Event, GenerationStats
 from engine.open_model import load_model
 from engine.model_info import ModelInfo
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from engine.events import TokenEvent
     from engine.experiments import CompareResult, ScoreResult
     from engine.experiments.audit import LoomAudit
-    from engine.fingerprint import Fingerprint
+    from engine.fingerprints.record import Fingerprint
     from engine.lens import LayerCapture
     from engine.loom import RowEvent, StepGate
     from engine.steering import PairSet, ResidualShape, Steering, SteeringEffect, SteeringShadow, SteeringVector
@@ -245,7 +245,7 @@ class Engine:
         carry the row's fingerprint, marked as one of `n` rows); the future ends after the last one, or with
         the error that ended the rows. Setting `cancel` stops every row before its next token.
         """
-        from engine.fingerprinting import rows_with_fingerprint
+        from engine.fingerprints.taking import rows_with_fingerprint
         from engine.loom import continuation_events
 
         def rows(backend: Backend) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 from engine.tools.calls import ToolCall
 
 if TYPE_CHECKING:
-    from engine.fingerprint import Fingerprint
+    from engine.fingerprints.record import Fingerprint
 
 # "tool_calls": the answer ended on a completed tool call (engine.tools; the calls are on the stats).
 FinishReason = Literal["eos", "stop", "length", "cancelled", "error", "tool_calls"]
@@ -172,10 +172,10 @@ class GenerationStats:
     # and how it ended ("complete", "stopped at the length limit inside the grammar: ...", a dead end).
     constraint_logprob: float | None = None
     constraint_status: str = ""
-    # What the numbers depend on (engine/fingerprint.py): model hash, backend and versions, threads, seed,
-    # settings. Set on the way out of the worker (engine.fingerprinting.with_fingerprint); None on old records.
+    # What the numbers depend on (engine/fingerprints/record.py): model hash, backend and versions, threads, seed,
+    # settings. Set on the way out of the worker (engine.fingerprints.taking.with_fingerprint); None on old records.
     fingerprint: Fingerprint | None = None
-    # What the model continued, as a SHA-256 of its token ids (engine.fingerprint.token_ids_sha256), and the forward
+    # What the model continued, as a SHA-256 of its token ids (engine.fingerprints.record.token_ids_sha256), and the forward
     # calls its cache was computed in (engine/cache_schedule.py, run-length form; () where the backend does not say):
     # the answer's fingerprint takes both, so a replay can compute its prompt the same way and say when it did not.
     prompt_sha256: str = ""

@@ -26,7 +26,7 @@ from engine.capabilities import LayerLens, require
 from engine.layer_capture import LayerCapture, LayerPrediction
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
+    from engine.backend import Backend
 
 DEFAULT_TOP_K = 10
 

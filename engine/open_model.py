@@ -6,7 +6,7 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.backends.select import (
     choose_backend,
     open_direct,

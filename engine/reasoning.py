@@ -202,7 +202,7 @@ def prompt_history(messages: Sequence[dict[str, str]], fmt: ReasoningFormat) -> 
 
 def template_source(tokenizer: TokenizerLike) -> str:
     """The chat template text a tokenizer renders with, or "" when it has none or does not say."""
-    override = tokenizer.template_override  # one the user chose (engine.template_choice)
+    override = tokenizer.template_override  # one the user chose (engine.templates.choice)
     if isinstance(override, str) and override:
         return override
     text = getattr(tokenizer, "chat_template", None)

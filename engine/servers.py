@@ -19,7 +19,7 @@ from engine.model_info import ServerInfo
 if TYPE_CHECKING:
     import httpx
 
-    from engine.backends.base import Backend
+    from engine.backend import Backend
 
 
 def split_server_spec(spec: str) -> tuple[str, str]:

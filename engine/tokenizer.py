@@ -74,7 +74,7 @@ class TokenizerLike(Protocol):
     Every backend's tokenizer has it: `Tokenizer` (Hugging Face: torch, MLX), llama.cpp's, a server's
     (`RemoteTokenizer`, or `MissingTokenizer` on a server without a tokenize endpoint) and the mock's. The
     chat-template facts are fields: `template_override` / `template_override_name` hold a template the user
-    chose (engine.template_choice writes them; None / "" for the model's own), `guessed_template` names a
+    chose (engine.templates.choice writes them; None / "" for the model's own), `guessed_template` names a
     built-in one guessed for a server that does not say its own ("" otherwise), `has_chat_template` says
     whether the model brings one.
     """
@@ -110,7 +110,7 @@ class Tokenizer:
         self._bytes_cache: dict[int, bytes] = {}
         self._byte_level: bool | None = None  # GPT-2 style byte-level BPE? (decided on first use)
         self._added_ids: frozenset[int] | None = None
-        self.template_override: str | None = None  # a chosen template (engine.template_choice), else the model's
+        self.template_override: str | None = None  # a chosen template (engine.templates.choice), else the model's
         self.template_override_name = ""
         self.guessed_template = ""  # a server's tokenizer guesses one (engine.backends.remote.tokenizer)
 
@@ -193,13 +193,13 @@ class Tokenizer:
 
     def chat_text(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The prompt text: the model's template rendered as transformers' `apply_chat_template` renders it,
-        but within `engine.template_render`'s time and size limits (the template is the model's code)."""
+        but within `engine.templates.render`'s time and size limits (the template is the model's code)."""
         return self.tool_chat_text(messages, None, add_generation_prompt)
 
     def tool_chat_text(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None,
                        add_generation_prompt: bool = True) -> str:
         """`chat_text` with the template's `tools` variable set (OpenAI's tool shape; engine.tools.render)."""
-        from engine.template_render import ChatTemplateError, render_chat_template
+        from engine.templates.render import ChatTemplateError, render_chat_template
 
         template = self.template_override or FALLBACK_TEMPLATE
         if self.has_chat_template and not self.template_override:

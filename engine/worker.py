@@ -21,12 +21,12 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from engine import background_threads
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.background_threads import BackgroundThread
 from engine.capabilities import MissingCapabilityError, OwnEvents
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done, Event
-from engine.fingerprinting import with_fingerprint
+from engine.fingerprints.taking import with_fingerprint
 from engine.request import GenerationRequest
 from engine.steering.apply import steer_for_request
 
@@ -97,7 +97,7 @@ class ModelWorker:
         self.ready.set_result(backend)
         # A chat is what usually follows a load: its template renders in the renderer process, started
         # now in the background so that the first send does not wait for it.
-        from engine import template_process
+        from engine.templates import process as template_process
 
         template_process.prestart()
         while (job := self._jobs.get()) is not None:

@@ -13,10 +13,10 @@ import sys
 
 def main() -> int:
     multiprocessing.freeze_support()  # a child process started by a library re-runs this file
-    from engine.template_process import RENDERER_FLAG
+    from engine.templates.process import RENDERER_FLAG
 
-    if sys.argv[1:2] == [RENDERER_FLAG]:  # the chat-template renderer process (engine/template_process.py)
-        from engine.template_process import serve
+    if sys.argv[1:2] == [RENDERER_FLAG]:  # the chat-template renderer process (engine/templates/process.py)
+        from engine.templates.process import serve
 
         serve()
         return 0

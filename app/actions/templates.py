@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from engine import ModelInfo, template_choice
+from engine import ModelInfo
+from engine.templates import choice as template_choice
 
 from app.engine_host import EngineHost
 from app.notebook import NOTEBOOK, is_notebook

@@ -83,7 +83,7 @@ class ContextCounter:
         """Length of the chat prompt that asks `question`; None without a tokenizer or while it is counted."""
         if tokenizer is None:
             return None
-        # The chosen chat template (engine.template_choice) and a notebook's text, which grows in place, count too.
+        # The chosen chat template (engine.templates.choice) and a notebook's text, which grows in place, count too.
         key = (conv.id, question.id, conv.system_prompt, id(tokenizer), tokenizer.template_override,
                conv.mode, len(question.content))
         n = self._prompts.get(key)

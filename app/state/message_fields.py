@@ -157,7 +157,7 @@ def check_stats(value: Any) -> dict[str, Any] | None:
 
 
 def fingerprint_problem(stats: dict[str, Any]) -> str | None:
-    """What is wrong with `stats["fingerprint"]` (engine.fingerprint: what the answer's numbers depend on);
+    """What is wrong with `stats["fingerprint"]` (engine.fingerprints.record: what the answer's numbers depend on);
     None when it is absent (an answer from before fingerprints) or right."""
     from engine import Fingerprint
 

@@ -1,7 +1,7 @@
 """Model ▸ Chat template…: which template the loaded model's chats use, with a preview of what it renders.
 
 The choices: the model's own (when it has one), the built-ins of
-`engine.template_choice` (ChatML, Llama 3, Gemma, Mistral, Phi-3, the plain
+`engine.templates.choice` (ChatML, Llama 3, Gemma, Mistral, Phi-3, the plain
 transcript), or a Jinja template pasted in. The preview renders a short chat
 with the chosen text in the engine's sandbox (a second at most), so a broken or
 refusing template says so before it is chosen. The dialog only chooses: the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 
-from engine import template_choice
+from engine.templates import choice as template_choice
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (

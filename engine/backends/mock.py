@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.backends.base import CachedTokens
+from engine.backend import CachedTokens
 from engine.model_info import ModelInfo
 from engine.tokenizer import FALLBACK_TEMPLATE
 
@@ -39,7 +39,7 @@ class MockTokenizer:
         self.eos_token_ids = frozenset({EOS_ID})
         self._index = {p: i for i, p in enumerate(PIECES)}
         self.has_chat_template = False
-        self.template_override: str | None = None  # engine.template_choice: rendered as the real tokenizers do
+        self.template_override: str | None = None  # engine.templates.choice: rendered as the real tokenizers do
         self.template_override_name = ""
         self.guessed_template = ""
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from pathlib import Path
 
-    from engine.backends.base import Backend
+    from engine.backend import Backend
     from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
     from engine.offload.policy import OffloadPolicy
     from engine.sources import ModelSource, ProgressCallback

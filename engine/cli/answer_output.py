@@ -46,7 +46,7 @@ def fit_length(engine: Engine, request: GenerationRequest, max_new_tokens: int) 
         return request
     from dataclasses import replace
 
-    from engine.decode import prompt_ids_for
+    from engine.decode.loop import prompt_ids_for
     from engine.errors import ContextLengthError
 
     prompt = len(prompt_ids_for(engine.tokenizer, request))

@@ -7,7 +7,7 @@ seen before a chat goes strangely.
 
 from __future__ import annotations
 
-from engine.template_choice import template_in_use
+from engine.templates.choice import template_in_use
 from engine.tokenizer import TokenizerLike
 
 # Markers that name a template family: the first one found in a template's text names it.

@@ -287,7 +287,7 @@ def resolve_chat_template(args: argparse.Namespace) -> None:
         return
     if choice is not None and path is not None:
         raise UsageError("give either --chat-template or --chat-template-file, not both")
-    from engine.template_choice import BUILTIN_TEMPLATES, ChatTemplateError, check_template, resolve_template
+    from engine.templates.choice import BUILTIN_TEMPLATES, ChatTemplateError, check_template, resolve_template
 
     option = "--chat-template-file" if path is not None else "--chat-template"
     if path is not None:

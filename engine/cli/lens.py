@@ -22,7 +22,7 @@ from engine.errors import UsageError
 
 if TYPE_CHECKING:
     from engine.cli.options import OneLineParser
-    from engine.backends.base import Backend
+    from engine.backend import Backend
 
 DEFAULT_TOP_K = 5
 

@@ -111,7 +111,7 @@ def _load(args: argparse.Namespace) -> Engine:
         **runtime_settings_from(args).load_kwargs(),
     )
     if getattr(args, "chat_template", None):
-        from engine.template_choice import use_chat_template
+        from engine.templates.choice import use_chat_template
 
         try:
             use_chat_template(engine.tokenizer, args.chat_template)

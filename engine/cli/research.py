@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.decode import check_context
+from engine.decode.loop import check_context
 from engine.errors import ContextLengthError
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from engine.lens import capture
 from engine.tokenizer import TokenizerLike
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
+    from engine.backend import Backend
 
 CAVEAT = "attention is where the model looked, not proof of what it used"
 # A block with more lines than this is cut: a 300-row CSV as one passage would say nothing about which rows.

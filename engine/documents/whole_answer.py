@@ -20,7 +20,7 @@ from engine.documents.attention import Passage
 from engine.lens import capture
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
+    from engine.backend import Backend
 
 MAX_TOKENS = 128  # answer tokens read for the bar at most: a 1,000-token answer takes ~8 forwards, not 63
 CHUNK = 16  # positions captured per forward: 16 x (layers, heads, prompt) arrays stay small

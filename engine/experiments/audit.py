@@ -15,11 +15,11 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.events import Done, GenerationStats, TokenEvent
 from engine.experiments.replay import ReplayVerdict, as_recorded, replay_verdict
-from engine.fingerprint import Fingerprint
-from engine.fingerprinting import with_fingerprint
+from engine.fingerprints.record import Fingerprint
+from engine.fingerprints.taking import with_fingerprint
 from engine.request import GenerationRequest
 
 
@@ -90,7 +90,7 @@ class LoomAudit:
 def rerun_alone(backend: Backend, request: GenerationRequest, cancel: threading.Event | None = None
                 ) -> tuple[list[TokenEvent], GenerationStats]:
     """`request` as a single answer through the decode loop (the cache cleared first, as a fresh answer)."""
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
 
     backend.trim_cache(0)
     events: list[TokenEvent] = []
@@ -153,7 +153,7 @@ def audit_loom(backend: Backend, request: GenerationRequest, n: int, *, mode: st
 
     Runs on the backend's worker thread.
     """
-    from engine.fingerprinting import fingerprint_for
+    from engine.fingerprints.taking import fingerprint_for
     from engine.loom.continuations import continuation_events, row_seeds
 
     if request.sampler.seed is None:

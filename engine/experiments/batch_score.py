@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.backends.chunks import positions_per_chunk
 from engine.capabilities import PositionRunners
 from engine.experiments.score import (

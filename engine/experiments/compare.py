@@ -17,10 +17,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from engine.backends.base import Backend
-from engine.decode import generate_events, prompt_ids_for
+from engine.backend import Backend
+from engine.decode.loop import generate_events, prompt_ids_for
 from engine.events import Done, GenerationStats, TokenEvent
-from engine.fingerprinting import with_fingerprint
+from engine.fingerprints.taking import with_fingerprint
 from engine.experiments.score import LN2
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings

@@ -37,7 +37,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.backends.chunks import positions_per_chunk
 from engine.capabilities import PositionRunner, PositionRunners, require
 from engine.experiments.batch_score import pair_ids

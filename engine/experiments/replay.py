@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.events import TokenEvent
 from engine.experiments.compare import first_divergence
-from engine.fingerprint import Fingerprint
+from engine.fingerprints.record import Fingerprint
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.backends.base import PREFILL_CHUNK, Backend, prefill
+from engine.backend import PREFILL_CHUNK, Backend, prefill
 from engine.backends.chunks import positions_per_chunk
 from engine.capabilities import PositionRunner, PositionRunners
 from engine.errors import ContextLengthError

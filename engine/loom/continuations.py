@@ -24,7 +24,7 @@ except where the server samples and can draw all N in one request (its `n`:
 seed). Banned strings need the decode loop's step-backs, so they also take that way.
 
 Each batched row is the decode loop's own per-row object (`AnswerRow`,
-engine/decode_row.py: history, detokenizer, stops, end of sequence, the
+engine/decode/row.py: history, detokenizer, stops, end of sequence, the
 record its stats come from), so a row's events and stats are the ones the
 single-answer loop makes with the row's seed (tests/engine/test_decode_core.py).
 Events are `RowEvent(row, event)`: per row, `TokenEvent`s, then one `Done`.
@@ -42,14 +42,14 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.capabilities import (
     BatchRunner, BatchRunners, OwnEvents, RecordsCacheSchedule, ServerChildren, StartsFromBackendCache,
 )
-from engine.decode import check_context, generate_events, prompt_ids_for
-from engine.decode_row import AnswerRow
-from engine.decode_stats import generation_stats
-from engine.loom.batch_loop import RowEvent, decode_rows
+from engine.decode.loop import check_context, generate_events, prompt_ids_for
+from engine.decode.row import AnswerRow
+from engine.decode.stats import generation_stats
+from engine.decode.batch_loop import RowEvent, decode_rows
 from engine.events import Done, Event, FinishReason, GenerationStats, TokenEvent
 from engine.request import GenerationRequest
 from engine.tokenizer import TokenizerLike

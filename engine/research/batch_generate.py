@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.capabilities import BatchRunner
-from engine.decode import check_context
+from engine.decode.loop import check_context
 from engine.errors import ContextLengthError
 from engine.sampling import SamplerChain, SamplerSettings
 from engine.sampling.dry import Vocabulary

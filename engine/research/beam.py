@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.decode import check_context
+from engine.decode.loop import check_context
 
 NEG = -1.0e9
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from engine.research.batch_generate import Generation, settings_for, as_rows, check_rows_fit, generate_batch
 from engine.research.beam import BeamResult, beam_search
-from engine.backends.base import shared_prefix_length
+from engine.backend import shared_prefix_length
 from engine.capabilities import BatchRunners, LayerLens, require
 from engine.research.constrained import ConstrainedSample, allowed_mask, constrained_sample, run_for
 from engine.research.trie import TokenTrie
@@ -38,7 +38,7 @@ from engine.sampling import SamplerChain, SamplerSettings
 from engine.tokenizer import check_token_ids, vocabulary_size
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
+    from engine.backend import Backend
     from engine.experiments.batch_score import ScoreItem
     from engine.experiments.score import ScoreResult
     from engine.steering import Steering, SteeringEffect

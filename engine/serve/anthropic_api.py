@@ -21,7 +21,7 @@ from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine.decode import prompt_ids_for
+from engine.decode.loop import prompt_ids_for
 from engine.errors import EngineError
 from engine.request import GenerationRequest, Message
 from engine.serve import adapted

@@ -3,7 +3,7 @@
 `n` = 1 is an ordinary generation (`Engine.submit`); `n` > 1 asks the loom for N children of the prompt
 (`engine.loom.continuation_events`): one batch on a backend with batch runners, one after another otherwise,
 each child seeded `seed + index`. Several requests that waited together can share one batch
-(`shared_batch`: each a `Rider`, their answers rows of one batch runner, `engine.loom.shared_batch`), and
+(`shared_batch`: each a `Rider`, their answers rows of one batch runner, `engine.decode.shared_batch`), and
 requests that come while it runs can join it (`SharedBatch.join`); each then reads its own events
 (`rider_events`). Events cross from the model's worker thread with
 `call_soon_threadsafe`.
@@ -20,12 +20,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import cast
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.engine import Engine
 from engine.errors import EngineError
 from engine.events import Done, Event
-from engine.loom.batch_inbox import BatchInbox
-from engine.loom.shared_batch import BatchJob, shared_batch_events
+from engine.decode.batch_inbox import BatchInbox
+from engine.decode.shared_batch import BatchJob, shared_batch_events
 from engine.request import GenerationRequest
 
 _FINISHED = object()  # the worker's job is over (after the last Done, or after an error)
@@ -129,7 +129,7 @@ async def engine_events(engine: Engine, request: GenerationRequest, n: int,
         # The handle's own event is the one the worker watches: link ours to it.
         watcher = loop.create_task(_link(cancel, handle.cancel_event))
     else:
-        from engine.fingerprinting import rows_with_fingerprint
+        from engine.fingerprints.taking import rows_with_fingerprint
         from engine.loom.continuations import continuation_events
 
         def job(backend: Backend) -> None:

@@ -3,7 +3,7 @@
 lm-eval's `local-completions` asks each prompt's own log-probs (`echo: true, logprobs: 1`) and one answer token
 (`max_tokens: 1`). The scoring pass already runs the whole prompt; one more position in its last forward gives
 the logits of the token after it (`batch_score.each_score_and_next`). The answer is chosen from that row by the
-decode loop's own per-token code (`engine.decode_row.AnswerRow`: the request's sampler chain over the prompt's
+decode loop's own per-token code (`engine.decode.row.AnswerRow`: the request's sampler chain over the prompt's
 history, its stop strings and end of sequence, its report of the token with the top-N the server records), so
 it is the answer the decode loop would give, up to float32 rounding of a context of another size (the same
 bound as the scores themselves). Before this each answer ran as a request of its own and computed its prompt a
@@ -24,11 +24,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.capabilities import PositionRunners
-from engine.decode_row import AnswerRow
+from engine.decode.row import AnswerRow
 from engine.events import GenerationStats, TokenEvent
-from engine.fingerprinting import fingerprint_for
+from engine.fingerprints.taking import fingerprint_for
 from engine.request import GenerationRequest
 from engine.serve.parse import ServedRequest
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from engine.backends.remote.server_params import PARAMETER_NAMES
 from engine.constraints import Constraint, ConstraintError
-from engine.decode import prompt_ids_for
+from engine.decode.loop import prompt_ids_for
 from engine.errors import EngineError
 from engine.request import GenerationRequest, Message
 from engine.sampling.dry import breaker_sequences

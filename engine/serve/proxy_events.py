@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.backends.remote.step import chosen_tokens, parse_alternatives, position_entries
-from engine.decode_stats import generation_stats
+from engine.decode.stats import generation_stats
 from engine.events import FinishReason, GenerationStats, TokenEvent, TokenProb, rest_entry
 from engine.serve.proxy_echo import EchoCut
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.errors import EngineError
 from engine.events import GenerationStats, TokenEvent
 from engine.experiments.score import ScoreResult

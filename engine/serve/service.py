@@ -28,7 +28,7 @@ from engine.errors import EngineError
 from engine.events import Done, Event, GenerationStats, TokenEvent
 from engine.capabilities import JoinableBatches
 from engine.loom.continuations import runs_in_batch
-from engine.loom.shared_batch import cells_needed
+from engine.decode.shared_batch import cells_needed
 from engine.serve.engine_run import Rider, SharedBatch, engine_events, rider_events, shared_batch
 from engine.serve.body import client_address
 from engine.serve.errors import ApiError, engine_error

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.backends.base import shared_prefix_length as common_shared_prefix
+from engine.backend import shared_prefix_length as common_shared_prefix
 
 MIN_SHARED = 8  # tokens: a shorter shared prefix is run with each prompt rather than reused
 

@@ -33,7 +33,7 @@ from engine.steering.pairs import PairSet, TokenPair, check_distinct, check_pair
 from engine.steering.vector import SteeringVector
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
+    from engine.backend import Backend
 
 log = logging.getLogger(__name__)
 

@@ -312,14 +312,14 @@ class _Rendering:
         self.template = template
 
     def chat_text(self, messages, add_generation_prompt: bool = True) -> str:
-        from engine.template_render import render_chat_template
+        from engine.templates.render import render_chat_template
 
         return render_chat_template(self.template, {"messages": [dict(m) for m in messages],
                                                     "add_generation_prompt": add_generation_prompt})
 
 
 def test_the_default_system_prompt_is_read_from_the_template():
-    from engine.template_choice import BUILTIN_TEMPLATES
+    from engine.templates.choice import BUILTIN_TEMPLATES
 
     from app.template_default import default_system_prompt
 

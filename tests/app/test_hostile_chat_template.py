@@ -37,7 +37,7 @@ class Ticks:
 
 @pytest.fixture
 def hostile_window(qtbot, qloop, store, host, tmp_path, monkeypatch):
-    import engine.template_render as chat_template
+    import engine.templates.render as chat_template
 
     monkeypatch.setattr(chat_template, "TIME_LIMIT_S", LIMIT_S)
     path = write_tiny_llama_gguf(tmp_path / "hostile.gguf", chat_template=NESTED_LOOPS)

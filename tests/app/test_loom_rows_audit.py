@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from engine.fingerprint import Fingerprint
+from engine.fingerprints.record import Fingerprint
 
 from app.controllers.chat import ChatController
 from app.engine_host import EngineHost

@@ -10,7 +10,8 @@ from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QDialogButtonBox
 
-from engine import TokenEvent, template_choice
+from engine import TokenEvent
+from engine.templates import choice as template_choice
 
 from app.notebook import notebook_text
 from app.actions.templates import TEMPLATES_KEY

@@ -9,7 +9,7 @@ import time
 
 from engine import Done, Engine, GenerationRequest, SamplerSettings, TokenEvent
 from engine.backends.mock import MockBackend
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 
 from app.widgets.bars import MISSING_ROLE
 from app.widgets.fmt import visible

@@ -8,7 +8,7 @@ import numpy as np
 
 from engine.backends.mock import MockBackend, MockTokenizer
 from engine.banned_strings import BannedStringGuard
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from engine.banned_strings import Ban, BannedStringGuard
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings

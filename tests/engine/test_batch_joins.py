@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from engine.events import Done, TokenEvent
-from engine.loom.batch_inbox import BatchInbox
-from engine.loom.shared_batch import BatchJob, shared_batch_events
+from engine.decode.batch_inbox import BatchInbox
+from engine.decode.shared_batch import BatchJob, shared_batch_events
 from engine.request import GenerationRequest
 from engine.sampling import SamplerSettings
 from test_shared_batch import JOBS, alone, ask, check_own_answers

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling import SamplerSettings

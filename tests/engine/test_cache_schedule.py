@@ -14,8 +14,8 @@ from engine.cache_schedule import CacheSchedule, check_record, covers, describe,
 from engine.events import Done
 from engine.experiments.audit import audit_rows
 from engine.experiments.replay import as_recorded, replay_verdict
-from engine.fingerprint import Fingerprint
-from engine.fingerprinting import rows_with_fingerprint, with_fingerprint
+from engine.fingerprints.record import Fingerprint
+from engine.fingerprints.taking import rows_with_fingerprint, with_fingerprint
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings
 
@@ -48,7 +48,7 @@ def test_a_hostile_stored_schedule_is_refused_in_words_without_being_expanded(re
 
 
 def _run(backend, request):
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
     import threading
 
     events, stats = [], None

@@ -8,7 +8,7 @@ import pytest
 
 from engine import cli
 from engine.chat import ChatSession
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done
 from engine.sampling.settings import SamplerSettings
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.template_render import ChatTemplateError, render_chat_template
+from engine.templates.render import ChatTemplateError, render_chat_template
 from engine.errors import EngineError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -120,7 +120,7 @@ def _llama_backend(path: Path):
 
 
 def test_a_gguf_template_is_rendered_with_the_limits(hostile_gguf, monkeypatch):
-    import engine.template_render as chat_template
+    import engine.templates.render as chat_template
 
     monkeypatch.setattr(chat_template, "TIME_LIMIT_S", 0.5)
     backend = _llama_backend(hostile_gguf(NESTED_LOOPS))
@@ -181,7 +181,7 @@ def test_a_folder_template_is_rendered_with_the_limits(default_model_folder, tmp
     import json
     import shutil
 
-    import engine.template_render as chat_template
+    import engine.templates.render as chat_template
     from engine.tokenizer import Tokenizer
 
     folder = tmp_path / "hostile"

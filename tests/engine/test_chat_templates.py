@@ -11,9 +11,9 @@ import ctypes
 
 import pytest
 
-from engine import template_choice
-from engine.template_render import ChatTemplateError, render_chat_template
-from engine.template_choice import BUILTIN_TEMPLATES, resolve_template, template_in_use, use_chat_template
+from engine.templates import choice as template_choice
+from engine.templates.render import ChatTemplateError, render_chat_template
+from engine.templates.choice import BUILTIN_TEMPLATES, resolve_template, template_in_use, use_chat_template
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -143,7 +143,7 @@ def tiny_gguf_without_template(tmp_path_factory):
 def test_the_module_is_part_of_the_public_api():
     import engine
 
-    assert engine.template_choice is template_choice and "template_choice" in engine.__all__
+    assert engine.templates.choice is template_choice and "template_choice" in engine.__all__
 
 
 def test_cli_chat_template_option_renders_chats_with_a_file_or_refuses_in_one_line(capsys, tmp_path, tiny_gguf_without_template):

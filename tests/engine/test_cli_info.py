@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.template_choice import BUILTIN_TEMPLATES
+from engine.templates.choice import BUILTIN_TEMPLATES
 from engine.cli.info import chat_template_line
 
 

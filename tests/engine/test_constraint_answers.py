@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.constraints import Constraint
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done
 from engine.request import GenerationRequest
 from engine.sampling import SamplerSettings

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.constraints import Constraint, ConstraintError, ll_tokenizer, start_run
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling import SamplerSettings

@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engine.backends.base import prefill
-from engine.decode import generate_events, prompt_ids_for
+from engine.backend import prefill
+from engine.decode.loop import generate_events, prompt_ids_for
 from engine.events import Done, TokenEvent
 from engine.loom import StepGate, continuation_events
 from engine.loom.continuations import collect, row_seeds

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.errors import ContextLengthError
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest

@@ -25,7 +25,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done, GenerationStats, TokenEvent
 from engine.loom import continuation_events
 from engine.loom.continuations import collect

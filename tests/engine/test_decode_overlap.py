@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from engine.capabilities import OverlappedForward
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling import SamplerSettings

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engine"
 
-RUNS_ANSWERS = ("engine.decode", "engine.decode_row", "engine.decode_stats", "engine.loom", "engine.experiments",
+RUNS_ANSWERS = ("engine.decode", "engine.loom", "engine.experiments",
                 "engine.research", "engine.engine", "engine.worker")
 TOP = ("engine.cli", "engine.serve")
 BACKENDS = ("engine.backends",)
@@ -41,12 +41,11 @@ FRONT_DOORS = {"engine"}  # (exact names)
 EXCEPTIONS = {
     # The remote backend's server-sampling path (the `OwnEvents` capability) streams the server's own tokens as
     # an answer: it uses the decode loop's prompt ids and the one builder of GenerationStats rather than a copy.
-    # Moving AnswerRecord/generation_stats and prompt_ids_for below the backends (issue 44 item 1's
-    # engine/decode/ package) removes these.
+    # Moving AnswerRecord/generation_stats (decode/stats.py) and prompt_ids_for (decode/loop.py) below the
+    # backends removes these.
     ("engine.backends.remote.generate", "engine.decode"),
-    ("engine.backends.remote.many_choices", "engine.decode_stats"),
+    ("engine.backends.remote.many_choices", "engine.decode"),
     ("engine.backends.remote.server_stream", "engine.decode"),
-    ("engine.backends.remote.server_stream", "engine.decode_stats"),
 }
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine import Done, Engine, GenerationRequest, SamplerSettings, TokenEvent, lens, loom
-from engine.fingerprinting import rows_with_fingerprint
+from engine.fingerprints.taking import rows_with_fingerprint
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from engine import Engine, GenerationRequest, SamplerSettings
 from engine.backends.mock import MockBackend
 from engine.cli import main as cli_main
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done, TokenEvent, TokenProb
 from engine.experiments import (
     column_stats,

@@ -12,7 +12,7 @@ import pytest
 
 from engine.events import Done, TokenEvent
 from engine.experiments.replay import fingerprint_of, replay_verdict
-from engine.fingerprint import Fingerprint
+from engine.fingerprints.record import Fingerprint
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings
 from engine.worker import events_for
@@ -182,7 +182,7 @@ def test_steering_and_a_constraint_are_in_the_fingerprint_through_their_records(
     import numpy as np
 
     from engine.constraints.spec import Constraint
-    from engine.fingerprinting import fingerprint_for
+    from engine.fingerprints.taking import fingerprint_for
     from engine.steering import Steering, SteeringVector
 
     directions = np.zeros((4, 8), dtype=np.float32)

@@ -12,11 +12,11 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from engine import ContextLengthError, EngineError, ModelLoadError  # noqa: E402
-from engine.backends.base import prefill  # noqa: E402
+from engine.backend import prefill  # noqa: E402
 from engine.backends.llamacpp import LlamaCppBackend  # noqa: E402
 from engine.backends.llamacpp.placement import plan_gpu_layers  # noqa: E402
 from engine.chat import ChatSession  # noqa: E402
-from engine.decode import generate_events  # noqa: E402
+from engine.decode.loop import generate_events  # noqa: E402
 from engine.events import Done, TokenEvent  # noqa: E402
 from engine.open_model import load_model  # noqa: E402
 from engine.request import GenerationRequest  # noqa: E402

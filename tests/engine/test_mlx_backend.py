@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("mlx_lm")
 
-from engine.backends.base import prefill  # noqa: E402
+from engine.backend import prefill  # noqa: E402
 from engine.backends.mlx.backend import MlxBackend  # noqa: E402
-from engine.decode import generate_events  # noqa: E402
+from engine.decode.loop import generate_events  # noqa: E402
 from engine.events import Done  # noqa: E402
 from engine.request import GenerationRequest  # noqa: E402
 from engine.sampling.settings import SamplerSettings  # noqa: E402
@@ -88,7 +88,7 @@ def test_default_model_same_greedy_continuation(default_mlx, default_torch, prom
 
 @pytest.mark.slow
 def test_second_turn_prefills_only_new_tokens(default_mlx, monkeypatch):
-    from engine.backends.base import common_prefix_len
+    from engine.backend import common_prefix_len
 
     default_mlx.trim_cache(0)
     first = [{"role": "user", "content": "What is 2+2?"}]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import TokenEvent
 from engine.offload import OffloadPolicy, Tier, attach, load_offloaded
 from engine.offload.checkpoint import Checkpoint

@@ -16,9 +16,9 @@ pytest.importorskip("llama_cpp")
 
 import llama_cpp  # noqa: E402
 
-from engine.backends.base import prefill  # noqa: E402
+from engine.backend import prefill  # noqa: E402
 from engine.backends.llamacpp import abort, native  # noqa: E402
-from engine.decode import generate_events  # noqa: E402
+from engine.decode.loop import generate_events  # noqa: E402
 from engine.events import Done, TokenEvent  # noqa: E402
 from engine.request import GenerationRequest  # noqa: E402
 from engine.sampling import SamplerSettings  # noqa: E402

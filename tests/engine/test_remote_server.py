@@ -156,7 +156,7 @@ def local_like_the_server():
 def test_server_samples_greedy_equals_our_local_llamacpp_on_the_same_file(remote, local_like_the_server, prompt):
     """A peer that is not the server: our llama.cpp backend on the same file. Same greedy text, and the
     server's top-5 alternatives carry the log-probs our local run computes."""
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
 
     kw = dict(prompt=prompt, sampler=SamplerSettings(temperature=0), max_new_tokens=8, top_n=5)
     served, served_done = run(remote, **kw, server_sampling=True)

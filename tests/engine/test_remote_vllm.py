@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from engine import GenerationRequest, SamplerSettings
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done
 from remote_server import running_vllm_server, vllm_python_problem
 

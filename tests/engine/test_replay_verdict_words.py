@@ -13,7 +13,7 @@ import pytest
 
 from engine.events import TokenEvent
 from engine.experiments.replay import replay_verdict
-from engine.fingerprint import Fingerprint
+from engine.fingerprints.record import Fingerprint
 
 FULL = Fingerprint("m", "a" * 64, "", "llamacpp", "cpu", (("llama-cpp-python", "0.3.36"),),
                    (("n_threads", 2),), 7, {"temperature": 0.8}, prompt_sha256="b" * 64,

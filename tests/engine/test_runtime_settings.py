@@ -33,7 +33,7 @@ def test_torch_takes_the_cpu_threads_and_holds_them_for_every_answer(tiny_llama_
     machine's load, and the dialog is told it can set threads and why it cannot set the rest."""
     import torch
 
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
     from engine.events import Done
     from engine.open_model import load_model
     from engine.request import GenerationRequest

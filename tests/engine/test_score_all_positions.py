@@ -14,7 +14,7 @@ import pytest
 
 import engine.backends.chunks as positions
 from engine import GenerationRequest, SamplerSettings
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import TokenEvent
 from engine.experiments import score, score_ids, score_step_by_step, text_ids
 from engine.backends.chunks import positions_per_chunk

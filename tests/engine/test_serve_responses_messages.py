@@ -214,7 +214,7 @@ def test_messages_stop_reasons(claude, engine):
     assert long.stop_reason == "max_tokens" and long.stop_sequence is None
     text = long.content[0].text
     stop = text[len(text) // 2:len(text) // 2 + 2]
-    cut = claude.messages.create(**ask, max_tokens=24, stop_sequences=["@@never@@", stop])
+    cut = claude.messages.create(**ask, max_tokens=24, stop_sequences=["never", stop])
     assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
     assert cut.content[0].text == text[:text.index(stop)]
 

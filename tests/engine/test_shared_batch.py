@@ -1,4 +1,4 @@
-"""engine.loom.shared_batch: several requests' answers as rows of one batch are each request's own answers.
+"""engine.decode.shared_batch: several requests' answers as rows of one batch are each request's own answers.
 
 Different prompts (so different prompt lengths), different sampler settings, lengths and stops, and one request
 with n = 2, decoded together on the default model (llama.cpp: a sequence per row, no padding). Each row must be
@@ -13,11 +13,11 @@ from dataclasses import replace
 
 import pytest
 
-from engine.backends.base import shared_prefix_length
+from engine.backend import shared_prefix_length
 from engine.backends.llamacpp.runner import MIN_SHARED_PREFIX
-from engine.decode import generate_events, prompt_ids_for
+from engine.decode.loop import generate_events, prompt_ids_for
 from engine.events import Done, TokenEvent
-from engine.loom.shared_batch import BatchJob, shared_batch_events
+from engine.decode.shared_batch import BatchJob, shared_batch_events
 from engine.request import GenerationRequest
 from engine.sampling import SamplerSettings
 

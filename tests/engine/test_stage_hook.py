@@ -15,7 +15,7 @@ import pytest
 from engine import CustomStage, CustomStageError, SamplerChain, SamplerSettings, TokenProb, final_distribution
 from engine.backends.remote.errors import UnsupportedByServerError
 from engine.backends.remote.server_params import server_parameters
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling.llamacpp_json import llamacpp_json

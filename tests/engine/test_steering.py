@@ -12,9 +12,9 @@ import threading
 import numpy as np
 import pytest
 
-from engine.backends.base import prefill
+from engine.backend import prefill
 from engine.capabilities import MissingCapabilityError, ResidualStates, Steerable
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings

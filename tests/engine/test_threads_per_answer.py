@@ -71,7 +71,7 @@ def test_a_busy_program_is_seen_and_our_own_work_is_not():
 
 def test_llamacpp_sets_the_threads_before_each_answer(tiny_gguf):
     llama_cpp = pytest.importorskip("llama_cpp")
-    from engine.backends.base import prefill
+    from engine.backend import prefill
     from engine.backends.llamacpp import LlamaCppBackend
 
     backend = LlamaCppBackend(tiny_gguf, spec="tiny", display_name="tiny", n_ctx=64)
@@ -96,7 +96,7 @@ def test_llamacpp_sets_the_threads_before_each_answer(tiny_gguf):
 
 def test_torch_on_the_cpu_sets_its_threads_before_each_answer(tiny_llama_folder):
     torch = pytest.importorskip("torch")
-    from engine.backends.base import prefill
+    from engine.backend import prefill
     from engine.backends.torch.backend import TorchBackend
 
     before = torch.get_num_threads()
@@ -116,7 +116,7 @@ def test_torch_with_a_count_chosen_keeps_it_at_every_answer(tiny_llama_folder):
     """A fixed `n_threads` is not the free cores' choice, and it is set again at each answer and scoring run:
     torch's count is per process, so another model (or anything else) may have changed it in between."""
     torch = pytest.importorskip("torch")
-    from engine.backends.base import prefill
+    from engine.backend import prefill
     from engine.backends.torch.backend import TorchBackend
 
     before = torch.get_num_threads()

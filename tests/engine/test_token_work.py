@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import engine.sampling.chain as chain_module
-from engine.backends.base import prefill
+from engine.backend import prefill
 from engine.sampling import SamplerChain, SamplerSettings
 from engine.sampling.distribution import Dist, mass_kept, top_local
 from engine.sampling.head import RowHead

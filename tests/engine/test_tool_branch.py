@@ -12,7 +12,7 @@ import json
 import jsonschema
 import pytest
 
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings

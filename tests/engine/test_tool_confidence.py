@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cli_checks import one_error_line, refuse_model_load, run_cli
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings

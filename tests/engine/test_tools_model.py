@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from engine.decode import generate_events, prompt_ids_for
+from engine.decode.loop import generate_events, prompt_ids_for
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings
@@ -180,7 +180,7 @@ def test_a_call_that_reads_as_no_call_ends_as_text_and_says_so(default_llamacpp,
     """Where no grammar holds the answer (here: taken away, as on a path without one), a model can write a call's
     end around something that is no call: the answer ended "tool_calls" with no call in it, and a server sent
     exactly that. It is text then, with a note."""
-    import engine.decode_row as decode_row
+    import engine.decode.row as decode_row
 
     monkeypatch.setattr(decode_row, "tool_constraint", lambda tools, tok: None)
     tok = default_llamacpp.tokenizer

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.backends.base import prefill
-from engine.decode import generate_events
+from engine.backend import prefill
+from engine.decode.loop import generate_events
 from engine.events import Done
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from engine.backends.torch import cache as torch_cache
-from engine.backends.base import prefill
+from engine.backend import prefill
 from engine.backends.torch.cache import GrowingCache
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings

@@ -121,7 +121,7 @@ def test_the_backend_loads_on_cuda_with_our_cache_and_matches_transformers(cuda_
 def test_the_compiled_step_passes_its_check_on_cuda(tiny_llama_folder, private_cache_dir, monkeypatch):
     """On by default on CUDA, in the dtype CUDA gets by default (bfloat16): built, checked against eager, used."""
     from engine.backends.torch.compile import compile_wanted
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
     from engine.events import TokenEvent
     from engine.request import GenerationRequest
     from engine.sampling.settings import SamplerSettings

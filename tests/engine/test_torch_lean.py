@@ -19,7 +19,7 @@ from engine.backends.torch import linear as cpu_linear
 from engine.backends.torch.backend import TorchBackend
 from engine.backends.torch.compat import with_cache
 from engine.backends.torch.lean import LeanDecodeStep
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Done, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings

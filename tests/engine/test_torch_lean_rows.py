@@ -118,7 +118,7 @@ def test_kernels_for_rows_are_timed_once_per_bucket_and_follow_a_fixed_choice(ti
 def test_loom_children_on_torch_start_from_the_chats_cached_prompt(tiny_torch, monkeypatch):
     """After an answer the backend's cache holds the prompt: the rows copy its keys and values, compute only the
     last prompt token, and make the children they make when the whole prompt is computed."""
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
 
     backend = tiny_torch
     prompt = tuple(range(40, 80))

@@ -6,8 +6,8 @@ import pytest
 
 from engine.backends.torch.backend import TorchBackend
 from engine.capabilities import OverlappedForward
-from engine import decode
-from engine.decode import generate_events
+from engine.decode import loop as decode
+from engine.decode.loop import generate_events
 from engine.request import GenerationRequest
 from engine.sampling.settings import SamplerSettings
 

@@ -136,7 +136,7 @@ def test_json_depth_reads_any_depth_and_skips_strings():
 
 def _answer(backend, constraint: Constraint, max_new_tokens: int = 20, fast_forward: bool = True):
     from engine import Done, GenerationRequest, SamplerSettings, TokenEvent
-    from engine.decode import generate_events
+    from engine.decode.loop import generate_events
 
     c = Constraint(constraint.kind, constraint.text, fast_forward=fast_forward)
     req = GenerationRequest(messages=({"role": "user", "content": "Say something."},), constraint=c,

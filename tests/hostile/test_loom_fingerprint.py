@@ -15,7 +15,7 @@ from app.state.conversation_list import Library
 from app.state.loom_import import LoomImportError, import_loom_file
 from app.state.loom_tree import answer_group, export_tree
 from app.state.store import Store
-from engine.fingerprint import Fingerprint
+from engine.fingerprints.record import Fingerprint
 
 FP = Fingerprint("SmolLM2-135M-Instruct", "b" * 64, "", "llamacpp", "cpu", (("llama-cpp-python", "0.3.36"),),
                  (("n_threads", 2), ("n_batch", 512), ("flash_attn", "auto")), 7, {"temperature": 0.7, "seed": 7},

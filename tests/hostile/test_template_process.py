@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import template_process
-from engine.template_render import ChatTemplateError, render_chat_template, render_in_this_process
+from engine.templates import process as template_process
+from engine.templates.render import ChatTemplateError, render_chat_template, render_in_this_process
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -89,7 +89,7 @@ def _render_with_deadline(template: str, limit_s: float, wait_s: float) -> tuple
 @pytest.fixture
 def warm_renderer():
     """A started renderer (its start-up is not the template's time), and a clean memo of overtime templates."""
-    import engine.template_render as chat_template
+    import engine.templates.render as chat_template
 
     chat_template._overtime.clear()
     assert render_chat_template(CHATML, {"messages": MESSAGES, "add_generation_prompt": True})
@@ -173,7 +173,7 @@ def test_without_a_renderer_process_templates_render_in_this_process(monkeypatch
 def test_the_renderer_does_not_outlive_the_process_that_started_it(tmp_path, how):
     code = (
         "import os, signal, sys, threading\n"
-        "from engine.template_render import render_chat_template\n"
+        "from engine.templates.render import render_chat_template\n"
         "from engine import template_process\n"
         "render_chat_template('{{ 1 }}', {})\n"
         "print(template_process.renderer().pid, flush=True)\n"
@@ -214,7 +214,7 @@ def test_the_default_models_and_gemmas_templates_render_as_they_did_in_this_proc
     """SmolLM2's own template (from its GGUF) and the built-in Gemma one: the renderer process changes no byte."""
     from gguf import GGUFReader
 
-    from engine.template_choice import BUILTIN_TEMPLATES
+    from engine.templates.choice import BUILTIN_TEMPLATES
     from engine.sources import resolve_spec
 
     field = GGUFReader(resolve_spec(None).path).fields["tokenizer.chat_template"]

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import llama_cpp
 import numpy as np
 
-from engine.backends.base import CachedTokens, process_peak_rss_bytes
+from engine.backend import CachedTokens, process_peak_rss_bytes
 from engine.backends.chunks import positions_per_chunk
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.abort import ABORTED, AbortSwitch
@@ -32,7 +32,7 @@ from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
 from engine.cpu_load import ThreadsPerAnswer, threads_text
 from engine.errors import ContextLengthError, ModelLoadError
 from engine.layer_capture import LayerCapture
-from engine.fingerprint import NumericSetup
+from engine.fingerprints.record import NumericSetup
 from engine.model_info import ModelInfo
 from engine.offload.auto import free_cpu_bytes
 from engine.offload.policy import OffloadPolicy
@@ -273,7 +273,7 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         The llama_decode calls that finished stay cached; the one stopped leaves nothing behind.
         `cancelled` is polled from a helper thread.
         """
-        self.choose_threads()  # every answer's prompt comes this way (engine.backends.base.prefill)
+        self.choose_threads()  # every answer's prompt comes this way (engine.backend.prefill)
         with self._abort.watching(cancelled):
             try:
                 return self.forward(token_ids)

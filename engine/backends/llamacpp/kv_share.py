@@ -19,7 +19,7 @@ from typing import Any
 
 import llama_cpp
 
-from engine.backends.base import common_prefix_len
+from engine.backend import common_prefix_len
 from engine.backends.llamacpp import native
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ import numpy as np
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.kv_share import reuse_backend_state
 from engine.cache_schedule import pieces_upto
-from engine.backends.base import shared_prefix_length
+from engine.backend import shared_prefix_length
 from engine.backends.chunks import chunk_spans, stack_logprobs
 
 log = logging.getLogger(__name__)

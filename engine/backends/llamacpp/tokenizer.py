@@ -7,7 +7,7 @@ tokens decodes to U+FFFD until its last byte arrives, which is exactly the
 signal `engine.tokenizer.StreamDetokenizer` waits on.
 
 The chat template is the file's `tokenizer.chat_template`, rendered by
-`engine.template_render` the way transformers renders it (sandboxed, with the
+`engine.templates.render` the way transformers renders it (sandboxed, with the
 special tokens as variables), within its time and size limits, so a GGUF file
 and its Hugging Face original give the same prompt text.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import llama_cpp
 
-from engine.template_render import render_chat_template
+from engine.templates.render import render_chat_template
 from engine.tokenizer import FALLBACK_TEMPLATE, check_token_ids
 
 
@@ -31,7 +31,7 @@ class LlamaCppTokenizer:
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.chat_template = chat_template or ""
-        self.template_override: str | None = None  # a chosen template (engine.template_choice), else the file's
+        self.template_override: str | None = None  # a chosen template (engine.templates.choice), else the file's
         self.template_override_name = ""
         self.guessed_template = ""  # the file says its template (or has none): nothing is guessed
         self.bos_token_id = int(llama_cpp.llama_vocab_bos(self._vocab))

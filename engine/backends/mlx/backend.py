@@ -17,12 +17,12 @@ from typing import Any, TypeVar, cast
 import mlx.core as mx
 import numpy as np
 
-from engine.backends.base import CachedTokens
+from engine.backend import CachedTokens
 from engine.backends.mlx.runner import MlxRunner
 from engine.backends.mlx.steering import MlxSteering
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
-from engine.fingerprint import NumericSetup
+from engine.fingerprints.record import NumericSetup
 from engine.layer_capture import LayerCapture
 from engine.tokenizer import Tokenizer
 

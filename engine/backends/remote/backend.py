@@ -23,7 +23,7 @@ import httpx
 
 import numpy as np
 
-from engine.backends.base import CachedTokens
+from engine.backend import CachedTokens
 from engine.backends.remote.client import ServerClient
 from engine.backends.remote.errors import UnsupportedByServerError
 from engine.backends.remote.options import ConnectionOptions, clean_spec, options_for
@@ -31,7 +31,7 @@ from engine.backends.remote.probe import ServerCapabilities, probe
 from engine.backends.remote.step import next_token_top
 from engine.backends.remote.tokenizer import MissingTokenizer, RemoteTokenizer, check_server_token_ids
 from engine.model_info import ModelInfo
-from engine.fingerprint import NumericSetup
+from engine.fingerprints.record import NumericSetup
 from engine.printable import printable
 
 if TYPE_CHECKING:

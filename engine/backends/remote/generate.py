@@ -23,7 +23,7 @@ import numpy as np
 from engine.backends.remote.client import cancellable
 from engine.backends.remote.errors import ServerError
 from engine.backends.remote.server_stream import server_sampled_events
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Event
 from engine.request import GenerationRequest
 

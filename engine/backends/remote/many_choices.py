@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from engine.backends.remote.errors import ServerResponseError
 from engine.backends.remote.server_stream import server_choice_events, server_sampled_events
-from engine.decode_stats import generation_stats
+from engine.decode.stats import generation_stats
 from engine.events import Done, Event
 from engine.request import GenerationRequest
 

@@ -32,7 +32,7 @@ from engine.backends.remote.server_constraint import constraint_fields
 from engine.backends.remote.server_params import server_parameters
 from engine.backends.remote.step import chosen_tokens, id_from_text, parse_alternatives, position_entries, text_of
 from engine.backends.remote.tokenizer import RemoteTokenizer, check_server_token_ids
-from engine.decode_stats import AnswerRecord
+from engine.decode.stats import AnswerRecord
 from engine.events import Done, Event, FinishReason, StageSnapshot, TokenEvent, TokenProb, rest_entry
 from engine.request import GenerationRequest
 
@@ -178,7 +178,7 @@ class _Choice:
     """One choice of a streamed completion: its tokens so far, how it ended, and what the server said.
 
     The server decides the tokens, detokenizes them and applies the stop strings; what is kept per token (the
-    ids, the times, how it ended) is the decode loop's own record (engine/decode_stats.py), so the stats
+    ids, the times, how it ended) is the decode loop's own record (engine/decode/stats.py), so the stats
     mean the same here as on a local model.
     """
 
@@ -239,7 +239,7 @@ def _completion_prompt(backend: RemoteBackend, request: GenerationRequest) -> tu
             f"continuing an assistant answer needs the server's tokenizer, and {backend.client.options.host} has no "
             "tokenize endpoint: send a new message instead"
         )
-    from engine.decode import prompt_ids_for
+    from engine.decode.loop import prompt_ids_for
 
     ids = prompt_ids_for(tok, request) if tok is not None else list(request.prompt_ids or ())
     if backend.caps.token_prompts:

@@ -118,7 +118,7 @@ class RemoteTokenizer(Tokenizer):
         if specials:  # "" in a text-keyed answer is a special token's (empty) text: the end of turn
             self._id_of_text[""] = specials[0][1]
         self._chat_template = CHATML if self._single_special("<|im_start|>") is not None else FALLBACK_TEMPLATE
-        self.guessed_template = "chatml" if self._chat_template is CHATML else ""  # engine.template_choice names it
+        self.guessed_template = "chatml" if self._chat_template is CHATML else ""  # engine.templates.choice names it
         self._separator = self._batch_separator(specials)  # (text, id) that splits a batch, or None
         self._pieces_compose = self.dialect.name == "llama-cpp-python" and self._check_pieces()
 
@@ -302,8 +302,8 @@ class RemoteTokenizer(Tokenizer):
         # /v1/chat/completions instead, where the server applies its own template.
         from jinja2 import Environment
 
-        if self.template_override:  # chosen by the user (engine.template_choice): rendered in the sandbox
-            from engine.template_render import render_chat_template
+        if self.template_override:  # chosen by the user (engine.templates.choice): rendered in the sandbox
+            from engine.templates.render import render_chat_template
 
             return render_chat_template(self.template_override, {
                 "messages": [dict(m) for m in messages], "add_generation_prompt": add_generation_prompt,

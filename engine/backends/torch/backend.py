@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.backends.base import CachedTokens, process_peak_rss_bytes
+from engine.backend import CachedTokens, process_peak_rss_bytes
 from engine.cpu_load import ThreadsPerAnswer, threads_text
 from engine.backends.torch.compat import with_cache
 from engine.backends.torch.compile import CompiledDecodeStep, compile_wanted, relative_logit_error
@@ -42,7 +42,7 @@ from engine.devices import check_device_name, require_available
 from engine.layer_capture import LayerCapture
 from engine.offload.policy import OffloadPolicy
 from engine.errors import ModelLoadError
-from engine.fingerprint import NumericSetup
+from engine.fingerprints.record import NumericSetup
 from engine.model_info import ModelInfo
 from engine.runtime_settings import RuntimeFacts, RuntimeSettings
 from engine.tokenizer import Tokenizer
@@ -212,7 +212,7 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
     # --- the Backend protocol -------------------------------------------------
 
     def trim_cache(self, keep: int) -> int:
-        # Every answer's prompt starts here (engine.backends.base.prefill): its CPU threads are the cores
+        # Every answer's prompt starts here (engine.backend.prefill): its CPU threads are the cores
         # other programs leave free now (torch's count is per process; changed only when it differs).
         self._lean_checked = False  # a new answer: the lean step's check (if any) belongs to this one
         self._take_threads()

@@ -90,7 +90,7 @@ class TorchRunner:
         """`start([prompt])`, its first tokens' keys and values copied from the backend's own cache where it holds
         them (StartsFromBackendCache): after a chat answer the prompt is cached there, so only what is new runs.
         Full-attention layers of the preallocated cache only; anything else computes the whole prompt."""
-        from engine.backends.base import common_prefix_len
+        from engine.backend import common_prefix_len
         from engine.backends.torch.cache import GrowingLayer
 
         cached, source = self._backend_cache() if self._backend_cache is not None else ((), None)

@@ -1,6 +1,6 @@
 """Chat templates rendered in a child process that is killed when a render runs past its time limit.
 
-A chat template is the model's code. `engine.template_render` stops most
+A chat template is the model's code. `engine.templates.render` stops most
 runaway templates from inside (a trace function on the template's own lines,
 size checks before big values are made), but two kinds escape any in-process
 limit: one long C call that holds the GIL (`sum` of 100,000 lists with
@@ -55,12 +55,12 @@ _CLOSING = "the chat template's render was stopped: the engine is closing"
 _EOF = ("eof", None)
 
 # The child: the engine package without its __init__ (which imports the whole engine, numpy and all):
-# only engine.errors, engine.template_sandbox and this module are loaded, so it starts in a fraction of a second.
+# only engine.errors, engine.templates.sandbox and this module are loaded, so it starts in a fraction of a second.
 _CHILD_CODE = (
     "import sys, types\n"
     "sys.path[:0] = sys.argv[2:]\n"
     "pkg = types.ModuleType('engine'); pkg.__path__ = [sys.argv[1]]; sys.modules['engine'] = pkg\n"
-    "from engine.template_process import serve\n"
+    "from engine.templates.process import serve\n"
     "serve()\n"
 )
 
@@ -322,7 +322,7 @@ def serve(stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None
     # The descriptors, not sys.stdin: a windowed (frozen) app may have no sys.stdin, yet has the pipe.
     stdin = stdin or os.fdopen(os.dup(0), "rb")
     try:
-        from engine.template_sandbox import render_in_this_process
+        from engine.templates.sandbox import render_in_this_process
 
         _limit_memory()
     except BaseException as e:  # noqa: BLE001 - told to the parent, which renders in-process instead
@@ -350,7 +350,7 @@ def _write(stream: BinaryIO, message: tuple[str, Any]) -> None:
 def _render_one(
     render: Callable[..., str], template: str, variables: dict, time_limit_s: float, max_chars: int
 ) -> tuple[str, str]:
-    from engine.template_sandbox import ChatTemplateError, RanOutOfTime
+    from engine.templates.sandbox import ChatTemplateError, RanOutOfTime
 
     try:
         return ("ok", render(template, variables, time_limit_s=time_limit_s, max_chars=max_chars))

@@ -10,7 +10,7 @@ A backend states what it computes with through the `NumericFacts` capability
 arithmetic (threads, batch sizes, flash attention, dtype). The model file's hash comes
 from the file itself (memoised by size and modification time, so it is read once).
 Everything is asked when the answer ends, because some facts (llama.cpp's threads) are
-chosen per answer: engine/fingerprinting.py takes it and attaches it; this module is
+chosen per answer: engine/fingerprints/taking.py takes it and attaches it; this module is
 only the value (it imports nothing of the engine, so events and capabilities can name it).
 """
 

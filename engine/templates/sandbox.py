@@ -1,10 +1,10 @@
 """The chat-template sandbox: jinja2 with a time and a size limit, rendered in the calling process.
 
-`engine.template_render.render_chat_template` is what callers use: it sends the
-render to the renderer process (`engine.template_process`), which runs
+`engine.templates.render.render_chat_template` is what callers use: it sends the
+render to the renderer process (`engine.templates.process`), which runs
 `render_in_this_process` from here. This module is the layer both stand on,
 so neither imports the other. The limits are described in
-`engine.template_render`.
+`engine.templates.render`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class _Overtime(BaseException):
 
 
 class RanOutOfTime(ChatTemplateError):
-    """The `ChatTemplateError` of a template stopped at its time limit (remembered: `engine.template_render`)."""
+    """The `ChatTemplateError` of a template stopped at its time limit (remembered: `engine.templates.render`)."""
 
 
 class _TooLarge(Exception):

@@ -4,7 +4,7 @@ Shape follows mlx-lm's `generate_step` / `stream_generate` split: this loop
 runs the model (prefill, one forward per token, the overlap below) and the
 per-token bookkeeping -- history, detokenizer, stop strings, end of
 sequence, banned-string step-backs, the constraint, the record the stats
-come from -- is one `AnswerRow` (engine/decode_row.py), the same object the
+come from -- is one `AnswerRow` (engine/decode/row.py), the same object the
 loom's batched rows use. Step mode and step-backs are helpers around the
 loop. The caller pulls events; cancellation is a `threading.Event` checked
 before every forward, so a cancel takes effect before the next token. Only
@@ -26,9 +26,9 @@ from collections.abc import Callable, Generator
 
 import numpy as np
 
-from engine.backends.base import Backend, prefill
+from engine.backend import Backend, prefill
 from engine.capabilities import OverlappedForward, RecordsCacheSchedule
-from engine.decode_row import MAX_REWINDS, AnswerRow, Taken, token_event
+from engine.decode.row import MAX_REWINDS, AnswerRow, Taken, token_event
 from engine.errors import ContextLengthError
 from engine.events import Done, Event, TokenEvent
 from engine.request import GenerationRequest

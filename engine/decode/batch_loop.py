@@ -1,7 +1,7 @@
 """The batched decode loop: answer rows (`AnswerRow`) stepping together through one batch runner.
 
 Shared by the loom's N children of one prefix (`engine.loom.continuations`) and by a server's batch of several
-clients' requests (`engine.loom.shared_batch`). The caller has started the runner so that batch row i holds
+clients' requests (`engine.decode.shared_batch`). The caller has started the runner so that batch row i holds
 answer row i, and passes those rows' first logits; every step then takes each live row's token, runs one
 forward for the rows that go on, and drops the rows that ended (another `reorder`), so later steps compute
 only live rows. A row whose `stopped(row)` says so (its client went away, the window's Stop) ends "cancelled"
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.capabilities import BackgroundStep, BatchRunner
-from engine.decode_row import AnswerRow, Taken
+from engine.decode.row import AnswerRow, Taken
 from engine.events import Event
 
 

@@ -25,14 +25,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.capabilities import AdmitsRows, BatchRunner, BatchRunners
-from engine.decode import check_context, prompt_ids_for
-from engine.decode_row import AnswerRow
+from engine.decode.loop import check_context, prompt_ids_for
+from engine.decode.row import AnswerRow
 from engine.events import Done
-from engine.fingerprinting import row_with_fingerprint
-from engine.loom.batch_inbox import BatchInbox
-from engine.loom.batch_loop import RowEvent, decode_rows
+from engine.fingerprints.taking import row_with_fingerprint
+from engine.decode.batch_inbox import BatchInbox
+from engine.decode.batch_loop import RowEvent, decode_rows
 from engine.loom.continuations import row_seeds, runs_in_batch
 from engine.request import GenerationRequest
 

@@ -1,7 +1,7 @@
 """Step mode (manual sampling): the answer pauses after each distribution until the user picks a token.
 
 The decode loop calls its `choose` hook with each sampled token's event
-(engine/decode.py); `StepGate.choose` shows it to the window (`on_waiting`,
+(engine/decode/loop.py); `StepGate.choose` shows it to the window (`on_waiting`,
 called on the worker thread) and blocks until the window answers with
 `pick(token_id)` (None: take the sampler's pick), stepping is switched off
 (the model goes on by itself), or the run is cancelled. Cancellation is
@@ -19,9 +19,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.capabilities import MissingCapabilityError, OwnEvents
-from engine.decode import generate_events
+from engine.decode.loop import generate_events
 from engine.events import Event, TokenEvent
 from engine.request import GenerationRequest
 from engine.worker import EventCallback, GenerationHandle, deliver

@@ -7,7 +7,7 @@ template that loops `range(100000)` inside `range(100000)`, or that doubles a
 string forty times. Here a render also stops:
 
 - after `TIME_LIMIT_S` seconds: it renders in a child process
-  (`engine.template_process`) that is killed when it has not answered a
+  (`engine.templates.process`) that is killed when it has not answered a
   second after the limit, whatever it is doing (a long C call holding the
   GIL, a loop inside a library filter). Inside that process a trace function
   looks at the clock on every line the compiled template runs, so the common
@@ -15,7 +15,7 @@ string forty times. Here a render also stops:
 - before any text or list it builds, or its output, passes `MAX_CHARS`
   characters: `+`, `*`, `**`, `%`, `~`, filters, method calls and output are
   checked before the big value is made, not after (and the renderer process
-  may not grow by more than `engine.template_process.MEMORY_LIMIT_BYTES`).
+  may not grow by more than `engine.templates.process.MEMORY_LIMIT_BYTES`).
 
 Any failure (a syntax error, the template's own `raise_exception`, a sandbox
 refusal, a limit) is one `ChatTemplateError` saying what happened, in words.
@@ -31,7 +31,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from engine.template_sandbox import (  # noqa: F401  (the public names live on here for callers)
+from engine.templates.sandbox import (  # noqa: F401  (the public names live on here for callers)
     MAX_CHARS, TIME_LIMIT_S, ChatTemplateError, RanOutOfTime, _overtime_message, render_in_this_process,
 )
 
@@ -52,7 +52,7 @@ def render_chat_template(
 ) -> str:
     """Render a model's chat template with `variables` (messages, add_generation_prompt, special tokens...).
 
-    It renders in the renderer process (`engine.template_process`), which is killed when it overruns
+    It renders in the renderer process (`engine.templates.process`), which is killed when it overruns
     `time_limit_s`: no template can hold this process past its limit. `time_limit_s` and `max_chars`
     default to the module's `TIME_LIMIT_S` and `MAX_CHARS`. `variables` are plain values (text, numbers,
     lists, dicts, None): they are copied to that process.
@@ -62,7 +62,7 @@ def render_chat_template(
             must alternate), did something the sandbox forbids, or ran past `time_limit_s` or
             `max_chars`. The message says which, for a person.
     """
-    from engine import template_process
+    from engine.templates import process as template_process
 
     time_limit_s = TIME_LIMIT_S if time_limit_s is None else time_limit_s
     max_chars = MAX_CHARS if max_chars is None else max_chars

@@ -1,6 +1,6 @@
 """One answer's per-token bookkeeping, whoever runs the model: `AnswerRow`.
 
-The decode loop (engine/decode.py) runs one row; the loom's batch
+The decode loop (engine/decode/loop.py) runs one row; the loom's batch
 (engine/loom/continuations.py) runs N rows side by side, one forward for all.
 Either way a row does the same per token, here and only here (mlx-lm's
 `stream_generate` around `generate_step`): its sampler chain chooses from the
@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from engine.backends.base import Backend
+from engine.backend import Backend
 from engine.banned_strings import Ban, BannedStringGuard
 from engine.cache_schedule import to_record
-from engine.decode_stats import AnswerRecord
-from engine.fingerprint import token_ids_sha256
+from engine.decode.stats import AnswerRecord
+from engine.fingerprints.record import token_ids_sha256
 from engine.events import FinishReason, GenerationStats, Rewind, StageSnapshot, TokenEvent
 from engine.request import GenerationRequest
 from engine.sampling import Pick, SamplerChain

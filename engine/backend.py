@@ -3,7 +3,8 @@
 A backend owns one model and one KV cache for a single sequence. It can run
 new tokens on top of the cache and return the last position's logits, and it
 can trim the cache back to a prefix. Everything else (sampling, stopping,
-events) is backend-neutral and lives in `engine.decode`.
+events) is backend-neutral and lives in `engine.decode`. What only some backends can do is a
+capability in engine/capabilities.py beside this.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from engine.capabilities import InterruptibleForward
 from engine.model_info import ModelInfo
 from engine.tokenizer import TokenizerLike
 
@@ -106,15 +108,6 @@ def shared_prefix_length(seqs: Sequence[Sequence[int]], minimum: int = 1) -> int
     for s in seqs[1:]:
         n = min(n, common_prefix_len(first, s))
     return n if n >= minimum else 0
-
-
-@runtime_checkable
-class InterruptibleForward(Protocol):
-    """Can stop a forward part way, when asked from another thread (llama.cpp's abort callback)."""
-
-    def forward_until(self, token_ids: Sequence[int], cancelled: Callable[[], bool]) -> np.ndarray | None:
-        """`forward`, or None once `cancelled()` (polled from another thread) is true; what ran stays cached."""
-        ...
 
 
 def prefill(

@@ -1,4 +1,4 @@
-"""Taking an answer's fingerprint (engine/fingerprint.py holds the value): from the backend that made it and the
+"""Taking an answer's fingerprint (engine/fingerprints/record.py holds the value): from the backend that made it and the
 request, attached to the answer's last event on the way out of the worker, or to each of the loom's rows.
 
 The model file's SHA-256 is read once per file (memoised by path, size and modification time).
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from engine.capabilities import NumericFacts
 from engine.events import Done, Event
-from engine.fingerprint import _NOT_NUMERIC, _WEIGHT_SUFFIXES, Fingerprint, NumericSetup, _canonical
+from engine.fingerprints.record import _NOT_NUMERIC, _WEIGHT_SUFFIXES, Fingerprint, NumericSetup, _canonical
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
+    from engine.backend import Backend
     from engine.request import GenerationRequest
 
 log = logging.getLogger(__name__)

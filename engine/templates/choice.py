@@ -6,7 +6,7 @@ engine then renders the plain "User:/Assistant:" transcript, which a base model
 continues poorly. Here a template can be chosen instead, as llama.cpp's
 `--chat-template` does: a built-in by name, or any Jinja text (pasted in the
 window, or a file on the command line). Every template, built-in or pasted, is
-rendered by `engine.template_render.render_chat_template` — the same sandbox,
+rendered by `engine.templates.render.render_chat_template` — the same sandbox,
 time and size limits as a model's own.
 
 The built-in texts are the models' own, copied from their `tokenizer_config.json`
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.template_render import ChatTemplateError, render_chat_template
+from engine.templates.render import ChatTemplateError, render_chat_template
 from engine.tokenizer import FALLBACK_TEMPLATE, TokenizerLike
 
 
