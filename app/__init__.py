@@ -2,7 +2,7 @@
 
 `app.state` holds the Qt-free model of the window (conversation trees with
 their token records, sampling settings, presets) and its SQLite store;
-`app.widgets` holds the views; `app.controllers.chat` and `app.engine_host` connect
+`app.widgets` holds the views; `app.controllers.chat` and `app.controllers.engine_host` connect
 them to `engine` through its public API only. Nothing here imports torch, mlx
 or transformers (tests/app/test_boundaries.py checks it).
 """

@@ -13,7 +13,7 @@ import tempfile
 import qasync
 
 from app import __version__
-from app.paths import DATA_DIR_ENV
+from app.state.paths import DATA_DIR_ENV
 from app.platform_check import check_linux_desktop_libraries, no_display_message
 from engine import BACKENDS
 

@@ -3,7 +3,7 @@ counted off the UI thread by the loaded model's tokenizer, the attachments' cost
 before sending, and a message that would not fit said by how much, with the offer to send the first part.
 
 Reading and checking a file, the block the model reads and the cut to a first part are the engine's
-(engine/documents); the composer holds the chips (app/widgets/composer.py).
+(engine/documents); the composer holds the chips (app/widgets/chat/composer.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from PySide6.QtWidgets import QFileDialog, QWidget
 
 from engine import documents
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.state.store import Store
-from app.widgets.composer import Composer
-from app.widgets.file_dialogs import remember_folder, start_folder
+from app.widgets.chat.composer import Composer
+from app.widgets.dialogs.file_dialogs import remember_folder, start_folder
 from app.widgets.status_bar import StatusBar
 
 PURPOSE = "attachments"  # the file dialog's remembered folder

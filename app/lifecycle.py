@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtWidgets import QApplication
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.main_window import MainWindow
-from app.paths import database_path
+from app.state.paths import database_path
 from app.state.recovery import DatabaseNotice, open_database
 from app.state.store import Store
 from app.theme import Theme

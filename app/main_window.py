@@ -29,7 +29,7 @@ from app.actions.context import ActionContext
 from app.attachment_actions import AttachmentActions
 from app.actions.continue_action import ContinueAction
 from app.controllers.chat import Busy, ChatController
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.actions.experiments import export_conversation, export_trace, open_compare, open_replay, open_score
 from app.logs import show_log_file
 from app.menus import WindowActions, build_menu_bar, show_about, show_shortcuts
@@ -46,27 +46,27 @@ from app.state.write_queue import write_queue
 from app.theme import Theme, app_icon
 from app.database_messages import DatabaseMessages
 from app.widgets.banner import Banner
-from app.widgets.chat_pane import ChatPane
-from app.widgets.inspector import MIN_WIDTH as INSPECTOR_MIN_WIDTH
-from app.widgets.inspector import Inspector
+from app.widgets.chat.chat_pane import ChatPane
+from app.widgets.inspection.inspector import MIN_WIDTH as INSPECTOR_MIN_WIDTH
+from app.widgets.inspection.inspector import Inspector
 from app.controllers.loom import LoomController
 from app.loom_options import remember_loom_options
-from app.widgets.loom_view import LoomView
-from app.widgets.model_diff_view import open_model_diff
-from app.widgets.sampling_panel import SamplingPanel
-from app.widgets.steering_panel import SteeringPanel
-from app.steering_state import FOLDER_NAME as STEERING_FOLDER, SteeringState
-from app.widgets.serve_dialog import ServeDialog
-from app.widgets.served_bar import ServedBar
+from app.widgets.experiment_windows.loom_view import LoomView
+from app.widgets.experiment_windows.model_diff_view import open_model_diff
+from app.widgets.sampling.sampling_panel import SamplingPanel
+from app.widgets.steering.steering_panel import SteeringPanel
+from app.state.steering_state import FOLDER_NAME as STEERING_FOLDER, SteeringState
+from app.widgets.dialogs.serve_dialog import ServeDialog
+from app.widgets.chat.served_bar import ServedBar
 from app.widgets.side_scroll import SIDE_PANEL_MIN_WIDTH, downward_scroll, sideways_scroll
-from app.widgets.sidebar import Sidebar
+from app.widgets.chat.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
-from app.widgets.tools_panel import tools_panel_for
-from app.notebook import generate as continue_notebook, is_notebook
+from app.widgets.tool_calls.tools_panel import tools_panel_for
+from app.state.notebook import generate as continue_notebook, is_notebook
 from app.tab_order import DocksOnScreen
 from app.actions.templates import TemplateActions
-from app.template_default import default_system_prompt
-from app.widgets.notebook_view import NotebookView
+from app.state.template_default import default_system_prompt
+from app.widgets.chat.notebook_view import NotebookView
 from app.window_layout import DEFAULT_SIZE, restore_layout, save_layout
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ class MainWindow(QMainWindow):
         self.served_bar = ServedBar(self.library, self.serving, lambda coro: self._spawn(coro))
         column.addWidget(self.served_bar)
         column.addWidget(self.chat, 1)
-        # A notebook (app/notebook.py) shows in place of the chat: one text the model continues.
+        # A notebook (app/state/notebook.py) shows in place of the chat: one text the model continues.
         self.notebook = NotebookView(self.library, self.view_options, self.selection, self.controller)
         column.addWidget(self.notebook, 1)
         self.setCentralWidget(central)

@@ -168,7 +168,7 @@ async def _load_and_answer(window: MainWindow, args: argparse.Namespace, report:
     if args.download:
         from engine import download_default_model  # the real download; fails fast without a network
 
-        from app.off_thread import run_off_thread
+        from app.controllers.off_thread import run_off_thread
 
         t_download = time.perf_counter()
         try:

@@ -25,9 +25,38 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if DEFAULT_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
-    # The bundle's build (PyInstaller, minutes on one core) goes first: with the suite split over processes
-    # (`-n`, pytest-xdist) one of them builds while the others run the rest, instead of it starting last.
-    items.sort(key=lambda item: item.get_closest_marker("packaging") is None)
+    # Longest first (a greedy split over `-n` processes finishes together): the bundle's build (PyInstaller,
+    # minutes on one core), then the files that take a minute or more, then the rest in collection order. A
+    # stable sort keeps each file's tests together (`--dist loadfile`); pyproject's `--no-loadscope-reorder`
+    # stops xdist from re-sorting files by their test count, which had put these last and left one process
+    # running them alone for the last ~20 minutes of CI.
+    items.sort(key=_start_order)
+
+
+# Files whose tests take a minute or more together (`--durations` of the whole suite, 2 processes, 2026-12-03),
+# longest first. Only the order depends on this list: a file missing from it runs with the rest.
+LONG_FILES = (
+    "engine/test_torch_cache.py",  # inductor's build of the compiled step
+    "engine/test_torch_compile.py",
+    "engine/test_steering_oracles.py",  # repeng in its own venv
+    "engine/test_mcp_cli.py",
+    "app/test_big_conversations.py",
+    "engine/test_attention_passages.py",
+    "engine/test_prefill_cancel.py",
+    "engine/test_llamacpp_research.py",
+    "app/test_reliability.py",
+    "engine/test_mlx_backend.py",
+)
+
+
+def _start_order(item) -> tuple[int, int]:
+    if item.get_closest_marker("packaging") is not None:
+        return (0, 0)
+    path = Path(str(item.fspath)).as_posix()
+    for rank, name in enumerate(LONG_FILES):
+        if path.endswith("/tests/" + name):
+            return (1, rank)
+    return (2, 0)
 
 
 @pytest.fixture(scope="session")

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from PySide6.QtWidgets import QMessageBox, QWidget
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.state.conversation_list import Library
 from app.state.settings import Selection, SettingsState
 from app.state.store import Store
-from app.steering_state import SteeringState
+from app.state.steering_state import SteeringState
 
 Notify = Callable[[str, int], None]  # (text, milliseconds; 0: until the next): a line in the status bar
 Spawn = Callable[[Coroutine[Any, Any, Any]], asyncio.Task]  # run as a task whose failure the window reports

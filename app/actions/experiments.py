@@ -14,16 +14,16 @@ from pathlib import Path
 from engine import atomic_text_file, experiments, write_text_atomic
 
 from app.actions.context import ActionContext
-from app.experiments import trace_lines
+from app.state.answer_recipe import trace_lines
 from app.state.conversation import Message
 from app.state.export import to_json, to_markdown
 from app.state.json_safe import json_safe
 from app.state.model_match import made_by_other_model
 from app.state.model_record import model_record
-from app.widgets.compare_view import CompareView
-from app.widgets.file_dialogs import save_file
-from app.widgets.replay_view import ReplayView
-from app.widgets.score_view import ScoreView
+from app.widgets.experiment_windows.compare_view import CompareView
+from app.widgets.dialogs.file_dialogs import save_file
+from app.widgets.experiment_windows.replay_view import ReplayView
+from app.widgets.experiment_windows.score_view import ScoreView
 
 EXPORTS_FOLDER = "exports"  # the file dialogs' memory of where exports were last written
 

@@ -34,14 +34,14 @@ from engine import (
 )
 
 from app.actions.context import ActionContext
-from app.engine_host import LoadState, describe_error
-from app.off_thread import run_off_thread
+from app.controllers.engine_host import LoadState, describe_error
+from app.controllers.off_thread import run_off_thread
 from app.state import model_defaults
 from app.state.runtime_choices import remember_runtime, saved_runtime
 from app.state.servers import ApiKeys, prepare_connection, remember_server
-from app.widgets.connect_dialog import ConnectChoice, ConnectDialog
-from app.widgets.runtime_dialog import RuntimeDialog
-from app.widgets.model_picker import DEFAULT_SPEC, ModelPicker, recent_models, remember_model, remote_code_confirmation
+from app.widgets.dialogs.connect_dialog import ConnectChoice, ConnectDialog
+from app.widgets.dialogs.runtime_dialog import RuntimeDialog
+from app.widgets.dialogs.model_picker import DEFAULT_SPEC, ModelPicker, recent_models, remember_model, remote_code_confirmation
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ changes it, the status bar's word on it, and base models opening in a notebook.
 
 A model without a chat template chats through a plain "User:/Assistant:"
 transcript, which a base model continues poorly; the status bar says so, and
-an empty conversation becomes a notebook when such a model loads (app/notebook.py).
+an empty conversation becomes a notebook when such a model loads (app/state/notebook.py).
 """
 
 from __future__ import annotations
@@ -11,16 +11,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from engine import ModelInfo
-from engine.templates import choice as template_choice
+from engine import ModelInfo, template_choice
 
-from app.engine_host import EngineHost
-from app.notebook import NOTEBOOK, is_notebook
+from app.controllers.engine_host import EngineHost
+from app.state.notebook import NOTEBOOK, is_notebook
 from app.state.conversation_list import Library
 from app.state.store import Store
 
 if TYPE_CHECKING:  # imported when the dialog first opens
-    from app.widgets.template_dialog import TemplateDialog
+    from app.widgets.dialogs.template_dialog import TemplateDialog
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +107,7 @@ class TemplateActions:
 
     def open_dialog(self) -> None:
         """Model ▸ Chat template…: choose, then apply to the loaded model and remember for it."""
-        from app.widgets.template_dialog import TemplateDialog
+        from app.widgets.dialogs.template_dialog import TemplateDialog
 
         tokenizer, info = self._tokenizer(), self._host.info
         if tokenizer is None or info is None:

@@ -24,10 +24,10 @@ from typing import Any
 from engine import Engine, GenerationRequest, GenerationStats, ModelInfo, TokenEvent, loom, reasoning, tools
 from engine import documents
 
-from app.engine_host import EngineHost, describe_error
-from app.experiments import model_reasoning_format
-from app.notebook import Prompt, prompt_for, prompt_ids
-from app.off_thread import to_loop
+from app.controllers.engine_host import EngineHost, describe_error
+from app.state.answer_recipe import model_reasoning_format
+from app.state.notebook import Prompt, prompt_for, prompt_ids
+from app.controllers.off_thread import to_loop
 from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
 from app.state.model_match import other_model_notice
@@ -36,9 +36,9 @@ from app.state.observable import Signal
 from app.state.servers import server_samples
 from app.state.settings import SettingsState
 from app.state.store import is_busy
-from app.steering_jobs import SteeringJobs
-from app.steering_state import SteeringState
-from app.token_stream import TokenStream
+from app.controllers.steering_jobs import SteeringJobs
+from app.state.steering_state import SteeringState
+from app.controllers.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
 

@@ -23,16 +23,16 @@ from typing import Any
 from engine import Constraint, Engine, EngineError, GenerationRequest, GenerationStats, SamplerSettings, TokenEvent
 from engine import experiments, reasoning, steering as steer
 
-from app.engine_host import EngineHost, describe_error
-from app.experiments import (
+from app.controllers.engine_host import EngineHost, describe_error
+from app.state.answer_recipe import (
     TOP_N, AnswerRecipe, add_answer, answer_parent, model_dict, model_reasoning_format, other_model, recipe_for,
 )
-from app.notebook import Prompt
+from app.state.notebook import Prompt
 from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
 from app.state.observable import Signal
-from app.steering_state import SteeringState
-from app.token_stream import TokenStream
+from app.state.steering_state import SteeringState
+from app.controllers.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
 

@@ -30,16 +30,16 @@ from typing import Any
 from engine import Done, Engine, GenerationRequest, TokenEvent, loom, reasoning
 
 from app.controllers.chat import TOP_N, Busy, ChatController
-from app.engine_host import describe_error
-from app.experiments import model_reasoning_format
-from app.notebook import prompt_for
+from app.controllers.engine_host import describe_error
+from app.state.answer_recipe import model_reasoning_format
+from app.state.notebook import prompt_for
 from app.state.conversation import Conversation, Message
 from app.state.model_match import other_model_notice
 from app.state.model_record import model_record
 from app.state.observable import Signal
 from app.state.servers import server_samples
 from app.state.store import DatabaseBusy
-from app.token_stream import FrameHop
+from app.controllers.token_stream import FrameHop
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from engine import LoomAudit, experiments
 
-from app.experiments import other_model, recipe_for
-from app.off_thread import to_loop
+from app.state.answer_recipe import other_model, recipe_for
+from app.controllers.off_thread import to_loop
 from app.state.conversation import Conversation, Message
 from app.state.loom_tree import answer_group
 

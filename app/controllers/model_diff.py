@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from engine import Engine, EngineError, GenerationCancelled, ModelInfo, experiments
 
-from app.engine_host import EngineFactory, EngineHost, describe_error, start_engine
+from app.controllers.engine_host import EngineFactory, EngineHost, describe_error, start_engine
 from app.controllers.experiment import ExperimentRun
-from app.off_thread import TaskState, close_in_background, run_off_thread, to_loop
+from app.controllers.off_thread import TaskState, close_in_background, run_off_thread, to_loop
 from app.state.observable import Signal
 
 log = logging.getLogger(__name__)

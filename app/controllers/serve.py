@@ -4,7 +4,7 @@ Qt-free, like the chat's controller: the Serve dialog and the status bar subscri
 `state`. The server (engine.serve.start_server) runs on its own thread with its own event loop, so the
 window's loop never waits on a client; starting (it binds and waits for the server to be up) and stopping
 (it joins the server's thread) run off the UI thread. Every request served becomes a conversation
-(app/served_conversations.py). Loading another model stops serving (the server holds the old model);
+(app/controllers/served_conversations.py). Loading another model stops serving (the server holds the old model);
 closing the window stops it and writes what was served.
 """
 
@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine_host import EngineHost, describe_error
-from app.experiments import model_reasoning_format
-from app.off_thread import run_off_thread
-from app.served_conversations import ServedConversations
+from app.controllers.engine_host import EngineHost, describe_error
+from app.state.answer_recipe import model_reasoning_format
+from app.controllers.off_thread import run_off_thread
+from app.controllers.served_conversations import ServedConversations
 from app.state.conversation import Conversation
 from app.state.conversation_list import Library
 from app.state.observable import Signal
@@ -114,7 +114,7 @@ class ServeController:
         self._blocking.shutdown(wait=False)
 
     async def _off_loop(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await run_off_thread(lambda _state: fn(*args, **kwargs), executor=self._blocking)  # app/off_thread.py
+        return await run_off_thread(lambda _state: fn(*args, **kwargs), executor=self._blocking)  # app/controllers/off_thread.py
 
     @property
     def running(self) -> bool:

@@ -97,7 +97,7 @@ class ContextCounter:
         notebook_text = "".join(m.content for m in conv.ancestry(question)) if conv.mode == "notebook" else None
 
         def count() -> int:
-            if notebook_text is not None:  # a notebook: its raw text, no template (app/notebook.py)
+            if notebook_text is not None:  # a notebook: its raw text, no template (app/state/notebook.py)
                 return len(tokenizer.encode(notebook_text))
             # Earlier answers' reasoning is left out as the send leaves it out (app/controllers/chat.py).
             fmt_key = (id(tokenizer), tokenizer.template_override)

@@ -97,8 +97,8 @@ class Conversation:
         self.system_prompt = row.system_prompt
         self.created = row.created
         self.active_root_id = row.active_root_id
-        self.mode = row.mode  # "chat" | "notebook" (app/notebook.py: one text the model continues)
-        self.served = row.served  # a client's request to the window's server (app/served_conversations.py), else None
+        self.mode = row.mode  # "chat" | "notebook" (app/state/notebook.py: one text the model continues)
+        self.served = row.served  # a client's request to the window's server (app/controllers/served_conversations.py), else None
         self.messages: dict[int, Message] = {r.id: Message.from_row(r) for r in (rows or [])}
         if self.messages:
             for message_id, attached in store.attachments_of(self.id).items():

@@ -61,7 +61,7 @@ class Library:
         self.list_changed.emit()
 
     def new(self, system_prompt: str = "", mode: str = "chat") -> Conversation:
-        """Create an empty conversation (a chat, or a notebook: app/notebook.py) and open it (an unused empty
+        """Create an empty conversation (a chat, or a notebook: app/state/notebook.py) and open it (an unused empty
         one is reused)."""
         if self.current is not None and not self.current.messages and self.current.system_prompt == system_prompt:
             if self.current.mode != mode:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from engine import INT32_MAX
 
 if TYPE_CHECKING:
-    from app.engine_host import EngineHost
+    from app.controllers.engine_host import EngineHost
     from app.state.conversation_list import Library
     from app.state.settings import SettingsState
     from app.state.store import Store

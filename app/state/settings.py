@@ -15,7 +15,7 @@ from engine import DEFAULT_SAMPLER, Constraint, SamplerSettings, steering
 
 from app.state.observable import Signal
 from app.state.store import Store
-from app.steering_state import SteeringState
+from app.state.steering_state import SteeringState
 
 log = logging.getLogger(__name__)
 

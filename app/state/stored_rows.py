@@ -26,9 +26,9 @@ class ConversationRow:
     created: float
     updated: float
     active_root_id: int | None
-    mode: str = "chat"  # "chat" | "notebook" (app/notebook.py); databases before version 2 hold chats only
+    mode: str = "chat"  # "chat" | "notebook" (app/state/notebook.py); databases before version 2 hold chats only
     # The request a client sent the window's server (Model ▸ Serve…: id, client, time, endpoint, settings),
-    # None for the window's own conversations (all of them before version 3). app/served_conversations.py
+    # None for the window's own conversations (all of them before version 3). app/controllers/served_conversations.py
     served: dict[str, Any] | None = None
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from engine import McpConfigError, McpHub, read_mcp_config, tools
 
-from app.off_thread import close_in_background, run_off_thread
+from app.controllers.off_thread import close_in_background, run_off_thread
 from app.state.observable import Signal
 
 log = logging.getLogger(__name__)

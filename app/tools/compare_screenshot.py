@@ -26,7 +26,7 @@ SIZE = (1440, 900)
 
 async def take_compare_screenshot(window: MainWindow, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
     from app.tools.screenshots import _save, _settle, ready_window
-    from app.widgets.compare_view import CompareView
+    from app.widgets.experiment_windows.compare_view import CompareView
 
     out = await ready_window(window, out_dir, size)
     window.settings.apply_preset("Balanced")

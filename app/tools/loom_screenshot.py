@@ -25,7 +25,7 @@ SIZE = (1440, 900)
 
 async def take_loom_screenshot(window: MainWindow, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
     from app.tools.screenshots import _save, _settle, ready_window
-    from app.widgets.loom_view import NODE
+    from app.widgets.experiment_windows.loom_view import NODE
 
     out = await ready_window(window, out_dir, size)
     window.settings.apply_preset("Balanced")

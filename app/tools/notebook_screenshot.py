@@ -35,7 +35,7 @@ def default_base_model() -> str | None:
 
 
 async def take_notebook_screenshot(window: MainWindow, out_dir: str | Path, size: tuple[int, int] = SIZE) -> Path:
-    from app.notebook import generate, is_notebook
+    from app.state.notebook import generate, is_notebook
     from app.tools.screenshots import _interesting_token, _save, _settle, ready_window
 
     out = await ready_window(window, out_dir, size)

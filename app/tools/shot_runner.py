@@ -54,7 +54,7 @@ def run_shot(argv: list[str] | None, prog: str, take: Take, *, model_help: str =
     import qasync
 
     from app.application import application
-    from app.paths import DATA_DIR_ENV
+    from app.state.paths import DATA_DIR_ENV
 
     os.environ[DATA_DIR_ENV] = tempfile.mkdtemp(prefix="logitlab-shot-")
     application()

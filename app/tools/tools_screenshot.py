@@ -40,7 +40,7 @@ async def take_tools_screenshot(window: MainWindow, out_dir: str | Path, size: t
     from PySide6.QtWidgets import QDockWidget
 
     from app.tools.screenshots import _save, _settle, ready_window
-    from app.widgets.tools_panel import ToolsPanel
+    from app.widgets.tool_calls.tools_panel import ToolsPanel
 
     out = await ready_window(window, out_dir, size)
     window.settings.apply_preset("Greedy")

@@ -14,7 +14,7 @@ ENTROPY_MAX_NATS = 4.0  # a spread over ~55 equally likely tokens
 # KL(steered ‖ unsteered) on a log scale: a light touch (0.02 nats) already shows, 2 nats and more is all red.
 STEERING_KNEE_NATS = 0.02
 STEERING_MAX_NATS = 2.0
-# Two models on one text (app/widgets/model_diff_view.py): KL per token on a log scale, from rounding-level
+# Two models on one text (app/widgets/experiment_windows/model_diff_view.py): KL per token on a log scale, from rounding-level
 # agreement (a Q4 model against its float original: ~1e-3) to a different model (1 nat and more).
 DIVERGENCE_RANGE_NATS = (1e-4, 1.0)
 
@@ -37,7 +37,7 @@ def confidence(ev: TokenEvent, mode: str, steering_kl: float | None = None) -> f
         return 1.0 - min(bits, SURPRISAL_MAX_BITS) / SURPRISAL_MAX_BITS
     if mode == "entropy":
         return 1.0 - min(ev.entropy, ENTROPY_MAX_NATS) / ENTROPY_MAX_NATS
-    if mode == "steering":  # KL per token from the answer's unsteered shadow (app/steering_shadows.py)
+    if mode == "steering":  # KL per token from the answer's unsteered shadow (app/controllers/steering_shadows.py)
         if steering_kl is None or not math.isfinite(steering_kl):
             return None
         scale = math.log1p(STEERING_MAX_NATS / STEERING_KNEE_NATS)

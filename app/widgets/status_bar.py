@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from app.controllers.chat import ChatController
 from app.controllers.serve import ServeState
-from app.engine_host import EngineHost, LoadState
+from app.controllers.engine_host import EngineHost, LoadState
 from app.state.context_usage import ContextCounter
 from app.state.conversation import Conversation, Message
 from app.widgets.fmt import human_bytes

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import qasync
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.state.store import Store
 from app.ui_thread_gc import UiThreadGarbageCollector
 from qt_helpers import close_window, make_window, mock_factory, run_task

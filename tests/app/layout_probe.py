@@ -37,10 +37,10 @@ def _shown_whole(widget, within) -> bool:
 async def _probe(data_dir: Path) -> dict:
     from PySide6.QtWidgets import QScrollArea, QTabBar, QToolButton
 
-    from app.engine_host import EngineHost
+    from app.controllers.engine_host import EngineHost
     from app.main_window import MainWindow
     from app.state.store import Store
-    from app.widgets.structured_output import StructuredOutputBox
+    from app.widgets.sampling.structured_output import StructuredOutputBox
     from qt_helpers import mock_factory
 
     data_dir.mkdir(parents=True, exist_ok=True)

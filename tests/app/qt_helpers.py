@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt
 from engine import Engine
 from engine.backends.mock import MockBackend
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.state.store import Store
 
 MOCK_DELAY_S = 0.01  # per token: slow enough to stop mid-answer, fast enough for a quick suite

@@ -39,10 +39,10 @@ def _inside(window, widget) -> bool:
 async def _probe(data_dir: Path) -> dict:
     from PySide6.QtWidgets import QApplication
 
-    from app.engine_host import EngineHost
+    from app.controllers.engine_host import EngineHost
     from app.main_window import MainWindow
     from app.state.store import Store
-    from app.widgets.inspector import MIN_WIDTH
+    from app.widgets.inspection.inspector import MIN_WIDTH
     from qt_helpers import mock_factory
 
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import pytest
 
 from engine import steering as steer
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from qt_helpers import close_window, make_window, run_task
 
 QUESTION = "Write one sentence about your morning."
@@ -56,7 +56,7 @@ def loaded_vector(qtbot, w, tmp_path, strength: float):
 
 
 def answer_ids(w, message):
-    from app.notebook import prompt_for
+    from app.state.notebook import prompt_for
 
     conv = w.library.current
     prompt = prompt_for(conv, conv.messages[message.parent_id]).token_ids(w.host.engine.tokenizer)

@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QDesktopServices, QTextCursor
 from PySide6.QtWidgets import QMessageBox
 
-from app.widgets import model_links
+from app.widgets.chat import model_links
 
 
 def _answer(qtbot, window, content: str):

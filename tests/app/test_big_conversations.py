@@ -14,9 +14,9 @@ import json
 import pytest
 from PySide6.QtCore import QTimer, QUrl
 
-from app.widgets.chat_view import PAGE
-from app.widgets.message_body import MORE_HREF, TEXT_PAGE_CHARS, TOKEN_CHARS, TOKEN_PAGE, MessageBody
-from app.widgets.message_widget import MessageWidget
+from app.widgets.chat.chat_view import PAGE
+from app.widgets.chat.message_body import MORE_HREF, TEXT_PAGE_CHARS, TOKEN_CHARS, TOKEN_PAGE, MessageBody
+from app.widgets.chat.message_widget import MessageWidget
 from big_conversations import (
     TickGaps, deep_tree, token, long_transcript, long_unbroken_answer, loom_file_doc, many_answers, one_long_token,
 )

@@ -48,7 +48,7 @@ def test_importing_and_building_the_window_loads_no_model_runtime(tmp_path):
         f"for m in {modules!r}: importlib.import_module(m)\n"
         "from PySide6.QtWidgets import QApplication\n"
         "app = QApplication([])\n"
-        "from app.engine_host import EngineHost\n"
+        "from app.controllers.engine_host import EngineHost\n"
         "from app.main_window import MainWindow\n"
         "from app.state.store import Store\n"
         "w = MainWindow(Store(':memory:'), EngineHost())\n"

@@ -15,8 +15,8 @@ from qt_helpers import answered
 
 from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
-from app.widgets.chat_view import PAGE
-from app.widgets.message_widget import MessageWidget
+from app.widgets.chat.chat_view import PAGE
+from app.widgets.chat.message_widget import MessageWidget
 
 pytestmark = pytest.mark.slow  # each writes a chat of a few hundred messages and opens it in the window
 

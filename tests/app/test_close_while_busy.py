@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.lifecycle import close_session, open_session
 from engine.engine import Engine
 from engine.worker import ModelWorker
@@ -70,7 +70,7 @@ def _written(questions: list[str]) -> bool:
     """Every question is in the database file, each with an answer that is not left generating."""
     import sqlite3
 
-    from app.paths import database_path
+    from app.state.paths import database_path
 
     db = sqlite3.connect(database_path())
     try:

@@ -11,7 +11,7 @@ from PySide6.QtGui import QColor, QGuiApplication, QTextCursor
 from engine import TokenEvent, TokenProb
 
 from app.theme import is_dark
-from app.widgets.code_block import DARK_STYLE, LIGHT_STYLE, code_colors
+from app.widgets.chat.code_block import DARK_STYLE, LIGHT_STYLE, code_colors
 
 CODE = 'def greet(name):\n    # say hello\n    return "<b>" + name + "</b>"'
 ANSWER = f"Here it is:\n\n```python\n{CODE}\n```\n\nAnd plain:\n\n```\n<script>alert(1)</script>\n```\n\nDone."

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine import experiments
 
-from app.widgets.token_column import stats_text
+from app.widgets.inspection.token_column import stats_text
 
 
 def _stats(finish_reason: str) -> experiments.ColumnStats:

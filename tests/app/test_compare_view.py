@@ -12,7 +12,7 @@ from engine import Engine
 from engine.backends.mock import MockBackend
 from engine.experiments import first_divergence, read_trace
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.actions.experiments import export_trace, open_compare, open_replay
 from qt_helpers import close_window, make_window, run_task, send
 

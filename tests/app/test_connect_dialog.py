@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python[server] (the test extra)")
 
 from app.state.servers import recent_servers  # noqa: E402
-from app.widgets.connect_dialog import ConnectDialog  # noqa: E402
+from app.widgets.dialogs.connect_dialog import ConnectDialog  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from qt_helpers import answered, run_task  # noqa: E402
 from remote_server import free_port  # noqa: E402

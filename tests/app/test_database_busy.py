@@ -18,10 +18,10 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QMessageBox
 from qt_helpers import answered, close_window, make_window, mock_factory, run_task, send
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.state.store import BUSY_TEXT
 from app.state.write_queue import write_queue
-from app.widgets.sidebar import ID_ROLE
+from app.widgets.chat.sidebar import ID_ROLE
 
 LOCK_S = 3.0
 MAX_GAP_S = 1.0  # the freeze was 5 s (SQLite's default busy timeout); a live window ticks every 10 ms

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 from PySide6.QtWidgets import QPushButton
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from qt_helpers import close_window, make_window, run_task
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from qt_helpers import answered, close_window, make_window, send
 
 

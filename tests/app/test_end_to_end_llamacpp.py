@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
-from app.engine_host import EngineHost
-from app.widgets.model_picker import BACKENDS
+from app.controllers.engine_host import EngineHost
+from app.widgets.dialogs.model_picker import BACKENDS
 from qt_helpers import answered, close_window, make_window, send
 
 pytest.importorskip("llama_cpp")

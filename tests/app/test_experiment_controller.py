@@ -17,9 +17,9 @@ import pytest
 from engine import SamplerSettings, experiments
 
 from app.controllers.chat import ChatController
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.controllers.experiment import ExperimentController
-from app.experiments import recipe_for
+from app.state.answer_recipe import recipe_for
 from app.state.conversation_list import Library
 from app.state.settings import SettingsState
 

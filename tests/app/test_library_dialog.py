@@ -9,8 +9,8 @@ import pytest
 from download_server import DownloadServer, Served
 from library_layouts import lmstudio_model, ollama_model, put_gguf
 
-from app.widgets.library_dialog import LibraryDialog
-from app.widgets.model_picker import recent_models, remember_model
+from app.widgets.dialogs.library_dialog import LibraryDialog
+from app.widgets.dialogs.model_picker import recent_models, remember_model
 
 STORE_VARIABLES = ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME", "XDG_DATA_HOME", "OLLAMA_MODELS", "LLAMA_CACHE",
                    "LOGITLAB_MODEL_FOLDERS")

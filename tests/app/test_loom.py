@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 from engine import TokenEvent, TokenProb
 
 from app.controllers.chat import ChatController
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.controllers.loom import ExpandSettings, LoomController
 from app.state.conversation_list import Library
 from app.state.loom_tree import LoomImportError, answer_group, build_tree, export_tree, import_tree

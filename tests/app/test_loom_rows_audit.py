@@ -10,7 +10,7 @@ import pytest
 from engine.fingerprints.record import Fingerprint
 
 from app.controllers.chat import ChatController
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.controllers.loom_audit import audit_question, loom_children
 from app.controllers.loom import LoomController
 from app.state.conversation_list import Library

@@ -9,7 +9,7 @@ import html
 from PySide6.QtCore import Qt
 
 from app.state.conversation_list import Library
-from app.widgets.message_widget import MessageWidget
+from app.widgets.chat.message_widget import MessageWidget
 
 STATS = {"generated_tokens": 64, "decode_tokens_per_s": 63.5, "time_to_first_token_s": 0.23, "seed": 1}
 NAME = "SmolLM2-135M-Instruct-Q4_K_M"

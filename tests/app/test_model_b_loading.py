@@ -18,7 +18,7 @@ from engine.backends.mock import MockBackend
 from engine.worker import ModelWorker
 
 from app.controllers.model_diff import SecondModel
-from app.widgets.model_diff_view import ModelDiffView
+from app.widgets.experiment_windows.model_diff_view import ModelDiffView
 
 CHUNKS = 100  # a "download" of 100 chunks, 50 ms each: 5 s unless cancelled
 

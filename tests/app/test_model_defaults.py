@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from engine import Engine
 from engine.backends.mock import MockBackend
 from app.state.model_defaults import DEFAULTS_KEY, model_key, read_defaults
@@ -82,7 +82,7 @@ def test_nonsense_saved_defaults_are_said_in_words_and_ignored(qtbot, window):
 
 
 def test_the_save_dialog_offers_the_loaded_models_defaults_only_with_a_model(qtbot):
-    from app.widgets.save_preset_dialog import SavePresetDialog
+    from app.widgets.sampling.save_preset_dialog import SavePresetDialog
 
     with_model = SavePresetDialog(None, [], "SmolLM2-135M-Instruct")
     without = SavePresetDialog(None, [])

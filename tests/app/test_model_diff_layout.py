@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QApplication
 
-from app.widgets.model_diff_view import ModelDiffView
+from app.widgets.experiment_windows.model_diff_view import ModelDiffView
 
 
 def test_the_token_view_and_the_divergence_list_fill_the_window(qtbot, window):

@@ -1,4 +1,4 @@
-"""Compare models (app/widgets/model_diff_view.py, app/controllers/model_diff.py) with real models: the chat's model
+"""Compare models (app/widgets/experiment_windows/model_diff_view.py, app/controllers/model_diff.py) with real models: the chat's model
 is the default GGUF on llama.cpp, model B its float32 torch twin picked in the window. The token view is coloured
 by each token's KL, hover shows both models, and model B is closed when another is picked and when the window
 closes. Real models, not the mock: the point is the two real distributions (the mock has no position runner)."""
@@ -13,9 +13,9 @@ from PySide6.QtWidgets import QToolTip
 from engine import busy_workers
 from engine.experiments import ModelDiff
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.widgets.heat import confidence, heat_color
-from app.widgets.model_diff_view import ModelDiffView
+from app.widgets.experiment_windows.model_diff_view import ModelDiffView
 from qt_helpers import run_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]

@@ -31,7 +31,7 @@ def test_loading_shows_progress_and_the_window_is_usable_meanwhile(qtbot, qloop,
     from engine import Engine
     from engine.backends.mock import MockBackend
 
-    from app.engine_host import EngineHost
+    from app.controllers.engine_host import EngineHost
     from qt_helpers import make_window
 
     gate = threading.Event()

@@ -8,10 +8,10 @@ from PySide6.QtCore import Qt
 
 from engine import GenerationRequest, SamplerSettings
 
-from app.engine_host import EngineHost
-from app.experiments import recipe_for
-from app.lens_jobs import layer_view
-from app.notebook import notebook_text
+from app.controllers.engine_host import EngineHost
+from app.state.answer_recipe import recipe_for
+from app.controllers.lens_jobs import layer_view
+from app.state.notebook import notebook_text
 from qt_helpers import close_window, make_window, run_task
 
 pytest.importorskip("llama_cpp")

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from app.notebook import Prompt, apply_text, notebook_text, prompt_for, spans
+from app.state.notebook import Prompt, apply_text, notebook_text, prompt_for, spans
 from app.state.export import to_json_dict, to_markdown
 from app.state.conversation_list import Library
 from app.state.recovery import open_database
@@ -83,7 +83,7 @@ def test_an_empty_chat_becomes_the_new_notebook_and_back():
 
 
 def test_a_new_notebook_is_titled_so_and_the_sidebar_marks_it(qtbot, tmp_path):
-    from app.widgets.sidebar import Sidebar
+    from app.widgets.chat.sidebar import Sidebar
 
     lib = Library(Store(":memory:"))
     lib.new(mode="notebook")

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QDialogButtonBox
 from engine import TokenEvent
 from engine.templates import choice as template_choice
 
-from app.notebook import notebook_text
+from app.state.notebook import notebook_text
 from app.actions.templates import TEMPLATES_KEY
 from qt_helpers import close_window, make_window, run_task
 

@@ -1,4 +1,4 @@
-"""app/off_thread.py: work off the UI thread comes back on the loop (result, progress, errors, cancel), and it is
+"""app/controllers/off_thread.py: work off the UI thread comes back on the loop (result, progress, errors, cancel), and it is
 the app's one way across threads."""
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from app.off_thread import ReleasedOnLoop, TaskState, run_off_thread, to_loop
+from app.controllers.off_thread import ReleasedOnLoop, TaskState, run_off_thread, to_loop
 
 APP = Path(__file__).resolve().parents[2] / "app"
 
-# Where a way across threads may appear in app/ besides app/off_thread.py (the one way: `run_off_thread` /
+# Where a way across threads may appear in app/ besides app/controllers/off_thread.py (the one way: `run_off_thread` /
 # `start_off_thread` out, `to_loop` back, `close_in_background` for a close that must outlive the loop), and why.
 # Anything else hands a worker the loop's objects without `ReleasedOnLoop` (released on the worker: app/ui_thread_gc.py).
 HOPS_ALLOWED = {
-    "off_thread.py": "the mechanism itself",
-    "token_stream.py": "FrameHop: a stream of items batched to the frame rate (tokens, served requests)",
+    "controllers/off_thread.py": "the mechanism itself",
+    "controllers/token_stream.py": "FrameHop: a stream of items batched to the frame rate (tokens, served requests)",
     "lifecycle.py": "a POSIX signal handler wakes the loop (no thread involved; the signal-safe call)",
 }
 EXECUTORS_ALLOWED: dict[str, str] = {}  # off_thread.py submits to its executor itself
-THREADS_ALLOWED = {"off_thread.py": "the mechanism itself (close_in_background's daemon thread)"}
+THREADS_ALLOWED = {"controllers/off_thread.py": "the mechanism itself (close_in_background's daemon thread)"}
 
 
 def test_result_and_progress_arrive_on_the_loop_in_order():
@@ -264,6 +264,6 @@ def test_the_check_sees_each_way_across_threads_where_there_is_one(tmp_path):
 def test_only_the_off_thread_module_and_the_listed_exceptions_cross_threads(attr, owner, allowed):
     found = _found(attr, owner)  # (the check sees a call where there is one: the test above)
     unexpected = {path: lines for path, lines in found.items() if path not in allowed}
-    assert not unexpected, (f"{attr} outside app/off_thread.py: {unexpected}; use run_off_thread, start_off_thread, "
+    assert not unexpected, (f"{attr} outside app/controllers/off_thread.py: {unexpected}; use run_off_thread, start_off_thread, "
                             "to_loop or close_in_background (or add the file to the list with the reason)")
     assert set(allowed) <= set(found), f"listed but not needed any more: {set(allowed) - set(found)}"

@@ -1,4 +1,4 @@
-"""app/widgets/one_run.py: a panel's one run at a time: its buttons while it runs and after, its failure in words,
+"""app/widgets/experiment_windows/one_run.py: a panel's one run at a time: its buttons while it runs and after, its failure in words,
 Stop, and a closed panel that no longer hears its run."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 from PySide6.QtWidgets import QLabel, QPushButton, QWidget
 
 from app.controllers.experiment import ExperimentRun
-from app.widgets.one_run import OneRun
+from app.widgets.experiment_windows.one_run import OneRun
 from qt_helpers import run_task
 
 

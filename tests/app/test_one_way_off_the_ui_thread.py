@@ -1,4 +1,4 @@
-"""app/off_thread.py is the one way off the UI thread and back: what the loop hands a worker ends on the loop,
+"""app/controllers/off_thread.py is the one way off the UI thread and back: what the loop hands a worker ends on the loop,
 whichever way it went (a hop a foreign thread holds, a job a callback waits for), and a close that must outlive
 the loop runs on a daemon thread. (The rule that nothing in app/ goes another way: tests/app/test_off_thread.py.)"""
 
@@ -10,7 +10,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from app import off_thread
+from app.controllers import off_thread
 
 
 class _Widgetlike:

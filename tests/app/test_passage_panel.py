@@ -11,8 +11,8 @@ import pytest
 
 from engine.documents import CAVEAT, Passage
 
-from app.widgets.passage_jobs import PassageView
-from app.widgets.passage_panel import ALL, PassagePanel
+from app.widgets.inspection.passage_jobs import PassageView
+from app.widgets.inspection.passage_panel import ALL, PassagePanel
 
 
 def _view() -> PassageView:
@@ -58,7 +58,7 @@ def test_prompt_passages_finds_each_attached_message(default_model_folder):
     from engine.tokenizer import Tokenizer
 
     from app.state.conversation import Message
-    from app.widgets.passage_jobs import prompt_passages
+    from app.widgets.inspection.passage_jobs import prompt_passages
 
     text = "First paragraph about roses.\n\nThe vault code is 4729.\n"
     data = text.encode()

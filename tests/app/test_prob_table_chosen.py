@@ -13,8 +13,8 @@ import pytest
 
 from engine import TokenEvent, TokenProb
 
-from app.widgets.bars import MISSING_ROLE, PROB_ROLE
-from app.widgets.prob_table import TOKEN_ID_ROLE, ProbTable
+from app.widgets.inspection.bars import MISSING_ROLE, PROB_ROLE
+from app.widgets.inspection.prob_table import TOKEN_ID_ROLE, ProbTable
 
 
 def _event(drawn_logprob: float, forced: bool = False) -> TokenEvent:

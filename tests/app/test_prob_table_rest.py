@@ -10,8 +10,8 @@ from engine import TokenEvent, TokenProb
 from engine.events import REST_TOKEN_ID, REST_TEXT
 from PySide6.QtCore import Qt
 
-from app.widgets.bars import PROB_ROLE
-from app.widgets.prob_table import ProbTable
+from app.widgets.inspection.bars import PROB_ROLE
+from app.widgets.inspection.prob_table import ProbTable
 
 
 def _event() -> TokenEvent:

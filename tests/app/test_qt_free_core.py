@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app"
-QT_FREE = ("state", "controllers")
+QT_FREE = ("state", "controllers", "tool_calls")
 
 
 def _modules() -> list[str]:

@@ -13,7 +13,7 @@ from engine import Constraint, GenerationStats, SamplerSettings, TokenEvent, Tok
 
 import app.controllers.experiment as experiment_controller
 from app.actions.experiments import open_compare
-from app.experiments import recipe_for
+from app.state.answer_recipe import recipe_for
 from app.state.context_usage import ContextCounter
 from app.state.conversation_list import Library
 from app.state.loom_tree import export_tree

@@ -11,9 +11,9 @@ from engine import experiments
 from engine.fingerprints.record import Fingerprint
 
 from app.controllers.chat import ChatController
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.controllers.experiment import ExperimentController
-from app.experiments import recipe_for
+from app.state.answer_recipe import recipe_for
 from app.state.conversation_list import Library
 from app.state.settings import SettingsState
 from app.state.store import Store

@@ -19,7 +19,7 @@ def tiny_gguf_file(tmp_path):
 
 @pytest.fixture
 def real_host():
-    from app.engine_host import EngineHost, start_engine
+    from app.controllers.engine_host import EngineHost, start_engine
 
     host = EngineHost(start_engine)  # the production factory: settings travel as they do in the app
     yield host
@@ -69,7 +69,7 @@ def test_runtime_settings_reload_the_model_and_apply_when_it_opens_again(qtbot, 
         close_window(qtbot, window)
 
     # The next start opens the last model again, with the settings chosen for it.
-    from app.engine_host import EngineHost, start_engine
+    from app.controllers.engine_host import EngineHost, start_engine
 
     real_host.close()
     real_host = EngineHost(start_engine)

@@ -9,7 +9,7 @@ from engine import ModelInfo, RuntimeSettings
 from engine import runtime_settings
 from engine.runtime_settings import RuntimeFacts
 
-from app.widgets.runtime_dialog import RuntimeDialog
+from app.widgets.dialogs.runtime_dialog import RuntimeDialog
 
 
 def _dialog(qtbot, trained_context: int = 0) -> RuntimeDialog:

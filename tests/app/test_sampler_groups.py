@@ -11,10 +11,10 @@ from engine.events import Rewind, StageSnapshot
 from PySide6.QtCore import Qt
 
 from app.state.settings import BUILTIN_PRESETS
-from app.widgets.bars import MISSING_ROLE
-from app.widgets.llamacpp_dialog import LlamaCppJsonDialog
-from app.widgets.stage_order import STAGE_HELP
-from app.widgets.token_detail import TokenDetail
+from app.widgets.inspection.bars import MISSING_ROLE
+from app.widgets.dialogs.llamacpp_dialog import LlamaCppJsonDialog
+from app.widgets.sampling.stage_order import STAGE_HELP
+from app.widgets.inspection.token_detail import TokenDetail
 from qt_helpers import close_window, make_window
 
 NEW_NUMBERS = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "top_n_sigma",

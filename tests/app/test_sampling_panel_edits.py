@@ -112,7 +112,7 @@ def test_a_preset_may_hold_length_and_stop_strings_when_asked(qtbot, window):
 
 
 def test_the_save_dialog_asks_for_a_name_and_whether_to_include_length_and_stop(qtbot, window, monkeypatch):
-    from app.widgets.save_preset_dialog import SavePresetDialog
+    from app.widgets.sampling.save_preset_dialog import SavePresetDialog
 
     dialog = SavePresetDialog(window.sampling)
     qtbot.addWidget(dialog)

@@ -22,12 +22,12 @@ from PySide6.QtCore import Qt
 from engine import Engine
 from engine.backends.mock import MockBackend
 
-from app.engine_host import EngineHost
-from app.experiments import recipe_for
+from app.controllers.engine_host import EngineHost
+from app.state.answer_recipe import recipe_for
 from app.lifecycle import _StopWorkOnClose
 from app.controllers.serve import ServeSettings
 from app.state.store import SCHEMA, Store
-from app.widgets.sidebar import ID_ROLE
+from app.widgets.chat.sidebar import ID_ROLE
 from qt_helpers import answered, close_window, make_window, run_task
 
 MODEL_WAIT_MS = 60_000

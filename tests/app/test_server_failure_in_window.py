@@ -11,7 +11,7 @@ import pytest
 from qt_helpers import answered, close_window, make_window, mock_factory, run_task
 from remote_server import CharModel, FakeServer, Reply
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 
 STEPS_BEFORE_FAILING = 4
 

@@ -100,7 +100,7 @@ LONG_MODEL = "an-organisation-with-a-long-name/" + "a-model-with-a-very-long-nam
 def test_connecting_to_a_server_with_a_long_model_name_does_not_widen_the_window(qtbot, window):
     from remote_server import CharModel, FakeServer
 
-    from app.widgets.connect_dialog import ConnectChoice
+    from app.widgets.dialogs.connect_dialog import ConnectChoice
 
     class LongNamedModel(CharModel):
         def __call__(self, method, path, body):

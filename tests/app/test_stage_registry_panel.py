@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine import SAMPLER_CONTROLS, STAGE_ROWS
 from PySide6.QtCore import Qt
 
-from app.widgets.sampler_specs import OTHER_SECTION, UNPLACED
+from app.widgets.sampling.sampler_specs import OTHER_SECTION, UNPLACED
 
 
 def test_the_panel_has_the_registry_control_of_every_stage_setting(qtbot, window):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine import Engine, GenerationRequest, SamplerSettings, TokenEvent
 from engine.backends.mock import MockBackend
 
-from app.widgets.stage_view import StageView
+from app.widgets.inspection.stage_view import StageView
 
 
 def _first_event(sampler: SamplerSettings) -> TokenEvent:
@@ -42,7 +42,7 @@ def test_the_token_column_shows_whole_words_when_the_dock_has_room(qtbot):
     five half-empty stage columns. It now takes its longest token's width while each stage keeps its least."""
     from dataclasses import replace
 
-    from app.widgets.stage_view import COLUMN_WIDTH, TOKEN_WIDTH
+    from app.widgets.inspection.stage_view import COLUMN_WIDTH, TOKEN_WIDTH
 
     ev = _first_event(SamplerSettings(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.0))
     long_words = [" atmospheric", " transparency", " brightness", " dispersion"]

@@ -11,9 +11,9 @@ from engine import Done, Engine, GenerationRequest, SamplerSettings, TokenEvent
 from engine.backends.mock import MockBackend
 from engine.decode.loop import generate_events
 
-from app.widgets.bars import MISSING_ROLE
+from app.widgets.inspection.bars import MISSING_ROLE
 from app.widgets.fmt import visible
-from app.widgets.stage_view import StageView
+from app.widgets.inspection.stage_view import StageView
 
 PROMPT = "the cat"
 

@@ -16,7 +16,7 @@ from engine import Engine
 from engine.backends.mock import MockBackend
 from engine.runtime_settings import RuntimeFacts, RuntimeSettings
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.widgets.fmt import human_bytes
 from app.widgets.status_bar import resident_bytes
 

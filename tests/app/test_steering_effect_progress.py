@@ -17,8 +17,8 @@ from engine import steering as steer
 from engine.backends.mock import PIECES
 from engine.steering import effect
 
-from app.engine_host import EngineHost
-from app.steering_shadows import NOT_STEERED
+from app.controllers.engine_host import EngineHost
+from app.controllers.steering_shadows import NOT_STEERED
 from qt_helpers import answered, close_window, make_window, run_task
 from steerable_mock import SHAPE, SteerableMock, steerable_factory
 

@@ -58,7 +58,7 @@ def test_replay_at_strength_zero_shows_what_steering_changed(qtbot, steer_window
     assert kept.request["steering"]["vectors"][0]["strength"] == 2.0
 
     # Its JSONL trace (File ▸ Export trace) says what it ran under; the unsteered one says nothing of steering.
-    from app.experiments import trace_lines
+    from app.state.answer_recipe import trace_lines
 
     conv = w.library.current
     assert trace_lines(conv, steered, None)[0]["steering"] == steered.request["steering"]

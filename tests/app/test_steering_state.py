@@ -7,7 +7,7 @@ import pytest
 
 from engine import steering as steer
 
-from app.steering_state import SteeringState, check_strength
+from app.state.steering_state import SteeringState, check_strength
 
 
 def _vector(name: str, n_layer: int = 4, width: int = 8, scale: float = 1.0) -> steer.SteeringVector:

@@ -10,9 +10,9 @@ from engine import Constraint, ConstraintStep, StageSnapshot, TokenEvent, TokenP
 
 from app.state.records import token_from_row, token_row
 from app.state.settings import SettingsState
-from app.widgets.constraint_marks import DISALLOWED_ROLE
-from app.widgets.prob_table import ProbTable
-from app.widgets.structured_output import EXAMPLES, StructuredOutputBox
+from app.widgets.chat.constraint_marks import DISALLOWED_ROLE
+from app.widgets.inspection.prob_table import ProbTable
+from app.widgets.sampling.structured_output import EXAMPLES, StructuredOutputBox
 
 
 def test_the_control_sets_a_valid_constraint_and_refuses_a_bad_one(qtbot, window, store):

@@ -15,7 +15,7 @@ from PySide6.QtCore import QTimer
 
 from engine import Constraint
 
-from app.widgets.structured_output import CHECK_DELAY_MS, StructuredOutputBox
+from app.widgets.sampling.structured_output import CHECK_DELAY_MS, StructuredOutputBox
 from qt_helpers import run_task
 
 

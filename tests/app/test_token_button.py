@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
-from app.widgets.token_button import TokenButton
+from app.widgets.chat.token_button import TokenButton
 
 
 def _row(qtbot, width: int) -> tuple[QWidget, TokenButton]:

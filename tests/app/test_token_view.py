@@ -67,7 +67,7 @@ def test_markdown_renders_code_blocks_monospaced(qtbot, window):
 def test_a_banned_string_step_back_is_marked_in_the_token_view(qtbot, window):
     """The inspector names the banned phrase; the chat marks where the answer stepped back, and says why on hover."""
     from app.widgets.fmt import token_tooltip
-    from app.widgets.message_body import STEP_BACK_COLOR
+    from app.widgets.chat.message_body import STEP_BACK_COLOR
 
     window.settings.update_sampler(temperature=0.0)
     first = send(qtbot, window, "the cat")

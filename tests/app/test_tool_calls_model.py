@@ -13,9 +13,9 @@ import pytest
 
 from engine import call_confidence, tools
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.state.tool_settings import tool_results
-from app.widgets.tool_call_block import pct
+from app.widgets.tool_calls.tool_call_block import pct
 from qt_helpers import answered, close_window, make_window, send
 
 pytest.importorskip("llama_cpp")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.controllers.tool_loop import MAX_STEPS, STEP_LIMIT_TEXT
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.state.tool_settings import tool_results
 from qt_helpers import answered, close_window, make_window, run_task, send
 

@@ -108,7 +108,7 @@ def test_the_answer_length_is_fitted_to_the_context_the_tools_leave(default_llam
     from engine import tools
 
     from app.controllers.chat import ChatController
-    from app.notebook import Prompt
+    from app.state.notebook import Prompt
 
     tok = default_llamacpp.tokenizer
     specs = tools.parse_tools([{"type": "function", "function": {

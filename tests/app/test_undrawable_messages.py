@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlite3
 
 from app.state.conversation_list import Library
-from app.widgets.message_widget import MessageWidget
-from app.widgets.undrawable_message import UndrawableMessage
+from app.widgets.chat.message_widget import MessageWidget
+from app.widgets.chat.undrawable_message import UndrawableMessage
 from qt_helpers import close_window, make_window, run_task
 
 # (column, stored value): what each answer on the path gets written into it.

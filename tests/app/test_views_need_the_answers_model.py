@@ -15,7 +15,7 @@ import pytest
 from engine import Engine
 from engine.backends.mock import MockBackend
 
-from app.engine_host import EngineHost
+from app.controllers.engine_host import EngineHost
 from app.state.model_match import OtherModelsAnswer, check_answer_model, made_by_other_model
 from qt_helpers import MOCK_DELAY_S, close_window, make_window, run_task, send
 

@@ -21,8 +21,8 @@ from PySide6.QtWidgets import QApplication, QDialog, QDialogButtonBox, QFileDial
 
 from shiboken6 import Shiboken
 
-from app.widgets.connect_dialog import ConnectChoice
-from app.widgets.model_picker import ModelPicker
+from app.widgets.dialogs.connect_dialog import ConnectChoice
+from app.widgets.dialogs.model_picker import ModelPicker
 from qt_helpers import run_task
 
 SERVER = "http://127.0.0.1:9/v1#some-model"

@@ -106,7 +106,7 @@ def test_shrinking_a_wide_layout_takes_width_from_the_chat_not_the_inspector(qtb
     """A layout saved at 1440 px and opened at 1024x700: the inspector keeps a readable width."""
     from qt_helpers import close_window, make_window
 
-    from app.widgets.inspector import MIN_WIDTH
+    from app.widgets.inspection.inspector import MIN_WIDTH
 
     window.resize(1440, 900)
     window.show()

@@ -19,11 +19,11 @@ from engine.model_info import ModelInfo, ServerInfo
 from engine.sampling.registry import LLAMA_CPP_SERVER, SERVER_KINDS, STAGES, StageRow
 from PySide6.QtWidgets import QDoubleSpinBox, QLabel, QSpinBox
 
-from app.widgets.model_diff_view import ModelDiffView
-from app.widgets.model_picker import ModelPicker
-from app.widgets.sampler_groups import SamplerGroups
-from app.widgets.sampler_specs import TEXT_SECTIONS
-from app.widgets.token_column import EDITED_FIELDS, SettingsEditor
+from app.widgets.experiment_windows.model_diff_view import ModelDiffView
+from app.widgets.dialogs.model_picker import ModelPicker
+from app.widgets.sampling.sampler_groups import SamplerGroups
+from app.widgets.sampling.sampler_specs import TEXT_SECTIONS
+from app.widgets.inspection.token_column import EDITED_FIELDS, SettingsEditor
 
 NEUTRAL = SamplerSettings()
 SWITCHED = [row for row in STAGES if row.switches]

@@ -2,7 +2,7 @@
 said "Verdict: diverged at token 6" and "fingerprint: no recorded difference" in one line, as if nothing could
 explain it). With no recorded fact differing, the verdict says the cause is outside the record, and names
 what the record lacks where it can: an older record without its prompt's hash, or without the pieces its
-prompt's cache was computed in. The Replay window shows `fingerprint_text()` as it is (app/widgets/replay_view.py).
+prompt's cache was computed in. The Replay window shows `fingerprint_text()` as it is (app/widgets/experiment_windows/replay_view.py).
 """
 
 from __future__ import annotations

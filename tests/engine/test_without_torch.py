@@ -93,7 +93,7 @@ def test_a_hugging_face_folder_says_how_to_add_torch(tmp_path):
         from engine.backends.select import BackendNotInstalledError
         from engine.errors import ModelLoadError
         from engine.open_model import load_model
-        from app.engine_host import describe_error
+        from app.controllers.engine_host import describe_error
         try:
             load_model({str(folder)!r})
         except BackendNotInstalledError as e:

@@ -1,0 +1,1 @@
+"""The experiment windows: Compare, Replay, Score, Compare models and the Loom."""
