@@ -88,7 +88,7 @@ async def app_run(window, heatmap: bool, ticks: TickRecorder):
 
 
 async def bench(args) -> int:
-    from app.engine_host import EngineHost
+    from app.controllers.engine_host import EngineHost
     from app.main_window import MainWindow
     from app.state.store import Store
 
