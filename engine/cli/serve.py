@@ -2,7 +2,7 @@
 
     logitlab-cli serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [-a ALIAS] [--api-key KEY] [--record-dir DIR]
                        [--timeout S] [--header-timeout S] [--max-connections N]
-    logitlab-cli serve --upstream http://host:port/v1 [--upstream-api-key KEY] [--record-dir DIR]
+    logitlab-cli serve --upstream http://host:port/v1 [--upstream-api-key KEY] [--upstream-top-n N] [--record-dir DIR]
 
 The model options are the other commands' (llama.cpp's names: -m, -c, -t, -ngl, ...). Any host but a loopback
 address needs --api-key, and the start line says the server is reachable from other machines.
@@ -18,6 +18,7 @@ from typing import Any
 from engine.cli.input import UsageError
 
 DEFAULT_PORT = 8080  # llama.cpp server's
+UPSTREAM_TOP = 20  # the most --upstream-top-n asks: engine.serve.proxy.UPSTREAM_TOP (not imported: httpx, ~0.2 s)
 
 
 def add_serve_parser(sub: Any, add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -39,6 +40,11 @@ def add_serve_parser(sub: Any, add_model_args: Callable[[argparse.ArgumentParser
                    help="proxy mode: forward each request to this OpenAI-compatible server (e.g. "
                         "http://127.0.0.1:8000/v1) and record its answers; no model is loaded here")
     p.add_argument("--upstream-api-key", default=None, metavar="KEY", help="the API key the upstream wants")
+    p.add_argument("--upstream-top-n", type=int, default=None, metavar="N",
+                   help="proxy mode: ask the upstream for N alternatives per token (0 to 20; 0: the chosen "
+                        "tokens' log-probs only) where the client asked fewer, so the record has them; the client "
+                        "still gets what it asked (default: forward the client's request as it is; behind "
+                        "llama.cpp's server log-probs cost several times the plain answer's time)")
     p.add_argument("--record-dir", default=None, metavar="DIR",
                    help="write every served answer as a trace file (JSONL, read by read_trace) into DIR "
                         "(default: not recorded)")
@@ -90,6 +96,11 @@ def check_serve_args(args: argparse.Namespace) -> None:
         raise UsageError("--alias names the model served here; in proxy mode the upstream decides which names it serves")
     if not is_loopback(args.host) and not args.api_key:
         raise UsageError(f"--host {args.host} makes the model reachable from other machines: give --api-key KEY too")
+    if args.upstream_top_n is not None:
+        if args.upstream is None:
+            raise UsageError("--upstream-top-n says what proxy mode asks of its upstream: give --upstream URL too")
+        if not 0 <= args.upstream_top_n <= UPSTREAM_TOP:
+            raise UsageError(f"--upstream-top-n must be from 0 to {UPSTREAM_TOP}, got {args.upstream_top_n}")
     if args.upstream is not None:
         if args.model is not None:
             raise UsageError("give either --model (serve it here) or --upstream (forward to another server), not both")
@@ -120,7 +131,7 @@ def cmd_serve(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any
         options = ServeOptions(top_n=args.record_top_n, record_stages=not args.no_stages,
                                cont_batching=args.cont_batching, header_timeout_s=args.header_timeout,
                                body_timeout_s=args.timeout, max_connections=args.max_connections,
-                               aliases=args.alias)
+                               aliases=args.alias, upstream_top_n=args.upstream_top_n)
         server = start_server(engine, args.host, args.port, args.api_key, sink, upstream=args.upstream,
                               upstream_api_key=args.upstream_api_key, options=options)
         what = f"serving {engine.info.name}" if engine is not None else f"forwarding to {args.upstream}"

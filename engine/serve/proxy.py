@@ -3,12 +3,14 @@
 Chat and text completions, OpenAI's Responses (`/v1/responses`) and Anthropic's Messages (`/v1/messages`,
 `/v1/messages/count_tokens`) are forwarded to the same route of the upstream; each API's reading of its
 answer (what to ask, what to record, what to take out again) is its shape's (engine.serve.proxy_openai,
-proxy_responses, proxy_messages). The client's body is forwarded as it is, with one change: the upstream is
-asked for log-probs (the chosen token's and its top `min(options.top_n, UPSTREAM_TOP)` alternatives; none in
-Anthropic's API, which has none) so the record has them; what the client did not ask for is taken out of
+proxy_responses, proxy_messages). The client's body is forwarded as it is: the record has the log-probs the
+client asked for (its text pieces alone when it asked none), because asking more behind llama.cpp's server
+costs several times the plain answer's time and can change its greedy text. `options.upstream_top_n` N
+(`--upstream-top-n`) asks for more: the chosen token's log-prob and max(N, the client's) alternatives (none
+in Anthropic's API, which has none), so the record has them; what the client did not ask for is taken out of
 the answer again before it reaches the client (and alternatives beyond the number it asked for). An upstream
-that refuses the log-probs request (4xx but 404) is asked again with the client's own body, and the record
-then has the tokens' text only. The upstream's errors reach the client with the upstream's status and words
+that refuses that request (4xx but 404) is asked again with the client's own body, and the record then has
+the tokens' text only. The upstream's errors reach the client with the upstream's status and words
 (in the route's API's error shape); a 404 for Responses or Messages says the upstream may not have that API.
 Nothing but the configured upstream is ever contacted.
 
@@ -184,7 +186,8 @@ class ProxyService:
         shape = _SHAPES[endpoint](endpoint, body)
         stream = f.flag(body, "stream")
         model = f.text(body, "model") or ""
-        forwarded = shape.forwarded(min(self.options.top_n, UPSTREAM_TOP))
+        top = self.options.upstream_top_n
+        forwarded = body if top is None else shape.forwarded(min(top, UPSTREAM_TOP))
         try:
             sampler = read_sampler(body)
         except ApiError:

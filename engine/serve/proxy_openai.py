@@ -1,11 +1,12 @@
 """Proxy mode's reading of OpenAI's chat and text completions (engine.serve.proxy): what to ask, what to record,
 what to take out again.
 
-The upstream is asked for log-probs (the chosen token's and `top` alternatives) whatever the client asked;
-each choice is recorded as it comes (engine.serve.proxy_events), and what the client did not ask for (log-probs,
-alternatives past its number) is taken out before it is passed on. Completions take a list of prompts: the
-answer has `n` choices per prompt (prompt p's j-th is choice p * n + j); with `echo` the prompt's echoed part
-is cut off the record (engine.serve.proxy_echo). A stream is data-only lines ended by `[DONE]`.
+The upstream is asked for log-probs (the chosen token's and `top` alternatives) where the proxy is set to ask more
+than the client did (`ServeOptions.upstream_top_n`; `top_logprobs` is then always said, as llama.cpp's server takes
+20 when it is left out); each choice is recorded as it comes (engine.serve.proxy_events), and what the client did
+not ask for (log-probs, alternatives past its number) is taken out before it is passed on. Completions take a list
+of prompts: the answer has `n` choices per prompt (prompt p's j-th is choice p * n + j); with `echo` the prompt's
+echoed part is cut off the record (engine.serve.proxy_echo). A stream is data-only lines ended by `[DONE]`.
 """
 
 from __future__ import annotations

@@ -2,12 +2,13 @@
 record, what to take out again.
 
 The upstream is asked for the output text's log-probs (`include: ["message.output_text.logprobs"]` and
-`top_logprobs`) whatever the client asked; the record takes each `output_text` part's text and log-probs (a
-whole response's, or each `response.output_text.delta` event's), its end from `response.completed` /
-`response.incomplete` (`max_output_tokens`: "length") and `usage.input_tokens`; `response.failed` and `error`
-events are the record's error. What the client did not ask for is taken out before it is passed on: the
-`logprobs` of each part and event (alternatives past its `top_logprobs`), and the response's `top_logprobs`
-says the client's number again. The stream's events pass with their names; it has no `[DONE]`.
+`top_logprobs`) where the proxy is set to ask more than the client did (`ServeOptions.upstream_top_n`); the record
+takes each `output_text` part's text and log-probs (a whole response's, or each `response.output_text.delta`
+event's), its end from `response.completed` / `response.incomplete` (`max_output_tokens`: "length") and
+`usage.input_tokens`; `response.failed` and `error` events are the record's error. What the client did not ask for
+is taken out before it is passed on: the `logprobs` of each part and event (alternatives past its `top_logprobs`),
+and the response's `top_logprobs` says the client's number again. The stream's events pass with their names; it has
+no `[DONE]`.
 """
 
 from __future__ import annotations

@@ -81,6 +81,10 @@ class ServeOptions:
             (`--max-connections`); never more than the open-file limit leaves room for.
         aliases: other names the model answers to (`--alias`, llama.cpp server's `-a`): a request naming one is
             served (and answered under that name); any other name is a 404.
+        upstream_top_n: proxy mode only (`--upstream-top-n`): the alternatives per token asked of the upstream,
+            more than the client asked, for the record (0 to 20; 0: the chosen tokens' log-probs alone). None:
+            the client's body goes as it is, as asking log-probs behind llama.cpp's server costs several times
+            the plain answer's time and can change its greedy text; the record then has what the client asked.
     """
 
     top_n: int = 20
@@ -92,6 +96,7 @@ class ServeOptions:
     body_timeout_s: float | None = BODY_TIMEOUT_S
     max_connections: int | None = MAX_CONNECTIONS
     aliases: tuple[str, ...] = ()
+    upstream_top_n: int | None = None
 
 
 class EngineService(ModelRoutes):

@@ -42,7 +42,9 @@ def served():
 @pytest.fixture(scope="module")
 def proxied(served, tmp_path_factory):
     sink, traces = RecordingSink(), TraceDirectorySink(tmp_path_factory.mktemp("proxied"))
-    server = start_server(upstream=served[1].url, sink=[sink, traces])
+    # upstream_top_n=20: the record keeps the upstream's top 20 whatever the client asked (by default it holds
+    # what the client asked: tests/engine/test_serve_proxy_upstream_top.py)
+    server = start_server(upstream=served[1].url, sink=[sink, traces], options=ServeOptions(upstream_top_n=20))
     try:
         yield server, sink, traces
     finally:

@@ -23,7 +23,7 @@ from engine import GenerationRequest, SamplerSettings  # noqa: E402
 from engine.backends.remote import RemoteBackend  # noqa: E402
 from engine.backends.remote.generate import remote_events  # noqa: E402
 from engine.events import TokenEvent  # noqa: E402
-from engine.serve import start_server  # noqa: E402
+from engine.serve import ServeOptions, start_server  # noqa: E402
 from serve_helpers import RecordingSink, served_default_model  # noqa: E402
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -88,7 +88,8 @@ def test_we_sample_top_n_equals_the_local_models(remote, served):
 
 def test_proxy_records_what_the_upstream_answered(llama_server_url):
     sink = RecordingSink()
-    with start_server(upstream=llama_server_url, sink=sink) as proxy:
+    # upstream_top_n=20: the record has the upstream's top 20 whatever the client asked (not the default)
+    with start_server(upstream=llama_server_url, sink=sink, options=ServeOptions(upstream_top_n=20)) as proxy:
         client = openai.OpenAI(base_url=proxy.url, api_key="x", max_retries=0, timeout=120)
         model = client.models.list().data[0].id  # forwarded: the upstream's list
         direct = httpx.post(llama_server_url + "/completions", timeout=60, json={
