@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from engine.experiments.audit import LoomAudit
     from engine.fingerprints.record import Fingerprint
     from engine.lens import LayerCapture
-    from engine.loom import RowEvent, StepGate
+    from engine.decode.step import StepGate
+    from engine.loom import RowEvent
     from engine.steering import PairSet, ResidualShape, Steering, SteeringEffect, SteeringShadow, SteeringVector
     from engine.sampling.settings import SamplerSettings
 
@@ -122,7 +123,7 @@ class Engine:
         gate's pick; for models that run here through the shared decode loop (refused in words otherwise).
         """
         if step is not None:
-            from engine.loom import SteppedEngine
+            from engine.decode.step import SteppedEngine
 
             return SteppedEngine(self, step).submit(request, on_event)
         return self._worker.submit(request, on_event)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from concurrent.futures import Future
+from typing import Any, Protocol
 
 from engine.backend import Backend
 from engine.capabilities import MissingCapabilityError, OwnEvents
@@ -26,8 +27,12 @@ from engine.events import Event, TokenEvent
 from engine.request import GenerationRequest
 from engine.worker import EventCallback, GenerationHandle, deliver
 
-if TYPE_CHECKING:
-    from engine.engine import Engine
+
+class RunsJobs(Protocol):
+    """What step mode needs of an `Engine` (engine.engine): a job run on the model's worker. A protocol, so the
+    decode core never imports the engine above it."""
+
+    def call(self, fn: Callable[[Backend], Any]) -> Future[Any]: ...
 
 
 POLL_S = 0.05
@@ -79,7 +84,7 @@ class StepGate:
 class SteppedEngine:
     """An `Engine` whose generations go through `gate` (its `submit` is the one thing that differs)."""
 
-    def __init__(self, engine: Engine, gate: StepGate) -> None:
+    def __init__(self, engine: RunsJobs, gate: StepGate) -> None:
         self.engine = engine
         self.gate = gate
 
