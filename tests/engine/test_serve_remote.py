@@ -126,7 +126,8 @@ def test_proxy_stop_request_ends_the_clients_stream(served):
     """Our own server as the upstream: the proxy's Stop ends the client's stream with a last chunk and [DONE]."""
     upstream = served[1]
     sink = RecordingSink()
-    with start_server(upstream=upstream.url, sink=sink) as proxy:
+    # upstream_top_n=20: the recorded tokens' ids come with the log-probs asked of the upstream
+    with start_server(upstream=upstream.url, sink=sink, options=ServeOptions(upstream_top_n=20)) as proxy:
         client = openai.OpenAI(base_url=proxy.url, api_key="x", max_retries=0, timeout=120)
         chunks = []
         for chunk in client.chat.completions.create(model=served[0].info.name, messages=[{"role": "user", "content": "Count"}],
