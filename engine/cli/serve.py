@@ -49,7 +49,8 @@ def add_serve_parser(sub: Any, add_model_args: Callable[[argparse.ArgumentParser
                    help="write every served answer as a trace file (JSONL, read by read_trace) into DIR "
                         "(default: not recorded)")
     p.add_argument("--record-top-n", type=int, default=20, metavar="N",
-                   help="alternatives recorded per token, whatever the client asks for (default 20)")
+                   help="alternatives recorded per token, whatever the client asks for (default 20; proxy mode: "
+                        "--upstream-top-n)")
     p.add_argument("--no-stages", action="store_true", help="do not record each sampler stage per token")
     from engine.serve.limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS
 
