@@ -30,6 +30,7 @@ from app.state.store import Store
 from app.controllers.steering_jobs import SteeringJobs
 from app.state.steering_state import SLIDER_LIMIT, SPIN_LIMIT, SteeringState
 from app.widgets.dialogs.file_dialogs import remember_folder, start_folder, save_file
+from app.widgets.subscriptions import follow
 
 log = logging.getLogger(__name__)
 
@@ -184,9 +185,11 @@ class SteeringPanel(QWidget):
         lay.addWidget(self.message_label)
         lay.addStretch(1)
 
-        state.changed.connect(self._on_state_changed)
-        jobs.training_progress.connect(self._on_training_progress)
-        jobs.training_changed.connect(self._on_training_changed)
+        # The state and the jobs outlive this panel (a model's refresh can end after its window closed), and its
+        # wrapper can outlive its widgets: listen only while Qt has not deleted it.
+        follow(self, ((state.changed, self._on_state_changed),
+                      (jobs.training_progress, self._on_training_progress),
+                      (jobs.training_changed, self._on_training_changed)))
         self._on_state_changed()
         self._on_training_changed(jobs.training)
 
