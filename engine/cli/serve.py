@@ -26,7 +26,8 @@ def add_serve_parser(sub: Any, add_model_args: Callable[[argparse.ArgumentParser
 
     p = sub.add_parser("serve", help="serve the model to OpenAI-compatible clients (docs/serve.md)",
                        description="Serve the model to OpenAI-compatible (and Anthropic) clients; every answer "
-                                   "is recorded with its tokens' alternatives.",
+                                   "is recorded with its tokens' alternatives (in proxy mode, those the upstream "
+                                   "was asked for: --upstream-top-n).",
                        epilog=endpoints_help(), formatter_class=_ServeHelp)
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1",

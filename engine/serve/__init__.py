@@ -54,7 +54,8 @@ The seam for a window (or any other viewer)::
   that disconnects cancels its generation the same way (`disconnected=True`).
 - `engine.serve.trace_sink.TraceDirectorySink(directory, model_info)`: the CLI's sink (`--record-dir`), one
   trace file per exchange that `engine.experiments.read_trace` reads (one run per choice; the header's
-  `served` field holds the client, endpoint, messages/prompt, proxied/upstream and how it ended).
+  `served` field holds the client, endpoint, messages/prompt, proxied/upstream and how it ended); while it streams, each
+  choice's tokens so far in a `.live` file beside it, removed once the whole `.jsonl` is written.
 
 Files, one job each: `app.py` (routes, API key, error JSON), `body.py` (size, depth, JSON), `fields.py`
 (typed field readers), `parse.py` (body -> GenerationRequest through the llama.cpp mapping), `responses.py`
