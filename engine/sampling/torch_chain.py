@@ -94,19 +94,95 @@ def _support(settings: SamplerSettings) -> Support:
 
 # ------------------------------------------------------------------------------------------------ the stages
 # A row is (ids, vals): ids None while it is the whole (V,) row (position = token id; -inf = removed), else the
-# survivors' ascending ids with their finite scores. A stage takes the row and the twin's generator.
+# survivors' ascending ids with their finite scores. A stage takes the row and a `_Ctx` (the twin's generator,
+# the model row's head).
 
 Row = tuple["torch.Tensor | None", "torch.Tensor"]
-DeviceStage = Callable[[Row, np.random.Generator], Row]
+
+class _Head:
+    """The entries of the model's (V,) row near its max, found when first asked, as `engine.sampling.head.RowHead`.
+
+    Shared by top-k's cut (when top-k sees the model's own row), the report's top N and the rank, so that each
+    looks at a few hundred entries instead of V. Exact: every entry at or above the head's floor is in it, in
+    ascending id order. The row is read whole once, for the maxima of its blocks of `_BLOCK` entries (its max
+    falls out of them). For a head of n entries the floor is the n-th largest block maximum: n blocks reach it,
+    so at least n entries do, and only the blocks that reach it are looked inside. One try, where
+    `RowHead` widens a reach until it holds enough: on the CPU each torch op costs several numpy ones (a
+    comparison over 262k entries ~6x), so the fewer whole-row passes and ops the better. The head's size is a
+    shape the host reads (a sync on CUDA, no transfer).
+    """
+
+    __slots__ = ("_blocks", "_bmax", "floor", "ids", "m", "row", "vals")
+
+    def __init__(self, row: torch.Tensor) -> None:
+        import torch
+
+        self.row = row
+        v = row.numel()
+        nb = -(-v // _BLOCK)
+        if v % _BLOCK:  # the last block padded with -inf
+            padded = torch.full((nb * _BLOCK,), -math.inf, dtype=row.dtype, device=row.device)
+            padded[:v] = row
+            self._blocks = padded.view(nb, _BLOCK)
+        else:
+            self._blocks = row.view(nb, _BLOCK)
+        self._bmax = self._blocks.amax(dim=1)
+        self.m = self._bmax.max()  # the row's max; NaN if any entry is NaN (the report says so)
+        self.ids: torch.Tensor | None = None  # None with `vals` the whole row: a flat row, or not looked at yet
+        self.vals: torch.Tensor | None = None
+        self.floor: torch.Tensor | float = math.inf  # every entry >= floor is in the head
+
+    def ensure(self, n: int) -> None:
+        """Make the head hold at least `n` entries (or be the whole row)."""
+        import torch
+
+        if self.vals is not None and self.vals.numel() >= n:
+            return
+        nb = self._bmax.numel()
+        if 0 < n and n * 4 <= nb:
+            floor = torch.topk(self._bmax, n).values[n - 1]
+            blocks = (self._bmax >= floor).nonzero().squeeze(1)  # >= n of them (ties)
+            if blocks.numel() * 4 <= nb:  # else most of the row (a flat one, or -inf blocks): take it whole
+                cand = self._blocks.index_select(0, blocks).reshape(-1)
+                local = (cand >= floor).nonzero().squeeze(1)
+                if local.numel() >= n:  # fewer only with a NaN in the row, which the report refuses
+                    self.ids = blocks[local // _BLOCK] * _BLOCK + local % _BLOCK
+                    self.vals, self.floor = cand[local], floor
+                    return
+        self.ids, self.vals, self.floor = None, self.row, -math.inf
+
+    def kth_largest(self, k: int) -> torch.Tensor:
+        """The k-th largest score of the row (0 < k < V), as a 0-d tensor."""
+        import torch
+
+        self.ensure(k)
+        assert self.vals is not None
+        return torch.topk(self.vals, k).values[k - 1]
+
+
+# Blocks of the model's row whose maxima place its head (`_Head`): 192 of them at 49k, 1,024 at 262k.
+_BLOCK = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Ctx:
+    rng: np.random.Generator
+    head: _Head
+
+
+DeviceStage = Callable[[Row, _Ctx], Row]
 
 
 def _cut(row: Row, keep: torch.Tensor) -> Row:
     """The row's entries where `keep` (a bool tensor over `vals`) holds: the survivors, ascending ids."""
     ids, vals = row
-    if ids is None:
-        kept = keep.nonzero().squeeze(1)
-        return kept, vals[kept]
-    return ids[keep], vals[keep]
+    kept = keep.nonzero().squeeze(1)
+    return (kept if ids is None else ids[kept]), vals[kept]
+
+
+def _finite(row: Row, keep: torch.Tensor) -> torch.Tensor:
+    """`keep` without the removed tokens: only a whole row has any (survivors are finite)."""
+    return keep & (row[1] > -math.inf) if row[0] is None else keep
 
 
 def _weights(vals: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -115,20 +191,28 @@ def _weights(vals: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def _top_k(k: int) -> DeviceStage:
-    def top_k(row: Row, rng: np.random.Generator) -> Row:
+    def top_k(row: Row, ctx: _Ctx) -> Row:
         import torch
 
-        vals = row[1]
+        ids, vals = row
         if k >= vals.numel():
             return row
-        kth = torch.topk(vals, k, sorted=False).values.min()  # the k-th largest; every tie with it is kept
-        return _cut(row, (vals >= kth) & (vals > -math.inf))
+        head = ctx.head
+        if ids is None and vals is head.row:  # the model's own row: cut within its head
+            kth = head.kth_largest(k)  # the k-th largest; every tie with it is kept
+            if head.ids is not None:
+                assert head.vals is not None
+                kept = (head.vals >= kth).nonzero().squeeze(1)  # the head is finite: its floor is
+                return head.ids[kept], head.vals[kept]
+        else:
+            kth = torch.topk(vals, k).values[k - 1]
+        return _cut(row, _finite(row, vals >= kth))
 
     return top_k
 
 
 def _top_p(p: float) -> DeviceStage:
-    def top_p(row: Row, rng: np.random.Generator) -> Row:
+    def top_p(row: Row, ctx: _Ctx) -> Row:
         import torch
 
         vals = row[1]
@@ -138,7 +222,7 @@ def _top_p(p: float) -> DeviceStage:
         cum = _weights(desc, m).to(torch.float64).cumsum(0)
         # transformers' rule forwards: the token whose mass crosses the target is kept too (stages._prefix_end)
         j = torch.searchsorted(cum, target.reshape(1), right=False).clamp_(max=desc.numel() - 1)
-        return _cut(row, (vals >= desc[j]) & (vals > -math.inf))
+        return _cut(row, _finite(row, vals >= desc[j]))
 
     return top_p
 
@@ -146,7 +230,7 @@ def _top_p(p: float) -> DeviceStage:
 def _min_p(p: float) -> DeviceStage:
     log_p = float(np.float32(math.log(p)))  # prob >= p * top  <=>  s >= max + log p, in float32 as numpy
 
-    def min_p(row: Row, rng: np.random.Generator) -> Row:
+    def min_p(row: Row, ctx: _Ctx) -> Row:
         vals = row[1]
         return _cut(row, vals >= vals.max() + log_p)
 
@@ -154,7 +238,7 @@ def _min_p(p: float) -> DeviceStage:
 
 
 def _typical_p(p: float) -> DeviceStage:
-    def typical_p(row: Row, rng: np.random.Generator) -> Row:
+    def typical_p(row: Row, ctx: _Ctx) -> Row:
         import torch
 
         vals = row[1]
@@ -179,7 +263,7 @@ def _typical_p(p: float) -> DeviceStage:
 
 
 def _top_n_sigma(n: float) -> DeviceStage:
-    def top_n_sigma(row: Row, rng: np.random.Generator) -> Row:
+    def top_n_sigma(row: Row, ctx: _Ctx) -> Row:
         import torch
 
         vals = row[1]
@@ -196,10 +280,10 @@ def _top_n_sigma(n: float) -> DeviceStage:
 
 
 def _xtc(probability: float, threshold: float) -> DeviceStage:
-    def xtc(row: Row, rng: np.random.Generator) -> Row:
+    def xtc(row: Row, ctx: _Ctx) -> Row:
         import torch
 
-        if rng.random() >= probability:  # drawn every step, fired or not (stages.make_xtc): decided on the host
+        if ctx.rng.random() >= probability:  # drawn every step, fired or not (stages.make_xtc): decided on the host
             return row
         vals = row[1]
         m = vals.max()
@@ -208,7 +292,7 @@ def _xtc(probability: float, threshold: float) -> DeviceStage:
         above = w >= (z * threshold).float()  # prob >= threshold, in float32 weights as numpy compares them
         least = torch.where(above, vals, math.inf).min()
         drop = above & (vals > least) & (above.sum() >= 2)  # only when two or more are above; the least stays
-        return _cut(row, ~drop & (vals > -math.inf))
+        return _cut(row, _finite(row, ~drop))
 
     return xtc
 
@@ -216,7 +300,7 @@ def _xtc(probability: float, threshold: float) -> DeviceStage:
 def _temperature(t: float) -> DeviceStage:
     t32 = float(np.float32(t))
 
-    def temperature(row: Row, rng: np.random.Generator) -> Row:
+    def temperature(row: Row, ctx: _Ctx) -> Row:
         ids, vals = row
         return ids, vals / t32
 
@@ -280,6 +364,7 @@ class TorchChain:
             while names and names[-1] in ARGMAX_PRESERVING:
                 names.pop()
         self._stages = tuple((name, _make(name, settings)) for name in names)
+        self._buffers = _Buffers()
 
     @staticmethod
     def supports(settings: SamplerSettings) -> Support:
@@ -310,28 +395,64 @@ class TorchChain:
         v = scores.numel()
         if force_token is not None and not 0 <= force_token < v:
             raise ValueError(f"force_token {force_token} is outside the vocabulary [0, {v})")
+        head = _Head(scores)
+        ctx = _Ctx(self._rng, head)
         row: Row = (None, scores)
         for _, stage in self._stages:
-            row = stage(row, self._rng)
+            row = stage(row, ctx)
         ids, vals = row
         forced = None if force_token is None else torch.tensor(force_token, device=scores.device)
         if self._greedy:
             best = vals.argmax()  # the first of equal maxima: the lowest id, as np.argmax
             best = best if ids is None else ids[best]
-            return TorchChoice(self._names, scores, best if forced is None else forced, force_token is not None,
+            return TorchChoice(self._names, self._buffers, head, best if forced is None else forced, force_token is not None,
                                best=best)
         m = vals.max()
         w = _weights(vals, m)
         cum = w.double().cumsum(0)
         u = self._rng.random()  # drawn even when forced: the stream stays aligned
         # inverse CDF: the first token, in id order, whose cumulative weight exceeds u * Z (distribution.Dist.draw)
-        j = torch.searchsorted(cum, (cum[-1] * u).reshape(1), right=True).squeeze(0)
-        last = w.numel() - 1 - torch.argmax((w.flip(0) > 0).to(torch.uint8))  # u * Z rounded up to Z
-        j = torch.minimum(j, last)
+        z = cum[-1:]
+        j = torch.searchsorted(cum, z * u, right=True)
+        last = torch.searchsorted(cum, z, right=False)  # the last token with weight: for u * Z rounded up to Z
+        j = torch.minimum(j, last).squeeze(0)
         token = j if ids is None else ids[j]
-        final = _Final(ids, vals, m, cum[-1], j)
-        return TorchChoice(self._names, scores, token if forced is None else forced, force_token is not None,
+        final = _Final(ids, vals, m, z.squeeze(0), j)
+        return TorchChoice(self._names, self._buffers, head, token if forced is None else forced, force_token is not None,
                            final=final)
+
+
+class _Buffers:
+    """Two float32 (V,) rows kept from one report to the next, for the report's whole-row arithmetic.
+
+    A fresh 1 MB tensor per token is a fresh mapping from the OS on the CPU (glibc hands blocks that large to
+    mmap), paid in page faults every token: measured, a new row made `scores - m` 1.5x slower and `exp` 1.3x at
+    262k (engine.sampling.stages.CHUNK is numpy's answer to the same).
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self) -> None:
+        self._rows: tuple[Any, Any] | None = None
+
+    def __call__(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
+        rows = self._rows
+        if rows is None or rows[0].shape != like.shape or rows[0].device != like.device:
+            rows = self._rows = (torch.empty_like(like), torch.empty_like(like))
+        return rows
+
+
+def _sum64(e: torch.Tensor) -> torch.Tensor:
+    """sum(e) as a float64 0-d tensor: float32 sums of blocks of 256 added in float64, as close to numpy's float64
+    sum as float32 rounding lets any sum be, without the whole-row float64 copy `sum(dtype=float64)` makes."""
+    import torch
+
+    n = e.numel()
+    full = n - n % _BLOCK
+    z = e[:full].view(-1, _BLOCK).sum(1).double().sum()
+    return z + e[full:].sum(dtype=torch.float64) if full < n else z
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,24 +466,27 @@ class _Final:
     drawn: Any  # the drawn token's position in `vals`
 
 
-def _top(ids: torch.Tensor | None, vals: torch.Tensor, n: int, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The n most likely (ids, float64 log-probs), most likely first, ties to the lowest id (`Dist.top`)."""
+def _top(ids: torch.Tensor | None, vals: torch.Tensor, n: int, lse: torch.Tensor,
+         finite: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n most likely (ids, float64 log-probs), most likely first, ties to the lowest id (`Dist.top`).
+
+    `finite` promises `vals` holds no -inf (survivors, a head): no mask to make.
+    """
     import torch
 
-    size = vals.numel()
-    n = min(n, size)
+    n = min(n, vals.numel())
     if n <= 0:
         return vals.new_zeros(0, dtype=torch.int64), vals.new_zeros(0, dtype=torch.float64)
-    if size > 256:  # a long row: the n-th largest value first, then only the entries at or above it
-        kth = torch.topk(vals, n, sorted=False).values.min()
-        local = ((vals >= kth) & (vals > -math.inf)).nonzero().squeeze(1)  # ascending: ties in id order
-    else:
+    local: torch.Tensor | None = None
+    if vals.numel() > 256:  # a long row: the n-th largest value first, then only the entries at or above it
+        keep = vals >= torch.topk(vals, n).values[n - 1]
+        local = (keep if finite else keep & (vals > -math.inf)).nonzero().squeeze(1)  # ascending: ties in id order
+    elif not finite:
         local = (vals > -math.inf).nonzero().squeeze(1)
-    cand = vals[local]
+    cand = vals if local is None else vals[local]
     order = torch.sort(cand, descending=True, stable=True).indices[:n]  # stable: among ties, the lower id first
-    local = local[order]
-    top_ids = local if ids is None else ids[local]
-    return top_ids, vals[local].double() - lse
+    local = order if local is None else local[order]
+    return (local if ids is None else ids[local]), vals[local].double() - lse
 
 
 class TorchChoice:
@@ -373,12 +497,14 @@ class TorchChoice:
         forced: it was given (`force_token`), not drawn.
     """
 
-    __slots__ = ("_best", "_final", "_names", "_scores", "forced", "token")
+    __slots__ = ("_best", "_buffers", "_final", "_head", "_names", "_scores", "forced", "token")
 
-    def __init__(self, names: Any, scores: torch.Tensor, token: torch.Tensor, forced: bool,
+    def __init__(self, names: Any, buffers: _Buffers, head: _Head, token: torch.Tensor, forced: bool,
                  best: torch.Tensor | None = None, final: _Final | None = None) -> None:
         self._names = names
-        self._scores = scores
+        self._buffers = buffers  # the chain's two (V,) work rows: a chain's reports run one at a time
+        self._head = head  # the model's row, its max and the entries near it
+        self._scores = head.row
         self.token = token
         self.forced = forced
         self._best = best  # greedy: the argmax (None when sampling)
@@ -388,18 +514,22 @@ class TorchChoice:
         """The token's statistics as `Choice.report` gives them (no stage records): one transfer to the host."""
         import torch
 
-        scores, token = self._scores, self.token
-        m = scores.max()  # NaN if any entry is NaN
-        d = scores - m
-        e = d.exp()
-        z = e.sum(dtype=torch.float64)
-        ed = torch.where(e > 0, e.double() * d.double(), 0.0).sum()
+        scores, token, m = self._scores, self.token, self._head.m
+        d, e = self._buffers(scores)
+        torch.sub(scores, m, out=d).clamp_(min=-1e30)  # exp(-1e30) * -1e30 is 0; exp(-inf) * -inf is NaN (exp_sums)
+        torch.exp(d, out=e)
+        z = _sum64(e)
+        ed = _sum64(d.mul_(e))  # float32 products (numpy's einsum in exp_sums), summed as Z is
         log_z = z.log()
         lse = m.double() + log_z
         s_tok = scores[token]
-        head = [token.double(), m.double(), s_tok.double() - lse, (scores > s_tok).sum().double(),
-                torch.clamp(log_z - ed / z, min=0.0)]
-        model_ids, model_lp = _top(None, scores, top_n, lse)
+        # the rank from the head when the token is in it (all the larger entries are); -1 asks for the whole row
+        hd = self._head
+        hd.ensure(max(top_n, 1))
+        assert hd.vals is not None
+        rank = torch.where(s_tok >= hd.floor, (hd.vals > s_tok).sum(), -1)
+        head = [token.double(), m.double(), s_tok.double() - lse, rank.double(), torch.clamp(log_z - ed / z, min=0.0)]
+        model_ids, model_lp = _top(hd.ids, hd.vals, top_n, lse, finite=hd.ids is not None)
         fin = self._final
         if fin is None:  # greedy: the argmax alone, at log-prob 0
             head.append(self._best.double())
@@ -413,12 +543,14 @@ class TorchChoice:
             else:  # a forced token: its score among the survivors, -inf when a stage removed it
                 pos = torch.searchsorted(fin.ids, token.reshape(1)).clamp_(max=fin.ids.numel() - 1).squeeze(0)
                 head.append(torch.where(fin.ids[pos] == token, fin.vals[pos].double() - lse_f, -math.inf))
-            samp_ids, samp_lp = _top(fin.ids, fin.vals, top_n, lse_f)
+            samp_ids, samp_lp = _top(fin.ids, fin.vals, top_n, lse_f, finite=fin.ids is not None)
         k_m, k_s = model_ids.numel(), samp_ids.numel()
         out = torch.cat([torch.stack(head), model_ids.double(), model_lp, samp_ids.double(), samp_lp]).tolist()
         tok, top, logprob, rank, entropy, last = out[:6]
         if not math.isfinite(top):
             raise ValueError(f"logits must be finite or -inf with at least one finite value (max is {top})")
+        if rank < 0:  # the token lies below the head (forced, or a flat row's tail): count over the whole row
+            rank = int((scores > s_tok).sum())
         rest = out[6:]
         top_model = tuple((int(i), lp) for i, lp in zip(rest[:k_m], rest[k_m: 2 * k_m]))
         rest = rest[2 * k_m:]
