@@ -58,6 +58,7 @@ from engine.sampling.settings import DEFAULT_ORDER, DEFAULT_SAMPLER, STAGE_NAMES
 from engine.sampling import Pick, SamplerChain  # the chain every backend samples with, and what it reports per token
 from engine.sampling import CustomStage, CustomStageError, final_distribution  # your own stage; the row a draw used
 from engine.sampling.llamacpp_json import ImportedSettings, llamacpp_json, parse_llamacpp_json
+from engine.top_n import TOP_LOGPROBS_MAX  # the most alternatives per token a server gives (OpenAI's ceiling)
 from engine.sampling.registry import CONTROLS as SAMPLER_CONTROLS  # each stage setting's control: label, range, tip
 from engine.sampling.registry import STAGE_ROWS, switched_on_by, Control as SamplerControl  # every stage's row (engine.sampling.registry)
 
@@ -78,6 +79,7 @@ def __getattr__(name: str) -> _Any:
 
 __all__ = [
     *_SERVE_NAMES,
+    "TOP_LOGPROBS_MAX",
     "atomic_text_file",
     "write_text_atomic",
     "busy_workers",

@@ -19,6 +19,10 @@ import numpy as np
 
 from engine.events import TokenEvent, rest_entry
 
+# The most alternatives per token OpenAI's chat API gives (`top_logprobs`), which servers copy: what the remote
+# backend and proxy mode ask at most, and `serve --upstream-top-n`'s ceiling.
+TOP_LOGPROBS_MAX = 20
+
 
 def reported_view(event: TokenEvent, reported: np.ndarray, top_n: int) -> TokenEvent:
     """`event` (made by the decode loop from `reported`, a (V,) row of log-probs, -inf where unreported) with its

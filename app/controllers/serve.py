@@ -11,6 +11,7 @@ closing the window stops it and writes what was served.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from app.controllers.served_conversations import ServedConversations
 from app.state.conversation import Conversation
 from app.state.conversation_list import Library
 from app.state.observable import Signal
+from engine import TOP_LOGPROBS_MAX
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,10 @@ class ServeSettings:
     port: int = DEFAULT_PORT
     api_key: str = ""
     upstream: str = ""
+    # Proxy mode: the alternatives per token asked of the upstream for the record (`serve --upstream-top-n`);
+    # None asks only what each client asks, since behind llama.cpp's server the top 20 cost several times the
+    # plain answer (bench/proxy_top_n.py).
+    upstream_top_n: int | None = None
 
     def problem(self) -> str | None:
         """Why these settings cannot be served, in words; None when they can."""
@@ -63,10 +69,13 @@ class ServeSettings:
                     "so that only clients that send it can use the model")
         if self.upstream.strip() and not _URL.match(self.upstream.strip()):
             return "the upstream is a server's base URL, e.g. http://127.0.0.1:8000/v1"
+        top = self.upstream_top_n
+        if top is not None and (not isinstance(top, int) or not 0 <= top <= TOP_LOGPROBS_MAX):
+            return f"the alternatives asked of the upstream are a whole number from 0 to {TOP_LOGPROBS_MAX}"
         return None
 
     def remembered(self) -> dict[str, Any]:
-        return {"host": self.host, "port": self.port, "upstream": self.upstream}
+        return {"host": self.host, "port": self.port, "upstream": self.upstream, "upstream_top_n": self.upstream_top_n}
 
 
 @dataclass(frozen=True)
@@ -123,8 +132,9 @@ class ServeController:
     def saved_settings(self) -> ServeSettings:
         doc = self.library.store.get_setting(SETTINGS_KEY) or {}
         try:
+            top = doc.get("upstream_top_n")
             return ServeSettings(str(doc.get("host") or "127.0.0.1"), int(doc.get("port", DEFAULT_PORT)), "",
-                                 str(doc.get("upstream") or ""))
+                                 str(doc.get("upstream") or ""), None if top is None else int(top))
         except (TypeError, ValueError, AttributeError):
             return ServeSettings()
 
@@ -146,6 +156,13 @@ class ServeController:
         finally:
             done.set_result(None)
 
+    def _options(self, settings: ServeSettings, upstream: str | None, make_options: Callable[[], Any]) -> Any:
+        """The server's options: the controller's (tests) or the defaults, with the dialog's upstream top N."""
+        options = self.options or make_options()
+        if upstream is None or settings.upstream_top_n is None:
+            return options
+        return dataclasses.replace(options, upstream_top_n=settings.upstream_top_n)
+
     async def _start(self, settings: ServeSettings, upstream: str | None, engine: Any) -> ServeState:
         # Imported here: the server's web stack (uvicorn, Starlette) loads when serving starts, not with the window.
         from engine import ServeOptions, ServeSetupError, start_server
@@ -157,7 +174,7 @@ class ServeController:
             # Binding and waiting for the server to be up take a moment: not on the UI thread.
             server = await self._off_loop(
                 start_server, engine, settings.host.strip(), settings.port, settings.api_key.strip() or None,
-                recorder, upstream=upstream, options=self.options or ServeOptions())
+                recorder, upstream=upstream, options=self._options(settings, upstream, ServeOptions))
         except (ServeSetupError, OSError, ValueError) as e:
             self._set(ServeState(message=describe_error(e)))
             raise ServeError(describe_error(e)) from None

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.cli.input import UsageError
+from engine.top_n import TOP_LOGPROBS_MAX
 
 DEFAULT_PORT = 8080  # llama.cpp server's
-UPSTREAM_TOP = 20  # the most --upstream-top-n asks: engine.serve.proxy.UPSTREAM_TOP (not imported: httpx, ~0.2 s)
 
 
 def add_serve_parser(sub: Any, add_model_args: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -101,8 +101,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
     if args.upstream_top_n is not None:
         if args.upstream is None:
             raise UsageError("--upstream-top-n says what proxy mode asks of its upstream: give --upstream URL too")
-        if not 0 <= args.upstream_top_n <= UPSTREAM_TOP:
-            raise UsageError(f"--upstream-top-n must be from 0 to {UPSTREAM_TOP}, got {args.upstream_top_n}")
+        if not 0 <= args.upstream_top_n <= TOP_LOGPROBS_MAX:
+            raise UsageError(f"--upstream-top-n must be from 0 to {TOP_LOGPROBS_MAX}, got {args.upstream_top_n}")
     if args.upstream is not None:
         if args.model is not None:
             raise UsageError("give either --model (serve it here) or --upstream (forward to another server), not both")

@@ -50,10 +50,10 @@ from engine.serve.proxy_openai import OpenAiShape
 from engine.serve.proxy_read import BadUpstream, passable, read_whole, sse_events, upstream_json
 from engine.serve.proxy_responses import ResponsesShape
 from engine.serve.service import ServeOptions
+from engine.top_n import TOP_LOGPROBS_MAX
 
 log = logging.getLogger(__name__)
 
-UPSTREAM_TOP = 20  # alternatives asked of the upstream per token: OpenAI's chat ceiling, which servers copy
 _T = TypeVar("_T")
 # Each API's reading of its requests, answers and events (what to ask, record and take out again).
 Shape = OpenAiShape | ResponsesShape | MessagesShape
@@ -187,7 +187,7 @@ class ProxyService:
         stream = f.flag(body, "stream")
         model = f.text(body, "model") or ""
         top = self.options.upstream_top_n
-        forwarded = body if top is None else shape.forwarded(min(top, UPSTREAM_TOP))
+        forwarded = body if top is None else shape.forwarded(min(top, TOP_LOGPROBS_MAX))
         try:
             sampler = read_sampler(body)
         except ApiError:

@@ -302,6 +302,28 @@ def test_the_serve_dialog_asks_for_a_key_before_serving_beyond_this_machine(qtbo
     dialog.close()
 
 
+def test_the_upstream_top_n_is_asked_only_with_an_upstream_and_remembered(qtbot, window):
+    dialog = window.open_serve_dialog()
+    assert not dialog.upstream_top_box.isEnabled()  # nothing to ask without an upstream
+    assert dialog.settings().upstream_top_n is None and dialog.upstream_top_box.text() == "What clients ask"
+    dialog.upstream_edit.setText("http://127.0.0.1:9/v1")
+    assert dialog.upstream_top_box.isEnabled()
+    dialog.upstream_top_box.setValue(5)
+    assert dialog.settings().upstream_top_n == 5
+    dialog.upstream_top_box.setValue(0)
+    assert dialog.settings().upstream_top_n == 0  # the chosen tokens' log-probs, no alternatives
+    dialog.close()
+    assert ServeSettings(upstream="http://127.0.0.1:9/v1", upstream_top_n=21).problem().startswith(
+        "the alternatives asked of the upstream are a whole number from 0 to 20")
+    # Remembered with the address (as a start remembers it), and read back into the next dialog.
+    window.store.put_setting("serve_settings", ServeSettings(upstream="http://127.0.0.1:9/v1",
+                                                             upstream_top_n=7).remembered())
+    assert window.serving.saved_settings().upstream_top_n == 7
+    again = window.open_serve_dialog()
+    assert again.upstream_top_box.value() == 7 and again.upstream_top_box.isEnabled()
+    again.close()
+
+
 def test_a_version_2_database_opens_and_keeps_served_records(tmp_path):
     path = tmp_path / "v2.sqlite3"
     conn = sqlite3.connect(path)
@@ -347,6 +369,30 @@ def test_proxy_mode_records_what_the_upstream_answered(qtbot, served_window):
         assert run_task(qtbot, w.host.load("mock", "mock"), MODEL_WAIT_MS)
         qtbot.wait(200)
         assert w.serving.running
+    finally:
+        run_task(qtbot, w.serving.stop())
+        upstream.stop()
+
+
+@pytest.mark.slow
+def test_proxy_mode_asks_the_upstream_for_the_top_n_the_dialog_says(qtbot, served_window):
+    from engine import start_server
+
+    w = served_window
+    upstream = start_server(w.host.engine, "127.0.0.1", 0)
+    try:
+        started = _served_conversations(w)
+        body = {k: v for k, v in _long_answer(w, 6).items() if k not in ("logprobs", "top_logprobs")}
+        run_task(qtbot, w.serving.start(ServeSettings(port=0, upstream=upstream.url, upstream_top_n=3)),
+                 MODEL_WAIT_MS)
+        client = Client(w.serving.state.url, body).start()  # asks no log-probs
+        qtbot.waitUntil(client.finished.is_set, timeout=MODEL_WAIT_MS)
+        assert client.error is None and client.done_marker
+        assert all(c["choices"][0].get("logprobs") is None for c in client.chunks if c["choices"])
+        qtbot.waitUntil(lambda: bool(started) and not started[0].path()[-1].generating, timeout=10_000)
+        conv = started[0]
+        tokens = [t for t in conv.tokens(conv.path()[-1]) if not t.special]
+        assert tokens and all(len([p for p in t.top_model if not p.is_rest]) == 3 for t in tokens)
     finally:
         run_task(qtbot, w.serving.stop())
         upstream.stop()

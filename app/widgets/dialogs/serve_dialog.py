@@ -18,11 +18,16 @@ from PySide6.QtWidgets import (
 )
 
 from app.controllers.serve import ServeController, ServeError, ServeSettings, ServeState, is_loopback
+from engine import TOP_LOGPROBS_MAX
 
 KEY_HINT = ("Clients send it as “Authorization: Bearer KEY”. Needed for any address other than 127.0.0.1: "
             "anyone who can reach this machine could use the model otherwise.")
 UPSTREAM_HINT = ("Optional. Forward every request to another OpenAI-compatible server (vLLM, llama.cpp, Ollama) "
-                 "and record what it answers, with its log-probs, instead of serving the loaded model.")
+                 "and record what it answers instead of serving the loaded model.")
+UPSTREAM_TOP_HINT = ("The alternatives per token asked of the upstream for the record, whatever each client asks. "
+                     "“What clients ask” adds nothing: asking a llama.cpp server for the top 20 makes an answer "
+                     "several times slower and can change its greedy text.")
+CLIENTS_OWN = -1  # the spin box's lowest value: ask the upstream only what each client asks
 
 
 class ServeDialog(QDialog):
@@ -64,6 +69,13 @@ class ServeDialog(QDialog):
         form.addRow("API key", self.key_edit)
         form.addRow("", self.key_hint)
         form.addRow("Upstream", self.upstream_edit)
+        self.upstream_top_box = QSpinBox()
+        self.upstream_top_box.setRange(CLIENTS_OWN, TOP_LOGPROBS_MAX)
+        self.upstream_top_box.setSpecialValueText("What clients ask")
+        self.upstream_top_box.setValue(CLIENTS_OWN if saved.upstream_top_n is None else saved.upstream_top_n)
+        self.upstream_top_box.setAccessibleName("Alternatives asked of the upstream")
+        self.upstream_top_box.setToolTip(UPSTREAM_TOP_HINT)
+        form.addRow("Upstream top N", self.upstream_top_box)
 
         self.url_edit = QLineEdit()  # read-only but selectable: the address is there to be copied
         self.url_edit.setReadOnly(True)
@@ -101,14 +113,16 @@ class ServeDialog(QDialog):
         lay.addWidget(buttons)
 
         self.host_edit.textChanged.connect(self._update_key_hint)
+        self.upstream_edit.textChanged.connect(lambda _text: self._on_state(controller.state))
         controller.changed.connect(self._on_state)
         self.finished.connect(lambda _result: controller.changed.disconnect(self._on_state))
         self._update_key_hint()
         self._on_state(controller.state)
 
     def settings(self) -> ServeSettings:
+        top = self.upstream_top_box.value()
         return ServeSettings(self.host_edit.text().strip(), self.port_box.value(), self.key_edit.text(),
-                             self.upstream_edit.text().strip())
+                             self.upstream_edit.text().strip(), None if top == CLIENTS_OWN else top)
 
     def start(self) -> asyncio.Task | None:
         settings = self.settings()
@@ -136,6 +150,7 @@ class ServeDialog(QDialog):
         editing = not state.running and not state.starting
         for w in (self.host_edit, self.port_box, self.key_edit, self.upstream_edit):
             w.setEnabled(editing)
+        self.upstream_top_box.setEnabled(editing and bool(self.upstream_edit.text().strip()))
         self.start_button.setEnabled(editing)
         self.stop_button.setEnabled(state.running)
         self.url_row.setVisible(state.running)

@@ -35,6 +35,7 @@ from engine.backends.remote.tokenizer import RemoteTokenizer, check_server_token
 from engine.decode.stats import AnswerRecord
 from engine.events import Done, Event, FinishReason, StageSnapshot, TokenEvent, TokenProb, rest_entry
 from engine.request import GenerationRequest
+from engine.top_n import TOP_LOGPROBS_MAX
 
 if TYPE_CHECKING:
     from engine.backends.remote.backend import RemoteBackend
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVER_STAGE_NOTE = "sampled by the server: only its top-N log-probs are visible, not what each of its stages did"
-CHAT_TOP_LOGPROBS_MAX = 20  # the OpenAI chat API's ceiling, which servers copy
 EXTRA_TOKENS = 16  # tokens a choice may stream past max_tokens (a stop string's or template's tail) before it is cut
 
 
@@ -165,7 +165,7 @@ def _request(backend: RemoteBackend, request: GenerationRequest) -> tuple[str, d
         path = "/chat/completions"  # the server applies the model's own chat template
         body["messages"] = [dict(m) for m in request.messages or ()]
         if n_top:
-            body |= {"logprobs": True, "top_logprobs": min(n_top, CHAT_TOP_LOGPROBS_MAX)}
+            body |= {"logprobs": True, "top_logprobs": min(n_top, TOP_LOGPROBS_MAX)}
     else:
         path = "/completions"
         body["prompt"], prompt_len = _completion_prompt(backend, request)
