@@ -15,7 +15,7 @@
   same eight one after another: `sequential_tok_s=` and `concurrent_vs_sequential=` (what sharing the
   batch gives, in the same run).
 
-    python bench/serve.py [--tokens 128] [--rounds 3] [--streams 8] [--stream-tokens 32] [--threads N]
+    python bench/serve.py [--tokens 128] [--rounds 3] [--streams 8 (0: the first part alone)] [--stream-tokens 32] [--threads N]
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--streams", type=int, default=8, help="clients at once in the second part (0: skip it)")
     ap.add_argument("--stream-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None,
                     help="llama.cpp threads, held for the whole run (default: chosen per answer from the free cores)")
@@ -140,6 +140,8 @@ def main() -> None:
         print(f"served_in_process_tok_s={in_process:.1f}")
         print(f"ratio_in_process_client_vs_direct={in_process / direct:.2f}")
         print(f"ratio_served_vs_direct={served / direct:.2f}")
+        if args.streams <= 0:  # --streams 0: the one-stream part alone
+            return
 
         results: dict[int, tuple[int, float, float]] = {}
 

@@ -5,8 +5,8 @@
 each child seeded `seed + index`. Several requests that waited together can share one batch
 (`shared_batch`: each a `Rider`, their answers rows of one batch runner, `engine.decode.shared_batch`), and
 requests that come while it runs can join it (`SharedBatch.join`); each then reads its own events
-(`rider_events`). Events cross from the model's worker thread with
-`call_soon_threadsafe`.
+(`rider_events`). Events cross from the model's worker thread to the server's loop through `HANDOFF`, a
+thread of its own that calls `call_soon_threadsafe` (why: `Handoff`).
 Setting `cancel` (a client gone, the window's Stop) ends the generation before its next token; the stream then
 still ends with each choice's `Done` (finish reason "cancelled").
 """
@@ -14,6 +14,8 @@ still ends with each choice's `Done` (finish reason "cancelled").
 from __future__ import annotations
 
 import asyncio
+import logging
+import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
@@ -28,7 +30,62 @@ from engine.decode.batch_inbox import BatchInbox
 from engine.decode.shared_batch import BatchJob, shared_batch_events
 from engine.request import GenerationRequest
 
+log = logging.getLogger(__name__)
+
 _FINISHED = object()  # the worker's job is over (after the last Done, or after an error)
+
+
+class Handoff:
+    """Carries calls from the model's worker thread to a server's event loop, on a thread of its own.
+
+    Why not `loop.call_soon_threadsafe` on the worker: it writes a byte to the loop's self-pipe, that send
+    lets go of the GIL, the woken loop takes it, and the model's thread then waits for the loop's whole work
+    on the token (its chunk built and sent, the sinks) before it can start the next forward: 2 ms a token
+    with llama.cpp on 2 threads on 2 cores (bench/serve.py under py-spy, docs/serve.md "Speed"). `put` is a
+    `SimpleQueue.put`, which keeps the GIL; this thread takes it when the worker lets go of it in the forward,
+    so the server's work on a token runs while the model computes the next one, as a direct consumer's does.
+    Calls for one loop keep their order (one FIFO, one thread); those that came together go as one callback.
+    """
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, Callable[..., object], tuple[object, ...]]] \
+            = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def put(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
+        """Call `fn(*args)` on `loop` soon, after every call put before it for that loop. Thread-safe."""
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="logitlab-serve-handoff", daemon=True)
+                    self._thread.start()
+        self._calls.put((loop, fn, args))
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._calls.get()]
+            while True:
+                try:
+                    batch.append(self._calls.get_nowait())
+                except queue.Empty:
+                    break
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Callable[..., object], tuple[object, ...]]]] = {}
+            for loop, fn, args in batch:
+                by_loop.setdefault(loop, []).append((fn, args))
+            for loop, calls in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(_call_each, calls)
+                except RuntimeError:  # that loop is closed (its server stopped, its answers cancelled): no reader
+                    log.debug("dropped %d calls for a closed event loop", len(calls))
+
+
+def _call_each(calls: list[tuple[Callable[..., object], tuple[object, ...]]]) -> None:
+    for fn, args in calls:
+        fn(*args)
+
+
+HANDOFF = Handoff()  # one for the process: a thread that sleeps between tokens
 
 
 @dataclass(eq=False)
@@ -71,7 +128,7 @@ def shared_batch(engine: Engine, riders: Sequence[Rider], on_done: Callable[[], 
     jobs = [BatchJob(r.request, r.n, r.cancel) for r in riders]
 
     def put(rider: Rider, item: object) -> None:
-        loop.call_soon_threadsafe(rider.queue.put_nowait, item)
+        HANDOFF.put(loop, rider.queue.put_nowait, item)
 
     def job(backend: Backend) -> None:
         # A joined job's index is its place in `batch.riders`: both follow the inbox's order of offers.
@@ -89,7 +146,7 @@ def shared_batch(engine: Engine, riders: Sequence[Rider], on_done: Callable[[], 
             outcome = fut.exception() or _FINISHED
         for rider in batch.riders:
             put(rider, outcome)
-        loop.call_soon_threadsafe(on_done)
+        HANDOFF.put(loop, on_done)  # after the riders' outcomes, as they were put first
 
     try:
         future = engine.call(job)
@@ -116,10 +173,10 @@ async def engine_events(engine: Engine, request: GenerationRequest, n: int,
                         cancel: threading.Event) -> AsyncIterator[tuple[int, Event]]:
     """Every event of the request's `n` choices, each choice ending with its Done; raises the run's error."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[object] = asyncio.Queue()
+    events: asyncio.Queue[object] = asyncio.Queue()
 
     def put(item: object) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, item)
+        HANDOFF.put(loop, events.put_nowait, item)
 
     if n == 1:
         try:
@@ -146,7 +203,7 @@ async def engine_events(engine: Engine, request: GenerationRequest, n: int,
         future.add_done_callback(lambda fut: put(fut.exception() or _FINISHED))
         watcher = None
     try:
-        async for item in _drain(queue, n):
+        async for item in _drain(events, n):
             yield item
     finally:
         cancel.set()  # leaving early (the client went away): the generation stops before its next token

@@ -55,29 +55,35 @@ def _chosen_lp(event: TokenEvent, req: ServedRequest) -> float:
     return _lp(event.sampler_logprob if req.post_sampling_probs else event.logprob)
 
 
-def chat_logprob(event: TokenEvent, req: ServedRequest) -> dict[str, Any]:
+def chat_logprob(event: TokenEvent, req: ServedRequest,
+                 alternatives: tuple[TokenProb, ...] | None = None) -> dict[str, Any]:
+    """One token's chat log-prob entry; `alternatives`: its `_alternatives`, when the caller has them already."""
+    top = _alternatives(event, req) if alternatives is None else alternatives
     return {
         "id": event.token_id, "token": event.token_text, "logprob": _chosen_lp(event, req),
         "bytes": _bytes(event.token_text, event.token_bytes),
         "top_logprobs": [{"id": p.token_id, "token": p.text, "logprob": _lp(p.logprob),
-                          "bytes": _bytes(p.text, p.token_bytes)} for p in _alternatives(event, req)],
+                          "bytes": _bytes(p.text, p.token_bytes)} for p in top],
     }
 
 
 def completion_logprobs(events: list[TokenEvent], req: ServedRequest, offset: int = 0) -> dict[str, Any]:
-    """OpenAI's completions log-probs of `events`, whose text starts at `offset` in the answer."""
-    tokens, lps, tops, offsets = [], [], [], []
+    """OpenAI's completions log-probs of `events`, whose text starts at `offset` in the answer; each token's
+    alternatives are picked once, for both its `top_logprobs` and its `content` entry."""
+    tokens, lps, tops, offsets, content = [], [], [], [], []
     for e in events:
+        alternatives = _alternatives(e, req)
         tokens.append(e.token_text)
         lps.append(_chosen_lp(e, req))
         top: dict[str, float] = {}
-        for p in _alternatives(e, req):
+        for p in alternatives:
             top.setdefault(p.text, _lp(p.logprob))  # two tokens with one text: the likelier one (listed first)
         tops.append(top)
         offsets.append(offset)
         offset += len(e.text)
+        content.append(chat_logprob(e, req, alternatives))
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets,
-            "content": [chat_logprob(e, req) for e in events]}
+            "content": content}
 
 
 def _prompt_pieces(tokenizer: Any, ids: tuple[int, ...], text: str | None) -> list[int]:
