@@ -112,12 +112,13 @@ class _Head:
     shape the host reads (a sync on CUDA, no transfer).
     """
 
-    __slots__ = ("_blocks", "_bmax", "floor", "ids", "m", "row", "vals")
+    __slots__ = ("_block_ids", "_blocks", "_bmax", "floor", "ids", "m", "row", "vals")
 
-    def __init__(self, row: torch.Tensor) -> None:
+    def __init__(self, row: torch.Tensor, block_ids: torch.Tensor) -> None:
         import torch
 
         self.row = row
+        self._block_ids = block_ids  # (nb, _BLOCK) the ids of each block's entries
         v = row.numel()
         nb = -(-v // _BLOCK)
         if v % _BLOCK:  # the last block padded with -inf
@@ -146,7 +147,7 @@ class _Head:
                 cand = self._blocks.index_select(0, blocks).reshape(-1)
                 local = (cand >= floor).nonzero().squeeze(1)
                 if local.numel() >= n:  # fewer only with a NaN in the row, which the report refuses
-                    self.ids = blocks[local // _BLOCK] * _BLOCK + local % _BLOCK
+                    self.ids = self._block_ids.index_select(0, blocks).view(-1)[local]
                     self.vals, self.floor = cand[local], floor
                     return
         self.ids, self.vals, self.floor = None, self.row, -math.inf
@@ -388,14 +389,23 @@ class TorchChain:
         """
         import torch
 
+        with torch.inference_mode():  # no autograd bookkeeping: each op's fixed cost is most of a pick on the CPU
+            return self._choose(logits, force_token)
+
+    def _choose(self, logits: torch.Tensor, force_token: int | None) -> TorchChoice:
+        import torch
+
+
         if not isinstance(logits, torch.Tensor) or logits.ndim != 1 or logits.numel() == 0:
             shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
             raise ValueError(f"logits must be one non-empty torch row (V,), got {shape}")
-        scores = logits.detach().to(torch.float32).contiguous()
+        scores = logits.detach() if logits.requires_grad else logits
+        if scores.dtype != torch.float32 or not scores.is_contiguous():
+            scores = scores.to(torch.float32).contiguous()
         v = scores.numel()
         if force_token is not None and not 0 <= force_token < v:
             raise ValueError(f"force_token {force_token} is outside the vocabulary [0, {v})")
-        head = _Head(scores)
+        head = _Head(scores, self._buffers.ready(scores).block_ids)
         ctx = _Ctx(self._rng, head)
         row: Row = (None, scores)
         for _, stage in self._stages:
@@ -423,36 +433,32 @@ class TorchChain:
 
 
 class _Buffers:
-    """Two float32 (V,) rows kept from one report to the next, for the report's whole-row arithmetic.
+    """What a chain keeps from one token to the next for a row of V entries on one device.
 
-    A fresh 1 MB tensor per token is a fresh mapping from the OS on the CPU (glibc hands blocks that large to
-    mmap), paid in page faults every token: measured, a new row made `scores - m` 1.5x slower and `exp` 1.3x at
-    262k (engine.sampling.stages.CHUNK is numpy's answer to the same).
+    Two float32 work rows for the report's whole-row arithmetic, padded with zeros to whole blocks: a fresh
+    1 MB tensor per token is a fresh mapping from the OS on the CPU (glibc hands blocks that large to mmap),
+    paid in page faults every token -- measured, a new row made `scores - m` 1.5x slower and `exp` 1.3x at
+    262k (engine.sampling.stages.CHUNK is numpy's answer to the same). And the ids of each block's entries,
+    for the head (`_Head`). A chain's reports run one at a time (they share the work rows).
     """
 
-    __slots__ = ("_rows",)
+    __slots__ = ("block_ids", "d", "e", "pair", "v")
 
     def __init__(self) -> None:
-        self._rows: tuple[Any, Any] | None = None
+        self.v = -1
 
-    def __call__(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def ready(self, like: torch.Tensor) -> _Buffers:
         import torch
 
-        rows = self._rows
-        if rows is None or rows[0].shape != like.shape or rows[0].device != like.device:
-            rows = self._rows = (torch.empty_like(like), torch.empty_like(like))
-        return rows
-
-
-def _sum64(e: torch.Tensor) -> torch.Tensor:
-    """sum(e) as a float64 0-d tensor: float32 sums of blocks of 256 added in float64, as close to numpy's float64
-    sum as float32 rounding lets any sum be, without the whole-row float64 copy `sum(dtype=float64)` makes."""
-    import torch
-
-    n = e.numel()
-    full = n - n % _BLOCK
-    z = e[:full].view(-1, _BLOCK).sum(1).double().sum()
-    return z + e[full:].sum(dtype=torch.float64) if full < n else z
+        v = like.numel()
+        if v != self.v or self.d.device != like.device:
+            nb = -(-v // _BLOCK)
+            work = torch.zeros((2, nb * _BLOCK), dtype=torch.float32, device=like.device)
+            self.d, self.e = work[0, :v], work[1, :v]
+            self.pair = work.view(2, nb, _BLOCK)  # the two rows by blocks: their block sums in one op
+            self.block_ids = torch.arange(nb * _BLOCK, device=like.device).view(nb, _BLOCK)
+            self.v = v
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,11 +472,10 @@ class _Final:
     drawn: Any  # the drawn token's position in `vals`
 
 
-def _top(ids: torch.Tensor | None, vals: torch.Tensor, n: int, lse: torch.Tensor,
-         finite: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _top(ids: torch.Tensor | None, vals: torch.Tensor, n: int, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The n most likely (ids, float64 log-probs), most likely first, ties to the lowest id (`Dist.top`).
 
-    `finite` promises `vals` holds no -inf (survivors, a head): no mask to make.
+    Removed tokens (-inf) may come last when fewer than n are finite: the host leaves them out.
     """
     import torch
 
@@ -479,14 +484,16 @@ def _top(ids: torch.Tensor | None, vals: torch.Tensor, n: int, lse: torch.Tensor
         return vals.new_zeros(0, dtype=torch.int64), vals.new_zeros(0, dtype=torch.float64)
     local: torch.Tensor | None = None
     if vals.numel() > 256:  # a long row: the n-th largest value first, then only the entries at or above it
-        keep = vals >= torch.topk(vals, n).values[n - 1]
-        local = (keep if finite else keep & (vals > -math.inf)).nonzero().squeeze(1)  # ascending: ties in id order
-    elif not finite:
-        local = (vals > -math.inf).nonzero().squeeze(1)
-    cand = vals if local is None else vals[local]
-    order = torch.sort(cand, descending=True, stable=True).indices[:n]  # stable: among ties, the lower id first
-    local = order if local is None else local[order]
-    return (local if ids is None else ids[local]), vals[local].double() - lse
+        local = (vals >= torch.topk(vals, n).values[n - 1]).nonzero().squeeze(1)  # ascending: ties in id order
+        vals = vals[local]
+    top = torch.sort(vals, descending=True, stable=True)  # stable: among ties, the lower id first
+    pos = top.indices[:n] if local is None else local[top.indices[:n]]
+    return (pos if ids is None else ids[pos]), top.values[:n].double() - lse
+
+
+def _pairs(ids: list[float], logprobs: list[float]) -> tuple[tuple[int, float], ...]:
+    """(id, log-prob) pairs from the transfer, without the removed tokens a short row's top N ends with."""
+    return tuple((int(i), lp) for i, lp in zip(ids, logprobs) if lp != -math.inf)
 
 
 class TorchChoice:
@@ -514,12 +521,22 @@ class TorchChoice:
         """The token's statistics as `Choice.report` gives them (no stage records): one transfer to the host."""
         import torch
 
+        with torch.inference_mode():
+            return self._report(top_n)
+
+    def _report(self, top_n: int) -> Pick:
+        import torch
+
+
         scores, token, m = self._scores, self.token, self._head.m
-        d, e = self._buffers(scores)
+        bufs = self._buffers.ready(scores)
+        d, e = bufs.d, bufs.e
         torch.sub(scores, m, out=d).clamp_(min=-1e30)  # exp(-1e30) * -1e30 is 0; exp(-inf) * -inf is NaN (exp_sums)
         torch.exp(d, out=e)
-        z = _sum64(e)
-        ed = _sum64(d.mul_(e))  # float32 products (numpy's einsum in exp_sums), summed as Z is
+        d.mul_(e)  # float32 products, as numpy's einsum in exp_sums
+        # float32 sums of blocks of 256 added in float64: as close to numpy's float64 sums as float32 terms let
+        # any sum be, without the whole-row float64 copy `sum(dtype=float64)` makes
+        ed, z = bufs.pair.sum(2).double().sum(1).unbind()
         log_z = z.log()
         lse = m.double() + log_z
         s_tok = scores[token]
@@ -528,31 +545,32 @@ class TorchChoice:
         hd.ensure(max(top_n, 1))
         assert hd.vals is not None
         rank = torch.where(s_tok >= hd.floor, (hd.vals > s_tok).sum(), -1)
-        head = [token.double(), m.double(), s_tok.double() - lse, rank.double(), torch.clamp(log_z - ed / z, min=0.0)]
-        model_ids, model_lp = _top(hd.ids, hd.vals, top_n, lse, finite=hd.ids is not None)
+        # (torch.stack and torch.cat promote the ints and float32s to float64: exact, and no op each to convert)
+        head = [token, m, s_tok - lse, rank, torch.clamp(log_z - ed / z, min=0.0)]
+        model_ids, model_lp = _top(hd.ids, hd.vals, top_n, lse)
         fin = self._final
         if fin is None:  # greedy: the argmax alone, at log-prob 0
-            head.append(self._best.double())
+            head.append(self._best)
             samp_ids = samp_lp = scores.new_zeros(0, dtype=torch.float64)
         else:
             lse_f = fin.m.double() + fin.z.log()
             if not self.forced:
-                head.append(fin.vals[fin.drawn].double() - lse_f)
+                head.append(fin.vals[fin.drawn] - lse_f)
             elif fin.ids is None:
-                head.append(fin.vals[token].double() - lse_f)
+                head.append(fin.vals[token] - lse_f)
             else:  # a forced token: its score among the survivors, -inf when a stage removed it
                 pos = torch.searchsorted(fin.ids, token.reshape(1)).clamp_(max=fin.ids.numel() - 1).squeeze(0)
                 head.append(torch.where(fin.ids[pos] == token, fin.vals[pos].double() - lse_f, -math.inf))
-            samp_ids, samp_lp = _top(fin.ids, fin.vals, top_n, lse_f, finite=fin.ids is not None)
+            samp_ids, samp_lp = _top(fin.ids, fin.vals, top_n, lse_f)
         k_m, k_s = model_ids.numel(), samp_ids.numel()
-        out = torch.cat([torch.stack(head), model_ids.double(), model_lp, samp_ids.double(), samp_lp]).tolist()
+        out = torch.cat([torch.stack(head), model_ids, model_lp, samp_ids, samp_lp]).tolist()  # the one transfer
         tok, top, logprob, rank, entropy, last = out[:6]
         if not math.isfinite(top):
             raise ValueError(f"logits must be finite or -inf with at least one finite value (max is {top})")
         if rank < 0:  # the token lies below the head (forced, or a flat row's tail): count over the whole row
             rank = int((scores > s_tok).sum())
         rest = out[6:]
-        top_model = tuple((int(i), lp) for i, lp in zip(rest[:k_m], rest[k_m: 2 * k_m]))
+        top_model = _pairs(rest[:k_m], rest[k_m: 2 * k_m])
         rest = rest[2 * k_m:]
         token_id = int(tok)
         if fin is None:
@@ -561,7 +579,7 @@ class TorchChoice:
             top_sampler = ((best, 0.0),) if top_n > 0 else ()
         else:
             sampler_logprob = last
-            top_sampler = tuple((int(i), lp) for i, lp in zip(rest[:k_s], rest[k_s: 2 * k_s]))
+            top_sampler = _pairs(rest[:k_s], rest[k_s: 2 * k_s])
         names = self._names
         return Pick(token_id=token_id, logprob=logprob, sampler_logprob=sampler_logprob, rank=int(rank),
                     entropy=entropy, top_model=names(top_model), top_sampler=names(top_sampler), stages=None,
