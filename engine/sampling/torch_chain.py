@@ -175,15 +175,20 @@ DeviceStage = Callable[[Row, _Ctx], Row]
 
 
 def _cut(row: Row, keep: torch.Tensor) -> Row:
-    """The row's entries where `keep` (a bool tensor over `vals`) holds: the survivors, ascending ids."""
+    """The row without the entries where `keep` (a bool tensor over `vals`) is False.
+
+    A whole row becomes its kept entries (ascending ids); survivors already gathered get -inf where they are
+    cut (one op where gathering them again is four: on the CPU each torch op's fixed cost is most of a pick).
+    Removed tokens (-inf) may thus stay among the survivors; they weigh 0 in every sum, the draw passes over
+    them and the report leaves them out, as they do in a whole row.
+    """
+    import torch
+
     ids, vals = row
-    kept = keep.nonzero().squeeze(1)
-    return (kept if ids is None else ids[kept]), vals[kept]
-
-
-def _finite(row: Row, keep: torch.Tensor) -> torch.Tensor:
-    """`keep` without the removed tokens: only a whole row has any (survivors are finite)."""
-    return keep & (row[1] > -math.inf) if row[0] is None else keep
+    if ids is None:
+        kept = keep.nonzero().squeeze(1)
+        return kept, vals[kept]
+    return ids, torch.where(keep, vals, -math.inf)
 
 
 def _weights(vals: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -207,7 +212,7 @@ def _top_k(k: int) -> DeviceStage:
                 return head.ids[kept], head.vals[kept]
         else:
             kth = torch.topk(vals, k).values[k - 1]
-        return _cut(row, _finite(row, vals >= kth))
+        return _cut(row, vals >= kth)
 
     return top_k
 
@@ -217,13 +222,11 @@ def _top_p(p: float) -> DeviceStage:
         import torch
 
         vals = row[1]
-        m = vals.max()
-        target = _weights(vals, m).sum(dtype=torch.float64) * p
         desc = torch.sort(vals, descending=True).values
-        cum = _weights(desc, m).to(torch.float64).cumsum(0)
+        cum = _weights(desc, desc[0]).to(torch.float64).cumsum(0)  # Z is its last entry
         # transformers' rule forwards: the token whose mass crosses the target is kept too (stages._prefix_end)
-        j = torch.searchsorted(cum, target.reshape(1), right=False).clamp_(max=desc.numel() - 1)
-        return _cut(row, _finite(row, vals >= desc[j]))
+        j = torch.searchsorted(cum, cum[-1:] * p, right=False).clamp_(max=desc.numel() - 1)
+        return _cut(row, vals >= desc[j])  # -inf only when rounding kept the target out of reach: keep all
 
     return top_p
 
@@ -293,7 +296,7 @@ def _xtc(probability: float, threshold: float) -> DeviceStage:
         above = w >= (z * threshold).float()  # prob >= threshold, in float32 weights as numpy compares them
         least = torch.where(above, vals, math.inf).min()
         drop = above & (vals > least) & (above.sum() >= 2)  # only when two or more are above; the least stays
-        return _cut(row, _finite(row, ~drop))
+        return _cut(row, ~drop)
 
     return xtc
 
@@ -414,7 +417,7 @@ class TorchChain:
         forced = None if force_token is None else torch.tensor(force_token, device=scores.device)
         if self._greedy:
             best = vals.argmax()  # the first of equal maxima: the lowest id, as np.argmax
-            best = best if ids is None else ids[best]
+            best = best if ids is None else torch.take(ids, best)  # take: no sync, where ids[best] reads best
             return TorchChoice(self._names, self._buffers, head, best if forced is None else forced, force_token is not None,
                                best=best)
         m = vals.max()
@@ -426,7 +429,7 @@ class TorchChain:
         j = torch.searchsorted(cum, z * u, right=True)
         last = torch.searchsorted(cum, z, right=False)  # the last token with weight: for u * Z rounded up to Z
         j = torch.minimum(j, last).squeeze(0)
-        token = j if ids is None else ids[j]
+        token = j if ids is None else torch.take(ids, j)
         final = _Final(ids, vals, m, z.squeeze(0), j)
         return TorchChoice(self._names, self._buffers, head, token if forced is None else forced, force_token is not None,
                            final=final)
@@ -539,7 +542,7 @@ class TorchChoice:
         ed, z = bufs.pair.sum(2).double().sum(1).unbind()
         log_z = z.log()
         lse = m.double() + log_z
-        s_tok = scores[token]
+        s_tok = torch.take(scores, token)
         # the rank from the head when the token is in it (all the larger entries are); -1 asks for the whole row
         hd = self._head
         hd.ensure(max(top_n, 1))
@@ -555,12 +558,13 @@ class TorchChoice:
         else:
             lse_f = fin.m.double() + fin.z.log()
             if not self.forced:
-                head.append(fin.vals[fin.drawn] - lse_f)
+                head.append(torch.take(fin.vals, fin.drawn) - lse_f)
             elif fin.ids is None:
-                head.append(fin.vals[token] - lse_f)
+                head.append(torch.take(fin.vals, token) - lse_f)
             else:  # a forced token: its score among the survivors, -inf when a stage removed it
                 pos = torch.searchsorted(fin.ids, token.reshape(1)).clamp_(max=fin.ids.numel() - 1).squeeze(0)
-                head.append(torch.where(fin.ids[pos] == token, fin.vals[pos].double() - lse_f, -math.inf))
+                head.append(torch.where(torch.take(fin.ids, pos) == token, torch.take(fin.vals, pos) - lse_f,
+                                        -math.inf))
             samp_ids, samp_lp = _top(fin.ids, fin.vals, top_n, lse_f)
         k_m, k_s = model_ids.numel(), samp_ids.numel()
         out = torch.cat([torch.stack(head), model_ids, model_lp, samp_ids, samp_lp]).tolist()  # the one transfer
