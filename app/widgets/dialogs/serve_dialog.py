@@ -58,10 +58,7 @@ class ServeDialog(QDialog):
         self.key_edit.setAccessibleName("API key")
         self.key_hint = QLabel(KEY_HINT)
         self.key_hint.setWordWrap(True)
-        self.upstream_edit = QLineEdit(saved.upstream)
-        self.upstream_edit.setPlaceholderText("http://127.0.0.1:8000/v1")
-        self.upstream_edit.setAccessibleName("Upstream server (optional)")
-        self.upstream_edit.setToolTip(UPSTREAM_HINT)
+        self._make_upstream_fields(saved)
 
         form = QFormLayout()
         form.addRow("Address", self.host_edit)
@@ -69,12 +66,6 @@ class ServeDialog(QDialog):
         form.addRow("API key", self.key_edit)
         form.addRow("", self.key_hint)
         form.addRow("Upstream", self.upstream_edit)
-        self.upstream_top_box = QSpinBox()
-        self.upstream_top_box.setRange(CLIENTS_OWN, TOP_LOGPROBS_MAX)
-        self.upstream_top_box.setSpecialValueText("What clients ask")
-        self.upstream_top_box.setValue(CLIENTS_OWN if saved.upstream_top_n is None else saved.upstream_top_n)
-        self.upstream_top_box.setAccessibleName("Alternatives asked of the upstream")
-        self.upstream_top_box.setToolTip(UPSTREAM_TOP_HINT)
         form.addRow("Upstream top N", self.upstream_top_box)
 
         self.url_edit = QLineEdit()  # read-only but selectable: the address is there to be copied
@@ -118,6 +109,19 @@ class ServeDialog(QDialog):
         self.finished.connect(lambda _result: controller.changed.disconnect(self._on_state))
         self._update_key_hint()
         self._on_state(controller.state)
+
+    def _make_upstream_fields(self, saved: ServeSettings) -> None:
+        """Proxy mode's fields: the upstream's address and the alternatives asked of it."""
+        self.upstream_edit = QLineEdit(saved.upstream)
+        self.upstream_edit.setPlaceholderText("http://127.0.0.1:8000/v1")
+        self.upstream_edit.setAccessibleName("Upstream server (optional)")
+        self.upstream_edit.setToolTip(UPSTREAM_HINT)
+        self.upstream_top_box = QSpinBox()
+        self.upstream_top_box.setRange(CLIENTS_OWN, TOP_LOGPROBS_MAX)
+        self.upstream_top_box.setSpecialValueText("What clients ask")
+        self.upstream_top_box.setValue(CLIENTS_OWN if saved.upstream_top_n is None else saved.upstream_top_n)
+        self.upstream_top_box.setAccessibleName("Alternatives asked of the upstream")
+        self.upstream_top_box.setToolTip(UPSTREAM_TOP_HINT)
 
     def settings(self) -> ServeSettings:
         top = self.upstream_top_box.value()
