@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QFileDialog, QWidget
 from engine import documents
 
 from app.controllers.engine_host import EngineHost
-from app.state.store import Store
+from app.state.database.store import Store
 from app.widgets.chat.composer import Composer
 from app.widgets.dialogs.file_dialogs import remember_folder, start_folder
 from app.widgets.status_bar import StatusBar

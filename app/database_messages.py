@@ -12,8 +12,8 @@ from collections.abc import Callable
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QStatusBar, QWidget
 
-from app.state.recovery import DatabaseNotice
-from app.state.store import BUSY_TEXT, Store
+from app.state.database.recovery import DatabaseNotice
+from app.state.database.store import BUSY_TEXT, Store
 from app.widgets.banner import Banner
 
 
@@ -70,7 +70,7 @@ class DatabaseMessages:
         self._status.showMessage("Everything is saved again.", 6000)
 
     def busy(self, busy: bool) -> None:
-        # Another connection holds the write lock: writes wait in memory (app/state/store.py); say so until free.
+        # Another connection holds the write lock: writes wait in memory (app/state/database/store.py); say so until free.
         if busy:
             self._status.showMessage(BUSY_TEXT[:1].upper() + BUSY_TEXT[1:])
         elif self._status.currentMessage().lower() == BUSY_TEXT.lower():

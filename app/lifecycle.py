@@ -1,6 +1,6 @@
 """The app's life from database to exit, shared by `python -m app` and the self-test driver.
 
-`open_session` opens the database whatever state it is in (app/state/recovery.py),
+`open_session` opens the database whatever state it is in (app/state/database/recovery.py),
 builds the window, shows it, and tells the user about the database if there
 is anything to tell. `install_quit_handlers` makes SIGTERM, SIGHUP and SIGINT
 (logout, shutdown, a process manager, Ctrl+C) and Qt's `aboutToQuit` end the
@@ -22,8 +22,8 @@ from PySide6.QtWidgets import QApplication
 from app.controllers.engine_host import EngineHost
 from app.main_window import MainWindow
 from app.state.paths import database_path
-from app.state.recovery import DatabaseNotice, open_database
-from app.state.store import Store
+from app.state.database.recovery import DatabaseNotice, open_database
+from app.state.database.store import Store
 from app.theme import Theme
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QSpinBox
 
-from app.state.store import Store
+from app.state.database.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -38,11 +38,11 @@ from app.actions.model import ModelActions
 from app.controllers.serve import ServeController
 from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
-from app.state.recovery import DatabaseNotice
-from app.state.servers import ApiKeys
+from app.state.database.recovery import DatabaseNotice
+from app.state.models.servers import ApiKeys
 from app.state.settings import Selection, SettingsState, SteeringMemory, ViewOptions
-from app.state.store import Store
-from app.state.write_queue import write_queue
+from app.state.database.store import Store
+from app.state.database.write_queue import write_queue
 from app.theme import Theme, app_icon
 from app.database_messages import DatabaseMessages
 from app.widgets.banner import Banner
@@ -402,7 +402,7 @@ class MainWindow(QMainWindow):
         return self._spawn(self.controller.regenerate(message))
 
     async def _after_waiting_actions(self, run: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-        # A New chat or a switch that waits for the database's write lock (app/state/write_queue.py) decides which
+        # A New chat or a switch that waits for the database's write lock (app/state/database/write_queue.py) decides which
         # chat is open; a message sent meanwhile belongs to the chat the person will see, so it waits its turn.
         await write_queue(self.store).drained()
         return await run(*args)
@@ -436,7 +436,7 @@ class MainWindow(QMainWindow):
         self.controller.stop()
 
     def new_chat(self) -> None:
-        # Another connection holding the write lock: the new chat is made once it is free (app/state/write_queue.py).
+        # Another connection holding the write lock: the new chat is made once it is free (app/state/database/write_queue.py).
         write_queue(self.store).run("making a new chat", self.library.new)
         self.focus_input()
 
@@ -455,7 +455,7 @@ class MainWindow(QMainWindow):
 
     async def _generate_notebook(self, conv: Conversation, text: str) -> Message:
         # Its text is written first: while another connection holds the write lock (or an earlier edit waits for
-        # it) this waits on the event loop, the status bar says so (app/state/write_queue.py).
+        # it) this waits on the event loop, the status bar says so (app/state/database/write_queue.py).
         await write_queue(self.store).settled()
         return await continue_notebook(self.controller, conv, text)
 

@@ -90,7 +90,7 @@ async def app_run(window, heatmap: bool, ticks: TickRecorder):
 async def bench(args) -> int:
     from app.controllers.engine_host import EngineHost
     from app.main_window import MainWindow
-    from app.state.store import Store
+    from app.state.database.store import Store
 
     store = Store(Path(os.environ["LOGITLAB_DATA_DIR"]) / "bench.sqlite3")
     host = EngineHost()

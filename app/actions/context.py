@@ -18,7 +18,7 @@ from PySide6.QtWidgets import QMessageBox, QWidget
 from app.controllers.engine_host import EngineHost
 from app.state.conversation_list import Library
 from app.state.settings import Selection, SettingsState
-from app.state.store import Store
+from app.state.database.store import Store
 from app.state.steering_state import SteeringState
 
 Notify = Callable[[str, int], None]  # (text, milliseconds; 0: until the next): a line in the status bar

@@ -18,8 +18,8 @@ from app.state.answer_recipe import trace_lines
 from app.state.conversation import Message
 from app.state.export import to_json, to_markdown
 from app.state.json_safe import json_safe
-from app.state.model_match import made_by_other_model
-from app.state.model_record import model_record
+from app.state.models.model_match import made_by_other_model
+from app.state.models.model_record import model_record
 from app.widgets.experiment_windows.compare_view import CompareView
 from app.widgets.dialogs.file_dialogs import save_file
 from app.widgets.experiment_windows.replay_view import ReplayView

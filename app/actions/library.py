@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from app.actions.context import ActionContext
 from app.actions.model import ModelActions
-from app.state.model_library import DEFAULT_SPEC, ModelLibraryState
+from app.state.models.model_library import DEFAULT_SPEC, ModelLibraryState
 from app.widgets.dialogs.library_dialog import LibraryDialog
 from app.widgets.dialogs.model_picker import recent_models
 

@@ -36,9 +36,9 @@ from engine import (
 from app.actions.context import ActionContext
 from app.controllers.engine_host import LoadState, describe_error
 from app.controllers.off_thread import run_off_thread
-from app.state import model_defaults
-from app.state.runtime_choices import remember_runtime, saved_runtime
-from app.state.servers import ApiKeys, prepare_connection, remember_server
+from app.state.models import model_defaults
+from app.state.models.runtime_choices import remember_runtime, saved_runtime
+from app.state.models.servers import ApiKeys, prepare_connection, remember_server
 from app.widgets.dialogs.connect_dialog import ConnectChoice, ConnectDialog
 from app.widgets.dialogs.runtime_dialog import RuntimeDialog
 from app.widgets.dialogs.model_picker import DEFAULT_SPEC, ModelPicker, recent_models, remember_model, remote_code_confirmation

@@ -16,7 +16,7 @@ from engine import ModelInfo, template_choice
 from app.controllers.engine_host import EngineHost
 from app.state.notebook import NOTEBOOK, is_notebook
 from app.state.conversation_list import Library
-from app.state.store import Store
+from app.state.database.store import Store
 
 if TYPE_CHECKING:  # imported when the dialog first opens
     from app.widgets.dialogs.template_dialog import TemplateDialog

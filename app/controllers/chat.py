@@ -30,12 +30,12 @@ from app.state.notebook import Prompt, prompt_for, prompt_ids
 from app.controllers.off_thread import to_loop
 from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
-from app.state.model_match import other_model_notice
-from app.state.model_record import model_record
+from app.state.models.model_match import other_model_notice
+from app.state.models.model_record import model_record
 from app.state.observable import Signal
-from app.state.servers import server_samples
+from app.state.models.servers import server_samples
 from app.state.settings import SettingsState
-from app.state.store import is_busy
+from app.state.database.store import is_busy
 from app.controllers.steering_jobs import SteeringJobs
 from app.state.steering_state import SteeringState
 from app.controllers.token_stream import TokenStream

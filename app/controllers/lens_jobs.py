@@ -28,8 +28,8 @@ from engine import Engine, lens
 from app.controllers.engine_host import EngineHost
 from app.state.notebook import Prompt, prompt_for
 from app.state.conversation import Conversation, Message
-from app.state.model_match import check_answer_model
-from app.state.model_record import model_record
+from app.state.models.model_match import check_answer_model
+from app.state.models.model_record import model_record
 
 TOP_K = 8
 HEATMAP_WIDTH = 24  # answer positions around the selected one: each costs a layer-view row per layer

@@ -34,11 +34,11 @@ from app.controllers.engine_host import describe_error
 from app.state.answer_recipe import model_reasoning_format
 from app.state.notebook import prompt_for
 from app.state.conversation import Conversation, Message
-from app.state.model_match import other_model_notice
-from app.state.model_record import model_record
+from app.state.models.model_match import other_model_notice
+from app.state.models.model_record import model_record
 from app.state.observable import Signal
-from app.state.servers import server_samples
-from app.state.store import DatabaseBusy
+from app.state.models.servers import server_samples
+from app.state.database.store import DatabaseBusy
 from app.controllers.token_stream import FrameHop
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class LoomController:
         base = {**options.to_dict(), "max_new_tokens": max_new_tokens, "top_n": TOP_N, "server_sampling": by_server,
                 "reasoning": thinking.to_dict()}
         model = model_record(engine.info)
-        other = other_model_notice(message.model, model) if kept else None  # app/state/model_match.py
+        other = other_model_notice(message.model, model) if kept else None  # app/state/models/model_match.py
         if other:
             self.notice.emit(other)
         children = await self._add_children(conv, question, message, n, index, model, base, mode, cancel)

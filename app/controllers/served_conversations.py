@@ -35,7 +35,7 @@ from engine import reasoning
 
 from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
-from app.state.model_record import model_record
+from app.state.models.model_record import model_record
 from app.state.observable import Signal
 from app.controllers.token_stream import FRAME_S, FrameHop
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from app.controllers.chat import ChatController
     from app.controllers.tool_loop import ToolLoop
     from app.state.conversation import Message
-    from app.state.store import Store
+    from app.state.database.store import Store
     from app.tool_calls.requests import ToolRequests
 
 

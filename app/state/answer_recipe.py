@@ -17,7 +17,7 @@ from engine import experiments, reasoning, steering as steer
 
 from app.state.notebook import Prompt, is_notebook, prompt_for
 from app.state.conversation import Conversation, Message
-from app.state.model_record import model_record
+from app.state.models.model_record import model_record
 
 TOP_N = 20  # alternatives recorded per token, as in the chat
 STATS_SKIP = ("text", "token_ids")

@@ -19,7 +19,7 @@ from engine import TokenEvent
 from engine import documents
 
 from app.state.observable import Signal
-from app.state.store import ConversationRow, MessageRow, Store
+from app.state.database.store import ConversationRow, MessageRow, Store
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Message:
     attachments: list[documents.Attachment] = field(default_factory=list)
     generating: bool = False
     # Stored fields that could not be read (a wrong type, from an older version's import): they read as None,
-    # and this says which and why, for the view to show instead of failing (app/state/message_fields.py).
+    # and this says which and why, for the view to show instead of failing (app/state/database/message_fields.py).
     unreadable: str | None = None
 
     def model_text(self) -> str:

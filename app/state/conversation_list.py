@@ -7,7 +7,7 @@ import logging
 from app.state.conversation import Conversation, default_title
 from app.state.folders import ALL, FolderChoice, Folders
 from app.state.observable import Signal
-from app.state.store import ConversationRow, Store
+from app.state.database.store import ConversationRow, Store
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from app import __version__
 from app.state.conversation import Conversation, Message
 from app.state.folders import export_fields
 from app.state.json_safe import dumps
-from app.state.records import token_to_json
+from app.state.database.records import token_to_json
 
 JSON_FORMAT = "logitlab.conversation/1"
 

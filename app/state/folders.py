@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from app.state.row_reader import ROW_ERRORS, read_past_damage
+from app.state.database.row_reader import ROW_ERRORS, read_past_damage
 
 if TYPE_CHECKING:  # the store imports this module's schema
-    from app.state.store import Store
+    from app.state.database.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def export_fields(store: Store, conversation_id: int) -> dict[str, Any]:
 
 def salvage(conn: sqlite3.Connection, store: Store, conversation_ids: set[int]) -> None:
     """Copy the readable folders, and the links and tags of the conversations kept, from a damaged database
-    into the fresh `store` (app/state/recovery.py); a database before version 5 has none to copy."""
+    into the fresh `store` (app/state/database/recovery.py); a database before version 5 has none to copy."""
     if not {"folders", "conversation_folders", "conversation_tags"} <= _table_names(conn):
         return
     kept = read_past_damage(conn, "folders", "id, name", _folder_from_row).rows

@@ -9,7 +9,7 @@ importers read them back:
   the way llama.cpp's server spells a ban (`SamplerSettings` reads it back as -inf);
 - any other non-finite number is written as the string "-inf", "inf" or "nan"
   (`number_in` turns such a string back into the float where a number belongs);
-- token log-probs of -inf are `null` already (app/state/records.py, the trace format).
+- token log-probs of -inf are `null` already (app/state/database/records.py, the trace format).
 """
 
 from __future__ import annotations

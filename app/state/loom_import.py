@@ -27,11 +27,11 @@ from engine import TokenEvent, TokenProb
 from app.state.conversation import DEFAULT_TITLE, Conversation, Message, _title_from
 from app.state.conversation_list import Library
 from app.state.json_safe import json_safe, number_in
-from app.state.message_fields import (
+from app.state.database.message_fields import (
     STATS_FLOATS, FieldError, check_branch_index, check_finish_reason, check_json, check_model, check_request,
     check_stats, is_int, is_number,
 )
-from app.state.records import token_from_row
+from app.state.database.records import token_from_row
 
 FORMAT = "logitlab-loom"
 VERSION = 1

@@ -29,7 +29,7 @@ from engine import TokenEvent, reasoning, write_text_atomic
 from app.state.conversation import Conversation, Message
 from app.state.json_safe import dumps as json_dumps
 from app.state.loom_import import FORMAT, VERSION, LoomImportError, import_loom_file, import_tree, read_loom_file
-from app.state.records import alternatives_json
+from app.state.database.records import alternatives_json
 
 SHORT_CHARS = 32
 MAX_EXPORT_DEPTH = 200  # levels of the "tree" summary written; deeper forks are in the answers (the import reads those)

@@ -14,7 +14,7 @@ from typing import Any
 from engine import DEFAULT_SAMPLER, Constraint, SamplerSettings, steering
 
 from app.state.observable import Signal
-from app.state.store import Store
+from app.state.database.store import Store
 from app.state.steering_state import SteeringState
 
 log = logging.getLogger(__name__)

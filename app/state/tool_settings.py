@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from engine import tools as engine_tools
 
-from app.state.setting_keys import chat_tools_key, tool_results_key
+from app.state.database.setting_keys import chat_tools_key, tool_results_key
 
 if TYPE_CHECKING:
-    from app.state.store import Store
+    from app.state.database.store import Store
 
 log = logging.getLogger(__name__)
 

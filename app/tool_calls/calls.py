@@ -3,7 +3,7 @@ confidence of each (engine.call_confidence over the answer's own token records),
 
 The calls are those the engine parsed (`GenerationStats.tool_calls`, saved in the answer's stats); the allowed
 names are the ones its request offered (saved in its request record under "tools"); the token records keep each
-token's place in a call (app/state/records.py), so the numbers are the same after a restart.
+token's place in a call (app/state/database/records.py), so the numbers are the same after a restart.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from app.tool_calls.calls import message_calls, text_outside_calls
 
 if TYPE_CHECKING:
     from app.state.conversation import Conversation, Message
-    from app.state.store import Store
+    from app.state.database.store import Store
 
 
 class ToolRequests:

@@ -16,7 +16,7 @@ from PySide6.QtCore import QTimer
 
 from app.state.conversation import Conversation
 from app.state.conversation_list import Library
-from app.state.store import Store
+from app.state.database.store import Store
 
 
 def token(index: int, token_id: int, text: str, logprob: float = -0.5, special: bool = False) -> TokenEvent:

@@ -16,7 +16,7 @@ import pytest
 import qasync
 
 from app.controllers.engine_host import EngineHost
-from app.state.store import Store
+from app.state.database.store import Store
 from app.ui_thread_gc import UiThreadGarbageCollector
 from qt_helpers import close_window, make_window, mock_factory, run_task
 

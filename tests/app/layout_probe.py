@@ -39,7 +39,7 @@ async def _probe(data_dir: Path) -> dict:
 
     from app.controllers.engine_host import EngineHost
     from app.main_window import MainWindow
-    from app.state.store import Store
+    from app.state.database.store import Store
     from app.widgets.sampling.structured_output import StructuredOutputBox
     from qt_helpers import mock_factory
 

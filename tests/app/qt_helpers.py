@@ -11,7 +11,7 @@ from engine import Engine
 from engine.backends.mock import MockBackend
 
 from app.controllers.engine_host import EngineHost
-from app.state.store import Store
+from app.state.database.store import Store
 
 MOCK_DELAY_S = 0.01  # per token: slow enough to stop mid-answer, fast enough for a quick suite
 

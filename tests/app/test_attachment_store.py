@@ -9,7 +9,7 @@ import sqlite3
 
 from app.state.conversation import Conversation
 from app.state.export import to_json, to_markdown
-from app.state.store import SCHEMA, SCHEMA_VERSION, Store
+from app.state.database.store import SCHEMA, SCHEMA_VERSION, Store
 from engine.documents import attachment_from_bytes, compose_message
 
 NOTES = attachment_from_bytes("notes.md", b"# Notes\n\nThe meeting is on Tuesday.\n")
@@ -106,7 +106,7 @@ def test_a_version_3_database_opens_with_its_chats_and_takes_attachments(tmp_pat
 
 
 def test_salvage_keeps_the_attachments_of_the_messages_it_keeps(tmp_path):
-    from app.state.recovery import salvage_into
+    from app.state.database.recovery import salvage_into
 
     source = Store(tmp_path / "source.sqlite3")
     conv = _open(source, source.create_conversation("c").id)

@@ -50,7 +50,7 @@ def test_importing_and_building_the_window_loads_no_model_runtime(tmp_path):
         "app = QApplication([])\n"
         "from app.controllers.engine_host import EngineHost\n"
         "from app.main_window import MainWindow\n"
-        "from app.state.store import Store\n"
+        "from app.state.database.store import Store\n"
         "w = MainWindow(Store(':memory:'), EngineHost())\n"
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r})\n"
         "assert not bad, bad\n"

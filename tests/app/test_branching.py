@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 
-from app.state.store import Store
+from app.state.database.store import Store
 from qt_helpers import answered, send
 
 

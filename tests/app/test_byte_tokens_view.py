@@ -7,7 +7,7 @@ import json
 
 from engine import TokenEvent, TokenProb
 
-from app.state.records import alternatives_json, token_from_row, token_row, token_to_json
+from app.state.database.records import alternatives_json, token_from_row, token_row, token_to_json
 from app.widgets.fmt import byte_label, completed_character, token_tooltip
 from qt_helpers import close_window, make_window
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
-from app.state.store import Store
+from app.state.database.store import Store
 from qt_helpers import answered, send
 
 

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python[server] (the test extra)")
 
-from app.state.servers import recent_servers  # noqa: E402
+from app.state.models.servers import recent_servers  # noqa: E402
 from app.widgets.dialogs.connect_dialog import ConnectDialog  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from qt_helpers import answered, run_task  # noqa: E402
@@ -122,7 +122,7 @@ def test_the_menu_opens_the_dialog_with_the_last_server(qtbot, window, store):
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.state.servers import remember_server
+    from app.state.models.servers import remember_server
 
     dead = f"http://127.0.0.1:{free_port()}/v1"
     remember_server(store, dead, "some-model", 7.0)

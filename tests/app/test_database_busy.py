@@ -19,8 +19,8 @@ from PySide6.QtWidgets import QMessageBox
 from qt_helpers import answered, close_window, make_window, mock_factory, run_task, send
 
 from app.controllers.engine_host import EngineHost
-from app.state.store import BUSY_TEXT
-from app.state.write_queue import write_queue
+from app.state.database.store import BUSY_TEXT
+from app.state.database.write_queue import write_queue
 from app.widgets.chat.sidebar import ID_ROLE
 
 LOCK_S = 3.0
@@ -263,7 +263,7 @@ def test_versions_and_the_system_prompt_changed_while_locked_are_written_after(q
 
 def test_closing_runs_the_actions_that_still_wait_for_the_lock(db_path):
     from app.state.conversation_list import Library
-    from app.state.store import Store
+    from app.state.database.store import Store
 
     store = Store(db_path)
     library = Library(store)
@@ -304,7 +304,7 @@ def test_a_message_sent_while_a_new_chat_waits_for_the_lock_goes_into_the_new_ch
     """New chat waits for the lock; the person types and sends at once: the message must not land in the chat
     that happened to be open while New chat waited. It did whenever the send's own wait for the lock woke before
     the queue's (a race; the queue polls slowly here so that the send would win it every time)."""
-    monkeypatch.setattr("app.state.write_queue.POLL_S", 0.6)
+    monkeypatch.setattr("app.state.database.write_queue.POLL_S", 0.6)
     send(qtbot, window, "first chat")
     first = window.library.current
     holder = hold_write_lock(db_path, 1.5)

@@ -23,8 +23,8 @@ from engine import Engine, GenerationRequest, SamplerSettings, TokenEvent
 from engine.backends.mock import MockBackend
 
 from app.main_window import NOTHING_SAVED
-from app.state.recovery import open_database
-from app.state.store import REPAIR_MARKER_SUFFIX, Store
+from app.state.database.recovery import open_database
+from app.state.database.store import REPAIR_MARKER_SUFFIX, Store
 from qt_helpers import close_window, make_window, run_task, send
 
 CONVERSATIONS = 12
@@ -277,7 +277,7 @@ def test_unwritable_database_runs_on_a_temporary_one_and_says_so(qtbot, qloop, h
 def test_a_served_conversation_is_recovered_as_served(tmp_path):
     """Salvage copies the served record with its conversation (it was dropped: a recovered served conversation
     became a plain chat, its client and request gone)."""
-    from app.state.recovery import salvage_into
+    from app.state.database.recovery import salvage_into
 
     source = Store(tmp_path / "source.sqlite3")
     served = {"id": "chatcmpl-1", "client": "127.0.0.1:5000", "endpoint": "chat.completions"}

@@ -16,7 +16,7 @@ from app.state import folders as folder_tables
 from app.state.conversation import Conversation
 from app.state.export import to_json_dict, to_markdown
 from app.state.folders import ALL, NONE, Folders
-from app.state.store import SCHEMA, SCHEMA_VERSION, Store
+from app.state.database.store import SCHEMA, SCHEMA_VERSION, Store
 
 
 def _titles(sidebar) -> list[str]:
@@ -267,7 +267,7 @@ def test_foreign_and_damaged_folder_rows_do_not_stop_the_sidebar(qtbot, foreign_
 
 
 def test_a_repaired_database_keeps_the_folders_and_tags_of_the_chats_it_keeps(tmp_path):
-    from app.state.recovery import salvage_into
+    from app.state.database.recovery import salvage_into
 
     source = Store(tmp_path / "source.sqlite3")
     kept, other = source.create_conversation("kept"), source.create_conversation("also kept")

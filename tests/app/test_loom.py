@@ -21,7 +21,7 @@ from app.controllers.loom import ExpandSettings, LoomController
 from app.state.conversation_list import Library
 from app.state.loom_tree import LoomImportError, answer_group, build_tree, export_tree, import_tree
 from app.state.settings import SettingsState
-from app.state.store import Store
+from app.state.database.store import Store
 from qt_helpers import send
 
 QUESTION = "Write one sentence about the sea."

@@ -10,7 +10,7 @@ from engine import Engine
 from engine.backends.mock import MockBackend
 
 from app.controllers.engine_host import EngineHost, start_engine
-from app.state.store import Store
+from app.state.database.store import Store
 from app.widgets.dialogs.model_picker import ModelPicker
 from qt_helpers import close_window, make_window, run_task, send
 

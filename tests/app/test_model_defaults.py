@@ -10,8 +10,8 @@ from PySide6.QtCore import Qt
 from app.controllers.engine_host import EngineHost
 from engine import Engine
 from engine.backends.mock import MockBackend
-from app.state.model_defaults import DEFAULTS_KEY, model_key, read_defaults
-from app.state.store import Store
+from app.state.models.model_defaults import DEFAULTS_KEY, model_key, read_defaults
+from app.state.database.store import Store
 from qt_helpers import MOCK_DELAY_S, run_task
 
 LOADS: list[dict] = []  # the runtime settings each load of the mock model was given

@@ -11,8 +11,8 @@ import pytest
 from app.state.notebook import Prompt, apply_text, notebook_text, prompt_for, spans
 from app.state.export import to_json_dict, to_markdown
 from app.state.conversation_list import Library
-from app.state.recovery import open_database
-from app.state.store import REPAIR_MARKER_SUFFIX, SCHEMA, SCHEMA_VERSION, Store
+from app.state.database.recovery import open_database
+from app.state.database.store import REPAIR_MARKER_SUFFIX, SCHEMA, SCHEMA_VERSION, Store
 
 # The conversations table as version 1 of the database wrote it (no mode column).
 V1_CONVERSATIONS = """CREATE TABLE conversations (

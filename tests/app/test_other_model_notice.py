@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from qt_helpers import answered, run_task, send
 
-from app.state.model_match import other_model_notice, same_model
+from app.state.models.model_match import other_model_notice, same_model
 
 OTHER = {"name": "OtherModel-7B", "spec": "org/other-7b", "architecture": "mistral", "backend": "torch"}
 

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 from PySide6.QtCore import Qt
 
-from app.state.store import Store
+from app.state.database.store import Store
 from qt_helpers import answered, close_window, make_window, send
 
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 from engine import Rewind, StageSnapshot, TokenEvent, TokenProb
 
-from app.state.records import alternatives_json, token_from_row, token_row
-from app.state.store import Store
+from app.state.database.records import alternatives_json, token_from_row, token_row
+from app.state.database.store import Store
 
 NOTE = "top 20 from server, renormalised over them"
 

@@ -26,7 +26,7 @@ from engine.cpu_load import physical_cores
 
 from app.selftest import REPORT_PREFIX
 from app.selftest_checks import EVENT_PREFIX
-from app.state.store import Store
+from app.state.database.store import Store
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 

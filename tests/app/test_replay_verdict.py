@@ -16,7 +16,7 @@ from app.controllers.experiment import ExperimentController
 from app.state.answer_recipe import recipe_for
 from app.state.conversation_list import Library
 from app.state.settings import SettingsState
-from app.state.store import Store
+from app.state.database.store import Store
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ def test_runtime_settings_reload_the_model_and_apply_when_it_opens_again(qtbot, 
 
     from engine import RuntimeSettings
 
-    from app.state.runtime_choices import saved_runtime
+    from app.state.models.runtime_choices import saved_runtime
 
     window = make_window(qtbot, store, real_host)
     try:
@@ -98,7 +98,7 @@ def test_settings_that_stop_a_model_from_loading_can_be_dropped_from_the_error(q
 
     from engine import RuntimeSettings
 
-    from app.state.runtime_choices import remember_runtime, saved_runtime
+    from app.state.models.runtime_choices import remember_runtime, saved_runtime
 
     remember_runtime(store, tiny_gguf_file, "auto", RuntimeSettings(n_ctx=100_000))  # longer than the file's 4,096
     window = make_window(qtbot, store, real_host)
@@ -136,7 +136,7 @@ def test_a_torch_model_on_the_cpu_takes_threads_from_the_dialog(qtbot, qloop, st
 
     from engine import RuntimeSettings
 
-    from app.state.runtime_choices import saved_runtime
+    from app.state.models.runtime_choices import saved_runtime
 
     before = torch.get_num_threads()
     spec = str(tiny_llama_folder)

@@ -26,7 +26,7 @@ from app.controllers.engine_host import EngineHost
 from app.state.answer_recipe import recipe_for
 from app.lifecycle import _StopWorkOnClose
 from app.controllers.serve import ServeSettings
-from app.state.store import SCHEMA, Store
+from app.state.database.store import SCHEMA, Store
 from app.widgets.chat.sidebar import ID_ROLE
 from qt_helpers import answered, close_window, make_window, run_task
 

@@ -9,8 +9,8 @@ import pytest
 from engine.backends.remote import RemoteBackend
 from remote_server import CharModel, FakeServer
 
-from app.state.servers import ApiKeys, prepare_connection, recent_servers, remember_server
-from app.state.store import Store
+from app.state.models.servers import ApiKeys, prepare_connection, recent_servers, remember_server
+from app.state.database.store import Store
 
 SECRET = "sk-very-secret-123"
 URL = f"http://alice:{SECRET}@127.0.0.1:8080/v1#tiny"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import types
 
-from app.state.servers import KEYRING_SERVICE, ApiKeys, prepare_connection, recent_servers, remember_server
+from app.state.models.servers import KEYRING_SERVICE, ApiKeys, prepare_connection, recent_servers, remember_server
 
 
 def _fake_keyring() -> types.ModuleType:

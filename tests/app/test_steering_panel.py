@@ -15,7 +15,7 @@ from PySide6.QtGui import QColor
 from engine import steering as steer
 
 from app.state.conversation_list import Library
-from app.state.store import Store
+from app.state.database.store import Store
 from qt_helpers import run_task
 from steering_helpers import QUESTION, answer_ids, loaded_vector, regenerate, steer_window, token_records  # noqa: F401
 

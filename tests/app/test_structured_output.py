@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 
 from engine import Constraint, ConstraintStep, StageSnapshot, TokenEvent, TokenProb
 
-from app.state.records import token_from_row, token_row
+from app.state.database.records import token_from_row, token_row
 from app.state.settings import SettingsState
 from app.widgets.chat.constraint_marks import DISALLOWED_ROLE
 from app.widgets.inspection.prob_table import ProbTable

@@ -6,7 +6,7 @@ import json
 
 from engine import GenerationRequest
 
-from app.state.store import Store
+from app.state.database.store import Store
 from app.state.tool_settings import MAX_RESULT_CHARS, ToolResult, load_chat_tools, save_tool_result, tool_results
 from qt_helpers import send
 

@@ -16,7 +16,7 @@ from engine import Engine
 from engine.backends.mock import MockBackend
 
 from app.controllers.engine_host import EngineHost
-from app.state.model_match import OtherModelsAnswer, check_answer_model, made_by_other_model
+from app.state.models.model_match import OtherModelsAnswer, check_answer_model, made_by_other_model
 from qt_helpers import MOCK_DELAY_S, close_window, make_window, run_task, send
 
 LAYERS_CANNOT = "layer view needs a model that can show what each of its layers predicts"

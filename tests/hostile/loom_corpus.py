@@ -20,7 +20,7 @@ from engine import StageSnapshot, TokenEvent, TokenProb
 
 from app.state.conversation_list import Library
 from app.state.loom_tree import export_tree
-from app.state.store import Store
+from app.state.database.store import Store
 
 QUESTION = "Name a colour."
 IDS = {"Blue": 100, ".": 101, "-green": 102}  # both answers start with "Blue": the tree forks after it

@@ -19,7 +19,7 @@ from loom_corpus import CORPUS, QUESTION, good_loom
 from app.state.conversation_list import Library
 from app.state.loom_import import MAX_FILE_BYTES, LoomImportError, import_loom_file, read_loom_file
 from app.state.loom_tree import answer_group, build_tree
-from app.state.store import Store
+from app.state.database.store import Store
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -14,7 +14,7 @@ from loom_corpus import good_loom
 from app.state.conversation_list import Library
 from app.state.loom_import import LoomImportError, import_loom_file
 from app.state.loom_tree import answer_group, export_tree
-from app.state.store import Store
+from app.state.database.store import Store
 from engine.fingerprints.record import Fingerprint
 
 FP = Fingerprint("SmolLM2-135M-Instruct", "b" * 64, "", "llamacpp", "cpu", (("llama-cpp-python", "0.3.36"),),

@@ -13,7 +13,7 @@ from loom_corpus import good_loom
 from app.state.conversation_list import Library
 from app.state.loom_import import LoomImportError, import_loom_file
 from app.state.loom_tree import answer_group, export_tree
-from app.state.store import Store
+from app.state.database.store import Store
 
 RECORD = {
     "vectors": [{"name": "happy", "sha256": "3f2a9c0d11b2e4f5", "n_layer": 30, "n_embd": 576, "model_hint": "llama",

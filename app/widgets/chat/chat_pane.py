@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 from app.controllers.chat import ChatController
 from app.state.conversation import Conversation
 from app.state.conversation_list import Library
-from app.state.write_queue import write_queue
+from app.state.database.write_queue import write_queue
 from app.state.settings import HEAT_MODES, Selection, ViewOptions
 from app.widgets.chat.chat_view import ChatView
 from app.widgets.chat.composer import Composer

@@ -55,7 +55,7 @@ from app.controllers.chat import ChatController
 from app.state.observable import Signal as StateSignal
 from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
-from app.state.write_queue import write_queue
+from app.state.database.write_queue import write_queue
 from app.state.settings import Selection, ViewOptions
 from app.theme import is_dark
 from app.widgets.chat.message_widget import MessageWidget

@@ -31,7 +31,7 @@ from app.state.notebook import apply_text, is_notebook, notebook_text, spans
 from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
 from app.state.observable import Signal as ObservableSignal
-from app.state.write_queue import write_queue
+from app.state.database.write_queue import write_queue
 from app.state.settings import Selection, ViewOptions
 from app.theme import is_dark
 from app.widgets.chat.chat_pane import ElidedLabel
@@ -261,7 +261,7 @@ class NotebookView(QWidget):
             if conv is self._conv:
                 self._synced = notebook_text(conv)
 
-        # Another connection holding the write lock: applied once it is free, in order (app/state/write_queue.py).
+        # Another connection holding the write lock: applied once it is free, in order (app/state/database/write_queue.py).
         write_queue(self._library.store).run("saving the notebook's text", apply)
 
     def request_generate(self) -> None:

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 from app.state.conversation import Conversation
 from app.state.conversation_list import Library
 from app.state.folders import ALL, NONE, FolderChoice
-from app.state.write_queue import write_queue
+from app.state.database.write_queue import write_queue
 from app.widgets.chat.folder_pane import ID_ROLE, ChatList, FolderPane
 
 
@@ -169,7 +169,7 @@ class Sidebar(QWidget):
             return
         conversation_id = int(item.data(ID_ROLE))
         # Opening writes only the unsaved tokens of the chat it leaves; while another connection holds the write
-        # lock it waits for it on the event loop (app/state/write_queue.py), the status bar says so.
+        # lock it waits for it on the event loop (app/state/database/write_queue.py), the status bar says so.
         write_queue(self._library.store).run("opening the chat", lambda: self._library.open(conversation_id),
                                              atomic=False)
 

@@ -35,8 +35,8 @@ from PySide6.QtWidgets import (
 
 from app.controllers.engine_host import describe_error
 from app.controllers.off_thread import run_off_thread
-from app.state.servers import DEFAULT_TIMEOUT_S, ApiKeys, recent_servers, split_server_credentials
-from app.state.store import Store
+from app.state.models.servers import DEFAULT_TIMEOUT_S, ApiKeys, recent_servers, split_server_credentials
+from app.state.database.store import Store
 
 log = logging.getLogger(__name__)
 

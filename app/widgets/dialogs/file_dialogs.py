@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog, QWidget
 
-from app.state.store import Store
+from app.state.database.store import Store
 
 LAST_FOLDERS_KEY = "last_folders"
 

@@ -40,8 +40,8 @@ from PySide6.QtWidgets import (
 from engine import EngineError, library
 
 from app.controllers.off_thread import run_off_thread
-from app.state.model_library import LibraryRow, ModelLibraryState
-from app.state.store import Store
+from app.state.models.model_library import LibraryRow, ModelLibraryState
+from app.state.database.store import Store
 from app.widgets.dialogs.file_dialogs import open_folder
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
 
 from engine import backend_help, custom_code_files, user_backends
 
-from app.state.store import Store
+from app.state.database.store import Store
 from app.widgets.dialogs.file_dialogs import open_file, open_folder
 
 MODELS_FOLDER = "models"  # the file dialogs' memory of where models were last chosen from

@@ -41,8 +41,8 @@ from app.controllers.loom import ExpandSettings, LoomController
 from app.state.conversation import Conversation, Message
 from app.state.loom_tree import LoomNode, answer_group, grow_tree, import_loom_file, representative, write_loom_file
 from app.state.settings import Selection
-from app.state.store import DatabaseBusy
-from app.state.write_queue import write_queue
+from app.state.database.store import DatabaseBusy
+from app.state.database.write_queue import write_queue
 from app.widgets.fmt import pct
 from app.widgets.heat import heat_color
 from app.widgets.inspection.step_panel import StepPanel

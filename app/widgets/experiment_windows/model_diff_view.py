@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.controllers.engine_host import EngineHost
-from app.state.store import Store
+from app.state.database.store import Store
 from app.controllers.model_diff import MemoryLine, ModelDiffRun, SecondModel, start_diff
 from app.theme import is_dark
 from app.widgets.escape_closes import close_on_escape

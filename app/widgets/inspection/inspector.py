@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QTabWidget, QToo
 from app.controllers.chat import ChatController
 from app.state.conversation import Conversation, Message
 from app.state.conversation_list import Library
-from app.state.servers import server_samples
+from app.state.models.servers import server_samples
 from app.state.settings import Selection
 from app.widgets.chat.constraint_marks import constraint_summary, disallowed_reason, forced_badge
 from app.widgets.fmt import bits, completed_character, pct, visible

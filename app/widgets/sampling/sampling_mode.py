@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from app.controllers.engine_host import EngineHost
-from app.state.servers import server_samples
+from app.state.models.servers import server_samples
 from app.state.settings import SettingsState
 
 # The controls a server may have no parameter for: every stage setting the registry lists (engine's

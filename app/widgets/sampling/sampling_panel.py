@@ -46,7 +46,7 @@ from app.widgets.sampling.param_row import ParamRow, ParamSpec
 from app.widgets.sampling.sampler_groups import TEXTS, SamplerGroups
 from app.widgets.sampling.sampler_specs import FILTERS, PENALTIES, XTC
 from app.widgets.sampling.sampling_mode import SamplingModeBox, show_limit
-from app.state import model_defaults
+from app.state.models import model_defaults
 from app.widgets.sampling.save_preset_dialog import SavePresetDialog
 from app.widgets.sampling.stage_order import StageOrderList
 from app.widgets.sampling.structured_output import StructuredOutputBox
@@ -123,7 +123,7 @@ class SamplingPanel(QScrollArea):
         for b in (self.save_preset_button, self.delete_preset_button, self.reset_button):
             preset_buttons.addWidget(b)
         col.addLayout(preset_buttons)
-        self.global_defaults_button = QPushButton("Global defaults")  # app/state/model_defaults.py
+        self.global_defaults_button = QPushButton("Global defaults")  # app/state/models/model_defaults.py
         self.global_defaults_button.setAccessibleName("Use the global defaults")
         self.global_defaults_button.setToolTip("Forget the loaded model's own defaults and use the global ones again")
         self.global_defaults_button.clicked.connect(self.use_global_defaults)

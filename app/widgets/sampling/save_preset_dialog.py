@@ -1,5 +1,5 @@
 """Save preset: a name, whether the preset also keeps the answer length and the stop strings, and whether it
-becomes the loaded model's own defaults (app/state/model_defaults.py)."""
+becomes the loaded model's own defaults (app/state/models/model_defaults.py)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 from engine import steering as steer
 
 from app.controllers.engine_host import describe_error
-from app.state.store import Store
+from app.state.database.store import Store
 from app.controllers.steering_jobs import SteeringJobs
 from app.state.steering_state import SLIDER_LIMIT, SPIN_LIMIT, SteeringState
 from app.widgets.dialogs.file_dialogs import remember_folder, start_folder, save_file

@@ -15,7 +15,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QLabel, QListWidget, QListWidgetItem, QPushButton, QVBoxLayout, QWidget
 
-from app.state.store import Store
+from app.state.database.store import Store
 from app.tool_calls.mcp_state import CALL_TIMEOUT_S, McpState, describe_server
 from app.tool_calls.panel_state import ToolsPanelState
 from app.widgets.dialogs.file_dialogs import open_file

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.state.store import Store
+from app.state.database.store import Store
 from app.tool_calls.mcp_state import McpState
 from app.tool_calls.panel_state import ToolsPanelState
 from app.tool_calls.requests import ToolRequests

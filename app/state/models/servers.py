@@ -16,7 +16,7 @@ from typing import Any
 from engine import ModelInfo, split_server_spec
 from engine import split_server_credentials
 
-from app.state.store import Store
+from app.state.database.store import Store
 
 log = logging.getLogger(__name__)
 

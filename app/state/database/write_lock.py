@@ -2,7 +2,7 @@
 
 A second Logit Lab on the same file (or a script) can hold the lock for seconds; SQLite's own busy wait would
 block the UI thread that long, so `Store` waits at most `BUSY_TIMEOUT_S` and raises `DatabaseBusy`, and the
-window's actions wait on the event loop instead (app/state/write_queue.py).
+window's actions wait on the event loop instead (app/state/database/write_queue.py).
 """
 
 from __future__ import annotations

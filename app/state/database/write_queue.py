@@ -1,7 +1,7 @@
 """UI actions that write (new, rename, delete, switch chats...) when another connection holds the write lock.
 
 The store waits at most `BUSY_TIMEOUT_S` for SQLite's write lock and then raises `DatabaseBusy`, having written
-nothing (app/state/store.py). An action the person asked for is then not dropped and raises nothing into Qt:
+nothing (app/state/database/store.py). An action the person asked for is then not dropped and raises nothing into Qt:
 it waits here, in order, and runs again from the event loop once the lock is free (`Store.wait_writable` polls
 without blocking the loop); the store's `busy_changed` has already told the window, whose status bar says so.
 Closing the store runs what still waits (it waits for the lock then: nothing may be lost).
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.state.store import DatabaseBusy, Store
+from app.state.database.store import DatabaseBusy, Store
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A model's own defaults: the sampler preset, context length and system prompt the user saved for it.
 
 Kept in the store's settings under the model's spec and the backend it was opened with, as its runtime
-settings are (app/state/runtime_choices.py): what identifies a model file here. Its chat template choice is
+settings are (app/state/models/runtime_choices.py): what identifies a model file here. Its chat template choice is
 already remembered per model (app/actions/templates.py) and applied when it loads; these come beside it.
 
 Opening the model applies them and says so in words; a value that no longer makes sense (a preset since
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from app.controllers.engine_host import EngineHost
     from app.state.conversation_list import Library
     from app.state.settings import SettingsState
-    from app.state.store import Store
+    from app.state.database.store import Store
 
 log = logging.getLogger(__name__)
 

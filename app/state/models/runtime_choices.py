@@ -14,7 +14,7 @@ import logging
 
 from engine import RuntimeSettings
 
-from app.state.store import Store
+from app.state.database.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from engine import library
 
 from app.state.observable import Signal
-from app.state.store import Store
+from app.state.database.store import Store
 
 FOLDERS_KEY = "library_folders"
 RECENT_SOURCE = library.SOURCE_NAMES["recent"]  # a row found only because it was opened from elsewhere

@@ -1,6 +1,6 @@
 """The app's database schema, in one place: its tables (conversations, messages and their tokens, settings, presets,
 attached documents, folders and tags), its version, and how an older database is brought up to it. The store
-(app/state/store.py) opens and migrates with these; folders.py, attachments and recovery read the tables."""
+(app/state/database/store.py) opens and migrates with these; folders.py, attachments and recovery read the tables."""
 
 from __future__ import annotations
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.state import folders
-from app.state.records import token_from_row
-from app.state.row_reader import count_rows, read_past_damage
-from app.state.store import (
+from app.state.database.records import token_from_row
+from app.state.database.row_reader import count_rows, read_past_damage
+from app.state.database.store import (
     MEMORY,
     REPAIR_MARKER_SUFFIX,
     SCHEMA_VERSION,

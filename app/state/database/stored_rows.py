@@ -1,6 +1,6 @@
 """Rows of the database as typed values, readable past what an older version or a hostile import stored.
 
-`Store` and the recovery (app/state/recovery.py) both read rows through here: a field of the wrong type
+`Store` and the recovery (app/state/database/recovery.py) both read rows through here: a field of the wrong type
 reads as None with a note (`MessageRow.unreadable`), never as a list where a mapping belongs.
 """
 
@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from app.state.message_fields import is_int, is_number, readable_fields
+from app.state.database.message_fields import is_int, is_number, readable_fields
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def _loads(text: str | None) -> Any:
 
 
 def message_from_row(r: tuple[Any, ...]) -> MessageRow:
-    """A `messages` row as typed values. A field of the wrong type (app/state/message_fields.py) reads as None,
+    """A `messages` row as typed values. A field of the wrong type (app/state/database/message_fields.py) reads as None,
     with `unreadable` saying why: the message still shows, and nothing downstream meets a list for a mapping."""
     if r[3] not in ("user", "assistant"):
         raise ValueError(f"unknown role {r[3]!r}")

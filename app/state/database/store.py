@@ -9,14 +9,14 @@ SQLite's write lock. SQLite's busy wait would then block the UI thread, so
 this connection waits at most `BUSY_TIMEOUT_S` per write: a write that meets
 the lock raises `DatabaseBusy` (callers keep what they meant to write and try
 again from the event loop, `wait_writable`; the window's actions wait in
-app/state/write_queue.py), a setting or preset is kept in memory and
+app/state/database/write_queue.py), a setting or preset is kept in memory and
 written once the lock is free, and `busy_changed` tells the window, which says
 so in its status bar. Opening and closing wait longer (`OPEN_TIMEOUT_S`): no
 window is waiting then, and at close nothing may be lost.
 
 Reads never fail on damage: what can be read is returned, and `damaged`
 says what could not be (and a marker file asks the next start to repair the
-file, app/state/recovery.py). Writes raise `sqlite3.Error`; the controller
+file, app/state/database/recovery.py). Writes raise `sqlite3.Error`; the controller
 keeps what it could not write and tries again.
 """
 
@@ -36,20 +36,20 @@ from engine import TokenEvent
 from engine import documents
 
 from app.state.observable import Signal
-from app.state.setting_keys import keys_of_chat
-from app.state.schema import SCHEMA, SCHEMA_VERSION, migrate  # noqa: F401  (SCHEMA read from here by tests)
-from app.state.records import token_from_row, token_row
-from app.state.row_reader import ROW_ERRORS, count_rows, read_past_damage
-from app.state.stored_rows import (  # noqa: F401  (read from here by recovery and the window)
+from app.state.database.setting_keys import keys_of_chat
+from app.state.database.schema import SCHEMA, SCHEMA_VERSION, migrate  # noqa: F401  (SCHEMA read from here by tests)
+from app.state.database.records import token_from_row, token_row
+from app.state.database.row_reader import ROW_ERRORS, count_rows, read_past_damage
+from app.state.database.stored_rows import (  # noqa: F401  (read from here by recovery and the window)
     MODES, ConversationRow, MessageRow, conversation_from_row, message_from_row,
 )
-from app.state.write_lock import (  # noqa: F401  (read from here by the controllers)
+from app.state.database.write_lock import (  # noqa: F401  (read from here by the controllers)
     BUSY_TEXT, BUSY_TIMEOUT_S, OPEN_TIMEOUT_S, DatabaseBusy, busy_as_database_busy, is_busy,
 )
 
 
 class WaitingWrites(Protocol):
-    """What the store asks of the UI's write queue (app/state/write_queue.py, which imports this module)."""
+    """What the store asks of the UI's write queue (app/state/database/write_queue.py, which imports this module)."""
 
     def run_waiting_now(self) -> None: ...
 
@@ -70,7 +70,7 @@ _URL_CREDENTIALS = re.compile(r"(?i)\b(https?://)[^/@\s]+@")
 
 def without_url_credentials(value: Any) -> Any:
     """`value` (JSON-like) with every http(s) URL's "user:password@" removed: credentials typed into a server
-    URL live with the API key (app/state/servers.py), never in the database or its WAL."""
+    URL live with the API key (app/state/models/servers.py), never in the database or its WAL."""
     if isinstance(value, str):
         return _URL_CREDENTIALS.sub(r"\1", value) if "@" in value else value
     if isinstance(value, dict):
@@ -116,7 +116,7 @@ class Store:
         self.busy = False
         self._deferred_settings: dict[str, str] = {}  # key -> JSON: settings written while the lock was held elsewhere
         self._deferred_presets: dict[str, str | None] = {}  # name -> JSON (None: deleted), as the settings
-        # The UI's actions waiting for the lock (app/state/write_queue.py), made on first use.
+        # The UI's actions waiting for the lock (app/state/database/write_queue.py), made on first use.
         self.write_queue: WaitingWrites | None = None
         # Explicit transactions only. Opening waits long for a lock held elsewhere (no window yet); every
         # later write waits at most BUSY_TIMEOUT_S, then raises DatabaseBusy (see the module doc).
