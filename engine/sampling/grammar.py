@@ -60,34 +60,60 @@ class GrammarStage:
     def __init__(self, run: ConstraintRun) -> None:
         self.run = run
         self.last: GrammarStep | None = None  # the latest call's record (the decode loop puts it on the event)
+        self._w: np.ndarray | None = None  # the exp row, reused (see _exp_buffer)
 
     def __call__(self, scores: np.ndarray, ctx: StageContext) -> np.ndarray:
         run = self.run
+        v = scores.size
         forced = run.fast_forward()
-        if forced is not None and forced < scores.size and scores[forced] > NEG_INF:
-            keep = np.zeros(scores.size, dtype=np.bool_)
+        if forced is not None and forced < v and scores[forced] > NEG_INF:
+            keep = np.zeros(v, dtype=np.bool_)
             keep[forced] = True
             note = "fast-forward: the grammar forces this token"
         else:
             keep = run.allowed(scores)
             note = ""
+            forced = None
         live = keep & (scores > NEG_INF)
         n = int(np.count_nonzero(live))
+        # The ids not kept, when they are few (a text-or-call grammar bans a few dozen tokens): the report
+        # and the masked row are then made from them alone instead of from passes over the whole row.
+        dead = np.flatnonzero(~live) if (v - n) * 8 <= v else None
         top = float(scores.max())  # the chain guarantees one finite score
-        w = np.exp(scores - np.float32(top))  # (V,) unnormalised probabilities; -inf -> 0
+        w = self._exp_buffer(scores)
+        np.subtract(scores, np.float32(top), out=w)
+        np.exp(w, out=w)  # (V,) unnormalised probabilities; -inf -> 0
         z = float(w.sum(dtype=np.float64))
         lse = top + math.log(z)
         if n == 0:
             run.fail(self._dead_end_reason(keep))
             self.last = GrammarStep(0, 0.0, _top_removed(scores, live, top, lse), False, run.note)
             return scores
-        mass = min(max(float(w.sum(dtype=np.float64, where=live)) / z, 0.0), 1.0)
+        # One kept token: the masked sum is that one value (0.0 + x, exact), without a masked pass.
+        if n == 1:
+            kept = float(w[forced if forced is not None else int(np.flatnonzero(live)[0])])
+        else:
+            kept = float(w.sum(dtype=np.float64, where=live))
+        mass = min(max(kept / z, 0.0), 1.0)
         run.record(math.log(mass) if mass > 0 else -math.inf)
         if n == 1 and not note:
             note = "the only token the grammar allows"
         notes = "; ".join(x for x in (note, run.note) if x)
-        self.last = GrammarStep(n, mass, _top_removed(scores, live, top, lse), n == 1, notes)
-        return keep_only(scores, live)
+        self.last = GrammarStep(n, mass, _top_removed(scores, live, top, lse, dead=dead), n == 1, notes)
+        if dead is None:
+            return keep_only(scores, live)
+        if dead.size == 0:
+            return scores
+        out = scores.copy()  # the same row as keep_only's np.where, by writing only the few removed entries
+        out[dead] = NEG_INF
+        return out
+
+    def _exp_buffer(self, scores: np.ndarray) -> np.ndarray:
+        """A row like `scores` reused every step: a fresh 49k-262k temporary each token costs page faults."""
+        buf = self._w
+        if buf is None or buf.shape != scores.shape or buf.dtype != scores.dtype:
+            buf = self._w = np.empty_like(scores)
+        return buf
 
     def _dead_end_reason(self, keep: np.ndarray) -> str:
         if self.run.failure:
@@ -111,12 +137,30 @@ class GrammarStage:
         self.run.restore(state)
 
 
-def _top_removed(scores: np.ndarray, live: np.ndarray, top: float, lse: float, n: int = TOP_DISALLOWED) -> TopList:
+def _top_removed(scores: np.ndarray, live: np.ndarray, top: float, lse: float, n: int = TOP_DISALLOWED,
+                 dead: np.ndarray | None = None) -> TopList:
     """The n most likely tokens not in `live`, (id, log-prob under softmax(scores)), most likely first.
 
-    Looks among the tokens near the top score first (a comparison pass, ~0.05 ms at 262k) and
-    widens only when fewer than n removed tokens are there.
+    Looks among the tokens near the top score first and widens only when fewer than n removed tokens are
+    there. `dead`: the ids not in `live`, ascending, when the caller has them (few): the search then runs
+    on them alone. Either way each reach's candidates are the same ids in the same order, so the same
+    tokens come out (ties included).
     """
+    if dead is not None:
+        removed_ids = dead[scores[dead] > NEG_INF]
+        count = int(removed_ids.size)
+        if count == 0:
+            return ()
+        want = min(n, count)
+        cand = None
+        for reach in _REACH:
+            c = removed_ids[scores[removed_ids] >= np.float32(top - reach)]
+            if c.size >= want:
+                cand = c
+                break
+        if cand is None:
+            cand = removed_ids
+        return _ranked(scores, cand, want, lse)
     removed = ~live & (scores > NEG_INF)
     count = int(np.count_nonzero(removed))
     if count == 0:
@@ -124,12 +168,19 @@ def _top_removed(scores: np.ndarray, live: np.ndarray, top: float, lse: float, n
     want = min(n, count)
     cand = None
     for reach in _REACH:
-        c = np.flatnonzero(removed & (scores >= np.float32(top - reach)))
+        # The tokens within reach are few: find them with one comparison, then keep the removed ones.
+        near = np.flatnonzero(scores >= np.float32(top - reach))
+        c = near[removed[near]]
         if c.size >= want:
             cand = c
             break
     if cand is None:
         cand = np.flatnonzero(removed)
+    return _ranked(scores, cand, want, lse)
+
+
+def _ranked(scores: np.ndarray, cand: np.ndarray, want: int, lse: float) -> TopList:
+    """The `want` best of the candidate ids `cand` by score, ties by id, as (id, log-prob)."""
     vals = scores[cand]
     part = np.argpartition(-vals, want - 1)[:want] if want < cand.size else np.arange(cand.size)
     order = part[np.lexsort((cand[part], -vals[part]))]
