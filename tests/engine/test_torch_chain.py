@@ -47,6 +47,16 @@ WHOLE = {
 CASES = {**ALONE, **WHOLE}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """torch's CPU ops on one thread, as numpy's: on a loaded 2-core machine two OpenMP threads made a pick
+    of 49k entries 10x slower (each op waits for the other thread). Restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _rows(backend) -> list[np.ndarray]:
     backend.trim_cache(0)
     prompt = backend.tokenizer.chat_ids(PROMPT)
@@ -187,3 +197,35 @@ def test_importing_it_needs_no_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+def _odd_rows() -> dict[str, np.ndarray]:
+    """Rows real logits seldom give: ties at every cut, removed tokens (-inf), one far top, all tied."""
+    rng = np.random.default_rng(3)
+    peaked = (rng.standard_normal(50_000) * 3).astype(np.float32)
+    peaked[[7, 900, 40_000]] = 25.0  # tied at the top
+    ties = np.round(rng.standard_normal(30_000) * 2).astype(np.float32)
+    with_inf = peaked.copy()
+    with_inf[::3] = -np.inf
+    far = peaked.copy()
+    far[100] = 200.0
+    few = np.full(5000, -np.inf, dtype=np.float32)
+    few[[3, 50, 4000]] = [1.0, 2.0, 2.0]  # fewer finite tokens than top-k and the top N
+    return {"peaked": peaked, "ties": ties, "with_inf": with_inf, "far_top": far, "few_finite": few,
+            "flat": np.zeros(4096, dtype=np.float32)}
+
+
+@pytest.mark.parametrize("case", ["llamacpp_defaults", "every_covered_stage", "top_p", "typical_p", "top_n_sigma",
+                                  "xtc"])
+@pytest.mark.parametrize("name", sorted(_odd_rows()))
+def test_ties_and_removed_tokens_are_handled_as_the_numpy_chain_does(name: str, case: str) -> None:
+    row = _odd_rows()[name]
+    settings = SamplerSettings(seed=5, **CASES[case])
+    ref, mine = SamplerChain(settings), TorchChain(settings)
+    for _ in range(3):
+        want, got = ref.choose(row, EMPTY), mine.choose(torch.from_numpy(row))
+        lp_want, lp_got = want.final_distribution(), got.final_distribution()
+        kept = np.isfinite(lp_want)
+        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
+        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
+        assert_same_report(got.report(20), want.report(20))
