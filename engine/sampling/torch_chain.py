@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.sampling.chain import SamplerChain
+from engine.sampling.distribution import TopList
 from engine.sampling.dry import Vocabulary
 from engine.sampling.pick import Pick
 from engine.sampling.registry import ARGMAX_PRESERVING, STAGE_ROWS, stage_active
@@ -380,7 +381,11 @@ class TorchChain:
         return self.choose(logits, force_token=force_token).report(top_n)
 
     def choose(self, logits: torch.Tensor, *, force_token: int | None = None) -> TorchChoice:
-        """Run the stages and choose the token on the row's device; nothing crosses to the host here.
+        """Run the stages and choose the token on the row's device.
+
+        No value crosses to the host here: the token stays a 0-d tensor (`TorchChoice.token`). The sizes of
+        the head and of each cut are read by the host as shapes (`nonzero`), a synchronisation on CUDA.
+        The random stream moves here (XTC's number, the draw's), as in `SamplerChain.choose`.
 
         Args:
             logits: (V,) raw logits, a torch tensor on any device (any float dtype; used as float32).
@@ -448,7 +453,11 @@ class _Buffers:
     __slots__ = ("block_ids", "d", "e", "pair", "v")
 
     def __init__(self) -> None:
-        self.v = -1
+        self.v = -1  # no rows yet
+        self.d: Any = None
+        self.e: Any = None
+        self.pair: Any = None
+        self.block_ids: Any = None
 
     def ready(self, like: torch.Tensor) -> _Buffers:
         import torch
@@ -547,12 +556,13 @@ class TorchChoice:
         hd = self._head
         hd.ensure(max(top_n, 1))
         assert hd.vals is not None
-        rank = torch.where(s_tok >= hd.floor, (hd.vals > s_tok).sum(), -1)
+        rank_t = torch.where(s_tok >= hd.floor, (hd.vals > s_tok).sum(), -1)
         # (torch.stack and torch.cat promote the ints and float32s to float64: exact, and no op each to convert)
-        head = [token, m, s_tok - lse, rank, torch.clamp(log_z - ed / z, min=0.0)]
+        head = [token, m, s_tok - lse, rank_t, torch.clamp(log_z - ed / z, min=0.0)]
         model_ids, model_lp = _top(hd.ids, hd.vals, top_n, lse)
         fin = self._final
         if fin is None:  # greedy: the argmax alone, at log-prob 0
+            assert self._best is not None
             head.append(self._best)
             samp_ids = samp_lp = scores.new_zeros(0, dtype=torch.float64)
         else:
@@ -577,6 +587,7 @@ class TorchChoice:
         top_model = _pairs(rest[:k_m], rest[k_m: 2 * k_m])
         rest = rest[2 * k_m:]
         token_id = int(tok)
+        top_sampler: TopList
         if fin is None:
             best = int(last)
             sampler_logprob = 0.0 if token_id == best else -math.inf
