@@ -328,11 +328,22 @@ class LlamaCppRunner:
                 self.forward_calls += 1
                 self.tokens_evaluated += hi - lo
                 if keep > 0:
-                    rows = range(hi - lo - keep, hi - lo)  # batch indices of the wanted positions
-                    yield np.stack([native.logits_row(self.ctx, i, self.n_vocab) for i in rows])  # (keep, V)
+                    yield self._output_rows(keep)  # (keep, V)
         finally:
             self._batch.clear()
             self._clear()
+
+    def _output_rows(self, n: int) -> np.ndarray:
+        """The last decode's `n` rows of logits, in batch order, as one (n, V) float32 copy.
+
+        llama.cpp keeps the rows of the positions flagged for logits next to each other in batch order
+        (`llama_get_logits`), so one copy of the block replaces a `llama_get_logits_ith` copy per row and then
+        `np.stack`'s second copy of all of them (two passes over n x 49k floats per text; same bytes).
+        """
+        ptr = llama_cpp.llama_get_logits(self.ctx)
+        if not ptr:
+            raise RuntimeError("llama.cpp has no logits for the last decode")
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
 
     def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
         """(T, V) float32 log-probs at every position of `ids` (row t: the distribution of token t + 1)."""
