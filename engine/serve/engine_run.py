@@ -54,7 +54,12 @@ class Handoff:
         self._thread: threading.Thread | None = None
 
     def put(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
-        """Call `fn(*args)` on `loop` soon, after every call put before it for that loop. Thread-safe."""
+        """Call `fn(*args)` on `loop` soon, after every call put before it for that loop. Thread-safe.
+
+        Raises RuntimeError, as `call_soon_threadsafe` does, when the loop is closed: the worker's run then ends
+        (nobody can read its events) instead of generating on for no one."""
+        if loop.is_closed():
+            raise RuntimeError(f"the server's event loop is closed: no one reads {getattr(fn, '__qualname__', fn)}")
         if self._thread is None:
             with self._lock:
                 if self._thread is None:

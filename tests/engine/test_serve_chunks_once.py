@@ -169,3 +169,16 @@ def test_the_models_thread_never_wakes_the_servers_loop_itself(served):
     assert callers, "the events reached the loop some other way"
     assert "logitlab-model" not in callers
     assert HANDOFF._thread is not None and HANDOFF._thread.name in callers
+
+
+def test_a_closed_loop_refuses_the_call_so_the_models_run_ends():
+    # As loop.call_soon_threadsafe did on the worker: the error ends the run (engine.worker's delivery stops)
+    # rather than the model generating on for a server that is gone.
+    import asyncio
+
+    from engine.serve.engine_run import Handoff
+
+    loop = asyncio.new_event_loop()
+    loop.close()
+    with pytest.raises(RuntimeError, match="event loop is closed"):
+        Handoff().put(loop, print, "never")
