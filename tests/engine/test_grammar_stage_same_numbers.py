@@ -5,15 +5,13 @@ required tool call, and an auto answer with tools (text or a call: the grammar t
 tokens, the stage's cheap path). Each runs with the stage as it is and again with the stage as it was before
 (the old functions are copied below as the reference); every step's GrammarStep (allowed, mass_kept,
 disallowed, forced, note), every row the stage returns (byte for byte) and every token's id and log-probs
-must be equal, float for float. A second test checks that the stage's CPU time per token went down against
-that reference on the rows of such an answer.
+must be equal, float for float. What it saves per token is measured, not asserted: `python bench/grammar_stage.py`
+times this stage against the reference below (docs/tools.md, "Measured").
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-import time
 
 import numpy as np
 import pytest
@@ -142,33 +140,3 @@ def test_the_stage_reports_the_same_numbers_as_before(default_llamacpp, monkeypa
         assert all(s.allowed > 40000 and s.disallowed for s, _, _ in new_steps)
     if kind == "tool_required":
         assert any(s.forced for s, _, _ in new_steps) and any(s.allowed < 1000 and not s.forced for s, _, _ in new_steps)
-
-
-@pytest.mark.slow
-def test_the_stage_costs_less_cpu_per_token_than_before(default_llamacpp, monkeypatch):
-    """Thread CPU time of the stage alone on the rows of an auto answer with tools, the new and the old stage
-    alternated on the same row and matcher state (3 rounds per step; about 0.6-0.8 here, under load
-    5 on two cores; fails before: ratio about 1)."""
-    rows: list[np.ndarray] = []
-    stages: list[G.GrammarStage] = []
-
-    def capture(self, scores, ctx):
-        rows.append(scores.copy())
-        stages.append(self)
-        return _old_call(self, scores, ctx)
-
-    with monkeypatch.context() as m:
-        m.setattr(G.GrammarStage, "__call__", capture)
-        default_llamacpp.trim_cache(0)
-        list(generate_events(default_llamacpp, _requests()["tools_auto"]))
-    stage = stages[-1]  # the answer's stage, at its end: still in text, its mask bans a few dozen tokens
-    assert stage.run.failure is None and len(rows) >= 8
-    new_t, old_t = [], []
-    for scores in rows:
-        for _ in range(3):
-            for call, out in ((G.GrammarStage.__call__, new_t), (_old_call, old_t)):
-                t0 = time.thread_time_ns()
-                call(stage, scores, None)
-                out.append(time.thread_time_ns() - t0)
-    ratio = statistics.median(new_t) / statistics.median(old_t)
-    assert ratio < 0.9, f"ratio {ratio:.2f}: new {statistics.median(new_t) / 1e3:.0f} us, old {statistics.median(old_t) / 1e3:.0f} us"
