@@ -35,6 +35,7 @@ import numpy as np
 
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.kv_share import reuse_backend_state
+from engine.backends.llamacpp.threads import usable_cpus
 from engine.cache_schedule import pieces_upto
 from engine.backend import shared_prefix_length
 from engine.backends.chunks import chunk_spans, stack_logprobs
@@ -109,6 +110,14 @@ class LlamaCppRunner:
         if wanted != self._threads:
             llama_cpp.llama_set_n_threads(self.ctx, *wanted)
             self._threads = wanted
+
+    def leaves_a_core_free(self) -> bool:
+        """Whether llama.cpp's threads for the coming call leave a CPU free. `llama_decode` runs without the GIL
+        (ctypes), so batch scoring then reports one text on that CPU while the next text's forward runs
+        (engine/experiments/batch_score.py `_one_ahead`). When its threads take every CPU, the overlap slows the
+        forward more than it saves (2 cores, idle: 7.3 s -> 9.7 s for bench/score.py's 100 texts; 1 thread:
+        12.4 s -> 10.5 s)."""
+        return max(self.backend.choose_threads()) < usable_cpus()
 
     def _check_rows(self, b: int, spare: int = 0) -> None:
         if b + spare > self.max_seqs:
