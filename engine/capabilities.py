@@ -239,6 +239,16 @@ class BackgroundStep(Protocol):
 
 
 @runtime_checkable
+class ScoresAhead(Protocol):
+    """(A PositionRunners runner:) its forward leaves a CPU free and releases the GIL, so batch scoring may run
+    the next text's forward on a helper thread while it reports this one (engine/experiments/batch_score.py)."""
+
+    def leaves_a_core_free(self) -> bool:
+        """Whether the coming call's threads leave a CPU free (asked per call: the free cores change)."""
+        ...
+
+
+@runtime_checkable
 class AdmitsRows(Protocol):
     """(A BatchRunner:) new rows join a batch that is already decoding (a server's continuous batching)."""
 

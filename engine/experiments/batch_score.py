@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +38,7 @@ import numpy as np
 
 from engine.backend import Backend
 from engine.backends.chunks import positions_per_chunk
-from engine.capabilities import PositionRunners
+from engine.capabilities import PositionRunners, ScoresAhead
 from engine.experiments.score import (
     ScoredToken,
     ScoreResult,
@@ -114,8 +114,11 @@ def checked_items(backend: Backend, items: Sequence[tuple[Sequence[int], int]]) 
     return checked
 
 
+_Block = tuple[int, np.ndarray | None, int]  # (item, logits block or None at its end, forwards so far)
+
+
 def _item_blocks(backend: Backend, runner: Any, checked: Sequence[tuple[list[int], int]], with_next: bool
-                 ) -> Iterator[tuple[int, np.ndarray | None, int]]:
+                 ) -> Generator[tuple[int, np.ndarray | None, int], None, None]:
     """(item, block, forwards) for every (n, V) logits block of every item in order, then (item, None, forwards)
     at each item's end; `forwards` counts the item's forwards so far. The runner clears its cache between items."""
     chunk = positions_per_chunk(backend.info.vocab_size)
@@ -131,7 +134,7 @@ def _item_blocks(backend: Backend, runner: Any, checked: Sequence[tuple[list[int
         yield k, None, runner.forward_calls - before
 
 
-def _one_ahead(stream: Iterator[Any]) -> Iterator[Any]:
+def _one_ahead(stream: Generator[_Block, None, None]) -> Generator[_Block, None, None]:
     """`stream`, its next element computed on a helper thread while the caller handles the current one.
 
     For a runner whose forward releases the GIL (llama.cpp's `llama_decode`) and leaves a CPU free: the per-position report of one
@@ -155,8 +158,7 @@ def _each_on_runner(backend: Backend, runner: Any, checked: Sequence[tuple[list[
     """Each item's result, and with `with_next` the logits after its last token (the next token's row, one more
     position in the last forward), else None."""
     stream = _item_blocks(backend, runner, checked, with_next)
-    spare_core = getattr(runner, "leaves_a_core_free", None)  # llama.cpp's runner
-    if spare_core is not None and spare_core():
+    if isinstance(runner, ScoresAhead) and runner.leaves_a_core_free():  # llama.cpp's runner
         stream = _one_ahead(stream)
     scorer: _Scorer | None = None
     scored: list[ScoredToken] = []
