@@ -61,15 +61,17 @@ def ours(backend, prompt_ids: list[int], n: int, top_n: int) -> float:
     return done.stats.decode_tokens_per_s
 
 
-def llama_class(path: str, backend):
-    """llama-cpp-python's `Llama` on the same file with the same context, batch, threads and kernels as ours."""
+def llama_class(path: str, backend, logits_all: bool = False):
+    """llama-cpp-python's `Llama` on the same file with the same context, batch, threads and kernels as ours
+    (`logits_all`: every position's logits, copied into its `scores`, as scoring needs)."""
     from llama_cpp import Llama
 
     from engine.backends.llamacpp.native import use_safe_defaults_for_llama_class
 
     use_safe_defaults_for_llama_class()  # the same model parameters as ours (no AMX weight buffers on AMX builds)
     return Llama(path, n_ctx=backend.n_ctx, n_batch=backend.n_batch, n_ubatch=backend.n_batch,
-                 n_threads=backend.n_threads, n_threads_batch=backend.n_threads, flash_attn=True, verbose=False)
+                 n_threads=backend.n_threads, n_threads_batch=backend.n_threads, flash_attn=True, verbose=False,
+                 logits_all=logits_all)
 
 
 def raw_llamacpp(path: str, backend, prompt_ids: list[int], n: int) -> float:

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from llamacpp_decode import llama_class
 
 
-def llama_eval_seconds(path: str, backend, runs: Sequence[Sequence[Sequence[int]]], repeat: int = 2) -> list[float]:
+def llama_eval_seconds(path: str, backend, runs: Sequence[Sequence[Sequence[int]]], repeat: int = 2,
+                       logits_all: bool = False) -> list[float]:
     """Per run (a list of groups of ids): the best of `repeat` timings of evaluating every group from an empty
-    cache, one `Llama.eval` per group. The model is loaded once for all runs."""
-    llm = llama_class(path, backend)
+    cache, one `Llama.eval` per group. The model is loaded once for all runs (`logits_all`: see llama_class)."""
+    llm = llama_class(path, backend, logits_all=logits_all)
     try:
         timings = []
         for groups in runs:

@@ -152,28 +152,9 @@ def all_logits_eval_seconds(path: str, backend, runs, repeat: int = 2) -> list[f
     and `Llama.eval` copies each row into its `scores` (the same file, context, batch, threads and kernels as
     bench/llamacpp_decode.py's `llama_class`). Scoring computes every one of these rows (each text's positions
     1..T-1 predict its tokens 2..T), so this is the bound that counts its unembedding too."""
-    from llama_cpp import Llama
+    from llamacpp_floor import llama_eval_seconds
 
-    from engine.backends.llamacpp.native import use_safe_defaults_for_llama_class
-
-    use_safe_defaults_for_llama_class()
-    llm = Llama(path, n_ctx=backend.n_ctx, n_batch=backend.n_batch, n_ubatch=backend.n_batch,
-                n_threads=backend.n_threads, n_threads_batch=backend.n_threads, flash_attn=True, verbose=False,
-                logits_all=True)
-    try:
-        timings = []
-        for groups in runs:
-            best = float("inf")
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                for ids in groups:
-                    llm.reset()
-                    llm.eval(list(ids))
-                best = min(best, time.perf_counter() - t0)
-            timings.append(best)
-        return timings
-    finally:
-        llm.close()
+    return llama_eval_seconds(path, backend, runs, repeat, logits_all=True)
 
 
 def main() -> None:
