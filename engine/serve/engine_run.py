@@ -86,8 +86,13 @@ class Handoff:
 
 
 def _call_each(calls: list[tuple[Callable[..., object], tuple[object, ...]]]) -> None:
+    # Each call on its own, as separate loop callbacks were: one that raises must not drop the events after it
+    # (an answer's end among them, which its client waits for).
     for fn, args in calls:
-        fn(*args)
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("a served answer's event could not be delivered")
 
 
 HANDOFF = Handoff()  # one for the process: a thread that sleeps between tokens

@@ -182,3 +182,18 @@ def test_a_closed_loop_refuses_the_call_so_the_models_run_ends():
     loop.close()
     with pytest.raises(RuntimeError, match="event loop is closed"):
         Handoff().put(loop, print, "never")
+
+
+def test_a_call_that_raises_does_not_drop_the_calls_after_it(caplog):
+    # The hand-off joins calls that came together into one loop callback (`_call_each`); each still runs on its
+    # own, as separate callbacks did, so a failing one cannot swallow an answer's end queued after it.
+    from engine.serve.engine_run import _call_each
+
+    seen: list[str] = []
+
+    def fail() -> None:
+        raise ValueError("a sink that fails")
+
+    _call_each([(fail, ()), (seen.append, ("the answer's end",))])
+    assert seen == ["the answer's end"]
+    assert "could not be delivered" in caplog.text
