@@ -45,7 +45,11 @@ class Handoff:
     `SimpleQueue.put`, which keeps the GIL; this thread takes it when the worker lets go of it in the forward,
     so the server's work on a token runs while the model computes the next one, as a direct consumer's does.
     Calls for one loop keep their order (one FIFO, one thread); those that came together go as one callback.
+    The thread ends after `IDLE_S` with nothing to carry (a stopped server leaves no thread behind) and the
+    next call starts it again.
     """
+
+    IDLE_S = 1.0
 
     def __init__(self) -> None:
         self._calls: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, Callable[..., object], tuple[object, ...]]] \
@@ -60,16 +64,23 @@ class Handoff:
         (nobody can read its events) instead of generating on for no one."""
         if loop.is_closed():
             raise RuntimeError(f"the server's event loop is closed: no one reads {getattr(fn, '__qualname__', fn)}")
-        if self._thread is None:
-            with self._lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="logitlab-serve-handoff", daemon=True)
-                    self._thread.start()
-        self._calls.put((loop, fn, args))
+        with self._lock:  # uncontended but for the moment the idle thread decides to end (see _run)
+            self._calls.put((loop, fn, args))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="logitlab-serve-handoff", daemon=True)
+                self._thread.start()
 
     def _run(self) -> None:
         while True:
-            batch = [self._calls.get()]
+            try:
+                first = self._calls.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:  # a call put meanwhile is either seen here or starts a new thread
+                    if self._calls.empty():
+                        self._thread = None
+                        return
+                continue
+            batch = [first]
             while True:
                 try:
                     batch.append(self._calls.get_nowait())

@@ -130,7 +130,7 @@ def test_a_backend_importing_the_server_is_caught(tmp_path):
     """The check itself, on a module written here: a lazy import inside a function is caught, a type-only one
     is not, and the server importing a backend is no break."""
     probe = tmp_path / "_rule_probe.py"
-    probe.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engine.loom import batch_loop\n"
+    probe.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engine.decode import batch_loop\n"
                      "def f():\n    from engine.serve import app\n", encoding="utf-8")
     imported = engine_imports(probe, "engine.backends._rule_probe")
     assert imported == {"engine.serve", "engine.serve.app"}

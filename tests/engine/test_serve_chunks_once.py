@@ -197,3 +197,31 @@ def test_a_call_that_raises_does_not_drop_the_calls_after_it(caplog):
     _call_each([(fail, ()), (seen.append, ("the answer's end",))])
     assert seen == ["the answer's end"]
     assert "could not be delivered" in caplog.text
+
+
+def test_the_hand_off_thread_ends_when_idle_and_starts_again_for_the_next_call(monkeypatch):
+    # A stopped server leaves no thread of its own behind (tests/app/test_serve_window.py looks for them).
+    import asyncio
+    import time
+
+    from engine.serve.engine_run import Handoff
+
+    monkeypatch.setattr(Handoff, "IDLE_S", 0.05)
+    handoff = Handoff()
+    loop = asyncio.new_event_loop()
+    seen: list[int] = []
+    threads = []
+    try:
+        for round_ in range(2):
+            for i in range(3):
+                handoff.put(loop, seen.append, round_ * 10 + i)
+            threads.append(handoff._thread)
+            deadline = time.monotonic() + 5
+            while len(seen) < 3 * (round_ + 1) and time.monotonic() < deadline:
+                loop.run_until_complete(asyncio.sleep(0.01))
+            threads[-1].join(5)
+            assert not threads[-1].is_alive() and handoff._thread is None  # ended once idle
+    finally:
+        loop.close()
+    assert threads[0] is not threads[1]  # the next call started another
+    assert seen == [0, 1, 2, 10, 11, 12]  # in order, across the restart

@@ -174,7 +174,7 @@ def test_the_renderer_does_not_outlive_the_process_that_started_it(tmp_path, how
     code = (
         "import os, signal, sys, threading\n"
         "from engine.templates.render import render_chat_template\n"
-        "from engine import template_process\n"
+        "from engine.templates import process as template_process\n"
         "render_chat_template('{{ 1 }}', {})\n"
         "print(template_process.renderer().pid, flush=True)\n"
         f"how = {how!r}\n"
