@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,6 +26,19 @@ SPEC = HERE / "logitlab.spec"
 EXE_NAME = "LogitLab"
 DEFAULT_DIST = ROOT / "dist"
 DEFAULT_WORK = ROOT / "build" / "pyinstaller"
+# A bundle carries the Python it was built with, so a release is built with one: the newest the project
+# supports (pyproject's requires-python), the one with the longest life ahead of it.
+RELEASE_PYTHON_ENV = "LOGITLAB_BUNDLE_ANY_PYTHON"  # set to build-test the bundle on another Python too
+
+
+def release_python() -> tuple[int, int]:
+    """(3, minor) of the newest Python pyproject's requires-python admits (">=3.11,<3.14" -> (3, 13))."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    spec = re.search(r'^requires-python\s*=\s*"([^"]+)"', text, re.M)
+    upper = re.search(r"<\s*3\.(\d+)", spec.group(1)) if spec else None
+    if upper is None:
+        raise RuntimeError("pyproject.toml's requires-python names no upper bound (<3.N)")
+    return (3, int(upper.group(1)) - 1)
 
 
 def pyinstaller_missing() -> str | None:
@@ -92,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(why, file=sys.stderr)
         return 2
+    release = release_python()
+    if sys.version_info[:2] != release:
+        print(f"note: a release is built with Python {release[0]}.{release[1]}; this bundle will carry "
+              f"{sys.version_info[0]}.{sys.version_info[1]}", file=sys.stderr)
     t0 = time.monotonic()
     try:
         bundle = build(args.dist, args.work, clean=args.clean, quiet=args.quiet)
