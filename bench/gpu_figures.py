@@ -19,6 +19,8 @@ backend and measures, as bench/decode.py and bench/loom.py do:
 - a server's clients: N different requests as rows of one batch (what the
   server does with requests that wait together) against the N one after
   another: `shared_batch_speedup`.
+- The decode with the sampler chain and the report on the device (SamplesOnDevice) over the same with the
+  numpy chain on a host copy of each row, alternated: `device_chain_speedup`.
 
 On CUDA the backend's compiled decode step is built first and waited for
 (`--compile off` measures the eager step). Each shape's figures print as
@@ -182,6 +184,18 @@ def measure(shape: Shape, folder: Path, device: torch.device, args) -> dict[str,
             same = same and our_tokens == their_tokens
             print(f"  round {r + 1}: ours {a[-1]:.1f} tok/s (full inspection), generate() {b[-1]:.1f} tok/s")
         print(f"  same tokens as generate(): {'yes' if same else 'NO'}")
+        # The chain and the report on the device (SamplesOnDevice, on by default off the CPU) against the
+        # numpy chain on a host copy of each row, alternated: what issue 49 item 1 buys on this GPU.
+        on_device, host = [], []
+        default = backend.sample_on_device
+        for _ in range(args.rounds):
+            backend.sample_on_device = True
+            on_device.append(ours(backend, prompt, args.tokens)[0])
+            backend.sample_on_device = False
+            host.append(ours(backend, prompt, args.tokens)[0])
+        backend.sample_on_device = default
+        print(f"  chain on the device {statistics.median(on_device):.1f} tok/s, numpy chain on the host "
+              f"{statistics.median(host):.1f} tok/s")
         ours_ms = 1000 / statistics.median(a)
         floor_ms, nbytes = weights_floor_ms(backend, "torch")
         print(f"  weights floor {floor_ms:.2f} ms per step ({nbytes / 2**20:.0f} MiB of linear weights, "
@@ -189,6 +203,7 @@ def measure(shape: Shape, folder: Path, device: torch.device, args) -> dict[str,
         figures = {
             "ratio_vs_generate": statistics.median(a) / statistics.median(b),
             "floor_fraction": floor_ms / ours_ms,
+            "device_chain_speedup": statistics.median(on_device) / statistics.median(host),
             "loom_speedup": loom_speedup(backend, args.loom_n, args.loom_tokens, args.repeats),
             "shared_batch_speedup": shared_batch_speedup(backend, args.loom_n, args.loom_tokens, args.repeats),
         }

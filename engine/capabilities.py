@@ -20,7 +20,8 @@ an AttributeError.
 | `ServerChildren`  | N server-sampled continuations in one request (the API's `n`) | remote                  |
 | `LayerLens`       | each layer's prediction at a position (logit lens), attention | torch, MLX, llama.cpp     |
 | `ByteVocabulary`  | (a tokenizer's) every token as bytes, special ones named (grammar masks) | HF tokenizer (torch, MLX), llama.cpp |
-| `OverlappedForward` | a forward run while the caller works (the last token's report) | llama.cpp, MLX |
+| `OverlappedForward` | a forward run while the caller works (the last token's report) | llama.cpp, MLX, torch |
+| `SamplesOnDevice` | logits kept on its accelerator and the sampler chain run there (only the report crosses) | torch |
 | `BackgroundStep`  | (a batch runner's) step run on a helper thread while the caller works (the loom's reports) | llama.cpp |
 | `StartsFromBackendCache` | (a batch runner's) first row begun from the backend's own cache of its prefix | llama.cpp, torch |
 | `Steerable`       | a direction added to chosen layers' outputs (steering, control vectors), and logits under any steering | llama.cpp, torch, MLX |
@@ -222,6 +223,40 @@ class OverlappedForward(Protocol):
         computes token t+1. Both have finished when this returns, also when either raised; `forward`'s
         exception wins. `work` must not touch the backend; the returned row is never written to again.
         """
+        ...
+
+
+class DeviceRows(Protocol):
+    """One answer's decoding on the backend's device (`SamplesOnDevice.device_rows`).
+
+    Attributes:
+        chain: `SamplerChain`'s face for rows on the device (engine.sampling.torch_chain.OnDeviceChain):
+            `choose(logits, history, ...)` takes a device row (or a host row, which it moves there),
+            `state`, `restore` and `seed` as the numpy chain's.
+    """
+
+    chain: Any
+
+    def forward(self, token_ids: Sequence[int]) -> Any:
+        """`Backend.forward`, the (V,) row left on the device (never written to again)."""
+        ...
+
+    def forward_during(self, token_ids: Sequence[int], work: Callable[[], T]) -> tuple[Any, T]:
+        """`OverlappedForward.forward_during` with the row left on the device."""
+        ...
+
+
+@runtime_checkable
+class SamplesOnDevice(Protocol):
+    """Logits that stay on the backend's accelerator, where the sampler chain runs (issue 49 item 1).
+
+    Copying the whole (V,) row to the host each token and running the numpy chain there costs more than a
+    fast GPU's step; on the device only the token's report (a few dozen numbers) crosses, once.
+    """
+
+    def device_rows(self, settings: Any, vocab: Any) -> DeviceRows | None:
+        """An answer's device decoding for these `SamplerSettings`, or None: the numpy chain on host rows then
+        (the rows are on the host already, or the settings need a stage the device chain lacks)."""
         ...
 
 

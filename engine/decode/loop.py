@@ -15,14 +15,18 @@ report (stage snapshots, top-N, entropy) is built after. On a backend that
 can (`OverlappedForward`: llama.cpp, MLX, torch) the report is built while the
 model computes the next token, as mlx-lm overlaps its bookkeeping with
 `mx.async_eval`; a token's event then comes out once the next forward has
-run, so a cancel seen on that event takes effect one token later.
+run, so a cancel seen on that event takes effect one token later. Where the
+backend keeps its rows on an accelerator (`SamplesOnDevice`: torch on CUDA),
+the rows stay there and the chain runs there (`AnswerRow.device`); only the
+token and its report cross to the host.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +38,7 @@ from engine.events import Done, Event, TokenEvent
 from engine.request import GenerationRequest
 from engine.steering.apply import steer_for_request
 from engine.sampling import Choice, Pick
+from engine.sampling.torch_chain import TorchChoice
 from engine.tokenizer import TokenizerLike, check_token_ids, vocabulary_size
 from engine.tools.request_tools import prompt_ids_with_tools
 
@@ -42,7 +47,7 @@ __all__ = ["MAX_REWINDS", "Chooser", "check_context", "generate_events", "prompt
 # Step mode: shown a sampled token's event, returns the token to take instead (None: the sampler's pick).
 Chooser = Callable[[TokenEvent], "int | None"]
 # A backend's forward that runs `work` while it computes (OverlappedForward.forward_during).
-Overlap = Callable[..., tuple[np.ndarray, TokenEvent]]
+Overlap = Callable[..., tuple[Any, TokenEvent]]
 
 
 def prompt_ids_for(tokenizer: TokenizerLike, request: GenerationRequest, n_vocab: int = 0) -> list[int]:
@@ -100,7 +105,11 @@ def generate_events(
     steer_for_request(backend, request.steering)  # applied, or refused in words, before any forward
     row = AnswerRow.start(backend, request, prompt, t0)  # this run's constraint matcher: before any forward
     # Where the backend can, the next forward runs while this token's report is built (`forward_during`).
-    overlap = backend.forward_during if isinstance(backend, OverlappedForward) else None
+    # Rows sampled on the backend's device come from its device forwards (SamplesOnDevice), left there.
+    forward: Callable[[Sequence[int]], Any] = backend.forward
+    overlap: Overlap | None = backend.forward_during if isinstance(backend, OverlappedForward) else None
+    if row.device is not None:
+        forward, overlap = row.device.forward, row.device.forward_during if overlap is not None else None
     reused = 0
 
     try:
@@ -127,13 +136,13 @@ def generate_events(
             if not taken.ends:
                 row.end("cancelled")
             break
-        logits = yield from _next_logits(backend, overlap, row, taken, cancel, recoverable)
+        logits = yield from _next_logits(forward, overlap, row, taken, cancel, recoverable)
     yield Done(row.stats(reused_tokens=reused, peak_memory_bytes=backend.peak_memory_bytes(), cache_schedule=schedule))
 
 
 def _choose(
-    backend: Backend, row: AnswerRow, logits: np.ndarray, choose: Chooser | None, cancel: threading.Event
-) -> tuple[Choice, Pick | None] | None:
+    backend: Backend, row: AnswerRow, logits: Any, choose: Chooser | None, cancel: threading.Event
+) -> tuple[Choice | TorchChoice, Pick | None] | None:
     """This position's token, and its report when step mode built it; None: cancelled while the person chose.
 
     The token first (the next forward waits for it); its report when it is shown. In step mode the person
@@ -178,9 +187,9 @@ def _step_back(
 
 
 def _next_logits(
-    backend: Backend, overlap: Overlap | None, row: AnswerRow, taken: Taken, cancel: threading.Event,
-    recoverable: tuple[type[Exception], ...],
-) -> Generator[Event, None, np.ndarray | None]:
+    forward: Callable[[Sequence[int]], Any], overlap: Overlap | None, row: AnswerRow, taken: Taken,
+    cancel: threading.Event, recoverable: tuple[type[Exception], ...],
+) -> Generator[Event, None, Any]:
     """Yields `taken`'s event and returns the next forward's logits (None: the row ended).
 
     Without overlap the event comes first, then the forward. With it, the event is built while the model
@@ -194,7 +203,7 @@ def _next_logits(
             return None
     try:
         if overlap is None:
-            return backend.forward([taken.token_id])
+            return forward([taken.token_id])
         logits, shown = overlap([taken.token_id], lambda: row.event(taken))
     except recoverable as e:
         if overlap is not None:

@@ -19,10 +19,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from engine.backend import Backend
+from engine.capabilities import DeviceRows, SamplesOnDevice
 from engine.banned_strings import Ban, BannedStringGuard
 from engine.cache_schedule import to_record
 from engine.decode.stats import AnswerRecord
@@ -32,6 +34,7 @@ from engine.request import GenerationRequest
 from engine.sampling import Pick, SamplerChain
 from engine.sampling.grammar import GrammarStage, constraint_step, grammar_stage
 from engine.sampling.pick import Choice
+from engine.sampling.torch_chain import OnDeviceChain, TorchChoice
 from engine.stopping import StopStringMatcher
 from engine.tokenizer import StreamDetokenizer, TokenizerLike, partial_token_bytes
 from engine.tools.constraint import tool_constraint
@@ -55,7 +58,8 @@ class Taken:
     Attributes:
         index: the token's position among the row's generated tokens.
         choice: the sampler's choice (its report is built when the event is).
-        logits: the step's logits row the token was chosen from (a server's top-N view is cut from it).
+        logits: the step's logits row the token was chosen from (a server's top-N view is cut from it): numpy,
+            or a tensor on the backend's device (`AnswerRow.device`).
         pick: the choice's report when it was built already (step mode showed it).
         text: the text this token releases (held-back stop-string or banned-string text included).
         special: an end-of-sequence token (shown in token views, not in text).
@@ -66,8 +70,8 @@ class Taken:
     """
 
     index: int
-    choice: Choice
-    logits: np.ndarray
+    choice: Choice | TorchChoice
+    logits: Any
     pick: Pick | None = None
     text: str = ""
     special: bool = False
@@ -92,14 +96,17 @@ class AnswerRow:
         tok: TokenizerLike,
         request: GenerationRequest,
         prompt: list[int],
-        chain: SamplerChain,
+        chain: SamplerChain | OnDeviceChain,
         *,
         t0: float,
         grammar: GrammarStage | None = None,
         reported_n: int = 0,
         tools: ToolPlan | None = None,
+        device: DeviceRows | None = None,
     ) -> None:
         self.tok, self.request, self.prompt, self.chain, self.grammar = tok, request, prompt, chain, grammar
+        # Rows kept on the backend's device and sampled there (SamplesOnDevice); None: numpy rows and chain.
+        self.device = device
         self.reported_n = reported_n  # a server's top N: the model view is what it reported (engine/top_n.py)
         self.max_new_tokens = request.max_new_tokens  # the loom's beam rows end where their search ended
         self.record = AnswerRecord(t0)
@@ -143,9 +150,14 @@ class AnswerRow:
         if grammar is not None and request.constraint is None:  # the tools' grammar starts after the kept part
             follow_kept(grammar.run, request.assistant_prefix)
         sampler = request.sampler if seed is None else request.sampler.with_(seed=seed)
-        chain = SamplerChain(sampler, vocab=tok, constraint=grammar)
+        # On the device where the backend keeps its rows there and the device chain has every stage this
+        # answer needs, and no constraint (its mask is built on the host).
+        device = None
+        if grammar is None and isinstance(backend, SamplesOnDevice):
+            device = backend.device_rows(sampler, tok)
+        chain = device.chain if device is not None else SamplerChain(sampler, vocab=tok, constraint=grammar)
         return cls(tok, request, prompt, chain, t0=t0, grammar=grammar, reported_n=backend.info.reports_top_n,
-                   tools=tools)
+                   tools=tools, device=device)
 
     # --- where the row is ---------------------------------------------------------------
 
@@ -172,22 +184,22 @@ class AnswerRow:
 
     # --- one token -------------------------------------------------------------------------
 
-    def choose(self, logits: np.ndarray, force: int | None = None) -> Choice:
+    def choose(self, logits: Any, force: int | None = None) -> Choice | TorchChoice:
         """The sampler's token at this position (or `force`, recorded as forced); its report comes later."""
         if self.guard.active:
             self._states[self.step] = self.chain.state()
         return self._choose(logits, force)
 
-    def choose_instead(self, logits: np.ndarray, token: int, before: tuple) -> Choice:
+    def choose_instead(self, logits: Any, token: int, before: tuple) -> Choice | TorchChoice:
         """Step mode: the person's `token` instead of the pick, the stages' state put back to `before` it."""
         self.chain.restore(before)
         return self._choose(logits, token)
 
-    def _choose(self, logits: np.ndarray, force: int | None) -> Choice:
+    def _choose(self, logits: Any, force: int | None) -> Choice | TorchChoice:
         return self.chain.choose(logits, self.history[: self.n_hist], record_stages=self.request.record_stages,
                                  force_token=force, banned=self._bans.get(self.step, ()))
 
-    def take(self, choice: Choice, logits: np.ndarray, pick: Pick | None = None) -> Taken | None:
+    def take(self, choice: Choice | TorchChoice, logits: Any, pick: Pick | None = None) -> Taken | None:
         """Take the chosen token: history, text, stops, end of sequence, length, banned strings.
 
         Returns None when the constraint refused it or reached a dead end (the row has ended with an error).

@@ -11,7 +11,9 @@ The numpy chain stays the reference and the path for every other backend. This m
 says so instead of giving a different answer: `TorchChain.supports(settings)` is false, with the reason in words,
 for any stage it does not have (penalties, DRY, logit bias, smoothing, dynamic temperature, mirostat,
 adaptive-p, a grammar, custom stages) and for banned strings; `TorchChain(settings)` then raises, and the caller
-uses `SamplerChain`. Per-stage records (`record_stages`) are not built here either.
+uses `SamplerChain`. Per-stage records (`record_stages`) keep each stage's row on the device, and the
+report makes the records on the host with the numpy chain's code from those rows and the model's row
+(`TorchChoice._stage_stats`): the one path here that copies a whole row to the host.
 
 Covered, in the user's order: top_n_sigma, top_k, typical_p, top_p, min_p, xtc, temperature, and the greedy or
 seeded draw. Each follows its numpy stage's arithmetic (engine.sampling.stages, shaping.py): float32 scores,
@@ -26,10 +28,11 @@ chain does, so the stages after top-k see a few dozen entries. That compaction h
 on CUDA each one is an implicit synchronisation (no data moves but the count). A fixed-shape form, for a
 CUDA graph of the whole step, is later work.
 
-Not wired in yet: the torch backend's decode step (engine.backends.torch, through engine/decode/) still
-hands its logits to the host and the numpy chain. The caller will be that step, choosing `TorchChain` when
-`supports` says so and the row is on an accelerator; that waits for the static-cache step of issue 49 item 2
-and the overlap of item 3, which change how the step returns its logits, and for a GPU to measure it on.
+The caller is the decode loop (engine/decode/), through the `SamplesOnDevice` capability: a torch backend
+whose rows are on an accelerator (or told to, `TorchBackend(sample_on_device=True)`) hands each answer whose
+settings `supports` accepts, with no constraint, an `OnDeviceChain` and forwards that
+leave the row on the device (engine/backends/torch/device_rows.py). Every other answer, and the loom's and
+the server's batched rows, stay on the numpy chain.
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.sampling.chain import SamplerChain
-from engine.sampling.distribution import TopList
+from engine.sampling.distribution import Dist, TopList
 from engine.sampling.dry import Vocabulary
-from engine.sampling.pick import Pick
+from engine.sampling.pick import Choice, Pick, StageStats, Step
 from engine.sampling.registry import ARGMAX_PRESERVING, STAGE_ROWS, stage_active
 from engine.sampling.settings import SamplerSettings
 
@@ -364,11 +367,14 @@ class TorchChain:
         self._names = self.twin._names
         self._greedy = settings.greedy
         self.stage_names = self.twin.stage_names
-        names = list(self.stage_names)
-        if self._greedy:  # as the numpy chain: greedy may stop after the last stage that can move the argmax
-            while names and names[-1] in ARGMAX_PRESERVING:
-                names.pop()
-        self._stages = tuple((name, _make(name, settings)) for name in names)
+        # Recording runs every stage; greedy without recording may stop after the last stage that can move the
+        # argmax, as the numpy chain does.
+        self._all_stages = tuple((name, _make(name, settings)) for name in self.stage_names)
+        keep = len(self._all_stages)
+        if self._greedy:
+            while keep and self._all_stages[keep - 1][0] in ARGMAX_PRESERVING:
+                keep -= 1
+        self._stages = self._all_stages[:keep]
         self._buffers = _Buffers()
 
     @staticmethod
@@ -376,11 +382,13 @@ class TorchChain:
         """Whether this chain runs `settings` (truthy), else `reason` in words: use `SamplerChain` then."""
         return _support(settings)
 
-    def pick(self, logits: torch.Tensor, *, top_n: int = 20, force_token: int | None = None) -> Pick:
-        """`SamplerChain.pick` for a torch row (without history, recording or banned tokens): `choose`, `report`."""
-        return self.choose(logits, force_token=force_token).report(top_n)
+    def pick(self, logits: torch.Tensor, *, top_n: int = 20, force_token: int | None = None,
+             record_stages: bool = False) -> Pick:
+        """`SamplerChain.pick` for a torch row (without history or banned tokens): `choose`, `report`."""
+        return self.choose(logits, force_token=force_token, record_stages=record_stages).report(top_n)
 
-    def choose(self, logits: torch.Tensor, *, force_token: int | None = None) -> TorchChoice:
+    def choose(self, logits: torch.Tensor, *, force_token: int | None = None,
+               record_stages: bool = False) -> TorchChoice:
         """Run the stages and choose the token on the row's device.
 
         No value crosses to the host here: the token stays a 0-d tensor (`TorchChoice.token`). The sizes of
@@ -390,6 +398,7 @@ class TorchChain:
         Args:
             logits: (V,) raw logits, a torch tensor on any device (any float dtype; used as float32).
             force_token: take this token instead of drawing one; the random stream advances as if drawn.
+            record_stages: keep each stage's row (on the device) for the report's stage records.
 
         Raises:
             ValueError: a row that is not one non-empty 1-D tensor, or `force_token` outside it. A NaN or
@@ -398,9 +407,9 @@ class TorchChain:
         import torch
 
         with torch.inference_mode():  # no autograd bookkeeping: each op's fixed cost is most of a pick on the CPU
-            return self._choose(logits, force_token)
+            return self._choose(logits, force_token, record_stages)
 
-    def _choose(self, logits: torch.Tensor, force_token: int | None) -> TorchChoice:
+    def _choose(self, logits: torch.Tensor, force_token: int | None, record: bool = False) -> TorchChoice:
         import torch
 
 
@@ -416,15 +425,19 @@ class TorchChain:
         head = _Head(scores, self._buffers.ready(scores).block_ids)
         ctx = _Ctx(self._rng, head)
         row: Row = (None, scores)
-        for _, stage in self._stages:
-            row = stage(row, ctx)
+        steps: list[tuple[str, Row | None]] | None = [] if record else None
+        for name, stage in self._all_stages if record else self._stages:
+            after = stage(row, ctx)
+            if steps is not None:  # None: the stage changed nothing (it handed the row back)
+                steps.append((name, None if after is row else after))
+            row = after
         ids, vals = row
         forced = None if force_token is None else torch.tensor(force_token, device=scores.device)
         if self._greedy:
             best = vals.argmax()  # the first of equal maxima: the lowest id, as np.argmax
             best = best if ids is None else torch.take(ids, best)  # take: no sync, where ids[best] reads best
             return TorchChoice(self._names, self._buffers, head, best if forced is None else forced, force_token is not None,
-                               best=best)
+                               best=best, steps=steps)
         m = vals.max()
         w = _weights(vals, m)
         cum = w.double().cumsum(0)
@@ -437,7 +450,43 @@ class TorchChain:
         token = j if ids is None else torch.take(ids, j)
         final = _Final(ids, vals, m, z.squeeze(0), j)
         return TorchChoice(self._names, self._buffers, head, token if forced is None else forced, force_token is not None,
-                           final=final)
+                           final=final, steps=steps)
+
+
+class OnDeviceChain:
+    """`SamplerChain`'s face on a `TorchChain`, for the decode loop's `AnswerRow` (engine/decode/row.py).
+
+    The loop calls `choose(logits, history, record_stages=..., force_token=..., banned=...)`, `state()`,
+    `restore()` and reads `seed`, as it does the numpy chain's. A host row (the prompt's last logits, which
+    `prefill` returns as numpy) is moved to the device first; the device's own rows are used as they are.
+    """
+
+    def __init__(self, chain: TorchChain, device: Any) -> None:
+        self.torch_chain = chain
+        self.device = device
+        self.seed = chain.seed
+
+    def state(self) -> tuple[object, ...]:
+        return self.torch_chain.twin.state()  # the covered stages keep none; the twin says so the same way
+
+    def restore(self, state: tuple[object, ...]) -> None:
+        self.torch_chain.twin.restore(state)
+
+    def choose(self, logits: Any, history: Any = None, *, record_stages: bool = False,
+               force_token: int | None = None, banned: Any = ()) -> TorchChoice:
+        """`SamplerChain.choose` on the device (`history` is unused: no covered stage reads it).
+
+        Raises:
+            ValueError: banned tokens asked for (`SamplesOnDevice` never hands this chain such an answer:
+                banned strings are the numpy chain's).
+        """
+        import torch
+
+        if len(banned):
+            raise ValueError("the device chain bans no tokens: use SamplerChain")
+        if not isinstance(logits, torch.Tensor):
+            logits = torch.from_numpy(np.ascontiguousarray(logits)).to(self.device)
+        return self.torch_chain.choose(logits, force_token=force_token, record_stages=record_stages)
 
 
 class _Buffers:
@@ -516,10 +565,11 @@ class TorchChoice:
         forced: it was given (`force_token`), not drawn.
     """
 
-    __slots__ = ("_best", "_buffers", "_final", "_head", "_names", "_scores", "forced", "token")
+    __slots__ = ("_best", "_buffers", "_final", "_head", "_id", "_names", "_scores", "_steps", "forced", "token")
 
     def __init__(self, names: Any, buffers: _Buffers, head: _Head, token: torch.Tensor, forced: bool,
-                 best: torch.Tensor | None = None, final: _Final | None = None) -> None:
+                 best: torch.Tensor | None = None, final: _Final | None = None,
+                 steps: list[tuple[str, Row | None]] | None = None) -> None:
         self._names = names
         self._buffers = buffers  # the chain's two (V,) work rows: a chain's reports run one at a time
         self._head = head  # the model's row, its max and the entries near it
@@ -528,6 +578,15 @@ class TorchChoice:
         self.forced = forced
         self._best = best  # greedy: the argmax (None when sampling)
         self._final = final  # sampling: the distribution drawn from
+        self._steps = steps  # each stage's row on the device (None: unchanged), when recording
+        self._id: int | None = None
+
+    @property
+    def token_id(self) -> int:
+        """The token as a host int (`Choice.token_id`): one read of the device (a sync on CUDA), kept."""
+        if self._id is None:
+            self._id = int(self.token)
+        return self._id
 
     def report(self, top_n: int = 20) -> Pick:
         """The token's statistics as `Choice.report` gives them (no stage records): one transfer to the host."""
@@ -596,9 +655,32 @@ class TorchChoice:
             sampler_logprob = last
             top_sampler = _pairs(rest[:k_s], rest[k_s: 2 * k_s])
         names = self._names
+        stages = None if self._steps is None else tuple(self._stage_stats(token_id, top_model, top_n))
         return Pick(token_id=token_id, logprob=logprob, sampler_logprob=sampler_logprob, rank=int(rank),
-                    entropy=entropy, top_model=names(top_model), top_sampler=names(top_sampler), stages=None,
+                    entropy=entropy, top_model=names(top_model), top_sampler=names(top_sampler), stages=stages,
                     forced=self.forced)
+
+    def _stage_stats(self, token_id: int, top_model: TopList, top_n: int) -> list[StageStats]:
+        """Each stage's record, made on the host by the numpy chain's own code (`Choice`'s) from the rows the
+        stages left: the filters' survivors (a few dozen), and the model's whole row, which the first stage's
+        "before" and a stage that ran on the whole row need. So recording stages costs that row's copy to the
+        host each token, which the rest of the device path avoids; the numbers are the numpy chain's."""
+        host: list[Step] = []
+        for name, row in self._steps or ():
+            if row is None:
+                host.append((name, None, None))
+                continue
+            ids, vals = row
+            v = vals.float().cpu().numpy()
+            if ids is None:
+                host.append((name, None, v))
+                continue
+            i = ids.cpu().numpy().astype(np.int64)
+            finite = v > -math.inf  # survivors cut in place keep -inf entries (`_cut`); a record counts the rest
+            host.append((name, i[finite], v[finite]) if not finite.all() else (name, i, v))
+        scores = self._scores.cpu().numpy()
+        model = Dist(scores)
+        return Choice(token_id, self.forced, scores, host, None, -1, self._names)._stage_stats(model, top_model, top_n)
 
     def final_distribution(self) -> np.ndarray:
         """(V,) float32 log-probs the token was drawn from, as `Choice.final_distribution`: a full-row transfer,

@@ -26,7 +26,7 @@ def test_gpu_figures_quick_on_the_cpu(capsys, monkeypatch):
     figures = gpu_figures.main(["--quick", "--device", "cpu"])
     out = capsys.readouterr().out
     assert "same tokens as generate(): yes" in out
-    for name in ("ratio_vs_generate", "floor_fraction", "loom_speedup", "shared_batch_speedup"):
+    for name in ("ratio_vs_generate", "floor_fraction", "device_chain_speedup", "loom_speedup", "shared_batch_speedup"):
         printed = re.findall(rf"^{name}=([0-9.]+)$", out, re.MULTILINE)
         assert len(printed) == 1, out
         assert math.isfinite(figures[name]) and figures[name] > 0

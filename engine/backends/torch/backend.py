@@ -32,6 +32,7 @@ import torch
 from engine.backend import CachedTokens, process_peak_rss_bytes
 from engine.cpu_load import ThreadsPerAnswer, threads_text
 from engine.backends.torch.compat import with_cache
+from engine.backends.torch.device_rows import TorchDeviceRows
 from engine.backends.torch.compile import CompiledDecodeStep, compile_wanted, relative_logit_error
 from engine.backends.torch.foreground import foreground_step
 from engine.backends.torch.lean import LeanDecodeStep
@@ -45,10 +46,13 @@ from engine.errors import ModelLoadError
 from engine.fingerprints.record import NumericSetup
 from engine.model_info import ModelInfo
 from engine.runtime_settings import RuntimeFacts, RuntimeSettings
+from engine.sampling.settings import SamplerSettings
+from engine.sampling.torch_chain import TorchChain
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+R = TypeVar("R")
 
 # The runtime settings torch leaves to itself, and why (the runtime dialog shows it under each).
 TORCH_TAKES = ("n_threads",)  # engine.backends.select.RUNTIME_SETTINGS_TAKEN says the same before loading
@@ -107,12 +111,16 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         offload: OffloadPolicy | str | None = None,
         compile_step: bool | None = None,
         n_threads: int | None = None,
+        sample_on_device: bool | None = None,
     ) -> None:
         """`compile_step`: build a torch.compile'd decode step in the background (None: the
         LOGITLAB_TORCH_COMPILE environment variable, else on for CUDA and off for the CPU). `n_threads`: CPU
         threads for every answer (None: the cores other programs leave free at each answer's start, see
         engine/cpu_load.py). A fixed count makes two runs sum in the same order, so their floats repeat bit for
-        bit whatever else the machine does; it is set again at each answer, as torch's count is per process."""
+        bit whatever else the machine does; it is set again at each answer, as torch's count is per process.
+        `sample_on_device`: keep each answer's rows on the model's device and run the sampler chain there
+        (SamplesOnDevice, engine/backends/torch/device_rows.py; None: on an accelerator, not on the CPU, where the
+        row is in host memory already and the numpy chain is the faster)."""
         from transformers import AutoModelForCausalLM
 
         self.device = pick_device(device)
@@ -125,6 +133,7 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
             if not n_threads:
                 self._threads_per_answer = ThreadsPerAnswer(fallback=usable_cores())
         self.dtype = pick_dtype(dtype, self.device)
+        self.sample_on_device = self.device.type != "cpu" if sample_on_device is None else sample_on_device
         self.tokenizer = Tokenizer.from_folder(folder, trust_remote_code)
         self.offload = None  # OffloadHandle when weights are streamed (engine.offload)
         self._overlap: OverlapPool | None = None  # made on the first forward_during
@@ -284,8 +293,25 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
             log.debug("%s; using transformers' DynamicCache", e)
             return DynamicCache(config=self.model.config)
 
-    @torch.inference_mode()
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
+        return self._forward(token_ids).float().cpu().numpy()  # (V,)
+
+    def forward_on_device(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """`forward`'s (V,) float32 row left on the model's device: a copy of its own, which nothing writes to
+        later (a compiled step's CUDA graph writes its output buffer again at its next replay, while this row's
+        report may still be read)."""
+        return self._forward(token_ids).to(torch.float32, copy=True)
+
+    def device_rows(self, settings: SamplerSettings, vocab: Any) -> TorchDeviceRows | None:
+        """SamplesOnDevice: the answer's rows on this model's device, sampled there, when that is asked for
+        (`sample_on_device`) and the device chain has every stage `settings` turn on."""
+        if not self.sample_on_device or not TorchChain.supports(settings):
+            return None
+        return TorchDeviceRows(self, TorchChain(settings, vocab))
+
+    @torch.inference_mode()
+    def _forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """The forward's last (V,) row, as the model computed it (its dtype, on its device)."""
         foreground_step()  # a compile under way in the background pauses while answers run
         if self._cache is None:
             self._cache = self._new_cache()
@@ -306,17 +332,23 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
             self._reset()  # a half-updated cache no longer matches self._tokens
             raise
         self._tokens.extend(int(t) for t in token_ids)
-        return logits[0, -1].float().cpu().numpy()  # (V,)
+        return logits[0, -1]
 
     def forward_during(self, token_ids: Sequence[int], work: Callable[[], T]) -> tuple[np.ndarray, T]:
         """`forward` on a helper thread, `work()` on this one meanwhile (OverlappedForward, overlap.py).
 
         The row is a fresh numpy copy (`.cpu().numpy()` of a new tensor): nothing writes to it later.
         """
+        return self._overlapped(lambda: self.forward(token_ids), work)
+
+    def forward_on_device_during(self, token_ids: Sequence[int], work: Callable[[], T]) -> tuple[torch.Tensor, T]:
+        """`forward_on_device` on the helper thread, `work()` on this one meanwhile."""
+        return self._overlapped(lambda: self.forward_on_device(token_ids), work)
+
+    def _overlapped(self, forward: Callable[[], R], work: Callable[[], T]) -> tuple[R, T]:
         if self._overlap is None:
             self._overlap = OverlapPool()
-        pool = self._overlap
-        return pool.run(lambda: self.forward(token_ids), work)
+        return self._overlap.run(forward, work)
 
     def _ids(self, token_ids: Sequence[int]) -> torch.Tensor:
         return torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # (1, T)
