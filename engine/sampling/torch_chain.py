@@ -9,14 +9,14 @@ chain without a GPU (tests/engine/test_torch_chain.py).
 
 The numpy chain stays the reference and the path for every other backend. This module covers part of it, and
 says so instead of giving a different answer: `TorchChain.supports(settings)` is false, with the reason in words,
-for any stage it does not have (penalties, DRY, logit bias, smoothing, dynamic temperature, mirostat,
+for any stage it does not have (DRY, logit bias, smoothing, dynamic temperature, mirostat,
 adaptive-p, a grammar, custom stages) and for banned strings; `TorchChain(settings)` then raises, and the caller
 uses `SamplerChain`. Per-stage records (`record_stages`) keep each stage's row on the device, and the
 report makes the records on the host with the numpy chain's code from those rows and the model's row
 (`TorchChoice._stage_stats`): the one path here that copies a whole row to the host.
 
-Covered, in the user's order: top_n_sigma, top_k, typical_p, top_p, min_p, xtc, temperature, and the greedy or
-seeded draw. Each follows its numpy stage's arithmetic (engine.sampling.stages, shaping.py): float32 scores,
+Covered, in the user's order: the repetition, presence and frequency penalties, top_n_sigma, top_k,
+typical_p, top_p, min_p, xtc, temperature, and the greedy or seeded draw. Each follows its numpy stage's arithmetic (engine.sampling.stages, shaping.py): float32 scores,
 float32 weights `exp(s - max)` summed in float64, the same boundary rules (ties at a cut all kept, the token
 that crosses top-p's mass kept), and the draw an inverse CDF over the survivors in token-id order. Randomness
 comes from a numpy twin: a `SamplerChain` of the same settings whose PCG64 generator draws the uniforms (XTC's,
@@ -55,12 +55,12 @@ if TYPE_CHECKING:  # torch is imported inside the functions: importing the engin
     import torch
 
 # The stages this module runs on the device; every other active stage sends the caller to the numpy chain.
-COVERED: frozenset[str] = frozenset({"top_n_sigma", "top_k", "typical_p", "top_p", "min_p", "xtc", "temperature"})
+COVERED: frozenset[str] = frozenset({"penalties", "top_n_sigma", "top_k", "typical_p", "top_p", "min_p", "xtc",
+                                     "temperature"})
 
 _NOT_COVERED_WHY = {
     "grammar": "a grammar's mask is built by its parser on the host",
     "logit_bias": "logit bias is not on the device yet",
-    "penalties": "the repetition penalties are not on the device yet",
     "dry": "DRY is not on the device yet",
     "smoothing": "quadratic smoothing is not on the device yet",
     "mirostat": "mirostat is not on the device yet",
@@ -165,6 +165,8 @@ class _Head:
         return torch.topk(self.vals, k).values[k - 1]
 
 
+_EMPTY = np.zeros(0, dtype=np.int64)
+
 # Blocks of the model's row whose maxima place its head (`_Head`): 192 of them at 49k, 1,024 at 262k.
 _BLOCK = 256
 
@@ -173,6 +175,7 @@ _BLOCK = 256
 class _Ctx:
     rng: np.random.Generator
     head: _Head
+    history: np.ndarray  # (T,) token ids so far, prompt included, on the host (the penalties read it)
 
 
 DeviceStage = Callable[[Row, _Ctx], Row]
@@ -305,6 +308,47 @@ def _xtc(probability: float, threshold: float) -> DeviceStage:
     return xtc
 
 
+def _penalties(repetition: float, presence: float, frequency: float, last_n: int) -> DeviceStage:
+    """`stages.make_penalties` on the device: the history's distinct ids and counts are found on the host (a
+    few dozen ids, which the host has), and only their scores change on the device, in float32 as there."""
+    rep = float(np.float32(repetition))
+    additive = presence != 0 or frequency != 0
+
+    def penalties(row: Row, ctx: _Ctx) -> Row:
+        import torch
+
+        ids, vals = row
+        hist = ctx.history[-last_n:] if last_n > 0 else ctx.history
+        hist = hist[(hist >= 0) & (hist < ctx.head.row.numel())]
+        if last_n == 0 or hist.size == 0:
+            return row
+        seen, counts = np.unique(hist, return_counts=True)
+        seen_t = torch.from_numpy(seen).to(vals.device)
+
+        def penalised(sel: torch.Tensor, sub: np.ndarray | None) -> torch.Tensor:
+            if repetition != 1:
+                sel = torch.where(sel < 0, sel * rep, sel / rep)
+            if sub is not None:
+                sel = sel - torch.from_numpy(sub).to(vals.device)
+            return sel
+
+        sub = (presence + frequency * counts).astype(np.float32) if additive else None
+        if ids is None:  # the whole row: the seen ids' scores, changed in place of a copy
+            out = vals.clone()
+            out[seen_t] = penalised(vals[seen_t], sub)
+            return None, out
+        # survivors: each one's place among the seen ids, so no index is written twice (a seen token a stage
+        # removed is not among them: it stays removed, as its -inf does in a whole row)
+        pos = torch.searchsorted(seen_t, ids).clamp_(max=seen.size - 1)
+        hit = seen_t[pos] == ids
+        sel = penalised(vals, None)
+        if sub is not None:
+            sel = sel - torch.from_numpy(sub).to(vals.device)[pos]
+        return ids, torch.where(hit, sel, vals)
+
+    return penalties
+
+
 def _temperature(t: float) -> DeviceStage:
     t32 = float(np.float32(t))
 
@@ -330,6 +374,8 @@ def _make(name: str, s: SamplerSettings) -> DeviceStage:
         return _xtc(s.xtc_probability, s.xtc_threshold)
     if name == "temperature":
         return _temperature(s.temperature)
+    if name == "penalties":
+        return _penalties(s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.penalty_last_n)
     raise ValueError(f"stage {name!r} is not on the device")  # `supports` keeps such settings out
 
 
@@ -383,12 +429,13 @@ class TorchChain:
         return _support(settings)
 
     def pick(self, logits: torch.Tensor, *, top_n: int = 20, force_token: int | None = None,
-             record_stages: bool = False) -> Pick:
-        """`SamplerChain.pick` for a torch row (without history or banned tokens): `choose`, `report`."""
-        return self.choose(logits, force_token=force_token, record_stages=record_stages).report(top_n)
+             record_stages: bool = False, history: np.ndarray | None = None) -> Pick:
+        """`SamplerChain.pick` for a torch row (without banned tokens): `choose`, then `report`."""
+        return self.choose(logits, force_token=force_token, record_stages=record_stages,
+                           history=history).report(top_n)
 
     def choose(self, logits: torch.Tensor, *, force_token: int | None = None,
-               record_stages: bool = False) -> TorchChoice:
+               record_stages: bool = False, history: np.ndarray | None = None) -> TorchChoice:
         """Run the stages and choose the token on the row's device.
 
         No value crosses to the host here: the token stays a 0-d tensor (`TorchChoice.token`). The sizes of
@@ -399,6 +446,7 @@ class TorchChain:
             logits: (V,) raw logits, a torch tensor on any device (any float dtype; used as float32).
             force_token: take this token instead of drawing one; the random stream advances as if drawn.
             record_stages: keep each stage's row (on the device) for the report's stage records.
+            history: (T,) token ids so far, prompt included, for the penalties (None: none yet).
 
         Raises:
             ValueError: a row that is not one non-empty 1-D tensor, or `force_token` outside it. A NaN or
@@ -407,9 +455,10 @@ class TorchChain:
         import torch
 
         with torch.inference_mode():  # no autograd bookkeeping: each op's fixed cost is most of a pick on the CPU
-            return self._choose(logits, force_token, record_stages)
+            return self._choose(logits, force_token, record_stages, history)
 
-    def _choose(self, logits: torch.Tensor, force_token: int | None, record: bool = False) -> TorchChoice:
+    def _choose(self, logits: torch.Tensor, force_token: int | None, record: bool = False,
+                history: np.ndarray | None = None) -> TorchChoice:
         import torch
 
 
@@ -423,7 +472,7 @@ class TorchChain:
         if force_token is not None and not 0 <= force_token < v:
             raise ValueError(f"force_token {force_token} is outside the vocabulary [0, {v})")
         head = _Head(scores, self._buffers.ready(scores).block_ids)
-        ctx = _Ctx(self._rng, head)
+        ctx = _Ctx(self._rng, head, _EMPTY if history is None else np.asarray(history, dtype=np.int64))
         row: Row = (None, scores)
         steps: list[tuple[str, Row | None]] | None = [] if record else None
         for name, stage in self._all_stages if record else self._stages:
@@ -474,7 +523,7 @@ class OnDeviceChain:
 
     def choose(self, logits: Any, history: Any = None, *, record_stages: bool = False,
                force_token: int | None = None, banned: Any = ()) -> TorchChoice:
-        """`SamplerChain.choose` on the device (`history` is unused: no covered stage reads it).
+        """`SamplerChain.choose` on the device (`history`, on the host, for the penalties).
 
         Raises:
             ValueError: banned tokens asked for (`SamplesOnDevice` never hands this chain such an answer:
@@ -486,7 +535,8 @@ class OnDeviceChain:
             raise ValueError("the device chain bans no tokens: use SamplerChain")
         if not isinstance(logits, torch.Tensor):
             logits = torch.from_numpy(np.ascontiguousarray(logits)).to(self.device)
-        return self.torch_chain.choose(logits, force_token=force_token, record_stages=record_stages)
+        return self.torch_chain.choose(logits, force_token=force_token, record_stages=record_stages,
+                                       history=None if history is None else np.asarray(history))
 
 
 class _Buffers:

@@ -158,8 +158,37 @@ def test_bfloat16_logits_are_used_as_float32() -> None:
     assert_same_report(TorchChain(settings).pick(row), want)
 
 
+PENALTIES = {
+    "repetition": dict(repetition_penalty=1.3),
+    "presence_and_frequency": dict(presence_penalty=0.7, frequency_penalty=0.4, penalty_last_n=-1),
+    "all_three_after_top_k": dict(repetition_penalty=0.8, presence_penalty=0.5, frequency_penalty=0.3, top_k=60,
+                                  order=("top_k", "penalties", "min_p", "temperature"), min_p=0.02, temperature=0.9),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PENALTIES))
+def test_penalties_on_the_device_are_the_numpy_chains(smollm_rows, case: str) -> None:
+    """The penalties read the history: the rows' own near-top tokens, repeated, so that they change the pick; on
+    the whole row (the default order) and on top-k's survivors (after it), where some seen tokens were cut."""
+    settings = SamplerSettings(seed=11, **PENALTIES[case])
+    ref, mine = SamplerChain(settings), TorchChain(settings)
+    moved = False
+    for i, row in enumerate(smollm_rows):
+        near_top = np.argsort(-row)[:120]
+        history = np.concatenate([near_top[::3], near_top[:8], near_top[:2], [-1, row.size + 5]]).astype(np.int64)
+        want = ref.choose(row, history)
+        got = mine.choose(torch.from_numpy(row), history=history)
+        lp_want, lp_got = want.final_distribution(), got.final_distribution()
+        kept = np.isfinite(lp_want)
+        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
+        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
+        assert_same_report(got.report(20), want.report(20))
+        plain = SamplerChain(settings.with_(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0))
+        moved |= not np.allclose(plain.choose(row, history).final_distribution()[kept], lp_want[kept])
+    assert moved, "the penalties changed nothing on these rows: the case tests nothing"
+
+
 UNSUPPORTED = {
-    "penalties": (dict(repetition_penalty=1.1), "repetition penalties"),
     "dry": (dict(dry_multiplier=0.8, dry_sequence_breakers=()), "DRY"),
     "logit_bias": (dict(logit_bias={15: 2.0}), "logit bias"),
     "smoothing": (dict(smoothing_factor=0.3), "smoothing"),

@@ -5,7 +5,7 @@ On a GPU a torch backend keeps each answer's rows on the device and runs engine.
 answer must be the numpy chain's — the same tokens, the same ranks and alternatives, the same probabilities
 within float32 — with the default model's real logits. Stage records are
 made from the rows the device's stages left, by the numpy chain's code. Answers the device chain cannot take
-(penalties, a constraint) go to the numpy chain, which these tests also check.
+(DRY, a constraint) go to the numpy chain, which these tests also check.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ pytestmark = pytest.mark.model
 MESSAGES = ({"role": "user", "content": "Name three fruits and say why people like them."},)
 SAMPLED = SamplerSettings(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1234)
 GREEDY = SamplerSettings(temperature=0.0)
+# The window's "Creative" preset (app/state/settings.py): a light repetition penalty and XTC.
+CREATIVE = SamplerSettings(temperature=1.2, min_p=0.05, repetition_penalty=1.05, xtc_probability=0.5,
+                           xtc_threshold=0.1, seed=5)
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +82,11 @@ def test_the_torch_backend_says_where_it_samples(on_device, default_torch):
     assert on_device.device_rows(SAMPLED, on_device.tokenizer) is not None
     assert default_torch.sample_on_device is False  # the CPU's default: its rows are host memory already
     assert default_torch.device_rows(SAMPLED, default_torch.tokenizer) is None
-    penalised = SAMPLED.with_(repetition_penalty=1.2)
-    assert on_device.device_rows(penalised, on_device.tokenizer) is None  # a stage the device chain lacks
+    dry = SAMPLED.with_(dry_multiplier=0.8)
+    assert on_device.device_rows(dry, on_device.tokenizer) is None  # a stage the device chain lacks
 
 
-@pytest.mark.parametrize("sampler", [SAMPLED, GREEDY], ids=["seeded sampling", "greedy"])
+@pytest.mark.parametrize("sampler", [SAMPLED, GREEDY, CREATIVE], ids=["seeded sampling", "greedy", "creative"])
 def test_an_answer_sampled_on_the_device_is_the_numpy_chains(on_device, default_torch, device_picks, sampler):
     request = GenerationRequest(messages=MESSAGES, sampler=sampler, max_new_tokens=32, top_n=10)
     device, device_done = _run(on_device, request)
@@ -115,9 +118,9 @@ def test_forced_tokens_and_step_mode_choose_on_the_device_too(on_device, default
 
 
 @pytest.mark.parametrize("request_kw", [
-    {"sampler": SAMPLED.with_(repetition_penalty=1.3)},
+    {"sampler": SAMPLED.with_(dry_multiplier=0.8)},
     {"constraint": Constraint.regex("[a-z ]{4,20}")},
-], ids=["penalties", "a constraint"])
+], ids=["DRY", "a constraint"])
 def test_what_the_device_chain_lacks_runs_on_the_numpy_chain(on_device, default_torch, device_picks, request_kw):
     kw = {"messages": MESSAGES, "sampler": SAMPLED, "max_new_tokens": 12, "top_n": 5, **request_kw}
     request = GenerationRequest(**kw)
@@ -131,7 +134,9 @@ def test_what_the_device_chain_lacks_runs_on_the_numpy_chain(on_device, default_
 # (temperature), one changes nothing (top_k 500 after min_p) and XTC fires on some tokens.
 EVERY_STAGE = SamplerSettings(temperature=0.9, top_k=500, top_p=0.97, min_p=0.02, typical_p=0.98,
                               top_n_sigma=3.0, xtc_probability=0.5, xtc_threshold=0.05, seed=99,
-                              order=("temperature", "top_n_sigma", "min_p", "top_k", "typical_p", "top_p", "xtc"))
+                              repetition_penalty=1.2, frequency_penalty=0.2, penalty_last_n=-1,
+                              order=("temperature", "top_n_sigma", "min_p", "top_k", "penalties", "typical_p",
+                                     "top_p", "xtc"))
 
 
 @pytest.mark.parametrize("sampler", [EVERY_STAGE, SAMPLED, GREEDY.with_(top_k=3)],
