@@ -82,9 +82,12 @@ def _temperature(s: SamplerSettings, ctx: BuildContext) -> Stage | None:
 
 
 def _logit_bias(s: SamplerSettings, ctx: BuildContext) -> Stage | None:
-    """llama.cpp server's rule: a text biases every token of its tokenization (no special tokens)."""
-    if not s.logit_bias:
-        return None
+    return make_logit_bias(*logit_bias_tokens(s, ctx)) if s.logit_bias else None
+
+
+def logit_bias_tokens(s: SamplerSettings, ctx: BuildContext) -> tuple[list[int], list[float]]:
+    """(token ids, biases) of the settings' logit bias, by llama.cpp server's rule: a text biases every token
+    of its tokenization (no special tokens); an id may come more than once (its biases add up)."""
     ids: list[int] = []
     biases: list[float] = []
     for key, bias in s.logit_bias:
@@ -96,7 +99,7 @@ def _logit_bias(s: SamplerSettings, ctx: BuildContext) -> Stage | None:
             toks = [key]
         ids += toks
         biases += [bias] * len(toks)
-    return make_logit_bias(ids, biases)
+    return ids, biases
 
 
 def _dry(s: SamplerSettings, ctx: BuildContext) -> Stage | None:

@@ -9,13 +9,14 @@ chain without a GPU (tests/engine/test_torch_chain.py).
 
 The numpy chain stays the reference and the path for every other backend. This module covers part of it, and
 says so instead of giving a different answer: `TorchChain.supports(settings)` is false, with the reason in words,
-for any stage it does not have (DRY, logit bias, smoothing, dynamic temperature, mirostat,
+for any stage it does not have (DRY, dynamic temperature, mirostat,
 adaptive-p, a grammar, custom stages) and for banned strings; `TorchChain(settings)` then raises, and the caller
 uses `SamplerChain`. Per-stage records (`record_stages`) keep each stage's row on the device, and the
 report makes the records on the host with the numpy chain's code from those rows and the model's row
 (`TorchChoice._stage_stats`): the one path here that copies a whole row to the host.
 
-Covered, in the user's order: the repetition, presence and frequency penalties, top_n_sigma, top_k,
+Covered, in the user's order: logit bias, the repetition, presence and frequency penalties, quadratic
+smoothing, top_n_sigma, top_k,
 typical_p, top_p, min_p, xtc, temperature, and the greedy or seeded draw. Each follows its numpy stage's arithmetic (engine.sampling.stages, shaping.py): float32 scores,
 float32 weights `exp(s - max)` summed in float64, the same boundary rules (ties at a cut all kept, the token
 that crosses top-p's mass kept), and the draw an inverse CDF over the survivors in token-id order. Randomness
@@ -48,21 +49,20 @@ from engine.sampling.chain import SamplerChain
 from engine.sampling.distribution import Dist, TopList
 from engine.sampling.dry import Vocabulary
 from engine.sampling.pick import Choice, Pick, StageStats, Step
-from engine.sampling.registry import ARGMAX_PRESERVING, STAGE_ROWS, stage_active
+from engine.sampling.registry import ARGMAX_PRESERVING, STAGE_ROWS, logit_bias_tokens, stage_active
 from engine.sampling.settings import SamplerSettings
+from engine.sampling.stage_row import BuildContext
 
 if TYPE_CHECKING:  # torch is imported inside the functions: importing the engine never needs it
     import torch
 
 # The stages this module runs on the device; every other active stage sends the caller to the numpy chain.
-COVERED: frozenset[str] = frozenset({"penalties", "top_n_sigma", "top_k", "typical_p", "top_p", "min_p", "xtc",
-                                     "temperature"})
+COVERED: frozenset[str] = frozenset({"logit_bias", "penalties", "smoothing", "top_n_sigma", "top_k", "typical_p",
+                                     "top_p", "min_p", "xtc", "temperature"})
 
 _NOT_COVERED_WHY = {
     "grammar": "a grammar's mask is built by its parser on the host",
-    "logit_bias": "logit bias is not on the device yet",
     "dry": "DRY is not on the device yet",
-    "smoothing": "quadratic smoothing is not on the device yet",
     "mirostat": "mirostat is not on the device yet",
     "adaptive_p": "adaptive-p is not on the device yet",
 }
@@ -349,6 +349,51 @@ def _penalties(repetition: float, presence: float, frequency: float, last_n: int
     return penalties
 
 
+def _logit_bias(token_ids: list[int], biases: list[float]) -> DeviceStage:
+    """`shaping.make_logit_bias` on the device: each bias added to its token's score (an id named twice gets
+    both, in turn, as `np.add.at` adds them); a bias of -inf removes the token."""
+    ids_np = np.asarray(token_ids, dtype=np.int64)
+    bias_np = np.asarray(biases, dtype=np.float32)
+    on: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}  # the two tensors per device, made once
+
+    def logit_bias(row: Row, ctx: _Ctx) -> Row:
+        import torch
+
+        ids, vals = row
+        v = ctx.head.row.numel()
+        if ids_np.size and int(ids_np.max()) >= v:
+            raise ValueError(f"logit_bias names token {int(ids_np.max())}, but this model's vocabulary has {v} tokens")
+        if vals.device not in on:
+            on[vals.device] = (torch.from_numpy(ids_np).to(vals.device), torch.from_numpy(bias_np).to(vals.device))
+        at, bias = on[vals.device]
+        out = vals.clone()
+        if ids is None:
+            return None, out.index_add_(0, at, bias)
+        # survivors: a biased token that a stage removed stays removed (-inf + a finite bias)
+        pos = torch.searchsorted(ids, at).clamp_(max=ids.numel() - 1)
+        hit = torch.take(ids, pos) == at
+        return ids, out.index_add_(0, pos, torch.where(hit, bias, 0.0))
+
+    return logit_bias
+
+
+def _smoothing(factor: float, curve: float) -> DeviceStage:
+    """`shaping.make_smoothing` on the device, in float32 as there (-inf entries stay -inf)."""
+    k = float(np.float32((3.0 - curve) / 2.0 * factor))
+    c = float(np.float32((curve - 1.0) / 2.0 * factor))
+
+    def smoothing(row: Row, ctx: _Ctx) -> Row:
+        import torch
+
+        ids, vals = row
+        m = vals.max()
+        diff = vals - m
+        out = -(k * diff * diff) + c * diff * diff * diff + m
+        return ids, torch.where(vals > -math.inf, out, -math.inf)
+
+    return smoothing
+
+
 def _temperature(t: float) -> DeviceStage:
     t32 = float(np.float32(t))
 
@@ -359,7 +404,11 @@ def _temperature(t: float) -> DeviceStage:
     return temperature
 
 
-def _make(name: str, s: SamplerSettings) -> DeviceStage:
+def _make(name: str, s: SamplerSettings, vocab: Vocabulary | None) -> DeviceStage:
+    if name == "logit_bias":
+        return _logit_bias(*logit_bias_tokens(s, BuildContext(vocab, None)))
+    if name == "smoothing":
+        return _smoothing(s.smoothing_factor, s.smoothing_curve)
     if name == "top_k":
         return _top_k(s.top_k)
     if name == "top_p":
@@ -415,7 +464,7 @@ class TorchChain:
         self.stage_names = self.twin.stage_names
         # Recording runs every stage; greedy without recording may stop after the last stage that can move the
         # argmax, as the numpy chain does.
-        self._all_stages = tuple((name, _make(name, settings)) for name in self.stage_names)
+        self._all_stages = tuple((name, _make(name, settings, vocab)) for name in self.stage_names)
         keep = len(self._all_stages)
         if self._greedy:
             while keep and self._all_stages[keep - 1][0] in ARGMAX_PRESERVING:

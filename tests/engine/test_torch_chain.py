@@ -37,6 +37,8 @@ ALONE = {
     "top_n_sigma": dict(top_n_sigma=1.0),
     "xtc": dict(xtc_probability=1.0, xtc_threshold=0.02),  # fires every step; a low threshold so it cuts
     "temperature": dict(temperature=0.7),
+    "smoothing": dict(smoothing_factor=0.4, smoothing_curve=1.5),
+    "logit_bias": dict(logit_bias={15: 3.0, 28: float("-inf"), 1200: 2.5, 40000: -1.0}),
 }
 WHOLE = {
     "llamacpp_defaults": dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
@@ -121,7 +123,7 @@ def test_survivors_probabilities_and_report_are_the_numpy_chains(rows, case: str
         np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
         for top_n in (20, 0):
             assert_same_report(got.report(top_n), want.report(top_n))
-    assert cut or case in ("temperature",), "the stage never removed a token on these rows: the case tests nothing"
+    assert cut or case in ("temperature", "smoothing"), "the stage never removed a token on these rows: the case tests nothing"
 
 
 @pytest.mark.parametrize("case", ["llamacpp_defaults", "every_covered_stage", "flat_hot"])
@@ -188,10 +190,33 @@ def test_penalties_on_the_device_are_the_numpy_chains(smollm_rows, case: str) ->
     assert moved, "the penalties changed nothing on these rows: the case tests nothing"
 
 
+@pytest.mark.parametrize("order", [("logit_bias", "top_k", "temperature"), ("top_k", "logit_bias", "temperature")],
+                         ids=["on the whole row", "on top-k's survivors"])
+def test_a_logit_bias_on_the_rows_own_top_tokens_is_the_numpy_chains(smollm_rows, order) -> None:
+    """Biases on tokens near each row's top, so they move the pick: one named twice (its biases add up), one
+    removed (-inf), one past top-k's cut; on the whole row and, after top-k, on its survivors."""
+    for row in smollm_rows:
+        near = [int(t) for t in np.argsort(-row)[:80]]
+        bias = ((near[0], -2.5), (near[1], float("-inf")), (near[5], 1.75), (near[5], 0.5), (near[70], 4.0))
+        settings = SamplerSettings(seed=4, top_k=40, temperature=0.9, logit_bias=bias, order=order)
+        ref, mine = SamplerChain(settings), TorchChain(settings)
+        want, got = ref.choose(row, EMPTY), mine.choose(torch.from_numpy(row))
+        lp_want, lp_got = want.final_distribution(), got.final_distribution()
+        kept = np.isfinite(lp_want)
+        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
+        assert not kept[near[1]]
+        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
+        assert_same_report(got.report(20), want.report(20))
+
+
+def test_a_logit_bias_past_the_vocabulary_says_so() -> None:
+    mine = TorchChain(SamplerSettings(logit_bias=((70000, 1.0),)))
+    with pytest.raises(ValueError, match="vocabulary has 49152 tokens"):
+        mine.choose(torch.zeros(49152))
+
+
 UNSUPPORTED = {
     "dry": (dict(dry_multiplier=0.8, dry_sequence_breakers=()), "DRY"),
-    "logit_bias": (dict(logit_bias={15: 2.0}), "logit bias"),
-    "smoothing": (dict(smoothing_factor=0.3), "smoothing"),
     "dynatemp": (dict(temperature=0.8, dynatemp_range=0.5), "dynamic temperature"),
     "mirostat": (dict(mirostat=2), "mirostat"),
     "adaptive_p": (dict(adaptive_target=0.3), "adaptive-p"),

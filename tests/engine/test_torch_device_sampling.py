@@ -130,13 +130,15 @@ def test_what_the_device_chain_lacks_runs_on_the_numpy_chain(on_device, default_
     assert [e.token_id for e in device] == [e.token_id for e in host]
 
 
-# Every stage the device chain has, in an order where a stage runs on the model's whole row first
-# (temperature), one changes nothing (top_k 500 after min_p) and XTC fires on some tokens.
+# Every stage the device chain has, in an order where stages run on the model's whole row first (a logit
+# bias by text, through the tokenizer; temperature), one changes nothing (top_k 500 after min_p) and XTC
+# fires on some tokens.
 EVERY_STAGE = SamplerSettings(temperature=0.9, top_k=500, top_p=0.97, min_p=0.02, typical_p=0.98,
                               top_n_sigma=3.0, xtc_probability=0.5, xtc_threshold=0.05, seed=99,
                               repetition_penalty=1.2, frequency_penalty=0.2, penalty_last_n=-1,
-                              order=("temperature", "top_n_sigma", "min_p", "top_k", "penalties", "typical_p",
-                                     "top_p", "xtc"))
+                              logit_bias=((" apples", 2.0), (" the", -1.5)), smoothing_factor=0.2,
+                              order=("logit_bias", "temperature", "top_n_sigma", "min_p", "top_k", "penalties",
+                                     "smoothing", "typical_p", "top_p", "xtc"))
 
 
 @pytest.mark.parametrize("sampler", [EVERY_STAGE, SAMPLED, GREEDY.with_(top_k=3)],
