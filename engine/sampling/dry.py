@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -182,20 +182,52 @@ def make_dry(
 
     `breakers` comes from `breaker_sequences` (empty: no breakers).
     """
+    return dry_stage(make_dry_penalties(multiplier, base, allowed_length, penalty_last_n, breakers))
+
+
+def dry_stage(penalties: DryPenalties) -> Stage:
+    """The numpy stage that takes `penalties`' amounts off a row's tokens."""
+
+    def dry(scores: np.ndarray, ctx: StageContext) -> np.ndarray:
+        found = penalties(np.asarray(ctx.history, dtype=np.int64), scores.size)
+        if found is None:
+            return scores
+        tokens, penalty = found
+        out = scores.copy()
+        out[tokens] -= penalty
+        return out
+
+    return dry
+
+
+# What DRY takes off which tokens, from the history alone: (history, vocabulary size) -> (distinct token ids,
+# float32 penalties), or None where it takes nothing. The numpy stage applies it to a row on the host, the
+# torch chain (engine.sampling.torch_chain) to a row on its device.
+DryPenalties = Callable[[np.ndarray, int], "tuple[np.ndarray, np.ndarray] | None"]
+
+
+def make_dry_penalties(
+    multiplier: float,
+    base: float,
+    allowed_length: int,
+    penalty_last_n: int,
+    breakers: Breakers,
+) -> DryPenalties:
+    """DRY's penalties over the history's last `penalty_last_n` tokens (-1 = all); arguments as `make_dry`."""
     max_exponent = int(_FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
     heads = np.fromiter(breakers, dtype=np.int64, count=len(breakers))
     single = np.fromiter((t for t, tails in breakers.items() if () in tails), dtype=np.int64)
 
-    def dry(scores: np.ndarray, ctx: StageContext) -> np.ndarray:
-        h = np.asarray(ctx.history, dtype=np.int64)
+    def penalties(history: np.ndarray, n_vocab: int) -> tuple[np.ndarray, np.ndarray] | None:
+        h = history
         if penalty_last_n > 0:
             h = h[-penalty_last_n:]
         n = h.size
         if n <= allowed_length:
-            return scores
+            return None
         rep_limit = _restart_limit(h, heads, breakers)
         if rep_limit < allowed_length:
-            return scores
+            return None
         # Past allowed_length + max_exponent the penalty no longer grows (the exponent is clamped; with base 1
         # it never grows): matching further cannot change it, and on a history stuck in a loop that bound is
         # what keeps the search from growing with the square of the history.
@@ -208,13 +240,14 @@ def make_dry(
         keep = lengths >= allowed_length
         tokens, lengths = tokens[keep], lengths[keep]
         if tokens.size == 0:
-            return scores
+            return None
         if single.size:
             not_breaker = ~np.isin(tokens, single)
             tokens, lengths = tokens[not_breaker], lengths[not_breaker]
-        tokens = tokens[(tokens >= 0) & (tokens < scores.size)]  # ids outside the vocabulary: ignored
+        inside = (tokens >= 0) & (tokens < n_vocab)  # ids outside the vocabulary: ignored
+        tokens, lengths = tokens[inside], lengths[inside]
         if tokens.size == 0:
-            return scores
+            return None
         # Longest repeat each token would extend: sort by (token, length) and take each token's last.
         order = np.lexsort((lengths, tokens))
         tokens, lengths = tokens[order], lengths[order]
@@ -225,11 +258,9 @@ def make_dry(
             exps = np.minimum(exps, max_exponent)
         # llama.cpp: float multiplier * std::pow(float base, int exponent) (a double), stored as float.
         penalty = (np.float64(np.float32(multiplier)) * np.power(np.float64(np.float32(base)), exps)).astype(np.float32)
-        out = scores.copy()
-        out[tokens] -= penalty
-        return out
+        return tokens, penalty
 
-    return dry
+    return penalties
 
 
 def _restart_limit(h: np.ndarray, heads: np.ndarray, breakers: Breakers) -> int:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.sampling.adaptive import AdaptiveP, Mirostat, Mirostat2
-from engine.sampling.dry import breaker_sequences, make_dry
+from engine.sampling.dry import DryPenalties, breaker_sequences, dry_stage, make_dry_penalties
 from engine.sampling.shaping import make_logit_bias, make_smoothing, make_temperature_ext, make_top_n_sigma
 from engine.sampling.stages import (
     Stage,
@@ -103,19 +103,25 @@ def logit_bias_tokens(s: SamplerSettings, ctx: BuildContext) -> tuple[list[int],
 
 
 def _dry(s: SamplerSettings, ctx: BuildContext) -> Stage | None:
-    """DRY; its breakers are found in the vocabulary on the first pick (when its size is known)."""
     if not (s.dry_multiplier > 0 and s.dry_penalty_last_n != 0):
         return None
+    return dry_stage(dry_penalties(s, ctx))
+
+
+def dry_penalties(s: SamplerSettings, ctx: BuildContext) -> DryPenalties:
+    """DRY's (token ids, penalties) for a history (engine.sampling.dry.make_dry_penalties); its breakers are
+    found in the vocabulary on the first call, when the vocabulary's size is known."""
     vocab = ctx.needs_vocab("DRY's sequence breakers") if s.dry_sequence_breakers else None
-    built: list[Stage] = []
+    built: list[DryPenalties] = []
 
-    def dry(scores: np.ndarray, sctx: StageContext) -> np.ndarray:
+    def penalties(history: np.ndarray, n_vocab: int) -> tuple[np.ndarray, np.ndarray] | None:
         if not built:
-            breakers = breaker_sequences(vocab, s.dry_sequence_breakers, scores.size) if vocab is not None else {}
-            built.append(make_dry(s.dry_multiplier, s.dry_base, s.dry_allowed_length, s.dry_penalty_last_n, breakers))
-        return built[0](scores, sctx)
+            breakers = breaker_sequences(vocab, s.dry_sequence_breakers, n_vocab) if vocab is not None else {}
+            built.append(make_dry_penalties(s.dry_multiplier, s.dry_base, s.dry_allowed_length,
+                                            s.dry_penalty_last_n, breakers))
+        return built[0](history, n_vocab)
 
-    return dry
+    return penalties
 
 
 def _mirostat(s: SamplerSettings, ctx: BuildContext) -> Stage | None:

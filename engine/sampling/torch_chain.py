@@ -9,13 +9,13 @@ chain without a GPU (tests/engine/test_torch_chain.py).
 
 The numpy chain stays the reference and the path for every other backend. This module covers part of it, and
 says so instead of giving a different answer: `TorchChain.supports(settings)` is false, with the reason in words,
-for any stage it does not have (DRY, dynamic temperature, mirostat,
+for any stage it does not have (dynamic temperature, mirostat,
 adaptive-p, a grammar, custom stages) and for banned strings; `TorchChain(settings)` then raises, and the caller
 uses `SamplerChain`. Per-stage records (`record_stages`) keep each stage's row on the device, and the
 report makes the records on the host with the numpy chain's code from those rows and the model's row
 (`TorchChoice._stage_stats`): the one path here that copies a whole row to the host.
 
-Covered, in the user's order: logit bias, the repetition, presence and frequency penalties, quadratic
+Covered, in the user's order: logit bias, the repetition, presence and frequency penalties, DRY, quadratic
 smoothing, top_n_sigma, top_k,
 typical_p, top_p, min_p, xtc, temperature, and the greedy or seeded draw. Each follows its numpy stage's arithmetic (engine.sampling.stages, shaping.py): float32 scores,
 float32 weights `exp(s - max)` summed in float64, the same boundary rules (ties at a cut all kept, the token
@@ -47,9 +47,9 @@ import numpy as np
 
 from engine.sampling.chain import SamplerChain
 from engine.sampling.distribution import Dist, TopList
-from engine.sampling.dry import Vocabulary
+from engine.sampling.dry import DryPenalties, Vocabulary
 from engine.sampling.pick import Choice, Pick, StageStats, Step
-from engine.sampling.registry import ARGMAX_PRESERVING, STAGE_ROWS, logit_bias_tokens, stage_active
+from engine.sampling.registry import ARGMAX_PRESERVING, STAGE_ROWS, dry_penalties, logit_bias_tokens, stage_active
 from engine.sampling.settings import SamplerSettings
 from engine.sampling.stage_row import BuildContext
 
@@ -57,12 +57,11 @@ if TYPE_CHECKING:  # torch is imported inside the functions: importing the engin
     import torch
 
 # The stages this module runs on the device; every other active stage sends the caller to the numpy chain.
-COVERED: frozenset[str] = frozenset({"logit_bias", "penalties", "smoothing", "top_n_sigma", "top_k", "typical_p",
+COVERED: frozenset[str] = frozenset({"logit_bias", "penalties", "dry", "smoothing", "top_n_sigma", "top_k", "typical_p",
                                      "top_p", "min_p", "xtc", "temperature"})
 
 _NOT_COVERED_WHY = {
     "grammar": "a grammar's mask is built by its parser on the host",
-    "dry": "DRY is not on the device yet",
     "mirostat": "mirostat is not on the device yet",
     "adaptive_p": "adaptive-p is not on the device yet",
 }
@@ -365,16 +364,40 @@ def _logit_bias(token_ids: list[int], biases: list[float]) -> DeviceStage:
             raise ValueError(f"logit_bias names token {int(ids_np.max())}, but this model's vocabulary has {v} tokens")
         if vals.device not in on:
             on[vals.device] = (torch.from_numpy(ids_np).to(vals.device), torch.from_numpy(bias_np).to(vals.device))
-        at, bias = on[vals.device]
-        out = vals.clone()
-        if ids is None:
-            return None, out.index_add_(0, at, bias)
-        # survivors: a biased token that a stage removed stays removed (-inf + a finite bias)
-        pos = torch.searchsorted(ids, at).clamp_(max=ids.numel() - 1)
-        hit = torch.take(ids, pos) == at
-        return ids, out.index_add_(0, pos, torch.where(hit, bias, 0.0))
+        return _add_at(row, *on[vals.device])
 
     return logit_bias
+
+
+def _add_at(row: Row, at: torch.Tensor, amounts: torch.Tensor) -> Row:
+    """The row with `amounts` added to the scores of tokens `at` (an id named twice gets both, in turn); on
+    survivors, a token a stage removed stays removed (-inf plus a finite amount)."""
+    import torch
+
+    ids, vals = row
+    out = vals.clone()
+    if ids is None:
+        return None, out.index_add_(0, at, amounts)
+    pos = torch.searchsorted(ids, at).clamp_(max=ids.numel() - 1)
+    hit = torch.take(ids, pos) == at
+    return ids, out.index_add_(0, pos, torch.where(hit, amounts, 0.0))
+
+
+def _dry(penalties: DryPenalties) -> DeviceStage:
+    """DRY on the device: which tokens lose how much is found from the history on the host, by the numpy
+    stage's own code (`dry.make_dry_penalties`); only those tokens' scores change on the device."""
+
+    def dry(row: Row, ctx: _Ctx) -> Row:
+        import torch
+
+        found = penalties(ctx.history, ctx.head.row.numel())
+        if found is None:
+            return row
+        tokens, penalty = found
+        device = row[1].device
+        return _add_at(row, torch.from_numpy(tokens).to(device), torch.from_numpy(-penalty).to(device))
+
+    return dry
 
 
 def _smoothing(factor: float, curve: float) -> DeviceStage:
@@ -409,6 +432,8 @@ def _make(name: str, s: SamplerSettings, vocab: Vocabulary | None) -> DeviceStag
         return _logit_bias(*logit_bias_tokens(s, BuildContext(vocab, None)))
     if name == "smoothing":
         return _smoothing(s.smoothing_factor, s.smoothing_curve)
+    if name == "dry":
+        return _dry(dry_penalties(s, BuildContext(vocab, None)))
     if name == "top_k":
         return _top_k(s.top_k)
     if name == "top_p":

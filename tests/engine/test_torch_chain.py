@@ -209,6 +209,29 @@ def test_a_logit_bias_on_the_rows_own_top_tokens_is_the_numpy_chains(smollm_rows
         assert_same_report(got.report(20), want.report(20))
 
 
+@pytest.mark.parametrize("order", [None, ("top_k", "dry", "temperature")], ids=["default order", "after top-k"])
+def test_dry_on_the_device_is_the_numpy_chains(smollm_rows, order) -> None:
+    """A history that repeats a run of the row's near-top tokens: DRY pushes down the token that followed the
+    run before (the row's top one), by the numpy stage's own amounts; on the whole row and on survivors."""
+    kw = {"order": order} if order else {}
+    settings = SamplerSettings(seed=8, dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=2,
+                               dry_sequence_breakers=(), top_k=50, temperature=0.9, **kw)
+    moved = False
+    for row in smollm_rows:
+        near = [int(t) for t in np.argsort(-row)[:40]]
+        run = near[3:9]
+        history = np.array(near[20:30] + run + [near[0]] + near[30:35] + run, dtype=np.int64)
+        ref, mine = SamplerChain(settings), TorchChain(settings)
+        want, got = ref.choose(row, history), mine.choose(torch.from_numpy(row), history=history)
+        lp_want, lp_got = want.final_distribution(), got.final_distribution()
+        kept = np.isfinite(lp_want)
+        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
+        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
+        assert_same_report(got.report(20), want.report(20))
+        moved |= int(np.argmax(lp_want)) != near[0]
+    assert moved, "DRY never moved the top token on these rows: the case tests nothing"
+
+
 def test_a_logit_bias_past_the_vocabulary_says_so() -> None:
     mine = TorchChain(SamplerSettings(logit_bias=((70000, 1.0),)))
     with pytest.raises(ValueError, match="vocabulary has 49152 tokens"):
@@ -216,7 +239,6 @@ def test_a_logit_bias_past_the_vocabulary_says_so() -> None:
 
 
 UNSUPPORTED = {
-    "dry": (dict(dry_multiplier=0.8, dry_sequence_breakers=()), "DRY"),
     "dynatemp": (dict(temperature=0.8, dynatemp_range=0.5), "dynamic temperature"),
     "mirostat": (dict(mirostat=2), "mirostat"),
     "adaptive_p": (dict(adaptive_target=0.3), "adaptive-p"),

@@ -5,7 +5,7 @@ On a GPU a torch backend keeps each answer's rows on the device and runs engine.
 answer must be the numpy chain's — the same tokens, the same ranks and alternatives, the same probabilities
 within float32 — with the default model's real logits. Stage records are
 made from the rows the device's stages left, by the numpy chain's code. Answers the device chain cannot take
-(DRY, a constraint) go to the numpy chain, which these tests also check.
+(mirostat, a constraint) go to the numpy chain, which these tests also check.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def test_the_torch_backend_says_where_it_samples(on_device, default_torch):
     assert on_device.device_rows(SAMPLED, on_device.tokenizer) is not None
     assert default_torch.sample_on_device is False  # the CPU's default: its rows are host memory already
     assert default_torch.device_rows(SAMPLED, default_torch.tokenizer) is None
-    dry = SAMPLED.with_(dry_multiplier=0.8)
-    assert on_device.device_rows(dry, on_device.tokenizer) is None  # a stage the device chain lacks
+    mirostat = SAMPLED.with_(mirostat=2)
+    assert on_device.device_rows(mirostat, on_device.tokenizer) is None  # a stage the device chain lacks
 
 
 @pytest.mark.parametrize("sampler", [SAMPLED, GREEDY, CREATIVE], ids=["seeded sampling", "greedy", "creative"])
@@ -118,9 +118,9 @@ def test_forced_tokens_and_step_mode_choose_on_the_device_too(on_device, default
 
 
 @pytest.mark.parametrize("request_kw", [
-    {"sampler": SAMPLED.with_(dry_multiplier=0.8)},
+    {"sampler": SAMPLED.with_(mirostat=2)},
     {"constraint": Constraint.regex("[a-z ]{4,20}")},
-], ids=["DRY", "a constraint"])
+], ids=["mirostat", "a constraint"])
 def test_what_the_device_chain_lacks_runs_on_the_numpy_chain(on_device, default_torch, device_picks, request_kw):
     kw = {"messages": MESSAGES, "sampler": SAMPLED, "max_new_tokens": 12, "top_n": 5, **request_kw}
     request = GenerationRequest(**kw)
@@ -137,8 +137,9 @@ EVERY_STAGE = SamplerSettings(temperature=0.9, top_k=500, top_p=0.97, min_p=0.02
                               top_n_sigma=3.0, xtc_probability=0.5, xtc_threshold=0.05, seed=99,
                               repetition_penalty=1.2, frequency_penalty=0.2, penalty_last_n=-1,
                               logit_bias=((" apples", 2.0), (" the", -1.5)), smoothing_factor=0.2,
+                              dry_multiplier=0.8, dry_allowed_length=2,
                               order=("logit_bias", "temperature", "top_n_sigma", "min_p", "top_k", "penalties",
-                                     "smoothing", "typical_p", "top_p", "xtc"))
+                                     "dry", "smoothing", "typical_p", "top_p", "xtc"))
 
 
 @pytest.mark.parametrize("sampler", [EVERY_STAGE, SAMPLED, GREEDY.with_(top_k=3)],
