@@ -9,14 +9,14 @@ chain without a GPU (tests/engine/test_torch_chain.py).
 
 The numpy chain stays the reference and the path for every other backend. This module covers part of it, and
 says so instead of giving a different answer: `TorchChain.supports(settings)` is false, with the reason in words,
-for any stage it does not have (dynamic temperature, mirostat,
+for any stage it does not have (dynamic temperature,
 adaptive-p, a grammar, custom stages) and for banned strings; `TorchChain(settings)` then raises, and the caller
 uses `SamplerChain`. Per-stage records (`record_stages`) keep each stage's row on the device, and the
 report makes the records on the host with the numpy chain's code from those rows and the model's row
 (`TorchChoice._stage_stats`): the one path here that copies a whole row to the host.
 
 Covered, in the user's order: logit bias, the repetition, presence and frequency penalties, DRY, quadratic
-smoothing, top_n_sigma, top_k,
+smoothing, mirostat 1 and 2, top_n_sigma, top_k,
 typical_p, top_p, min_p, xtc, temperature, and the greedy or seeded draw. Each follows its numpy stage's arithmetic (engine.sampling.stages, shaping.py): float32 scores,
 float32 weights `exp(s - max)` summed in float64, the same boundary rules (ties at a cut all kept, the token
 that crosses top-p's mass kept), and the draw an inverse CDF over the survivors in token-id order. Randomness
@@ -57,12 +57,11 @@ if TYPE_CHECKING:  # torch is imported inside the functions: importing the engin
     import torch
 
 # The stages this module runs on the device; every other active stage sends the caller to the numpy chain.
-COVERED: frozenset[str] = frozenset({"logit_bias", "penalties", "dry", "smoothing", "top_n_sigma", "top_k", "typical_p",
+COVERED: frozenset[str] = frozenset({"logit_bias", "penalties", "dry", "smoothing", "mirostat", "top_n_sigma", "top_k", "typical_p",
                                      "top_p", "min_p", "xtc", "temperature"})
 
 _NOT_COVERED_WHY = {
     "grammar": "a grammar's mask is built by its parser on the host",
-    "mirostat": "mirostat is not on the device yet",
     "adaptive_p": "adaptive-p is not on the device yet",
 }
 
@@ -417,6 +416,94 @@ def _smoothing(factor: float, curve: float) -> DeviceStage:
     return smoothing
 
 
+class _DeviceMirostat:
+    """Mirostat 1 or 2 (`adaptive.Mirostat`, `Mirostat2`) on the device, with its `mu` on the host.
+
+    After each pick `mu` learns from the picked token's probability under what this stage kept, as the numpy
+    stage's `accept` does. The device computes that log-probability when the token is chosen (`accept`), and
+    the host reads it at the next pick (`settle`), so choosing a token waits for no transfer. Mirostat 1 also
+    reads its row's top 100 scores on the host each pick: its k comes from them by the numpy stage's arithmetic.
+    """
+
+    def __init__(self, version: int, tau: float, eta: float, m: int = 100) -> None:
+        self.version, self.tau, self.eta, self.m = version, tau, eta, m
+        self.mu = np.float32(2.0 * tau)
+        self._kept: Row | None = None  # the last output, until its token is accepted
+        self._pending: torch.Tensor | None = None  # the picked token's log-prob under it (0-d, float64)
+
+    def settle(self) -> None:
+        """Fold the last accepted token into `mu` (one host read)."""
+        if self._pending is None:
+            return
+        lp = float(self._pending)
+        self._pending = None
+        p = math.exp(lp) if lp != -math.inf else 0.0
+        if p > 0:  # a forced token the stage had cut says nothing about its target
+            self.mu = np.float32(self.mu - self.eta * (-math.log2(p) - self.tau))
+
+    def __call__(self, row: Row, ctx: _Ctx) -> Row:
+        import torch
+
+        self.settle()
+        ids, vals = row
+        if self.version == 2:
+            m = vals.max()
+            lse = m.double() + _weights(vals, m).double().sum().log()
+            # -log2(p) <= mu  <=>  s - lse >= -mu * ln 2; the top token always survives
+            cut = torch.minimum(lse - float(self.mu) * math.log(2.0), m.double()).float()
+            out = _cut(row, vals >= cut)
+        else:
+            out = self._mirostat1(row, ctx)
+        self._kept = out
+        return out
+
+    def _mirostat1(self, row: Row, ctx: _Ctx) -> Row:
+        import torch
+
+        vals = row[1]
+        n = int((vals > -math.inf).sum())  # survivors cut in place keep -inf entries (`_cut`)
+        if n <= 1:
+            return row
+        n_top = min(self.m, n)
+        top = torch.topk(vals, n_top).values.double().cpu().numpy()  # descending, finite
+        i = np.arange(n_top - 1, dtype=np.float64)
+        t = np.log((i + 2) / (i + 1))
+        b = top[:-1] - top[1:]  # log(p_i / p_(i+1))
+        s_hat = float((t * b).sum() / (t * t).sum())
+        eps = s_hat - 1.0
+        v = ctx.head.row.numel()  # llama.cpp uses the vocabulary size here, not the survivors
+        with np.errstate(all="ignore"):
+            k = (eps * 2.0 ** float(self.mu) / (1.0 - v ** (-eps))) ** (1.0 / s_hat)
+        k_int = max(int(k), 1) if math.isfinite(k) and k < v else v
+        if k_int >= n:
+            return row
+        kth = torch.topk(vals, k_int).values[k_int - 1]
+        return _cut(row, vals >= kth)
+
+    def accept(self, token: torch.Tensor) -> None:
+        import torch
+
+        if self._kept is None:  # it did not run in this pick
+            return
+        ids, vals = self._kept
+        m = vals.max()
+        lse = m.double() + _weights(vals, m).double().sum().log()
+        if ids is None:
+            s = torch.take(vals, token)
+        else:
+            pos = torch.searchsorted(ids, token.reshape(1)).clamp_(max=ids.numel() - 1).squeeze(0)
+            s = torch.where(torch.take(ids, pos) == token, torch.take(vals, pos), -math.inf)
+        self._pending = s.double() - lse
+        self._kept = None
+
+    def state(self) -> float:
+        self.settle()
+        return float(self.mu)
+
+    def restore(self, state: float) -> None:
+        self.mu, self._pending, self._kept = np.float32(state), None, None
+
+
 def _temperature(t: float) -> DeviceStage:
     t32 = float(np.float32(t))
 
@@ -434,6 +521,8 @@ def _make(name: str, s: SamplerSettings, vocab: Vocabulary | None) -> DeviceStag
         return _smoothing(s.smoothing_factor, s.smoothing_curve)
     if name == "dry":
         return _dry(dry_penalties(s, BuildContext(vocab, None)))
+    if name == "mirostat":
+        return _DeviceMirostat(s.mirostat, s.mirostat_tau, s.mirostat_eta)
     if name == "top_k":
         return _top_k(s.top_k)
     if name == "top_p":
@@ -495,7 +584,20 @@ class TorchChain:
             while keep and self._all_stages[keep - 1][0] in ARGMAX_PRESERVING:
                 keep -= 1
         self._stages = self._all_stages[:keep]
+        self._stateful = tuple(stage for _, stage in self._all_stages if isinstance(stage, _DeviceMirostat))
         self._buffers = _Buffers()
+
+    def state(self) -> tuple[object, ...]:
+        """The run's stage state (mirostat's mu), for `restore`, as `SamplerChain.state`."""
+        return tuple(obj.state() for obj in self._stateful)
+
+    def restore(self, state: tuple[object, ...]) -> None:
+        for obj, st in zip(self._stateful, state, strict=True):
+            obj.restore(st)  # type: ignore[arg-type]  # each stage's own state() value
+
+    def _accept(self, token: torch.Tensor) -> None:
+        for obj in self._stateful:  # those that ran in this pick: greedy may have stopped before them
+            obj.accept(token)
 
     @staticmethod
     def supports(settings: SamplerSettings) -> Support:
@@ -559,6 +661,7 @@ class TorchChain:
         if self._greedy:
             best = vals.argmax()  # the first of equal maxima: the lowest id, as np.argmax
             best = best if ids is None else torch.take(ids, best)  # take: no sync, where ids[best] reads best
+            self._accept(best if forced is None else forced)
             return TorchChoice(self._names, self._buffers, head, best if forced is None else forced, force_token is not None,
                                best=best, steps=steps)
         m = vals.max()
@@ -572,6 +675,7 @@ class TorchChain:
         j = torch.minimum(j, last).squeeze(0)
         token = j if ids is None else torch.take(ids, j)
         final = _Final(ids, vals, m, z.squeeze(0), j)
+        self._accept(token if forced is None else forced)
         return TorchChoice(self._names, self._buffers, head, token if forced is None else forced, force_token is not None,
                            final=final, steps=steps)
 
@@ -590,10 +694,10 @@ class OnDeviceChain:
         self.seed = chain.seed
 
     def state(self) -> tuple[object, ...]:
-        return self.torch_chain.twin.state()  # the covered stages keep none; the twin says so the same way
+        return self.torch_chain.state()
 
     def restore(self, state: tuple[object, ...]) -> None:
-        self.torch_chain.twin.restore(state)
+        self.torch_chain.restore(state)
 
     def choose(self, logits: Any, history: Any = None, *, record_stages: bool = False,
                force_token: int | None = None, banned: Any = ()) -> TorchChoice:

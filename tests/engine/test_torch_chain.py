@@ -232,6 +232,34 @@ def test_dry_on_the_device_is_the_numpy_chains(smollm_rows, order) -> None:
     assert moved, "DRY never moved the top token on these rows: the case tests nothing"
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_mirostat_learns_its_mu_as_the_numpy_chains_does(rows, version: int) -> None:
+    """Mirostat's cut follows `mu`, which learns from every pick: one chain of each kind over the rows in turn,
+    seeded draws, then a forced token, a state saved and put back: the same survivors, tokens and mu."""
+    settings = SamplerSettings(seed=21, temperature=0.9, mirostat=version, mirostat_tau=3.0, mirostat_eta=0.3)
+    ref, mine = SamplerChain(settings), TorchChain(settings)
+    cut = False
+    for i, row in enumerate(rows + rows):
+        force = int(np.argsort(-row)[3]) if i == 2 else None
+        if i == 4:
+            saved = ref.state()
+            assert mine.state() == pytest.approx(saved, rel=1e-6)
+        want = ref.choose(row, EMPTY, force_token=force)
+        got = mine.choose(torch.from_numpy(row), force_token=force)
+        lp_want, lp_got = want.final_distribution(), got.final_distribution()
+        kept = np.isfinite(lp_want)
+        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
+        cut |= not kept.all()
+        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
+        assert_same_report(got.report(20), want.report(20))
+        if i == 5:  # back to the state before pick 4, on both
+            ref.restore(saved)
+            mine.restore(saved)
+    assert cut
+    assert mine.state() == pytest.approx(ref.state(), rel=1e-6)
+    assert ref.state() != (2 * 3.0,), "mu never moved: the case tests nothing"
+
+
 def test_a_logit_bias_past_the_vocabulary_says_so() -> None:
     mine = TorchChain(SamplerSettings(logit_bias=((70000, 1.0),)))
     with pytest.raises(ValueError, match="vocabulary has 49152 tokens"):
@@ -240,7 +268,6 @@ def test_a_logit_bias_past_the_vocabulary_says_so() -> None:
 
 UNSUPPORTED = {
     "dynatemp": (dict(temperature=0.8, dynatemp_range=0.5), "dynamic temperature"),
-    "mirostat": (dict(mirostat=2), "mirostat"),
     "adaptive_p": (dict(adaptive_target=0.3), "adaptive-p"),
     "banned_strings": (dict(banned_strings=("hello",)), "banned strings"),
 }

@@ -5,7 +5,7 @@ On a GPU a torch backend keeps each answer's rows on the device and runs engine.
 answer must be the numpy chain's — the same tokens, the same ranks and alternatives, the same probabilities
 within float32 — with the default model's real logits. Stage records are
 made from the rows the device's stages left, by the numpy chain's code. Answers the device chain cannot take
-(mirostat, a constraint) go to the numpy chain, which these tests also check.
+(adaptive-p, a constraint) go to the numpy chain, which these tests also check.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ GREEDY = SamplerSettings(temperature=0.0)
 # The window's "Creative" preset (app/state/settings.py): a light repetition penalty and XTC.
 CREATIVE = SamplerSettings(temperature=1.2, min_p=0.05, repetition_penalty=1.05, xtc_probability=0.5,
                            xtc_threshold=0.1, seed=5)
+# And its "Mirostat 2" preset: mu learns from every pick.
+MIROSTAT_2 = SamplerSettings(temperature=0.8, mirostat=2, mirostat_tau=5.0, mirostat_eta=0.1, seed=6)
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +84,12 @@ def test_the_torch_backend_says_where_it_samples(on_device, default_torch):
     assert on_device.device_rows(SAMPLED, on_device.tokenizer) is not None
     assert default_torch.sample_on_device is False  # the CPU's default: its rows are host memory already
     assert default_torch.device_rows(SAMPLED, default_torch.tokenizer) is None
-    mirostat = SAMPLED.with_(mirostat=2)
-    assert on_device.device_rows(mirostat, on_device.tokenizer) is None  # a stage the device chain lacks
+    adaptive = SAMPLED.with_(adaptive_target=0.3)
+    assert on_device.device_rows(adaptive, on_device.tokenizer) is None  # a stage the device chain lacks
 
 
-@pytest.mark.parametrize("sampler", [SAMPLED, GREEDY, CREATIVE], ids=["seeded sampling", "greedy", "creative"])
+@pytest.mark.parametrize("sampler", [SAMPLED, GREEDY, CREATIVE, MIROSTAT_2],
+                         ids=["seeded sampling", "greedy", "creative", "mirostat 2"])
 def test_an_answer_sampled_on_the_device_is_the_numpy_chains(on_device, default_torch, device_picks, sampler):
     request = GenerationRequest(messages=MESSAGES, sampler=sampler, max_new_tokens=32, top_n=10)
     device, device_done = _run(on_device, request)
@@ -98,8 +101,10 @@ def test_an_answer_sampled_on_the_device_is_the_numpy_chains(on_device, default_
         assert device_done.stats.seed == host_done.stats.seed == sampler.seed
 
 
-def test_forced_tokens_and_step_mode_choose_on_the_device_too(on_device, default_torch, device_picks):
-    request = GenerationRequest(messages=MESSAGES, sampler=SAMPLED, max_new_tokens=12, top_n=5,
+@pytest.mark.parametrize("sampler", [SAMPLED, SamplerSettings(temperature=0.9, mirostat=1, mirostat_tau=3.0, seed=3)],
+                         ids=["seeded sampling", "mirostat 1"])  # (step mode puts mu back before the person's token)
+def test_forced_tokens_and_step_mode_choose_on_the_device_too(on_device, default_torch, device_picks, sampler):
+    request = GenerationRequest(messages=MESSAGES, sampler=sampler, max_new_tokens=12, top_n=5,
                                 forced_tokens=(504, 3843))
     shown: list[TokenEvent] = []
 
@@ -118,9 +123,9 @@ def test_forced_tokens_and_step_mode_choose_on_the_device_too(on_device, default
 
 
 @pytest.mark.parametrize("request_kw", [
-    {"sampler": SAMPLED.with_(mirostat=2)},
+    {"sampler": SAMPLED.with_(adaptive_target=0.3)},
     {"constraint": Constraint.regex("[a-z ]{4,20}")},
-], ids=["mirostat", "a constraint"])
+], ids=["adaptive-p", "a constraint"])
 def test_what_the_device_chain_lacks_runs_on_the_numpy_chain(on_device, default_torch, device_picks, request_kw):
     kw = {"messages": MESSAGES, "sampler": SAMPLED, "max_new_tokens": 12, "top_n": 5, **request_kw}
     request = GenerationRequest(**kw)
