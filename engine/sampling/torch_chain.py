@@ -7,22 +7,25 @@ device, and only the report's few dozen numbers cross to the host, in one `.toli
 (`TorchChoice.report`). A torch CPU tensor is a device too: that is how the tests check it against the numpy
 chain without a GPU (tests/engine/test_torch_chain.py).
 
-The numpy chain stays the reference and the path for every other backend. This module covers part of it, and
-says so instead of giving a different answer: `TorchChain.supports(settings)` is false, with the reason in words,
-for any stage it does not have (dynamic temperature,
-adaptive-p, a grammar, custom stages) and for banned strings; `TorchChain(settings)` then raises, and the caller
-uses `SamplerChain`. Per-stage records (`record_stages`) keep each stage's row on the device, and the
-report makes the records on the host with the numpy chain's code from those rows and the model's row
-(`TorchChoice._stage_stats`): the one path here that copies a whole row to the host.
+The numpy chain stays the reference and the path for every other backend. This module runs every built-in
+stage of it, in the user's order, each by its numpy stage's arithmetic (engine.sampling.stages, shaping.py,
+dry.py, adaptive.py): float32 scores, float32 weights `exp(s - max)` summed in float64, the same boundary rules
+(ties at a cut all kept, the token that crosses top-p's mass kept), and the draw an inverse CDF over the
+survivors in token-id order. Randomness comes from a numpy twin: a `SamplerChain` of the same settings whose
+PCG64 generator draws the uniforms (XTC's, then the draw's, in the same order as the numpy chain), which go to
+the device as plain floats; the same seed gives the same tokens on both chains. What is read on the host:
+- the history's ids and counts for the penalties, and DRY's amounts (by dry.py's own code), as small arrays;
+- mirostat's mu and adaptive-p's moving average: their state is the host's, learned from the picked token's
+  probability, which the device computes at the pick and the host reads at the next one;
+- mirostat 1's top 100 scores (its k), and, for dynamic temperature's entropy and adaptive-p's sum, up to 64k
+  survivors (usually a few dozen), whose float32 sums must be llama.cpp's, in its order.
 
-Covered, in the user's order: logit bias, the repetition, presence and frequency penalties, DRY, quadratic
-smoothing, mirostat 1 and 2, top_n_sigma, top_k,
-typical_p, top_p, min_p, xtc, temperature, and the greedy or seeded draw. Each follows its numpy stage's arithmetic (engine.sampling.stages, shaping.py): float32 scores,
-float32 weights `exp(s - max)` summed in float64, the same boundary rules (ties at a cut all kept, the token
-that crosses top-p's mass kept), and the draw an inverse CDF over the survivors in token-id order. Randomness
-comes from a numpy twin: a `SamplerChain` of the same settings whose PCG64 generator draws the uniforms (XTC's,
-then the draw's, in the same order as the numpy chain), which go to the device as plain floats; the same seed
-gives the same tokens on both chains.
+Not here, and said so instead of a different answer: a constraint's mask (llguidance builds it on the host),
+custom stages (Python code on numpy rows) and banned strings (they step the answer back and ban tokens per
+pick). `TorchChain.supports(settings)` is then false with the reason in words, `TorchChain(settings)` raises,
+and the caller uses `SamplerChain`. Per-stage records (`record_stages`) keep each stage's row on the device,
+and the report makes the records on the host with the numpy chain's code from those rows and the model's
+row (`TorchChoice._stage_stats`): the one path here that copies a whole row to the host.
 
 Once a filter has run, the row is carried as its survivors (ascending ids and their scores), as the numpy
 chain does, so the stages after top-k see a few dozen entries. That compaction has a data-dependent size:
@@ -50,19 +53,20 @@ from engine.sampling.distribution import Dist, TopList
 from engine.sampling.dry import DryPenalties, Vocabulary
 from engine.sampling.pick import Choice, Pick, StageStats, Step
 from engine.sampling.registry import ARGMAX_PRESERVING, STAGE_ROWS, dry_penalties, logit_bias_tokens, stage_active
+from engine.sampling.adaptive import _EXACT_SUM_MAX, _INV_WIDTH, _PEAK, _SHARPNESS
 from engine.sampling.settings import SamplerSettings
+from engine.sampling.shaping import _EXACT_ENTROPY_MAX, _MIN_DYNAMIC_TEMPERATURE, _llamacpp_normalized_entropy
 from engine.sampling.stage_row import BuildContext
 
 if TYPE_CHECKING:  # torch is imported inside the functions: importing the engine never needs it
     import torch
 
 # The stages this module runs on the device; every other active stage sends the caller to the numpy chain.
-COVERED: frozenset[str] = frozenset({"logit_bias", "penalties", "dry", "smoothing", "mirostat", "top_n_sigma", "top_k", "typical_p",
+COVERED: frozenset[str] = frozenset({"logit_bias", "penalties", "dry", "smoothing", "mirostat", "adaptive_p", "top_n_sigma", "top_k", "typical_p",
                                      "top_p", "min_p", "xtc", "temperature"})
 
 _NOT_COVERED_WHY = {
     "grammar": "a grammar's mask is built by its parser on the host",
-    "adaptive_p": "adaptive-p is not on the device yet",
 }
 
 
@@ -82,9 +86,6 @@ def _support(settings: SamplerSettings) -> Support:
     for name in settings.order:
         if name not in STAGE_ROWS:  # validation allows only built-in and custom names
             reasons.append(f"the custom stage {name!r} is Python code on numpy rows")
-        elif name == "temperature":
-            if settings.dynatemp_range > 0 and settings.temperature != 0:
-                reasons.append("the dynamic temperature (dynatemp_range > 0) is not on the device yet")
         elif name not in COVERED and stage_active(name, settings):
             reasons.append(_NOT_COVERED_WHY.get(name, f"{name} is not on the device yet"))
     if settings.banned_strings:
@@ -504,6 +505,121 @@ class _DeviceMirostat:
         self.mu, self._pending, self._kept = np.float32(state), None, None
 
 
+def _finite(row: Row) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The row's finite entries as (ids, scores): survivors cut in place keep -inf entries (`_cut`)."""
+    ids, vals = row
+    finite = (vals > -math.inf).nonzero().squeeze(1)
+    if finite.numel() == vals.numel():
+        return ids, vals
+    return (finite if ids is None else ids[finite]), vals[finite]
+
+
+def _dynamic_temperature(t: float, delta: float, exponent: float) -> DeviceStage:
+    """`shaping.make_temperature_ext` (llama.cpp's dynamic temperature) on the device.
+
+    The normalized entropy of the survivors is found as the numpy stage finds it: up to 64k survivors with
+    llama.cpp's float32 sums in its order (`shaping._llamacpp_normalized_entropy`, on the host: the
+    survivors cross, usually a few dozen after the filters), beyond that in float64 on the device. The
+    temperature that comes of it is a host number, then divides the row on the device.
+    """
+    lo = max(np.float32(0.0), np.float32(t) - np.float32(delta))
+    hi = np.float32(t) + np.float32(delta)
+    exp32 = np.float32(exponent)
+
+    def temperature(row: Row, ctx: _Ctx) -> Row:
+        import torch
+
+        ids, vals = _finite(row)
+        n = vals.numel()
+        if n <= 1:
+            return row
+        if n <= _EXACT_ENTROPY_MAX:
+            normalized = _llamacpp_normalized_entropy(vals.cpu().numpy())
+        else:
+            m = vals.max()
+            d = vals - m
+            e = d.exp()
+            z = e.double().sum()
+            ed = (d * e).double().sum()
+            normalized = np.float32(max(float(z.log() - ed / z), 0.0) / math.log(n))
+        dyn = np.float32(lo + (hi - lo) * np.float32(normalized**exp32))
+        if dyn < _MIN_DYNAMIC_TEMPERATURE:  # llama.cpp keeps only the (first) top token
+            best = vals.argmax().reshape(1)
+            return (best if ids is None else ids[best]), vals[best]
+        return ids, vals / float(dyn)  # (the finite entries: a removed token stays removed)
+
+    return temperature
+
+
+class _DeviceAdaptiveP:
+    """Adaptive-p (`adaptive.AdaptiveP`, llama.cpp's) on the device, its moving average on the host.
+
+    The survivors' probabilities are normalized as the numpy stage does: up to 64k of them by llama.cpp's
+    float32 sum in its order (on the host: the survivors cross, usually a few dozen), beyond in float64 on
+    the device. The picked token's probability entering the stage is computed on the device at the pick and
+    read by the host at the next one (`settle`), as mirostat's.
+    """
+
+    def __init__(self, target: float, decay: float) -> None:
+        self.target, self.decay = target, decay
+        self.weighted_sum = np.float32(target / (1.0 - decay))
+        self.total_weight = np.float32(1.0 / (1.0 - decay))
+        self._seen: tuple[torch.Tensor | None, torch.Tensor] | None = None  # (ids, probs) entering, this pick
+        self._pending: torch.Tensor | float | None = None  # the picked token's probability entering
+
+    def settle(self) -> None:
+        if self._pending is None:
+            return
+        p = float(self._pending)
+        self._pending = None
+        decay = np.float32(self.decay)  # float32 arithmetic, as llama.cpp
+        self.weighted_sum = np.float32(p) + decay * self.weighted_sum
+        self.total_weight = np.float32(1.0) + decay * self.total_weight
+
+    def __call__(self, row: Row, ctx: _Ctx) -> Row:
+        import torch
+
+        self.settle()
+        ids, vals = _finite(row)
+        m = vals.max()
+        probs = (vals - m).exp()
+        if probs.numel() <= _EXACT_SUM_MAX:  # llama.cpp's float32 sum, one term after another (host)
+            total = float(np.cumsum(probs.cpu().numpy(), dtype=np.float32)[-1])
+        else:
+            total = float(np.float32(float(probs.double().sum())))
+        probs = probs / total
+        self._seen = (ids, probs)
+        target = min(max(self.target, 0.0), 1.0)
+        adapted = float(np.float32(min(max(2.0 * target - float(self.weighted_sum) / float(self.total_weight), 0.0),
+                                       1.0)))
+        d = ((probs - adapted) * float(_INV_WIDTH)).abs_()
+        new = d * float(_SHARPNESS)  # ((10 * d) * d) / (1 + d): llama.cpp's order of operations
+        new = new * d / (d + 1.0)
+        return ids, float(_PEAK) - new
+
+    def accept(self, token: torch.Tensor) -> None:
+        import torch
+
+        if self._seen is None:  # it did not run in this pick: the numpy stage folds in a probability of 0
+            self._pending = 0.0
+            return
+        ids, probs = self._seen
+        if ids is None:
+            self._pending = torch.take(probs, token)
+        else:
+            pos = torch.searchsorted(ids, token.reshape(1)).clamp_(max=ids.numel() - 1).squeeze(0)
+            self._pending = torch.where(torch.take(ids, pos) == token, torch.take(probs, pos), 0.0)
+        self._seen = None
+
+    def state(self) -> tuple[float, float]:
+        self.settle()
+        return float(self.weighted_sum), float(self.total_weight)
+
+    def restore(self, state: tuple[float, float]) -> None:
+        self.weighted_sum, self.total_weight = np.float32(state[0]), np.float32(state[1])
+        self._pending = self._seen = None
+
+
 def _temperature(t: float) -> DeviceStage:
     t32 = float(np.float32(t))
 
@@ -523,6 +639,8 @@ def _make(name: str, s: SamplerSettings, vocab: Vocabulary | None) -> DeviceStag
         return _dry(dry_penalties(s, BuildContext(vocab, None)))
     if name == "mirostat":
         return _DeviceMirostat(s.mirostat, s.mirostat_tau, s.mirostat_eta)
+    if name == "adaptive_p":
+        return _DeviceAdaptiveP(s.adaptive_target, s.adaptive_decay)
     if name == "top_k":
         return _top_k(s.top_k)
     if name == "top_p":
@@ -536,6 +654,8 @@ def _make(name: str, s: SamplerSettings, vocab: Vocabulary | None) -> DeviceStag
     if name == "xtc":
         return _xtc(s.xtc_probability, s.xtc_threshold)
     if name == "temperature":
+        if s.dynatemp_range > 0:
+            return _dynamic_temperature(s.temperature, s.dynatemp_range, s.dynatemp_exponent)
         return _temperature(s.temperature)
     if name == "penalties":
         return _penalties(s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.penalty_last_n)
@@ -584,7 +704,8 @@ class TorchChain:
             while keep and self._all_stages[keep - 1][0] in ARGMAX_PRESERVING:
                 keep -= 1
         self._stages = self._all_stages[:keep]
-        self._stateful = tuple(stage for _, stage in self._all_stages if isinstance(stage, _DeviceMirostat))
+        self._stateful = tuple(stage for _, stage in self._all_stages
+                               if isinstance(stage, (_DeviceMirostat, _DeviceAdaptiveP)))
         self._buffers = _Buffers()
 
     def state(self) -> tuple[object, ...]:

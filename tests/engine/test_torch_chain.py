@@ -38,6 +38,11 @@ ALONE = {
     "xtc": dict(xtc_probability=1.0, xtc_threshold=0.02),  # fires every step; a low threshold so it cuts
     "temperature": dict(temperature=0.7),
     "smoothing": dict(smoothing_factor=0.4, smoothing_curve=1.5),
+    # the whole row (262k: above 64k survivors, float64 on the device; 49k: llama.cpp's float32 sums)
+    "dynatemp": dict(temperature=0.8, dynatemp_range=0.5, dynatemp_exponent=1.3),
+    "dynatemp_after_min_p": dict(temperature=1.1, dynatemp_range=0.6, min_p=0.02),
+    # a temperature that comes out ~0 keeps only the top token (lo = 0, a tiny entropy to a large power)
+    "dynatemp_to_zero": dict(temperature=0.5, dynatemp_range=0.5, dynatemp_exponent=100.0),
     "logit_bias": dict(logit_bias={15: 3.0, 28: float("-inf"), 1200: 2.5, 40000: -1.0}),
 }
 WHOLE = {
@@ -123,7 +128,7 @@ def test_survivors_probabilities_and_report_are_the_numpy_chains(rows, case: str
         np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
         for top_n in (20, 0):
             assert_same_report(got.report(top_n), want.report(top_n))
-    assert cut or case in ("temperature", "smoothing"), "the stage never removed a token on these rows: the case tests nothing"
+    assert cut or case in ("temperature", "smoothing", "dynatemp"), "the stage never removed a token on these rows: the case tests nothing"
 
 
 @pytest.mark.parametrize("case", ["llamacpp_defaults", "every_covered_stage", "flat_hot"])
@@ -260,6 +265,31 @@ def test_mirostat_learns_its_mu_as_the_numpy_chains_does(rows, version: int) -> 
     assert ref.state() != (2 * 3.0,), "mu never moved: the case tests nothing"
 
 
+@pytest.mark.parametrize("extra", [{}, {"top_k": 60, "min_p": 0.01}], ids=["the whole row", "survivors"])
+def test_adaptive_p_learns_its_average_as_the_numpy_chains_does(rows, extra) -> None:
+    """Adaptive-p reshapes toward a target corrected by the picks' moving average: one chain of each over the
+    rows in turn, a forced token and a restored state: the same distributions, tokens and average."""
+    settings = SamplerSettings(seed=31, temperature=0.9, adaptive_target=0.4, adaptive_decay=0.8, **extra)
+    ref, mine = SamplerChain(settings), TorchChain(settings)
+    for i, row in enumerate(rows + rows):
+        force = int(np.argsort(-row)[2]) if i == 1 else None
+        if i == 3:
+            saved = ref.state()
+            assert mine.state()[0] == pytest.approx(saved[0], rel=1e-6)
+        want = ref.choose(row, EMPTY, force_token=force)
+        got = mine.choose(torch.from_numpy(row), force_token=force)
+        lp_want, lp_got = want.final_distribution(), got.final_distribution()
+        kept = np.isfinite(lp_want)
+        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
+        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
+        assert_same_report(got.report(20), want.report(20))
+        if i == 4:
+            ref.restore(saved)
+            mine.restore(saved)
+    assert mine.state()[0] == pytest.approx(ref.state()[0], rel=1e-6)  # (weighted sum, total weight)
+    assert ref.state()[0] != (0.4 / 0.2, 1 / 0.2), "the average never moved: the case tests nothing"
+
+
 def test_a_logit_bias_past_the_vocabulary_says_so() -> None:
     mine = TorchChain(SamplerSettings(logit_bias=((70000, 1.0),)))
     with pytest.raises(ValueError, match="vocabulary has 49152 tokens"):
@@ -267,8 +297,6 @@ def test_a_logit_bias_past_the_vocabulary_says_so() -> None:
 
 
 UNSUPPORTED = {
-    "dynatemp": (dict(temperature=0.8, dynatemp_range=0.5), "dynamic temperature"),
-    "adaptive_p": (dict(adaptive_target=0.3), "adaptive-p"),
     "banned_strings": (dict(banned_strings=("hello",)), "banned strings"),
 }
 

@@ -5,7 +5,7 @@ On a GPU a torch backend keeps each answer's rows on the device and runs engine.
 answer must be the numpy chain's — the same tokens, the same ranks and alternatives, the same probabilities
 within float32 — with the default model's real logits. Stage records are
 made from the rows the device's stages left, by the numpy chain's code. Answers the device chain cannot take
-(adaptive-p, a constraint) go to the numpy chain, which these tests also check.
+(banned strings, a constraint) go to the numpy chain, which these tests also check.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def test_the_torch_backend_says_where_it_samples(on_device, default_torch):
     assert on_device.device_rows(SAMPLED, on_device.tokenizer) is not None
     assert default_torch.sample_on_device is False  # the CPU's default: its rows are host memory already
     assert default_torch.device_rows(SAMPLED, default_torch.tokenizer) is None
-    adaptive = SAMPLED.with_(adaptive_target=0.3)
-    assert on_device.device_rows(adaptive, on_device.tokenizer) is None  # a stage the device chain lacks
+    banned = SAMPLED.with_(banned_strings=("banana",))
+    assert on_device.device_rows(banned, on_device.tokenizer) is None  # what the device chain does not take
 
 
 @pytest.mark.parametrize("sampler", [SAMPLED, GREEDY, CREATIVE, MIROSTAT_2],
@@ -123,9 +123,9 @@ def test_forced_tokens_and_step_mode_choose_on_the_device_too(on_device, default
 
 
 @pytest.mark.parametrize("request_kw", [
-    {"sampler": SAMPLED.with_(adaptive_target=0.3)},
+    {"sampler": SAMPLED.with_(banned_strings=("banana",))},
     {"constraint": Constraint.regex("[a-z ]{4,20}")},
-], ids=["adaptive-p", "a constraint"])
+], ids=["banned strings", "a constraint"])
 def test_what_the_device_chain_lacks_runs_on_the_numpy_chain(on_device, default_torch, device_picks, request_kw):
     kw = {"messages": MESSAGES, "sampler": SAMPLED, "max_new_tokens": 12, "top_n": 5, **request_kw}
     request = GenerationRequest(**kw)
@@ -142,9 +142,9 @@ EVERY_STAGE = SamplerSettings(temperature=0.9, top_k=500, top_p=0.97, min_p=0.02
                               top_n_sigma=3.0, xtc_probability=0.5, xtc_threshold=0.05, seed=99,
                               repetition_penalty=1.2, frequency_penalty=0.2, penalty_last_n=-1,
                               logit_bias=((" apples", 2.0), (" the", -1.5)), smoothing_factor=0.2,
-                              dry_multiplier=0.8, dry_allowed_length=2,
+                              dry_multiplier=0.8, dry_allowed_length=2, dynatemp_range=0.3, adaptive_target=0.5,
                               order=("logit_bias", "temperature", "top_n_sigma", "min_p", "top_k", "penalties",
-                                     "dry", "smoothing", "typical_p", "top_p", "xtc"))
+                                     "dry", "smoothing", "typical_p", "top_p", "xtc", "adaptive_p"))
 
 
 @pytest.mark.parametrize("sampler", [EVERY_STAGE, SAMPLED, GREEDY.with_(top_k=3)],
