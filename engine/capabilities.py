@@ -254,9 +254,10 @@ class SamplesOnDevice(Protocol):
     fast GPU's step; on the device only the token's report (a few dozen numbers) crosses, once.
     """
 
-    def device_rows(self, settings: Any, vocab: Any) -> DeviceRows | None:
-        """An answer's device decoding for these `SamplerSettings`, or None: the numpy chain on host rows then
-        (the rows are on the host already, or the settings need a stage the device chain lacks)."""
+    def device_rows(self, settings: Any, vocab: Any, constraint: Any = None) -> DeviceRows | None:
+        """An answer's device decoding for these `SamplerSettings` and its constraint stage (a `GrammarStage`,
+        or None), or None: the numpy chain on host rows then (the rows are on the host already, or the
+        settings need what the device chain does not take)."""
         ...
 
 

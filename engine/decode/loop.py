@@ -103,7 +103,8 @@ def generate_events(
     prompt = prompt_ids_for(backend.tokenizer, request, int(getattr(backend.info, "vocab_size", 0) or 0))
     check_context(len(prompt), request.max_new_tokens, backend.info.context_length)
     steer_for_request(backend, request.steering)  # applied, or refused in words, before any forward
-    row = AnswerRow.start(backend, request, prompt, t0)  # this run's constraint matcher: before any forward
+    # (the constraint's matcher is made here, before any forward)
+    row = AnswerRow.start(backend, request, prompt, t0, on_device=True)
     # Where the backend can, the next forward runs while this token's report is built (`forward_during`).
     # Rows sampled on the backend's device come from its device forwards (SamplesOnDevice), left there.
     forward: Callable[[Sequence[int]], Any] = backend.forward

@@ -135,9 +135,14 @@ class AnswerRow:
 
     @classmethod
     def start(
-        cls, backend: Backend, request: GenerationRequest, prompt: list[int], t0: float, seed: int | None = None
+        cls, backend: Backend, request: GenerationRequest, prompt: list[int], t0: float, seed: int | None = None,
+        *, on_device: bool = False,
     ) -> AnswerRow:
         """A row for `request` on `backend` (`seed`: the loom's row seed instead of the request's).
+
+        `on_device`: the caller runs the row's forwards as `row.device` says where it is not None (the decode
+        loop); the loom's and the server's batched rows get host rows from their batch runners, so they keep
+        the numpy chain.
 
         The constraint's matcher is made here, before any forward, so a bad constraint costs no model time.
         """
@@ -150,11 +155,10 @@ class AnswerRow:
         if grammar is not None and request.constraint is None:  # the tools' grammar starts after the kept part
             follow_kept(grammar.run, request.assistant_prefix)
         sampler = request.sampler if seed is None else request.sampler.with_(seed=seed)
-        # On the device where the backend keeps its rows there and the device chain has every stage this
-        # answer needs, and no constraint (its mask is built on the host).
+        # On the device where the backend keeps its rows there and the device chain takes these settings.
         device = None
-        if grammar is None and isinstance(backend, SamplesOnDevice):
-            device = backend.device_rows(sampler, tok)
+        if on_device and isinstance(backend, SamplesOnDevice):
+            device = backend.device_rows(sampler, tok, grammar)
         chain = device.chain if device is not None else SamplerChain(sampler, vocab=tok, constraint=grammar)
         return cls(tok, request, prompt, chain, t0=t0, grammar=grammar, reported_n=backend.info.reports_top_n,
                    tools=tools, device=device)

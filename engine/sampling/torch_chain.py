@@ -8,7 +8,7 @@ device, and only the report's few dozen numbers cross to the host, in one `.toli
 chain without a GPU (tests/engine/test_torch_chain.py).
 
 The numpy chain stays the reference and the path for every other backend. This module runs every built-in
-stage of it, in the user's order, each by its numpy stage's arithmetic (engine.sampling.stages, shaping.py,
+stage of it, a request's constraint included, in the user's order, each by its numpy stage's arithmetic (engine.sampling.stages, shaping.py,
 dry.py, adaptive.py): float32 scores, float32 weights `exp(s - max)` summed in float64, the same boundary rules
 (ties at a cut all kept, the token that crosses top-p's mass kept), and the draw an inverse CDF over the
 survivors in token-id order. Randomness comes from a numpy twin: a `SamplerChain` of the same settings whose
@@ -18,10 +18,11 @@ the device as plain floats; the same seed gives the same tokens on both chains. 
 - mirostat's mu and adaptive-p's moving average: their state is the host's, learned from the picked token's
   probability, which the device computes at the pick and the host reads at the next one;
 - mirostat 1's top 100 scores (its k), and, for dynamic temperature's entropy and adaptive-p's sum, up to 64k
-  survivors (usually a few dozen), whose float32 sums must be llama.cpp's, in its order.
+  survivors (usually a few dozen), whose float32 sums must be llama.cpp's, in its order;
+- a constraint: llguidance makes its mask on the host, which crosses as V bools; its step's record (allowed,
+  mass kept, the ten most likely removed tokens) is read back, and the parser takes the token there.
 
-Not here, and said so instead of a different answer: a constraint's mask (llguidance builds it on the host),
-custom stages (Python code on numpy rows) and banned strings (they step the answer back and ban tokens per
+Not here, and said so instead of a different answer: custom stages (Python code on numpy rows) and banned strings (they step the answer back and ban tokens per
 pick). `TorchChain.supports(settings)` is then false with the reason in words, `TorchChain(settings)` raises,
 and the caller uses `SamplerChain`. Per-stage records (`record_stages`) keep each stage's row on the device,
 and the report makes the records on the host with the numpy chain's code from those rows and the model's
@@ -34,7 +35,7 @@ CUDA graph of the whole step, is later work.
 
 The caller is the decode loop (engine/decode/), through the `SamplesOnDevice` capability: a torch backend
 whose rows are on an accelerator (or told to, `TorchBackend(sample_on_device=True)`) hands each answer whose
-settings `supports` accepts, with no constraint, an `OnDeviceChain` and forwards that
+settings `supports` accepts an `OnDeviceChain` and forwards that
 leave the row on the device (engine/backends/torch/device_rows.py). Every other answer, and the loom's and
 the server's batched rows, stay on the numpy chain.
 """
@@ -51,6 +52,7 @@ import numpy as np
 from engine.sampling.chain import SamplerChain
 from engine.sampling.distribution import Dist, TopList
 from engine.sampling.dry import DryPenalties, Vocabulary
+from engine.sampling.grammar import TOP_DISALLOWED, GrammarStage, GrammarStep
 from engine.sampling.pick import Choice, Pick, StageStats, Step
 from engine.sampling.registry import ARGMAX_PRESERVING, STAGE_ROWS, dry_penalties, logit_bias_tokens, stage_active
 from engine.sampling.adaptive import _EXACT_SUM_MAX, _INV_WIDTH, _PEAK, _SHARPNESS
@@ -65,9 +67,7 @@ if TYPE_CHECKING:  # torch is imported inside the functions: importing the engin
 COVERED: frozenset[str] = frozenset({"logit_bias", "penalties", "dry", "smoothing", "mirostat", "adaptive_p", "top_n_sigma", "top_k", "typical_p",
                                      "top_p", "min_p", "xtc", "temperature"})
 
-_NOT_COVERED_WHY = {
-    "grammar": "a grammar's mask is built by its parser on the host",
-}
+_NOT_COVERED_WHY: dict[str, str] = {}  # (every built-in stage is covered; the grammar's is given as `constraint`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -620,6 +620,95 @@ class _DeviceAdaptiveP:
         self._pending = self._seen = None
 
 
+class _DeviceGrammar:
+    """A request's constraint (`grammar.GrammarStage`) on a device row.
+
+    llguidance makes the mask on the host, as always; it crosses as V bools and cuts the row on the device.
+    The step's record for the event (how many tokens were allowed, the mass they kept, the most likely removed
+    ones) is made from a few numbers read back, as `GrammarStage.__call__` makes it; the run's state (the
+    parser, the log mass kept) is the numpy stage's own object, which the answer's row reads too.
+    """
+
+    def __init__(self, stage: GrammarStage) -> None:
+        self.stage = stage
+
+    def __call__(self, row: Row, ctx: _Ctx) -> Row:
+        import torch
+
+        stage, run = self.stage, self.stage.run
+        ids, vals = row
+        v = ctx.head.row.numel()
+        forced = run.fast_forward()
+        if forced is not None and not (forced < v and _score(row, forced) > -math.inf):
+            forced = None
+        if forced is not None:
+            keep = np.zeros(v, dtype=np.bool_)
+            keep[forced] = True
+            note = "fast-forward: the grammar forces this token"
+        else:  # the mask reads only the row's size (a server's mask its candidates: not a torch row's)
+            keep = run.allowed(np.broadcast_to(np.float32(0.0), (v,)))
+            note = ""
+        keep_t = torch.from_numpy(np.ascontiguousarray(keep)).to(vals.device)
+        live = (keep_t if ids is None else keep_t[ids]) & (vals > -math.inf)
+        removed = ~live & (vals > -math.inf)
+        top = vals.max()
+        w = _weights(vals, top)
+        n_f, count_f, top_f, z, kept = torch.stack([
+            live.sum().double(), removed.sum().double(), top.double(), w.double().sum(),
+            torch.where(live, w, 0.0).double().sum()]).tolist()  # one read
+        n, count = int(n_f), int(count_f)
+        lse = top_f + math.log(z)
+        disallowed = self._top_removed(ids, vals, removed, count, lse)
+        if n == 0:
+            run.fail(stage._dead_end_reason(keep))
+            stage.last = GrammarStep(0, 0.0, disallowed, False, run.note)
+            return row
+        mass = min(max(kept / z, 0.0), 1.0)
+        run.record(math.log(mass) if mass > 0 else -math.inf)
+        if n == 1 and not note:
+            note = "the only token the grammar allows"
+        notes = "; ".join(x for x in (note, run.note) if x)
+        stage.last = GrammarStep(n, mass, disallowed, n == 1, notes)
+        return row if count == 0 else _cut(row, live)
+
+    @staticmethod
+    def _top_removed(ids: torch.Tensor | None, vals: torch.Tensor, removed: torch.Tensor, count: int,
+                     lse: float) -> TopList:
+        """`grammar._top_removed`: the most likely removed tokens, ties by the lower id, as (id, log-prob)."""
+        import torch
+
+        if count == 0:
+            return ()
+        want = min(TOP_DISALLOWED, count)
+        gone = torch.where(removed, vals, -math.inf)
+        kth = torch.topk(gone, want).values[want - 1]
+        cand = ((gone >= kth) & removed).nonzero().squeeze(1)  # every tie with the last one, in id order
+        cand_ids = (cand if ids is None else ids[cand]).tolist()
+        cand_vals = vals[cand].tolist()
+        ranked = sorted(zip(cand_ids, cand_vals), key=lambda t: (-t[1], t[0]))[:want]
+        return tuple((int(t), s - lse) for t, s in ranked)
+
+    def accept(self, token: torch.Tensor) -> None:
+        self.stage.accept(int(token))  # the parser moves on the host: the token's one read
+
+    def state(self) -> tuple[int, int]:
+        return self.stage.state()
+
+    def restore(self, state: tuple[int, int]) -> None:
+        self.stage.restore(state)
+
+
+def _score(row: Row, token: int) -> float:
+    """The row's score of `token` (-inf when removed): one read."""
+    import torch
+
+    ids, vals = row
+    if ids is None:
+        return float(vals[token])
+    pos = torch.searchsorted(ids, torch.tensor([token], device=ids.device)).clamp_(max=ids.numel() - 1)
+    return float(torch.where(ids[pos] == token, vals[pos], -math.inf))
+
+
 def _temperature(t: float) -> DeviceStage:
     t32 = float(np.float32(t))
 
@@ -630,7 +719,10 @@ def _temperature(t: float) -> DeviceStage:
     return temperature
 
 
-def _make(name: str, s: SamplerSettings, vocab: Vocabulary | None) -> DeviceStage:
+def _make(name: str, s: SamplerSettings, vocab: Vocabulary | None, constraint: GrammarStage | None) -> DeviceStage:
+    if name == "grammar":
+        assert constraint is not None  # the twin names the stage only with a constraint
+        return _DeviceGrammar(constraint)
     if name == "logit_bias":
         return _logit_bias(*logit_bias_tokens(s, BuildContext(vocab, None)))
     if name == "smoothing":
@@ -677,11 +769,14 @@ class TorchChain:
         twin: the numpy chain of the same settings, whose generator draws this chain's uniforms.
     """
 
-    def __init__(self, settings: SamplerSettings, vocab: Vocabulary | None = None) -> None:
+    def __init__(self, settings: SamplerSettings, vocab: Vocabulary | None = None,
+                 constraint: GrammarStage | None = None) -> None:
         """
         Args:
             settings: the sampler settings; `supports(settings)` must hold.
             vocab: the model's tokenizer, naming the reported alternatives (`TokenProb.text`).
+            constraint: this run's constraint stage (engine.sampling.grammar.grammar_stage), as
+                `SamplerChain`'s: run first unless the order names "grammar".
 
         Raises:
             ValueError: the settings need a stage this chain does not have (the reason in words).
@@ -690,7 +785,7 @@ class TorchChain:
         if not support:
             raise ValueError(f"the torch sampler chain cannot run these settings: {support.reason}")
         self.settings = settings
-        self.twin = SamplerChain(settings, vocab)
+        self.twin = SamplerChain(settings, vocab, constraint=constraint)
         self.seed = self.twin.seed
         self._rng: np.random.Generator = self.twin._rng  # the twin's PCG64 stream: the same draws as the twin
         self._names = self.twin._names
@@ -698,14 +793,14 @@ class TorchChain:
         self.stage_names = self.twin.stage_names
         # Recording runs every stage; greedy without recording may stop after the last stage that can move the
         # argmax, as the numpy chain does.
-        self._all_stages = tuple((name, _make(name, settings, vocab)) for name in self.stage_names)
+        self._all_stages = tuple((name, _make(name, settings, vocab, constraint)) for name in self.stage_names)
         keep = len(self._all_stages)
         if self._greedy:
             while keep and self._all_stages[keep - 1][0] in ARGMAX_PRESERVING:
                 keep -= 1
         self._stages = self._all_stages[:keep]
         self._stateful = tuple(stage for _, stage in self._all_stages
-                               if isinstance(stage, (_DeviceMirostat, _DeviceAdaptiveP)))
+                               if isinstance(stage, (_DeviceGrammar, _DeviceMirostat, _DeviceAdaptiveP)))
         self._buffers = _Buffers()
 
     def state(self) -> tuple[object, ...]:

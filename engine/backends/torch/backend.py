@@ -302,12 +302,12 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         report may still be read)."""
         return self._forward(token_ids).to(torch.float32, copy=True)
 
-    def device_rows(self, settings: SamplerSettings, vocab: Any) -> TorchDeviceRows | None:
+    def device_rows(self, settings: SamplerSettings, vocab: Any, constraint: Any = None) -> TorchDeviceRows | None:
         """SamplesOnDevice: the answer's rows on this model's device, sampled there, when that is asked for
-        (`sample_on_device`) and the device chain has every stage `settings` turn on."""
+        (`sample_on_device`) and the device chain takes `settings` (not banned strings or custom stages)."""
         if not self.sample_on_device or not TorchChain.supports(settings):
             return None
-        return TorchDeviceRows(self, TorchChain(settings, vocab))
+        return TorchDeviceRows(self, TorchChain(settings, vocab, constraint=constraint))
 
     @torch.inference_mode()
     def _forward(self, token_ids: Sequence[int]) -> torch.Tensor:

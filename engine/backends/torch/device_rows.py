@@ -4,8 +4,8 @@ On a GPU the numpy chain needs the whole (V,) row on the host every token (262k 
 and a synchronisation), and its Python runs while the GPU waits; here the forward's row stays where the
 model wrote it, `engine.sampling.torch_chain.TorchChain` runs the stages and the draw with torch ops there,
 and only the token and its report (a few dozen numbers) cross, once (issue 49 item 1). The decode loop
-(engine/decode/) asks for this per answer (`TorchBackend.device_rows`); an answer with a constraint or a
-stage the device chain lacks gets None and the numpy chain.
+(engine/decode/) asks for this per answer (`TorchBackend.device_rows`); an answer with banned strings or a
+custom stage gets None and the numpy chain.
 """
 
 from __future__ import annotations
