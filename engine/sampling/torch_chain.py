@@ -8,12 +8,13 @@ device, and only the report's few dozen numbers cross to the host, in one `.toli
 chain without a GPU (tests/engine/test_torch_chain.py).
 
 The numpy chain stays the reference and the path for every other backend. This module runs every built-in
-stage of it, a request's constraint included, in the user's order, each by its numpy stage's arithmetic (engine.sampling.stages, shaping.py,
-dry.py, adaptive.py): float32 scores, float32 weights `exp(s - max)` summed in float64, the same boundary rules
-(ties at a cut all kept, the token that crosses top-p's mass kept), and the draw an inverse CDF over the
-survivors in token-id order. Randomness comes from a numpy twin: a `SamplerChain` of the same settings whose
-PCG64 generator draws the uniforms (XTC's, then the draw's, in the same order as the numpy chain), which go to
-the device as plain floats; the same seed gives the same tokens on both chains. What is read on the host:
+stage of it, a request's constraint included, in the user's order, each by its numpy stage's arithmetic
+(engine.sampling.stages, shaping.py, dry.py, adaptive.py): float32 scores, float32 weights `exp(s - max)`
+summed in float64, the same boundary rules (ties at a cut all kept, the token that crosses top-p's mass kept),
+and the draw an inverse CDF over the survivors in token-id order. Randomness comes from a numpy twin: a
+`SamplerChain` of the same settings whose PCG64 generator draws the uniforms (XTC's, then the draw's, in the
+same order as the numpy chain), which go to the device as plain floats; the same seed gives the same tokens on
+both chains. What is read on the host:
 - the history's ids and counts for the penalties, and DRY's amounts (by dry.py's own code), as small arrays;
 - mirostat's mu and adaptive-p's moving average: their state is the host's, learned from the picked token's
   probability, which the device computes at the pick and the host reads at the next one;
@@ -22,22 +23,23 @@ the device as plain floats; the same seed gives the same tokens on both chains. 
 - a constraint: llguidance makes its mask on the host, which crosses as V bools; its step's record (allowed,
   mass kept, the ten most likely removed tokens) is read back, and the parser takes the token there.
 
-Not here, and said so instead of a different answer: custom stages (Python code on numpy rows) and banned strings (they step the answer back and ban tokens per
-pick). `TorchChain.supports(settings)` is then false with the reason in words, `TorchChain(settings)` raises,
-and the caller uses `SamplerChain`. Per-stage records (`record_stages`) keep each stage's row on the device,
-and the report makes the records on the host with the numpy chain's code from those rows and the model's
-row (`TorchChoice._stage_stats`): the one path here that copies a whole row to the host.
+Not here, and said so instead of a different answer: custom stages (Python code on numpy rows) and banned
+strings (they step the answer back and ban tokens per pick). `TorchChain.supports(settings)` is then false
+with the reason in words, `TorchChain(settings)` raises, and the caller uses `SamplerChain`. Per-stage records
+(`record_stages`) keep each stage's row on the device, and the report makes the records on the host with the
+numpy chain's code from those rows and the model's row (`TorchChoice._stage_stats`): the one path here that
+copies a whole row to the host.
 
 Once a filter has run, the row is carried as its survivors (ascending ids and their scores), as the numpy
-chain does, so the stages after top-k see a few dozen entries. That compaction has a data-dependent size:
-on CUDA each one is an implicit synchronisation (no data moves but the count). A fixed-shape form, for a
-CUDA graph of the whole step, is later work.
+chain does, so the stages after top-k see a few dozen entries. That compaction has a data-dependent size: on
+CUDA each one is an implicit synchronisation (no data moves but the count). A fixed-shape form, for a CUDA
+graph of the whole step, is later work.
 
 The caller is the decode loop (engine/decode/), through the `SamplesOnDevice` capability: a torch backend
 whose rows are on an accelerator (or told to, `TorchBackend(sample_on_device=True)`) hands each answer whose
-settings `supports` accepts an `OnDeviceChain` and forwards that
-leave the row on the device (engine/backends/torch/device_rows.py). Every other answer, and the loom's and
-the server's batched rows, stay on the numpy chain.
+settings `supports` accepts an `OnDeviceChain` and forwards that leave the row on the device
+(engine/backends/torch/device_rows.py). Every other answer, and the loom's and the server's batched rows, stay
+on the numpy chain.
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ if TYPE_CHECKING:  # torch is imported inside the functions: importing the engin
     import torch
 
 # The stages this module runs on the device; every other active stage sends the caller to the numpy chain.
-COVERED: frozenset[str] = frozenset({"logit_bias", "penalties", "dry", "smoothing", "mirostat", "adaptive_p", "top_n_sigma", "top_k", "typical_p",
-                                     "top_p", "min_p", "xtc", "temperature"})
+COVERED: frozenset[str] = frozenset({
+    "logit_bias", "penalties", "dry", "top_n_sigma", "smoothing", "top_k", "typical_p", "top_p", "min_p", "xtc",
+    "temperature", "mirostat", "adaptive_p",
+})
 
 _NOT_COVERED_WHY: dict[str, str] = {}  # (every built-in stage is covered; the grammar's is given as `constraint`)
 
