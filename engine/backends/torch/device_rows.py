@@ -11,22 +11,31 @@ custom stage gets None and the numpy chain.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from engine.sampling.torch_chain import OnDeviceChain, TorchChain
 
 if TYPE_CHECKING:
     import torch
 
-    from engine.backends.torch.backend import TorchBackend
-
 T = TypeVar("T")
+
+
+class DeviceForwards(Protocol):
+    """What these rows take of the torch backend (engine.backends.torch.backend.TorchBackend), named here so
+    that this module needs nothing of the backend that makes it."""
+
+    device: Any
+
+    def forward_on_device(self, token_ids: Sequence[int]) -> torch.Tensor: ...
+
+    def forward_on_device_during(self, token_ids: Sequence[int], work: Callable[[], T]) -> tuple[torch.Tensor, T]: ...
 
 
 class TorchDeviceRows:
     """One answer's `DeviceRows` (engine.capabilities): its device chain and the backend's device forwards."""
 
-    def __init__(self, backend: TorchBackend, chain: TorchChain) -> None:
+    def __init__(self, backend: DeviceForwards, chain: TorchChain) -> None:
         self._backend = backend
         self.chain = OnDeviceChain(chain, backend.device)
 
