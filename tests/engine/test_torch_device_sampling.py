@@ -35,8 +35,11 @@ MIROSTAT_2 = SamplerSettings(temperature=0.8, mirostat=2, mirostat_tau=5.0, miro
 
 @pytest.fixture(scope="module")
 def on_device(default_model_folder):
+    # A fixed thread count: every answer's forwards sum in the same order, so the device chain's run and the
+    # numpy chain's (the same backend, `sample_on_device` off: `_run_on_host`) see the same logits bit for bit.
+    # (With the threads chosen per answer by the machine's load, a near-tie deep in the tail moved a rank.)
     backend = TorchBackend(default_model_folder, spec="default", display_name="SmolLM2-135M-Instruct",
-                           compile_step=False, sample_on_device=True)
+                           compile_step=False, sample_on_device=True, n_threads=2)
     yield backend
     backend.close()
 
@@ -55,9 +58,18 @@ def device_picks(monkeypatch):
     return counted
 
 
+def _run_on_host(backend, request, **kw) -> tuple[list[TokenEvent], Done]:
+    """The same answer with the numpy chain on host rows: `backend` with `sample_on_device` off."""
+    backend.sample_on_device = False
+    try:
+        return _run(backend, request, **kw)
+    finally:
+        backend.sample_on_device = True
+
+
 def _run(backend, request, **kw) -> tuple[list[TokenEvent], Done]:
-    # From an empty cache on both backends: the same computation, so the same logits bit for bit (a prompt
-    # partly reused from an earlier test's cache rounds differently, and a near-tie's rank can move by one).
+    # From an empty cache each time: the same computation, so the same logits bit for bit (a prompt partly
+    # reused from an earlier answer's cache rounds differently, and a near-tie's rank can move by one).
     backend.trim_cache(0)
     events = list(generate_events(backend, request, **kw))
     done = events[-1]
@@ -93,11 +105,11 @@ def test_the_torch_backend_says_where_it_samples(on_device, default_torch):
 
 @pytest.mark.parametrize("sampler", [SAMPLED, GREEDY, CREATIVE, MIROSTAT_2],
                          ids=["seeded sampling", "greedy", "creative", "mirostat 2"])
-def test_an_answer_sampled_on_the_device_is_the_numpy_chains(on_device, default_torch, device_picks, sampler):
+def test_an_answer_sampled_on_the_device_is_the_numpy_chains(on_device, device_picks, sampler):
     request = GenerationRequest(messages=MESSAGES, sampler=sampler, max_new_tokens=32, top_n=10)
     device, device_done = _run(on_device, request)
     assert device_picks["n"] == len(device) > 10  # every token chosen on the device
-    host, host_done = _run(default_torch, request)
+    host, host_done = _run_on_host(on_device, request)
     _same_answer(device, host)
     assert device_done.stats.text == host_done.stats.text
     if sampler.seed is not None:  # (greedy draws no number: each run records a fresh seed)
@@ -106,7 +118,7 @@ def test_an_answer_sampled_on_the_device_is_the_numpy_chains(on_device, default_
 
 @pytest.mark.parametrize("sampler", [SAMPLED, SamplerSettings(temperature=0.9, mirostat=1, mirostat_tau=3.0, seed=3)],
                          ids=["seeded sampling", "mirostat 1"])  # (step mode puts mu back before the person's token)
-def test_forced_tokens_and_step_mode_choose_on_the_device_too(on_device, default_torch, device_picks, sampler):
+def test_forced_tokens_and_step_mode_choose_on_the_device_too(on_device, device_picks, sampler):
     request = GenerationRequest(messages=MESSAGES, sampler=sampler, max_new_tokens=12, top_n=5,
                                 forced_tokens=(504, 3843))
     shown: list[TokenEvent] = []
@@ -118,7 +130,7 @@ def test_forced_tokens_and_step_mode_choose_on_the_device_too(on_device, default
     device, _ = _run(on_device, request, choose=second_choice)
     assert device_picks["n"] >= len(device)
     device_shown, shown[:] = list(shown), []
-    host, _ = _run(default_torch, request, choose=second_choice)
+    host, _ = _run_on_host(on_device, request, choose=second_choice)
     _same_answer(device, host)
     assert [e.forced for e in device[:3]] == [True, True, False]
     assert device[4].token_id == device_shown[2].top_model[1].token_id  # (steps 0 and 1 were forced: not shown)
@@ -128,12 +140,12 @@ def test_forced_tokens_and_step_mode_choose_on_the_device_too(on_device, default
 @pytest.mark.parametrize("request_kw", [
     {"sampler": SAMPLED.with_(banned_strings=("banana",))},
 ], ids=["banned strings"])
-def test_what_the_device_chain_lacks_runs_on_the_numpy_chain(on_device, default_torch, device_picks, request_kw):
+def test_what_the_device_chain_lacks_runs_on_the_numpy_chain(on_device, device_picks, request_kw):
     kw = {"messages": MESSAGES, "sampler": SAMPLED, "max_new_tokens": 12, "top_n": 5, **request_kw}
     request = GenerationRequest(**kw)
     device, _ = _run(on_device, request)
     assert device_picks["n"] == 0
-    host, _ = _run(default_torch, request)
+    host, _ = _run_on_host(on_device, request)
     assert [e.token_id for e in device] == [e.token_id for e in host]
 
 
@@ -151,12 +163,12 @@ EVERY_STAGE = SamplerSettings(temperature=0.9, top_k=500, top_p=0.97, min_p=0.02
 
 @pytest.mark.parametrize("sampler", [EVERY_STAGE, SAMPLED, GREEDY.with_(top_k=3)],
                          ids=["every stage", "seeded sampling", "greedy with top-k"])
-def test_stage_records_made_from_the_device_rows_are_the_numpy_chains(on_device, default_torch, device_picks,
+def test_stage_records_made_from_the_device_rows_are_the_numpy_chains(on_device, device_picks,
                                                                       sampler):
     request = GenerationRequest(messages=MESSAGES, sampler=sampler, max_new_tokens=24, top_n=8, record_stages=True)
     device, _ = _run(on_device, request)
     assert device_picks["n"] == len(device)
-    host, _ = _run(default_torch, request)
+    host, _ = _run_on_host(on_device, request)
     _same_answer(device, host)
     for a, b in zip(device, host):
         assert a.stages is not None and b.stages is not None
@@ -179,7 +191,7 @@ SCHEMA = {"type": "object", "properties": {"fruit": {"type": "string", "maxLengt
 @pytest.mark.parametrize("constraint", [Constraint.json_schema(SCHEMA), Constraint.regex("[A-Z][a-z ]{4,30}\\.")],
                          ids=["json schema", "regex"])
 @pytest.mark.parametrize("sampler", [SAMPLED, GREEDY], ids=["seeded sampling", "greedy"])
-def test_a_constraint_cuts_the_device_row_as_it_cuts_the_host_one(on_device, default_torch, device_picks,
+def test_a_constraint_cuts_the_device_row_as_it_cuts_the_host_one(on_device, device_picks,
                                                                     constraint, sampler):
     """llguidance's mask, made on the host, cuts the row on the device: the same answer, and the same record
     of what the constraint did at each step (allowed, mass kept, the most likely removed tokens, forced)."""
@@ -187,7 +199,7 @@ def test_a_constraint_cuts_the_device_row_as_it_cuts_the_host_one(on_device, def
                                 constraint=constraint)
     device, device_done = _run(on_device, request)
     assert device_picks["n"] == len(device)
-    host, host_done = _run(default_torch, request)
+    host, host_done = _run_on_host(on_device, request)
     _same_answer(device, host)
     assert device_done.stats.text == host_done.stats.text
     assert device_done.stats.constraint_status == host_done.stats.constraint_status
