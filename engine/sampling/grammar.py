@@ -86,7 +86,7 @@ class GrammarStage:
         z = float(w.sum(dtype=np.float64))
         lse = top + math.log(z)
         if n == 0:
-            run.fail(self._dead_end_reason(keep))
+            run.fail(self.dead_end_reason(keep))
             self.last = GrammarStep(0, 0.0, _top_removed(scores, live, top, lse), False, run.note)
             return scores
         # One kept token: the masked sum is that one value (0.0 + x, exact), without a masked pass.
@@ -115,7 +115,7 @@ class GrammarStage:
             buf = self._w = np.empty_like(scores)
         return buf
 
-    def _dead_end_reason(self, keep: np.ndarray) -> str:
+    def dead_end_reason(self, keep: np.ndarray) -> str:
         if self.run.failure:
             return self.run.failure
         if not keep.any():

@@ -128,7 +128,8 @@ class Choice:
         scores, token, names, head = self._scores, self.token_id, self._names, self._head
         model = Dist(scores, head=head)
         model_top = model.top(top_n)
-        recorded = self._stage_stats(model, model_top, top_n) if self._steps is not None else None
+        recorded = (stage_records(self._steps, self._names, token, model, model_top, top_n)
+                    if self._steps is not None else None)
         if self._final is None:  # greedy
             best = self._best
             sampler_logprob = 0.0 if token == best else -math.inf
@@ -148,25 +149,31 @@ class Choice:
             forced=self.forced,
         )
 
-    def _stage_stats(self, model: Dist, model_top: TopList, top_n: int) -> list[StageStats]:
-        """What each recorded stage did, in order, from the distribution entering the first (`model`)."""
-        names, recorded = self._names, []
-        dist = model  # the distribution entering the next stage
-        watched = dict.fromkeys([t for t, _ in model_top] + [self.token_id])  # the rows a view shows
-        for name, ids, vals in self._steps or ():
-            if vals is None:  # the stage changed nothing
-                recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, names(dist.top(top_n))))
-                continue
-            after = Dist(vals, ids)
-            top = after.top(top_n)
-            # The watched tokens this stage removed, in the order they were first watched.
-            shown = np.fromiter(watched, dtype=np.int64, count=len(watched))
-            gone = shown[dist.finite_at(shown) & ~after.finite_at(shown)]
-            removed = tuple(int(t) for t in gone)
-            recorded.append(StageStats(name, after.count, mass_kept(dist, after), after.entropy, names(top), removed))
-            watched.update(dict.fromkeys(t for t, _ in top))
-            dist = after
-        return recorded
+
+def stage_records(steps: list[Step], names: TokenNames, token_id: int, model: Dist, model_top: TopList,
+                  top_n: int) -> list[StageStats]:
+    """What each recorded stage did, in order, from the distribution entering the first (`model`).
+
+    `steps`: each stage's row after it ran, (name, ids, vals), vals None where it changed nothing; the numpy
+    chain keeps them, and the torch chain (engine.sampling.torch_chain) brings its rows to the host for this.
+    """
+    recorded = []
+    dist = model  # the distribution entering the next stage
+    watched = dict.fromkeys([t for t, _ in model_top] + [token_id])  # the rows a view shows
+    for name, ids, vals in steps:
+        if vals is None:  # the stage changed nothing
+            recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, names(dist.top(top_n))))
+            continue
+        after = Dist(vals, ids)
+        top = after.top(top_n)
+        # The watched tokens this stage removed, in the order they were first watched.
+        shown = np.fromiter(watched, dtype=np.int64, count=len(watched))
+        gone = shown[dist.finite_at(shown) & ~after.finite_at(shown)]
+        removed = tuple(int(t) for t in gone)
+        recorded.append(StageStats(name, after.count, mass_kept(dist, after), after.entropy, names(top), removed))
+        watched.update(dict.fromkeys(t for t, _ in top))
+        dist = after
+    return recorded
 
 
 def apply_keep(

@@ -27,7 +27,7 @@ Not here, and said so instead of a different answer: custom stages (Python code 
 strings (they step the answer back and ban tokens per pick). `TorchChain.supports(settings)` is then false
 with the reason in words, `TorchChain(settings)` raises, and the caller uses `SamplerChain`. Per-stage records
 (`record_stages`) keep each stage's row on the device, and the report makes the records on the host with the
-numpy chain's code from those rows and the model's row (`TorchChoice._stage_stats`): the one path here that
+numpy chain's code from those rows and the model's row (`pick.stage_records`): the one path here that
 copies a whole row to the host.
 
 Once a filter has run, the row is carried as its survivors (ascending ids and their scores), as the numpy
@@ -55,7 +55,7 @@ from engine.sampling.chain import SamplerChain
 from engine.sampling.distribution import Dist, TopList
 from engine.sampling.dry import DryPenalties, Vocabulary
 from engine.sampling.grammar import TOP_DISALLOWED, GrammarStage, GrammarStep
-from engine.sampling.pick import Choice, Pick, StageStats, Step
+from engine.sampling.pick import Pick, StageStats, Step, stage_records
 from engine.sampling.registry import ARGMAX_PRESERVING, STAGE_ROWS, dry_penalties, logit_bias_tokens, stage_active
 from engine.sampling.adaptive import _EXACT_SUM_MAX, _INV_WIDTH, _PEAK, _SHARPNESS
 from engine.sampling.settings import SamplerSettings
@@ -664,7 +664,7 @@ class _DeviceGrammar:
         lse = top_f + math.log(z)
         disallowed = self._top_removed(ids, vals, removed, count, lse)
         if n == 0:
-            run.fail(stage._dead_end_reason(keep))
+            run.fail(stage.dead_end_reason(keep))
             stage.last = GrammarStep(0, 0.0, disallowed, False, run.note)
             return row
         mass = min(max(kept / z, 0.0), 1.0)
@@ -1037,7 +1037,8 @@ class TorchChoice:
         return self._id
 
     def report(self, top_n: int = 20) -> Pick:
-        """The token's statistics as `Choice.report` gives them (no stage records): one transfer to the host."""
+        """The token's statistics as `Choice.report` gives them: one transfer to the host (stage records: see
+        `_stage_stats`)."""
         import torch
 
         with torch.inference_mode():
@@ -1109,7 +1110,7 @@ class TorchChoice:
                     forced=self.forced)
 
     def _stage_stats(self, token_id: int, top_model: TopList, top_n: int) -> list[StageStats]:
-        """Each stage's record, made on the host by the numpy chain's own code (`Choice`'s) from the rows the
+        """Each stage's record, made on the host by the numpy chain's own code (`pick.stage_records`) from the rows the
         stages left: the filters' survivors (a few dozen), and the model's whole row, which the first stage's
         "before" and a stage that ran on the whole row need. So recording stages costs that row's copy to the
         host each token, which the rest of the device path avoids; the numbers are the numpy chain's."""
@@ -1128,7 +1129,7 @@ class TorchChoice:
             host.append((name, i[finite], v[finite]) if not finite.all() else (name, i, v))
         scores = self._scores.cpu().numpy()
         model = Dist(scores)
-        return Choice(token_id, self.forced, scores, host, None, -1, self._names)._stage_stats(model, top_model, top_n)
+        return stage_records(host, self._names, token_id, model, top_model, top_n)
 
     def final_distribution(self) -> np.ndarray:
         """(V,) float32 log-probs the token was drawn from, as `Choice.final_distribution`: a full-row transfer,

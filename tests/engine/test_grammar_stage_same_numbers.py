@@ -47,7 +47,7 @@ def _old_call(self, scores, ctx):
     z = float(w.sum(dtype=np.float64))
     lse = top + math.log(z)
     if n == 0:
-        run.fail(self._dead_end_reason(keep))
+        run.fail(self.dead_end_reason(keep))
         self.last = GrammarStep(0, 0.0, _old_top_removed(scores, live, top, lse), False, run.note)
         return scores
     mass = min(max(float(w.sum(dtype=np.float64, where=live)) / z, 0.0), 1.0)
