@@ -113,6 +113,17 @@ def assert_same_report(mine: Pick, ref: Pick) -> None:
     assert mine.stages is None
 
 
+def assert_same_choice(got, want) -> np.ndarray:
+    """The torch chain's choice against the numpy chain's: the same survivors, their probabilities within
+    float32, the same report; returns the numpy chain's final log-probs."""
+    lp_want, lp_got = want.final_distribution(), got.final_distribution()
+    kept = np.isfinite(lp_want)
+    np.testing.assert_array_equal(np.isfinite(lp_got), kept)
+    np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
+    assert_same_report(got.report(20), want.report(20))
+    return lp_want
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_survivors_probabilities_and_report_are_the_numpy_chains(rows, case: str) -> None:
     settings = SamplerSettings(seed=7, **CASES[case])
@@ -185,11 +196,8 @@ def test_penalties_on_the_device_are_the_numpy_chains(smollm_rows, case: str) ->
         history = np.concatenate([near_top[::3], near_top[:8], near_top[:2], [-1, row.size + 5]]).astype(np.int64)
         want = ref.choose(row, history)
         got = mine.choose(torch.from_numpy(row), history=history)
-        lp_want, lp_got = want.final_distribution(), got.final_distribution()
+        lp_want = assert_same_choice(got, want)
         kept = np.isfinite(lp_want)
-        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
-        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
-        assert_same_report(got.report(20), want.report(20))
         plain = SamplerChain(settings.with_(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0))
         moved |= not np.allclose(plain.choose(row, history).final_distribution()[kept], lp_want[kept])
     assert moved, "the penalties changed nothing on these rows: the case tests nothing"
@@ -206,12 +214,8 @@ def test_a_logit_bias_on_the_rows_own_top_tokens_is_the_numpy_chains(smollm_rows
         settings = SamplerSettings(seed=4, top_k=40, temperature=0.9, logit_bias=bias, order=order)
         ref, mine = SamplerChain(settings), TorchChain(settings)
         want, got = ref.choose(row, EMPTY), mine.choose(torch.from_numpy(row))
-        lp_want, lp_got = want.final_distribution(), got.final_distribution()
-        kept = np.isfinite(lp_want)
-        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
-        assert not kept[near[1]]
-        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
-        assert_same_report(got.report(20), want.report(20))
+        lp_want = assert_same_choice(got, want)
+        assert not np.isfinite(lp_want[near[1]])
 
 
 @pytest.mark.parametrize("order", [None, ("top_k", "dry", "temperature")], ids=["default order", "after top-k"])
@@ -228,11 +232,7 @@ def test_dry_on_the_device_is_the_numpy_chains(smollm_rows, order) -> None:
         history = np.array(near[20:30] + run + [near[0]] + near[30:35] + run, dtype=np.int64)
         ref, mine = SamplerChain(settings), TorchChain(settings)
         want, got = ref.choose(row, history), mine.choose(torch.from_numpy(row), history=history)
-        lp_want, lp_got = want.final_distribution(), got.final_distribution()
-        kept = np.isfinite(lp_want)
-        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
-        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
-        assert_same_report(got.report(20), want.report(20))
+        lp_want = assert_same_choice(got, want)
         moved |= int(np.argmax(lp_want)) != near[0]
     assert moved, "DRY never moved the top token on these rows: the case tests nothing"
 
@@ -251,12 +251,8 @@ def test_mirostat_learns_its_mu_as_the_numpy_chains_does(rows, version: int) -> 
             assert mine.state() == pytest.approx(saved, rel=1e-6)
         want = ref.choose(row, EMPTY, force_token=force)
         got = mine.choose(torch.from_numpy(row), force_token=force)
-        lp_want, lp_got = want.final_distribution(), got.final_distribution()
-        kept = np.isfinite(lp_want)
-        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
-        cut |= not kept.all()
-        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
-        assert_same_report(got.report(20), want.report(20))
+        lp_want = assert_same_choice(got, want)
+        cut |= not np.isfinite(lp_want).all()
         if i == 5:  # back to the state before pick 4, on both
             ref.restore(saved)
             mine.restore(saved)
@@ -278,11 +274,7 @@ def test_adaptive_p_learns_its_average_as_the_numpy_chains_does(rows, extra) -> 
             assert mine.state()[0] == pytest.approx(saved[0], rel=1e-6)
         want = ref.choose(row, EMPTY, force_token=force)
         got = mine.choose(torch.from_numpy(row), force_token=force)
-        lp_want, lp_got = want.final_distribution(), got.final_distribution()
-        kept = np.isfinite(lp_want)
-        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
-        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
-        assert_same_report(got.report(20), want.report(20))
+        assert_same_choice(got, want)
         if i == 4:
             ref.restore(saved)
             mine.restore(saved)
@@ -355,8 +347,5 @@ def test_ties_and_removed_tokens_are_handled_as_the_numpy_chain_does(name: str, 
     ref, mine = SamplerChain(settings), TorchChain(settings)
     for _ in range(3):
         want, got = ref.choose(row, EMPTY), mine.choose(torch.from_numpy(row))
-        lp_want, lp_got = want.final_distribution(), got.final_distribution()
+        lp_want = assert_same_choice(got, want)
         kept = np.isfinite(lp_want)
-        np.testing.assert_array_equal(np.isfinite(lp_got), kept)
-        np.testing.assert_allclose(np.exp(lp_got[kept]), np.exp(lp_want[kept]), rtol=1e-5, atol=1e-9)
-        assert_same_report(got.report(20), want.report(20))
