@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,15 +59,22 @@ def _repeng_python() -> Path | str:
         return Path(given)
     python = REPENG_VENV / "bin" / "python"
     ready = REPENG_VENV / ".ready"
+    ours = next((p for p in sys.path if p.endswith("site-packages")), None)
+    if ours is None:
+        return "this Python has no site-packages on its path to lend repeng's venv torch and transformers"
     if ready.exists():
-        return python
+        # The venv outlives the checkout that built it (it sits in the temp folder, shared by later runs); its
+        # torch and transformers are borrowed through a .pth, so point that at *this* run's packages each time,
+        # or a later checkout's run finds the pointer aimed at a venv that is gone (CI failed so: no torch).
+        try:
+            _lend_our_packages(python, ours)
+            return python
+        except (subprocess.SubprocessError, OSError):
+            shutil.rmtree(REPENG_VENV, ignore_errors=True)  # a broken venv (its Python gone): build it again
     try:
         subprocess.run([sys._base_executable, "-m", "venv", str(REPENG_VENV)], check=True, capture_output=True,  # type: ignore[attr-defined]
                        timeout=120)
-        site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
-                              capture_output=True, text=True).stdout.strip()
-        ours = next(p for p in sys.path if p.endswith("site-packages"))
-        Path(site, "logitlab-project.pth").write_text(ours + "\n")  # torch, transformers, gguf: the project's
+        _lend_our_packages(python, ours)  # torch, transformers, gguf: the project's
         # Wheels only: repeng's numpy<2 has none for the newest Pythons, and a numpy built from source here would
         # take many minutes; without a wheel the test says so and skips.
         done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--only-binary=:all:", "repeng"],
@@ -74,10 +82,17 @@ def _repeng_python() -> Path | str:
         if done.returncode != 0:
             return f"pip install repeng failed (offline?): {done.stderr.strip().splitlines()[-1:]}"
         subprocess.run([str(python), "-c", "import repeng"], check=True, capture_output=True, timeout=120)
-    except (subprocess.SubprocessError, OSError, StopIteration) as e:
+    except (subprocess.SubprocessError, OSError) as e:
         return f"a venv for repeng could not be built: {e}"
     ready.write_text("ok\n")
     return python
+
+
+def _lend_our_packages(python: Path, ours: str) -> None:
+    """Makes the venv at `python` see this run's site-packages (torch, transformers, gguf) after its own."""
+    site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+    Path(site, "logitlab-project.pth").write_text(ours + "\n")
 
 
 @pytest.fixture(scope="module")
