@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ci_shard import SHARD_ENV, deselect_other_shards
+
 # Qt tests run without a display.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -31,21 +33,36 @@ def pytest_collection_modifyitems(config, items):
     # stops xdist from re-sorting files by their test count, which had put these last and left one process
     # running them alone for the last ~20 minutes of CI.
     items.sort(key=_start_order)
+    deselect_other_shards(config, items, LONG_FILES)
 
 
-# Files whose tests take a minute or more together (`--durations` of the whole suite, 2 processes, 2026-12-03),
-# longest first. Only the order depends on this list: a file missing from it runs with the rest.
+def pytest_report_header(config):
+    shard = os.environ.get(SHARD_ENV)
+    if shard:
+        return [f"{SHARD_ENV}={shard}: the slow tier's share of this CI pass only (tests/ci_shard.py)"]
+    return []
+
+
+# Files whose tests take about 45 s or more together (the whole suite's junit times, 2 processes, 2026-12-04),
+# longest first. The start order depends on this list (a file missing from it runs with the rest), and so does
+# CI's split of the slow tier between its two passes (tests/ci_shard.py deals these out in turn).
 LONG_FILES = (
     "engine/test_torch_cache.py",  # inductor's build of the compiled step
-    "engine/test_torch_compile.py",
-    "engine/test_steering_oracles.py",  # repeng in its own venv
-    "engine/test_mcp_cli.py",
-    "app/test_big_conversations.py",
+    "engine/test_torch_device_sampling.py",
     "engine/test_attention_passages.py",
+    "engine/test_steering_oracles.py",  # repeng in its own venv (~95 s when that venv is built)
     "engine/test_prefill_cancel.py",
-    "engine/test_llamacpp_research.py",
     "app/test_reliability.py",
+    "app/test_big_conversations.py",
+    "engine/test_torch_compile.py",
+    "engine/test_mcp_cli.py",
+    "engine/test_remote_hostile.py",
+    "engine/test_llamacpp_research.py",
     "engine/test_mlx_backend.py",
+    "engine/test_bench_tools.py",
+    "engine/test_torch_lean.py",
+    "hostile/test_library_and_servers.py",
+    "engine/test_serve_echo_lm_eval.py",
 )
 
 

@@ -1,0 +1,77 @@
+"""CI's split of the slow tier between its two Python passes (LOGITLAB_SLOW_SHARD="k/n").
+
+CI (.ci/run) runs the README's test command on the oldest and on the newest supported Python. The fast tier
+runs whole on both; the slow tier, two thirds of the suite's time and almost all of it real models doing the same
+numeric work on either Python, ran twice and took CI past its 45 minutes (74 on a slow day). So .ci/run tells
+each pass its share: every slow file runs in exactly one pass of every CI run, chosen by its path (the same on both
+Pythons), and the files whose subject changes with the Python itself run in both. Without the variable, a user's
+run and any single-Python run, nothing is left out.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+SHARD_ENV = "LOGITLAB_SLOW_SHARD"
+
+# Slow files that run in every pass: torch.compile's dynamo reads each Python minor's own bytecode, so the
+# compiled step can break on one Python and not on another.
+EVERY_PYTHON = (
+    "engine/test_torch_compile.py",
+    "engine/test_torch_cache.py",
+)
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """("k/n") -> (k, n) with 0 <= k < n; None when unset or empty. Anything else is an error, said in words: a
+    typo must not quietly run nothing or everything."""
+    if not text:
+        return None
+    try:
+        k_text, n_text = text.split("/")
+        k, n = int(k_text), int(n_text)
+    except ValueError:
+        raise ValueError(f'{SHARD_ENV}={text!r}: expected "k/n", e.g. "0/2"') from None
+    if n < 1 or not 0 <= k < n:
+        raise ValueError(f"{SHARD_ENV}={text!r}: needs 0 <= k < n")
+    return k, n
+
+
+def shard_of(relative_path: str, count: int, long_files: tuple[str, ...]) -> int:
+    """The pass a slow file runs in. The long files (longest first) are dealt out in turn, so each pass gets its
+    share of the minute-long ones; the rest by a hash of their path, which both Pythons compute alike."""
+    if relative_path in long_files:
+        return long_files.index(relative_path) % count
+    return zlib.crc32(relative_path.encode()) % count
+
+
+def relative_test_path(item) -> str:
+    path = Path(str(item.fspath)).as_posix()
+    return path.split("/tests/", 1)[1] if "/tests/" in path else path
+
+
+def deselect_other_shards(config, items, long_files: tuple[str, ...]) -> None:
+    """Drop, in place, the slow tests that another pass runs; report how many stayed."""
+    shard = parse_shard(os.environ.get(SHARD_ENV))
+    if shard is None:
+        return
+    k, n = shard
+    long_shared = tuple(name for name in long_files if name not in EVERY_PYTHON)
+    kept, dropped = [], []
+    for item in items:
+        path = relative_test_path(item)
+        elsewhere = (
+            item.get_closest_marker("slow") is not None
+            and path not in EVERY_PYTHON
+            and shard_of(path, n, long_shared) != k
+        )
+        (dropped if elsewhere else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    config._logitlab_shard_summary = (
+        f"{SHARD_ENV}={k}/{n}: {len(dropped)} slow tests left to CI's other pass(es); "
+        f"{len(kept)} tests run here (the fast tier whole, and {', '.join(EVERY_PYTHON)} on every Python)"
+    )
