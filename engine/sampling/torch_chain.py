@@ -57,18 +57,9 @@ from engine.sampling.grammar import GrammarStage
 from engine.sampling.pick import Pick, StageStats, Step, stage_records
 from engine.sampling.registry import ARGMAX_PRESERVING, STAGE_ROWS, stage_active
 from engine.sampling.settings import SamplerSettings
-from engine.sampling.torch_stages import (
-    BLOCK,
-    EMPTY_HISTORY,
-    DeviceAdaptiveP,
-    DeviceContext,
-    DeviceGrammar,
-    DeviceHead,
-    DeviceMirostat,
-    Row,
-    exp_weights,
-    make_device_stage,
-)
+from engine.sampling.torch_row import BLOCK, EMPTY_HISTORY, DeviceContext, DeviceHead, Row, exp_weights
+from engine.sampling.torch_stages import make_device_stage
+from engine.sampling.torch_stateful import DeviceAdaptiveP, DeviceGrammar, DeviceMirostat
 
 if TYPE_CHECKING:  # torch is imported inside the functions: importing the engine never needs it
     import torch
