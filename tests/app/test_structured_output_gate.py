@@ -86,6 +86,7 @@ def test_while_a_grammar_is_checked_nothing_is_sent_under_the_old_one(qtbot, win
     assert settings.constraint_problem is None and settings.options.constraint == Constraint.regex("b+")
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_a_big_grammar_is_built_off_the_ui_thread(qtbot, window):
     """A pasted 900-rule grammar is checked (about a second of llguidance's GBNF conversion, pure Python) while
     the window stays live.

@@ -87,6 +87,7 @@ def _check_fact_wins(amap: AttentionMap, fact_at: int) -> None:
     assert 0 < sum(amap.share) == pytest.approx(1.0)
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_torch_fact_token_looks_at_the_fact(default_torch):
     # One placement on torch (a forward here takes seconds on a shared CPU); llama.cpp tries three.
     fact_at = 2
@@ -98,6 +99,7 @@ def test_torch_fact_token_looks_at_the_fact(default_torch):
 
 
 @pytest.mark.parametrize("fact_at", [0, 2, 4])
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_llamacpp_fact_token_looks_at_the_fact(default_llamacpp, fact_at):
     ids, digits, passages = _forced(default_llamacpp, fact_at)
     amap = attention_map(default_llamacpp, ids, digits, passages, layers=late_layers(30))
@@ -105,6 +107,7 @@ def test_llamacpp_fact_token_looks_at_the_fact(default_llamacpp, fact_at):
 
 
 @pytest.mark.parametrize("backend_name", ["default_torch", "default_llamacpp"])
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_map_is_the_layer_views_attention(request, backend_name):
     backend = request.getfixturevalue(backend_name)
     assert isinstance(backend, LayerLens)
@@ -122,6 +125,7 @@ def test_map_is_the_layer_views_attention(request, backend_name):
         passage_mass(view, passages, [view.shape[0]])
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_whole_answer_bar_is_the_tokens_maps_averaged(default_llamacpp, monkeypatch):
     # The bar keeps per-layer masses, so either layer choice equals attention_map of the same tokens (captured
     # in the same chunks: 2 positions a forward here) averaged over the tokens and summed over those layers.

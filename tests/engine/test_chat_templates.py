@@ -168,6 +168,7 @@ def test_cli_chat_template_option_renders_chats_with_a_file_or_refuses_in_one_li
     assert code != 0 and len(errors) == 1 and "not a built-in chat template" in errors[0]
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_a_servers_guessed_template_is_named_and_a_chosen_one_renders_in_the_sandbox(llama_server_url):
     pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python[server] (the test extra)")
     from engine.backends.remote import RemoteBackend

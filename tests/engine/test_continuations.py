@@ -225,6 +225,7 @@ def test_beam_mode_children_are_transformers_beam_search_results(tiny_torch):
     assert [s.finish_reason for s in stats] == ["length" if len(r) == 6 else "eos" for r in rows]
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_beam_mode_on_the_default_model_ranks_whole_continuations(fresh_default_llamacpp, runners):
     n, new = 4, 6
     rows, stats = collect(continuation_events(fresh_default_llamacpp, request(max_new_tokens=new), n, mode="beam"), n)

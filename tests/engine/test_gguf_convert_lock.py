@@ -84,6 +84,7 @@ def setup(tmp_path: Path) -> tuple[Path, Path, Path]:
     return tiny_gguf(tmp_path / "tiny.gguf"), work, tmp_path / "cache"
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_a_second_converter_waits_for_the_first_and_uses_its_folder(setup: tuple[Path, Path, Path]) -> None:
     gguf_path, work, cache = setup
     first = start_converter(gguf_path, work, cache)
@@ -110,6 +111,7 @@ def test_a_second_converter_waits_for_the_first_and_uses_its_folder(setup: tuple
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_a_converter_killed_mid_conversion_lets_the_waiting_one_convert(setup: tuple[Path, Path, Path]) -> None:
     gguf_path, work, cache = setup
     first = start_converter(gguf_path, work, cache)

@@ -103,6 +103,7 @@ def test_the_default_model_loads_for_research_on_llamacpp():
         model.close()
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_rows_decoded_together_equal_each_row_decoded_alone(fresh_default_llamacpp):
     """llama.cpp computes a batch that mixes sequences wrongly once it holds enough tokens (llama.cpp #24962):
     here two 32-token prompts in one batch, or 64 one-token steps, were up to 1.6 off in the logits. The runner
@@ -135,6 +136,7 @@ def test_rows_decoded_together_equal_each_row_decoded_alone(fresh_default_llamac
         assert np.array_equal(after[i], expected[i % 4][1]), i
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_beams_past_a_full_cache_free_the_cells_dropped_rows_left(fresh_default_llamacpp, caplog):
     """`reorder` keeps the cells of rows that left (exact numbers, tests/engine/test_decode_core.py); a long
     beam-style run fills a small cache with them, and the runner then frees them and goes on."""
@@ -156,6 +158,7 @@ def test_beams_past_a_full_cache_free_the_cells_dropped_rows_left(fresh_default_
         runner.close()
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_prompts_that_begin_alike_compute_their_beginning_once_and_equal_each_alone(fresh_default_llamacpp):
     """A shared beginning (a chat template's system prompt) is computed once, or taken from the backend's own
     cache, and its cells shared by every row; each row's logits are still its prompt's alone, bit for bit."""

@@ -193,6 +193,7 @@ def test_we_sample_on_a_text_only_server_costs_few_requests_per_token(server_url
     assert sent["/extras/tokenize"] <= 2 * 16 and sent["/extras/detokenize"] <= 16, sent
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_we_sample_chat_ends_at_the_end_of_turn_as_the_server_does(remote, server_url):
     """llama-cpp-python names special tokens "" and reports no log-probs when its own pick is the end of turn:
     we-sample mode must still see that token and stop there, with the server's own greedy answer. Among 64

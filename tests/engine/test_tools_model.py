@@ -176,6 +176,7 @@ def test_a_banned_string_inside_a_call_steps_back_and_the_call_is_followed_again
     assert positions[0] == "opener" and positions[-1] == "closer" and "arguments.city" in positions
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_a_call_that_reads_as_no_call_ends_as_text_and_says_so(default_llamacpp, monkeypatch):
     """Where no grammar holds the answer (here: taken away, as on a path without one), a model can write a call's
     end around something that is no call: the answer ended "tool_calls" with no call in it, and a server sent

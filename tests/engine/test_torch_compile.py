@@ -98,6 +98,7 @@ def _position_off_by_one(fn):
     return step
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_a_correct_step_passes_the_check(private_cache_dir, monkeypatch):
     _stand_in_compiler(monkeypatch, lambda fn: fn)  # the eager function in the static step's fixed-shape mode
     built = compile_step.CompiledDecodeStep(_tiny_llama(torch.bfloat16, "tiny-correct"))

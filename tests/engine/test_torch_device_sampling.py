@@ -21,7 +21,8 @@ from engine.request import GenerationRequest
 from engine.sampling import torch_chain
 from engine.sampling.settings import SamplerSettings
 
-pytestmark = pytest.mark.model
+# Whole answers of the default model on both chains: ~96 s together on two cores (junit times, 2026-12-04).
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 MESSAGES = ({"role": "user", "content": "Name three fruits and say why people like them."},)
 SAMPLED = SamplerSettings(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1234)

@@ -597,6 +597,7 @@ def test_the_cli_says_what_the_server_sent_in_one_line(servers, capsys, bad, sho
     assert code != 0 and shown in err and "refused" in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_more_alternatives_than_asked_for_are_refused(servers, capsys):
     from engine.__main__ import main
 

@@ -210,6 +210,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.model
+@pytest.mark.slow  # seconds on two cores (junit times, 2026-12-04)
 def test_the_default_models_and_gemmas_templates_render_as_they_did_in_this_process(warm_renderer):
     """SmolLM2's own template (from its GGUF) and the built-in Gemma one: the renderer process changes no byte."""
     from gguf import GGUFReader
