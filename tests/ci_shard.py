@@ -53,7 +53,7 @@ def relative_test_path(item) -> str:
 
 
 def deselect_other_shards(config, items, long_files: tuple[str, ...]) -> None:
-    """Drop, in place, the slow tests that another pass runs; report how many stayed."""
+    """Drop, in place, the slow tests that another pass runs (pytest's summary counts them as deselected)."""
     shard = parse_shard(os.environ.get(SHARD_ENV))
     if shard is None:
         return
@@ -71,7 +71,3 @@ def deselect_other_shards(config, items, long_files: tuple[str, ...]) -> None:
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
-    config._logitlab_shard_summary = (
-        f"{SHARD_ENV}={k}/{n}: {len(dropped)} slow tests left to CI's other pass(es); "
-        f"{len(kept)} tests run here (the fast tier whole, and {', '.join(EVERY_PYTHON)} on every Python)"
-    )
