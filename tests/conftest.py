@@ -39,13 +39,13 @@ def pytest_collection_modifyitems(config, items):
 def pytest_report_header(config):
     shard = os.environ.get(SHARD_ENV)
     if shard:
-        return [f"{SHARD_ENV}={shard}: the slow tier's share of this CI pass only (tests/ci_shard.py)"]
+        return [f"{SHARD_ENV}={shard}: this CI pass's share of the slow and model tests only (tests/ci_shard.py)"]
     return []
 
 
 # Files whose tests take about 45 s or more together (the whole suite's junit times, 2 processes, 2026-12-04),
 # longest first. The start order depends on this list (a file missing from it runs with the rest), and so does
-# CI's split of the slow tier between its two passes (tests/ci_shard.py deals these out in turn).
+# CI's split of the slow and model tests between its two passes (tests/ci_shard.py deals these out in turn).
 LONG_FILES = (
     "engine/test_torch_cache.py",  # inductor's build of the compiled step
     "engine/test_torch_device_sampling.py",

@@ -173,6 +173,7 @@ def _compiler_available() -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.every_python  # dynamo reads this Python minor's own bytecode: CI builds it on each
 @pytest.mark.skipif(not _compiler_available(), reason="torch.compile (inductor) needs a C compiler on the CPU")
 def test_compiled_step_gives_the_eager_tokens_and_logprobs(tiny_llama_folder, small_steps):
     """Built in the background, swapped in when ready, crossing a buffer growth: same greedy run as eager."""

@@ -144,6 +144,7 @@ def _compiler_available() -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.every_python  # dynamo reads this Python minor's own bytecode: CI builds it on each
 @pytest.mark.skipif(not _compiler_available(), reason="torch.compile (inductor) needs a C compiler on the CPU")
 def test_inductor_compiled_bfloat16_step_passes_the_check(private_cache_dir):
     """bf16 kernels round differently from eager's; the check tells that from a wrong position (test above).
