@@ -152,8 +152,8 @@ class AnswerRow:
         # with a constraint of its own.
         constraint = request.constraint or (tool_constraint(tools, tok) if tools is not None else None)
         grammar = grammar_stage(constraint, tok, backend.info)
-        if grammar is not None and request.constraint is None:  # the tools' grammar starts after the kept part
-            follow_kept(grammar.run, request.assistant_prefix)
+        if grammar is not None:  # the constraint (the tools' or the request's) starts after the kept part
+            follow_kept(grammar.run, request.assistant_prefix, tools=request.constraint is None)
         sampler = request.sampler if seed is None else request.sampler.with_(seed=seed)
         # On the device where the backend keeps its rows there and the device chain takes these settings.
         device = None
