@@ -8,9 +8,11 @@ draws and stores, and what tests assert on.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
+from engine.lazy_tuple import LazyTuple
 from engine.tools.calls import ToolCall
 
 if TYPE_CHECKING:
@@ -130,7 +132,9 @@ class TokenEvent:
     entropy: float  # of the model distribution, nats
     top_model: tuple[TokenProb, ...]
     top_sampler: tuple[TokenProb, ...]
-    stages: tuple[StageSnapshot, ...] | None = None
+    # One per sampler stage when recorded: a tuple, or a `LazyTuple` (engine.lazy_tuple) the decode loop
+    # hands out, built when first read; either reads as a tuple.
+    stages: Sequence[StageSnapshot] | None = None
     forced: bool = False
     special: bool = False  # an end-of-sequence token: shown in token views, not in text
     token_bytes: bytes | None = None  # as in TokenProb: set only for a piece of a multi-byte character
@@ -149,6 +153,8 @@ class TokenEvent:
         return math.exp(self.sampler_logprob)
 
     def to_dict(self) -> dict:
+        if isinstance(self.stages, LazyTuple):  # asdict copies what is not a tuple, list or dict as it is
+            return asdict(replace(self, stages=self.stages.get()))
         return asdict(self)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,8 @@ from engine.decode.stats import AnswerRecord
 from engine.fingerprints.record import token_ids_sha256
 from engine.events import FinishReason, GenerationStats, Rewind, StageSnapshot, TokenEvent
 from engine.request import GenerationRequest
-from engine.sampling import Pick, SamplerChain
+from engine.lazy_tuple import LazyTuple
+from engine.sampling import Pick, SamplerChain, StageStats
 from engine.sampling.grammar import GrammarStage, constraint_step, grammar_stage
 from engine.sampling.pick import Choice
 from engine.sampling.torch_chain import OnDeviceChain, TorchChoice
@@ -313,11 +315,11 @@ def token_event(
     rewind: Rewind | None = None,
 ) -> TokenEvent:
     """A chosen token's `TokenEvent` from its report (the pick's alternatives are TokenProb already)."""
-    stages = None
-    if pick.stages is not None:
-        stages = tuple(
-            StageSnapshot(s.name, s.survivors, s.mass_kept, s.entropy, s.top, removed=s.removed) for s in pick.stages
-        )
+    stages: Sequence[StageSnapshot] | None = None
+    if isinstance(pick.stages, LazyTuple) and not pick.stages.built:  # built when read, as the pick's records
+        stages = LazyTuple(partial(_snapshots, pick.stages))
+    elif pick.stages is not None:
+        stages = _snapshots(pick.stages)
     token_text = tok.token_text(pick.token_id)
     return TokenEvent(
         index=index,
@@ -336,3 +338,7 @@ def token_event(
         token_bytes=partial_token_bytes(tok, pick.token_id, token_text),
         rewind=rewind,
     )
+
+
+def _snapshots(stats: Sequence[StageStats]) -> tuple[StageSnapshot, ...]:
+    return tuple(StageSnapshot(s.name, s.survivors, s.mass_kept, s.entropy, s.top, removed=s.removed) for s in stats)

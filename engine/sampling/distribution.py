@@ -46,7 +46,7 @@ class Dist:
         entropy: entropy (nats) of softmax(vals).
     """
 
-    __slots__ = ("_head", "_tops", "count", "entropy", "ids", "lse", "m", "vals", "z")
+    __slots__ = ("_head", "_part", "_tops", "count", "entropy", "ids", "lse", "m", "vals", "z")
     ids: np.ndarray | None
     vals: np.ndarray
 
@@ -79,6 +79,29 @@ class Dist:
         # H = log Z - sum(e * (s - m)) / Z: both terms >= 0, no cancellation.
         self.entropy = max(math.log(z) - ed / z, 0.0)
         self._tops: dict[int, TopList] = {}
+        self._part = False  # see `part`
+
+    def part(self, tokens: np.ndarray) -> Dist:
+        """This row kept only at `tokens` (ids in range), with the whole row's count, normalizer, entropy and the
+        top lists it has given so far: what a later stage record reads of it (`mass_kept` at survivors among
+        `tokens`, `finite_at` of `tokens`, `top` of an n asked before), without holding on to a (V,) row.
+
+        The same float32 values at the same ids, so those give exactly what the whole row gives. Anything else
+        (`top` of a new n, `draw`, `score` of another token) is not known to a part: `top` refuses.
+        """
+        if self.ids is not None and self.vals.size <= max(tokens.size, _SORT_ALL):
+            return self  # a short row already: nothing to save
+        out = Dist.__new__(Dist)
+        ids = np.unique(tokens)  # ascending, as `ids` must be
+        if self.ids is None:
+            vals = self.vals[ids]
+        else:  # the row's finite part: a token outside it is -inf here
+            j = np.minimum(np.searchsorted(self.ids, ids), self.ids.size - 1)
+            vals = np.where(self.ids[j] == ids, self.vals[j], NEG_INF).astype(np.float32)
+        out.ids, out.vals = ids, vals
+        out.count, out.m, out.z, out.lse, out.entropy = self.count, self.m, self.z, self.lse, self.entropy
+        out._head, out._tops, out._part = None, dict(self._tops), True
+        return out
 
     def token_id(self, local: int) -> int:
         return local if self.ids is None else int(self.ids[local])
@@ -103,6 +126,8 @@ class Dist:
         known = self._tops.get(n)
         if known is not None:
             return known
+        if self._part:
+            raise RuntimeError(f"a part of a row (Dist.part) knows only the top lists asked of the row before, not top {n}")
         if self.vals.size <= _SORT_ALL:  # a few survivors: one sort by (score down, id up), its first n
             ids = np.arange(self.vals.size) if self.ids is None else self.ids
             vals = self.vals

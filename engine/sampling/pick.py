@@ -7,12 +7,13 @@ the whole row or to the survivors alone, and back.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.events import TokenProb
+from engine.lazy_tuple import LazyTuple
 from engine.sampling.alternatives import TokenNames
 from engine.sampling.distribution import Dist, TopList, mass_kept
 from engine.sampling.head import RowHead
@@ -63,7 +64,8 @@ class Pick:
         top_model: top-N `TokenProb` under the model, most likely first.
         top_sampler: top-N `TokenProb` under the final sampler distribution,
             survivors only (greedy: the argmax alone, at log-prob 0).
-        stages: one entry per stage run, when recording was asked for.
+        stages: one entry per stage run, when recording was asked for: a tuple, or a `LazyTuple` that
+            builds the last ones when first read (`deferred_stage_records`).
         forced: the token was given (`force_token`), not drawn.
 
     Alternatives are `TokenProb`, the type `TokenEvent` carries, named with the
@@ -77,7 +79,7 @@ class Pick:
     entropy: float
     top_model: Alternatives
     top_sampler: Alternatives
-    stages: tuple[StageStats, ...] | None
+    stages: Sequence[StageStats] | None
     forced: bool
 
 
@@ -128,7 +130,8 @@ class Choice:
         scores, token, names, head = self._scores, self.token_id, self._names, self._head
         model = Dist(scores, head=head)
         model_top = model.top(top_n)
-        recorded = (stage_records(self._steps, self._names, token, model, model_top, top_n)
+        # The stages' records: those of the short rows at the end are built when read (deferred_stage_records).
+        recorded = (deferred_stage_records(self._steps, self._names, token, model, model_top, top_n)
                     if self._steps is not None else None)
         if self._final is None:  # greedy
             best = self._best
@@ -145,7 +148,7 @@ class Choice:
             entropy=model.entropy,
             top_model=names(model_top),
             top_sampler=names(top_sampler),
-            stages=tuple(recorded) if recorded is not None else None,
+            stages=recorded,
             forced=self.forced,
         )
 
@@ -157,12 +160,61 @@ def stage_records(steps: list[Step], names: TokenNames, token_id: int, model: Di
     `steps`: each stage's row after it ran, (name, ids, vals), vals None where it changed nothing; the numpy
     chain keeps them, and the torch chain (engine.sampling.torch_chain) brings its rows to the host for this.
     """
-    recorded = []
-    dist = model  # the distribution entering the next stage
+    recorded: list[StageStats] = []
     watched = dict.fromkeys([t for t, _ in model_top] + [token_id])  # the rows a view shows
+    _record(steps, names, top_n, model, watched, recorded)
+    return recorded
+
+
+# A stage row of at most this many survivors is kept for a record built when read (`deferred_stage_records`);
+# a bigger one (a (V,) row, a wide first cut) is recorded at once, so that no answer holds rows of V per token.
+DEFER_MAX = 4096
+
+
+def deferred_stage_records(steps: list[Step], names: TokenNames, token_id: int, model: Dist, model_top: TopList,
+                           top_n: int) -> Sequence[StageStats]:
+    """`stage_records`, the same values, with the records of the short rows at the end built when first read.
+
+    The window's default chain cuts the row at its first filter (top-k) and every stage after sees a few dozen
+    survivors: those records are most of a token's report and are read only when the stage view opens, the
+    answer is stored or a served answer is recorded. The stages up to the last one that left a long row are
+    recorded now (their rows are not kept); the rest keep their short rows, the watched tokens and the part of
+    the row entering them that their records read (`Dist.part`), and are built by whoever reads them.
+    """
+    last_long = max((i for i, (_, ids, vals) in enumerate(steps)
+                     if vals is not None and (ids is None or vals.size > DEFER_MAX)), default=-1)
+    tail = steps[last_long + 1:]
+    if not any(vals is not None for _, _, vals in tail):  # nothing worth deferring
+        return tuple(stage_records(steps, names, token_id, model, model_top, top_n))
+    recorded: list[StageStats] = []
+    watched = dict.fromkeys([t for t, _ in model_top] + [token_id])
+    entering = _record(steps[: last_long + 1], names, top_n, model, watched, recorded)
+    # What the tail's records read of the row entering it: its values at the first short row's survivors (the
+    # later ones are among them) and at the watched tokens, its sums and the top list it gave.
+    first_ids = next(ids for _, ids, vals in tail if vals is not None)
+    assert first_ids is not None
+    shown = np.fromiter(watched, dtype=np.int64, count=len(watched))
+    entering = entering.part(np.concatenate((first_ids, shown)))
+    entering.top(top_n)  # known already (asked above or by the report): a part can give only that list
+
+    def build() -> tuple[StageStats, ...]:
+        rest: list[StageStats] = []
+        _record(tail, names, top_n, entering, dict(watched), rest)
+        return (*recorded, *rest)
+
+    return LazyTuple(build)
+
+
+def _record(steps: list[Step], names: TokenNames, top_n: int, dist: Dist, watched: dict[int, None],
+            out: list[StageStats]) -> Dist:
+    """Append the records of `steps`, from `dist` entering the first; returns the distribution after the last.
+
+    `watched`: the tokens a view shows (the model's top N, the chosen one, each stage's top N as it comes),
+    in the order first watched; updated in place.
+    """
     for name, ids, vals in steps:
         if vals is None:  # the stage changed nothing
-            recorded.append(StageStats(name, dist.count, 1.0, dist.entropy, names(dist.top(top_n))))
+            out.append(StageStats(name, dist.count, 1.0, dist.entropy, names(dist.top(top_n))))
             continue
         after = Dist(vals, ids)
         top = after.top(top_n)
@@ -170,10 +222,10 @@ def stage_records(steps: list[Step], names: TokenNames, token_id: int, model: Di
         shown = np.fromiter(watched, dtype=np.int64, count=len(watched))
         gone = shown[dist.finite_at(shown) & ~after.finite_at(shown)]
         removed = tuple(int(t) for t in gone)
-        recorded.append(StageStats(name, after.count, mass_kept(dist, after), after.entropy, names(top), removed))
+        out.append(StageStats(name, after.count, mass_kept(dist, after), after.entropy, names(top), removed))
         watched.update(dict.fromkeys(t for t, _ in top))
         dist = after
-    return recorded
+    return dist
 
 
 def apply_keep(
