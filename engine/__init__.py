@@ -26,6 +26,7 @@ from engine.errors import (
     TokenIdError,
 )
 from engine.events import ConstraintStep, Done, GenerationStats, Rewind, StageSnapshot, TokenEvent, TokenProb
+from engine.lazy_tuple import LazyTuple  # TokenEvent.stages as the decode loop hands them out: built when read
 from engine.fingerprints.record import Fingerprint  # what an answer's numbers depend on (GenerationStats.fingerprint)
 from engine.constraints import KIND_LABELS as CONSTRAINT_KINDS, Constraint, ConstraintError
 from engine import experiments  # score, compare, token diff, JSONL traces (engine.experiments)
@@ -109,6 +110,7 @@ __all__ = [
     "Fingerprint",
     "HubUnreachableError",
     "ImportedSettings",
+    "LazyTuple",
     "LoomAudit",
     "ModelInfo",
     "ModelLoadError",

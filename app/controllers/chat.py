@@ -506,7 +506,8 @@ class ChatController:
                 if self.library.store.busy and not self.library.store.can_write_now():
                     last_flush = loop.time()  # still locked elsewhere: ask again later, without waiting at all
                     continue
-                if not self._save(conv, message, conv.flush):
+                # Stage records not built yet are written at the answer's end (Conversation.flush).
+                if not self._save(conv, message, lambda: conv.flush(defer_stages=True)):
                     if self._save_busy:
                         # Another connection holds the lock: the tokens wait in memory, the answer goes on.
                         last_flush = loop.time()

@@ -12,10 +12,10 @@ through to the store at once; streamed tokens are buffered and written by
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine import TokenEvent
+from engine import LazyTuple, TokenEvent
 from engine import documents
 
 from app.state.observable import Signal
@@ -110,6 +110,7 @@ class Conversation:
         for m in sorted(self.messages.values(), key=lambda m: m.id):
             self._children.setdefault(m.parent_id, []).append(m)
         self._pending: dict[int, list[TokenEvent]] = {}  # streamed, not yet written
+        self._stages_due: dict[int, list[TokenEvent]] = {}  # written without their stage records (flush)
         self._dirty_content: set[int] = set()
         self.deleted = False  # set by the library; a generation still streaming into it then writes nothing
 
@@ -289,16 +290,33 @@ class Conversation:
         message.generating = generating
         self.message_changed.emit(message)
 
-    def flush(self) -> int:
-        """Write buffered tokens and message text in one transaction; returns how many tokens."""
+    def flush(self, *, defer_stages: bool = False) -> int:
+        """Write buffered tokens and message text in one transaction; returns how many tokens.
+
+        `defer_stages` (while an answer streams): a token whose stage records the engine has not built yet
+        (a `LazyTuple` no one has read: engine.lazy_tuple) is written without them now and again, with them,
+        by the next flush without `defer_stages` (the answer's end), so that building them is not paid while the
+        model runs on every core. A crash in between keeps the tokens and loses only those tokens' stage records.
+        """
         if self.deleted:
             self._pending.clear()
             self._dirty_content.clear()
+            self._stages_due.clear()
+        if not defer_stages:
+            for message_id, events in self._stages_due.items():
+                self._pending.setdefault(message_id, []).extend(events)
+            self._stages_due.clear()
         if not self._pending and not self._dirty_content:
             return 0
         written = 0
         with self._store.transaction():
             for message_id, events in self._pending.items():
+                if defer_stages:
+                    due = [ev for ev in events if isinstance(ev.stages, LazyTuple) and not ev.stages.built]
+                    if due:
+                        self._stages_due.setdefault(message_id, []).extend(due)
+                        later = {id(ev) for ev in due}  # by identity: == would build the records
+                        events = [replace(ev, stages=None) if id(ev) in later else ev for ev in events]
                 self._store.write_tokens(message_id, events)
                 written += len(events)
             for message_id in self._dirty_content:
@@ -309,7 +327,7 @@ class Conversation:
 
     @property
     def has_unsaved_tokens(self) -> bool:
-        return bool(self._pending)
+        return bool(self._pending or self._stages_due)
 
 
 def _title_from(text: str) -> str:
