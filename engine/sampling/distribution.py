@@ -138,7 +138,8 @@ class Dist:
             vals = self.vals[local]
             order = np.lexsort((ids, -vals))
         lse = self.lse
-        out = tuple((int(ids[i]), float(vals[i]) - lse) for i in order)
+        # tolist: Python ints and floats of the same values in one call each, not 2n numpy scalars.
+        out = tuple((t, s - lse) for t, s in zip(ids[order].tolist(), vals[order].tolist()))
         self._tops[n] = out
         return out
 
