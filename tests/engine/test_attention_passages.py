@@ -141,9 +141,10 @@ def test_whole_answer_bar_is_the_tokens_maps_averaged(default_llamacpp, monkeypa
                 for i in range(0, len(answer), 2)]
         joined = AttentionMap(tuple(passages), tuple(t for m in maps for t in m.tokens), maps[0].layers)
         np.testing.assert_allclose(bar.share(layers), joined.share, rtol=1e-9, atol=1e-12)
-        # One forward for every position instead: llama.cpp's other batch shape moves the shares by < 1e-3.
+        # One forward for every position instead: llama.cpp's other batch shape moves the shares by ~1e-3 (up to
+        # 1.4e-3 seen on a 2-core EPYC, 2026-12-07), so only closeness is asked of it.
         whole_forward = attention_map(default_llamacpp, ids, answer, passages, layers=layers)
-        np.testing.assert_allclose(bar.share(layers), whole_forward.share, atol=1e-3)
+        np.testing.assert_allclose(bar.share(layers), whole_forward.share, atol=3e-3)
     assert max(range(len(passages)), key=lambda i: bar.share(late_layers(30))[i]) == 1  # the fact's paragraph
     assert whole.spaced(list(range(1000)), 128)[::127] == (0, 999) and len(whole.spaced(list(range(1000)))) == 128
     with pytest.raises(ValueError, match="layers must be among"):
