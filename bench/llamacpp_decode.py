@@ -174,17 +174,15 @@ def interleaved(ours: Iterator, theirs: Iterator, n: int) -> tuple[np.ndarray, n
 
 class DecodeClock:
     """With `--split`: the wall time each side spends inside `llama_decode` (ours and llama.cpp's loop call the
-    same function of llama-cpp-python's module), so a token's time splits into the forward and everything
-    around it: the sampler chain, the report, the copies, the hand-offs, as they cost inside the real loop, with
-    the caches a forward leaves behind (bench/token_work.py times the same pieces warm, one by one)."""
+    same function of llama-cpp-python's module), so a token's time (`interleaved`'s) splits into the forward
+    and everything around it: the sampler chain, the report, the copies, the hand-offs, as they cost inside the
+    real loop, with the caches a forward leaves behind (bench/token_work.py times the same pieces warm)."""
 
     def __init__(self) -> None:
         import llama_cpp
 
-        self.side: str | None = None
+        self.side: str | None = None  # whose token is being made now
         self.inside: dict[str, float] = {"ours": 0.0, "theirs": 0.0}
-        self.total: dict[str, float] = {"ours": 0.0, "theirs": 0.0}
-        self.tokens = 0
         self._module, self._decode = llama_cpp, llama_cpp.llama_decode
         clock = time.perf_counter
 
@@ -199,29 +197,28 @@ class DecodeClock:
         llama_cpp.llama_decode = timed
 
     def wrap(self, name: str, it: Iterator) -> Iterator:
-        clock = time.perf_counter
+        """`it`, its llama_decode time counted to `name` from its second item on (`interleaved` times those)."""
         self.side = None
-        yield next(it)  # the prompt and the first token: not counted, as `interleaved` does not time them
+        yield next(it)  # the prompt and the first token
         while True:
             self.side = name
-            t0 = clock()
             try:
                 item = next(it)
             except StopIteration:
-                self.side = None
                 return
-            self.total[name] += clock() - t0
-            self.side = None
+            finally:
+                self.side = None
             yield item
 
-    def report(self) -> None:
-        n = max(self.tokens, 1)
-        out = {k: (self.total[k] - self.inside[k]) / n * 1e6 for k in self.total}
+    def report(self, ours_s: float, theirs_s: float, tokens: int) -> None:
+        """Per token of the timed rounds: `ours_s` and `theirs_s` are `interleaved`'s seconds for them."""
+        total = {"ours": ours_s, "theirs": theirs_s}
+        around = {k: (total[k] - self.inside[k]) / tokens * 1e6 for k in total}
         for k in ("ours", "theirs"):
-            print(f"  {k:6s}: {self.total[k] / n * 1e6:7.0f} µs a token, {self.inside[k] / n * 1e6:7.0f} in llama_decode, "
-                  f"{out[k]:6.0f} around it")
-        print(f"split_outside_extra_us={out['ours'] - out['theirs']:.0f}")
-        print(f"split_decode_extra_us={(self.inside['ours'] - self.inside['theirs']) / n * 1e6:.0f}")
+            print(f"  {k:6s}: {total[k] / tokens * 1e6:7.0f} µs a token, {self.inside[k] / tokens * 1e6:7.0f} in "
+                  f"llama_decode, {around[k]:6.0f} around it")
+        print(f"split_outside_extra_us={around['ours'] - around['theirs']:.0f}")
+        print(f"split_decode_extra_us={(self.inside['ours'] - self.inside['theirs']) / tokens * 1e6:.0f}")
 
     def close(self) -> None:
         self._module.llama_decode = self._decode
@@ -261,12 +258,13 @@ def preset_main(args, backend, source, prompt: list[int]) -> None:
         return interleaved(ours_it, theirs_it, n)
 
     pair(16)  # warm-up
-    if split is not None:  # from here on
+    if split is not None:  # the rounds only
         split.inside = dict.fromkeys(split.inside, 0.0)
-        split.total = dict.fromkeys(split.total, 0.0)
     ratios, ours_rates, theirs_rates = [], [], []
+    ours_s = theirs_s = 0.0
     for r in range(args.rounds):
         a, b = pair(args.tokens)
+        ours_s, theirs_s = ours_s + a.sum(), theirs_s + b.sum()
         ours_rates.append(a.size / a.sum())
         theirs_rates.append(b.size / b.sum())
         ratios.append(b.sum() / a.sum())
@@ -276,9 +274,8 @@ def preset_main(args, backend, source, prompt: list[int]) -> None:
           f"llama.cpp median {statistics.median(theirs_rates):.1f} tok/s")
     print(f"ratio_app_vs_llamacpp={statistics.median(ratios):.3f}")
     if split is not None:
-        split.tokens = args.rounds * (args.tokens - 1)
         print("per token, inside and around llama_decode (wall time, the rounds together):")
-        split.report()
+        split.report(ours_s, theirs_s, args.rounds * (args.tokens - 1))
         split.close()
     if args.long:
         a, b = pair(args.long + 51)
