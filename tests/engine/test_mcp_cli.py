@@ -16,10 +16,10 @@ from engine import cli
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mcp_server_fixture import HERE  # noqa: E402
 
-# 64 new tokens: room for a call whose JSON the model spaces out. The grammar allows llama.cpp's JSON whitespace
-# (up to 21 characters between two tokens of JSON, a token each), and on some machines the default model at
-# temperature 0 writes a full run of it inside `{}`; with 36 the answer then ended inside `</tool_call>`.
-FAST = ["--temperature", "0", "-n", "64", "--max-tool-steps", "2"]
+# 48 new tokens: a call here is ~25. Its arguments' JSON has no free whitespace (engine/tools/constraint.py);
+# when it allowed llama.cpp's bound, the default model at temperature 0 spaced `{}` out on some machines and
+# ended inside `</tool_call>` at 36.
+FAST = ["--temperature", "0", "-n", "48", "--max-tool-steps", "2"]
 
 
 @pytest.fixture

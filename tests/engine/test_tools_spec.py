@@ -131,11 +131,27 @@ def test_grammar_allows_text_or_a_valid_call_as_the_choice_says():
     assert not _walk(auto, ' <tool_call>{"name": "nope"')[1]  # a broken call is not text either
     # ...nor a call after a sentence (SmolLM2 wrote one, copying the prompt's placeholder; it was read as text)
     assert not _walk(auto, "I will check. " + good)[1] and _walk(auto, "A <b>bold</b> {json} answer.")[1]
-    # Whitespace in the arguments is bounded as llama.cpp bounds JSON's (SmolLM2 at temperature 0 wrote
-    # newlines inside `{` of a call without arguments until the token limit).
-    spaced = '<tool_call>{"name": "get_weather", "arguments": {\n  "city": "Oslo"\n}}</tool_call>'
-    looping = '<tool_call>{"name": "get_weather", "arguments": {\n    \n      \n      \n'
-    assert _walk(required, spaced)[1] and _walk(required, looping)[0] < len(looping)
+    # The arguments are written as templates write them (`, ` and `: `, no other whitespace): SmolLM2 at
+    # temperature 0 spaced a call's `{}` with newlines and spaces, even bounded as llama.cpp bounds JSON's,
+    # and ran out of length inside the call.
+    def call(args: str) -> str:
+        return f'<tool_call>{{"name": "get_weather", "arguments": {args}}}</tool_call>'
+    for spaced in ('{\n  "city": "Oslo"\n}', '{ "city": "Oslo" }', '{"city":"Oslo"}', '{"city":  "Oslo"}'):
+        assert not _walk(required, call(spaced))[1], spaced
+    empty = tool_grammar(ToolPlan(parse_tools([{"name": "now", "parameters": {"type": "object", "properties": {}}},
+                                               {"name": "tags", "parameters": {"type": "object", "properties": {
+                                                   "t": {"type": "array", "items": {"type": "integer"}}}}}]),
+                                  ToolChoice("required"), "builtin", False))
+    assert empty and _walk(empty, '<tool_call>{"name": "now", "arguments": {}}</tool_call>')[1]
+    assert _walk(empty, '<tool_call>{"name": "now", "arguments": {')[0] == len('<tool_call>{"name": "now", "arguments": {')
+    assert _walk(empty, '<tool_call>{"name": "now", "arguments": {\n')[0] < len('<tool_call>{"name": "now", "arguments": {\n')
+    assert _walk(empty, '<tool_call>{"name": "tags", "arguments": {"t": [1, 2]}}</tool_call>')[1]
+    assert not _walk(empty, '<tool_call>{"name": "tags", "arguments": {"t": [1,2]}}</tool_call>')[1]
+    # A tool that sets llguidance's JSON options itself keeps them.
+    own = tool_grammar(ToolPlan(parse_tools([{"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "x-guidance": {"whitespace_flexible": True}}}]),
+        ToolChoice("required"), "builtin", False))
+    assert own and _walk(own, '<tool_call>{"name": "f", "arguments": {\n "a" :1}}</tool_call>')[1]
     assert tool_grammar(ToolPlan(tools, ToolChoice("none"), "builtin", False)) is None
 
 
