@@ -48,6 +48,10 @@ TOP_N = 20  # alternatives recorded per token (and per sampler stage)
 SAVE_RETRY_S = 10.0  # how often saving is tried again after a write failed
 BUSY_RETRY_S = 0.25  # ... and while another connection holds the database's write lock (it is let go soon)
 SAVE_ERRORS = (sqlite3.Error, OSError)  # what a failed write raises
+# An answer's deferred stage records (Conversation.write_due_stages) are built and written after it ends, in
+# slices of this much building with the loop free in between, so input and painting go on.
+STAGE_SLICE_S = 0.008
+STAGE_WAIT_S = 0.25  # while another answer runs (its model has every core), the slices wait
 
 
 # (conversation, the message answered, its history) -> (the history, the request's tool fields, their record)
@@ -95,6 +99,7 @@ class ChatController:
         self._retry_due = 0.0  # loop time the retry above runs at (qasync's handles do not say)
         self._interrupted_by: str | None = None  # a signal asked the app to quit
         self._save_busy = False  # the last failed write met another connection's write lock (not a real failure)
+        self._stage_writers: dict[int, asyncio.Task[None]] = {}  # conversation id -> its records' slices
         self.notice = Signal()  # (str) something the user should know about an answer that goes on anyway
         # Step mode (the loom panel switches it: app/controllers/loom.py): while on, an answer of a local model
         # is submitted with this gate and waits at every distribution for the user's pick (`step_waiting`).
@@ -249,7 +254,9 @@ class ChatController:
         # Another connection holding the write lock: wait for it here, on the loop, so the last tokens are written.
         if not await self.library.store.wait_writable(cancelled=lambda: loop.time() > deadline):
             log.error("the database stayed locked by another connection; closing may leave the last tokens unsaved")
-        self.flush_now()
+        self.flush_now()  # the current conversation's flush() writes its due stage records too
+        for task in list(self._stage_writers.values()):
+            task.cancel()
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
@@ -416,11 +423,33 @@ class ChatController:
             self._stream = None
             self._generating = None
             try:
-                self._save(conv, message, conv.flush)
+                if self._save(conv, message, lambda: conv.flush(defer_stages=True)):
+                    self._write_stages_later(conv)
             finally:
                 conv.set_generating(message, False)
                 self.busy_changed.emit(False)
                 self.finished.emit(message, stats)
+
+    def _write_stages_later(self, conv: Conversation) -> None:
+        """Write the stage records the answer's flushes left out, in slices while the window is idle."""
+        if conv.has_due_stages and conv.id not in self._stage_writers:
+            task = asyncio.get_running_loop().create_task(self._write_stages(conv))
+            self._stage_writers[conv.id] = task
+            task.add_done_callback(lambda _t, cid=conv.id: self._stage_writers.pop(cid, None))
+
+    async def _write_stages(self, conv: Conversation) -> None:
+        try:
+            while conv.has_due_stages and not conv.deleted:
+                if self._generating is not None:
+                    await asyncio.sleep(STAGE_WAIT_S)
+                    continue
+                if not self._save(conv, None, lambda: conv.write_due_stages(STAGE_SLICE_S)):
+                    return  # kept due: any later flush() (switching, export, closing, a retry) writes them
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            # The loop is closing (asyncio.run's end, the window's shutdown): what is left is written now, at once.
+            self._save(conv, None, conv.flush)
+            raise
 
     def _begin(self, conv: Conversation, message: Message) -> None:
         """A run starts: `message` is the one generating, and busy."""

@@ -12,6 +12,7 @@ through to the store at once; streamed tokens are buffered and written by
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -324,6 +325,43 @@ class Conversation:
         self._pending.clear()
         self._dirty_content.clear()
         return written
+
+    def write_due_stages(self, budget_s: float) -> bool:
+        """Build and write, in one transaction, the stage records `flush(defer_stages=True)` left out, for about
+        `budget_s` of building (at least one token's); True while some are left. The window calls it in slices
+        when an answer has ended, so a long answer's records do not hold the UI thread at once. A failed write
+        keeps them due, in order (the next slice, or any `flush()`, writes them)."""
+        if self.deleted:
+            self._stages_due.clear()
+            return False
+        deadline = time.perf_counter() + budget_s
+        taken: dict[int, list[TokenEvent]] = {}
+        for message_id, events in self._stages_due.items():
+            n = 0
+            while n < len(events) and (n == 0 and not taken or time.perf_counter() < deadline):
+                stages = events[n].stages
+                if isinstance(stages, LazyTuple):
+                    stages.get()  # built now, within the budget (the write then only reads them)
+                n += 1
+            if n:
+                taken[message_id] = events[:n]
+            if n < len(events):
+                break
+        with self._store.transaction():
+            for message_id, events in taken.items():
+                self._store.write_tokens(message_id, events)
+        for message_id, events in taken.items():
+            left = self._stages_due[message_id][len(events):]
+            if left:
+                self._stages_due[message_id] = left
+            else:
+                del self._stages_due[message_id]
+        return bool(self._stages_due)
+
+    @property
+    def has_due_stages(self) -> bool:
+        """Tokens written without their stage records, which `write_due_stages` or `flush()` still writes."""
+        return bool(self._stages_due)
 
     @property
     def has_unsaved_tokens(self) -> bool:

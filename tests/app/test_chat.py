@@ -41,6 +41,8 @@ def test_send_streams_tokens_into_the_view_and_saves_them_while_streaming(qtbot,
     assert widget.body.toPlainText().split() == answer.content.split()
     assert "tok/s" in widget.footer.text()
 
+    # The stage records the flushes left out are written in slices once the answer has ended.
+    qtbot.waitUntil(lambda: not conv.has_due_stages, timeout=5000)
     fresh = Store(db_path)
     try:
         rows = fresh.messages(conv.id)

@@ -56,3 +56,92 @@ def test_records_read_while_streaming_are_written_at_once(store) -> None:
     conv.flush(defer_stages=True)
     assert built == [0] and not conv.has_unsaved_tokens
     assert store.tokens(answer.id)[0].stages == STAGES
+
+
+def test_due_records_are_written_in_slices_in_order_and_a_failed_slice_keeps_them(store, monkeypatch) -> None:
+    conv = Library(store).new()
+    first = conv.add_message(conv.add_message(None, "user", "One"), "assistant")
+    second = conv.add_message(conv.add_message(first, "user", "Two"), "assistant")
+    built: list[int] = []
+    conv.append_tokens(first, [_event(i, built) for i in range(3)])
+    conv.append_tokens(second, [_event(i, built) for i in range(2)])
+    conv.flush(defer_stages=True)
+    assert conv.has_due_stages and built == []
+
+    # No budget: one token a slice, the first answer's in order, then the second's.
+    assert conv.write_due_stages(0.0) and built == [0]
+    assert [t.stages for t in store.tokens(first.id)] == [STAGES, None, None]
+
+    def broken(message_id, events):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store, "write_tokens", broken)
+    try:
+        conv.write_due_stages(0.0)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("the failed write was not raised")
+    monkeypatch.undo()
+    assert conv.has_due_stages  # the token whose write failed is still due, first in line
+
+    while conv.write_due_stages(10.0):  # a budget for all: the rest in one slice
+        pass
+    assert not conv.has_due_stages and not conv.has_unsaved_tokens and sorted(built) == [0, 0, 1, 1, 2]
+    assert [t.stages for t in store.tokens(first.id)] == [STAGES] * 3
+    assert [t.stages for t in store.tokens(second.id)] == [STAGES] * 2
+
+
+def _none_stages(store, message_id: int) -> int:
+    return sum(t.stages is None for t in store.tokens(message_id))
+
+
+def test_the_chat_writes_them_after_the_answer_and_waits_while_another_runs(store, host) -> None:
+    """Through the chat controller on the mock model (its tokens go through the real sampler chain)."""
+    import asyncio
+
+    from app.controllers.chat import ChatController
+    from app.state.settings import SettingsState
+
+    library, settings = Library(store), SettingsState(store)
+    settings.set_max_new_tokens(24)
+    chat = ChatController(library, settings, host)
+
+    async def two_answers() -> tuple:
+        assert await host.load("mock", "mock")
+        first = await chat.send("the cat")
+        conv = library.current
+        left_at_end = _none_stages(store, first.id)  # the answer has ended; no slice has run yet
+        second = await chat.send("the dog")  # the slices wait while it runs
+        left_after_second = _none_stages(store, first.id)
+        for _ in range(500):
+            if not conv.has_due_stages:
+                break
+            await asyncio.sleep(0.01)
+        return first, second, left_at_end, left_after_second
+
+    first, second, left_at_end, left_after_second = asyncio.run(two_answers())
+    assert left_at_end > 0 and left_after_second == left_at_end
+    assert _none_stages(store, first.id) == 0 and _none_stages(store, second.id) == 0
+    assert [t.stages for t in store.tokens(first.id)] == [t.stages for t in library.current.tokens(first)]
+
+
+def test_a_loop_that_closes_first_writes_what_is_left_at_once(store, host, monkeypatch) -> None:
+    import asyncio
+
+    from app.controllers import chat as chat_module
+    from app.controllers.chat import ChatController
+    from app.state.settings import SettingsState
+
+    monkeypatch.setattr(chat_module, "STAGE_SLICE_S", 0.0)  # a token a slice: the loop closes with most still due
+
+    library, settings = Library(store), SettingsState(store)
+    settings.set_max_new_tokens(24)
+    chat = ChatController(library, settings, host)
+
+    async def one_answer():
+        assert await host.load("mock", "mock")
+        return await chat.send("the cat")
+
+    answer = asyncio.run(one_answer())  # asyncio.run's end cancels the slices, which then write all at once
+    assert len(store.tokens(answer.id)) == 24 and _none_stages(store, answer.id) == 0
