@@ -435,7 +435,12 @@ class ChatController:
         if conv.has_due_stages and conv.id not in self._stage_writers:
             task = asyncio.get_running_loop().create_task(self._write_stages(conv))
             self._stage_writers[conv.id] = task
-            task.add_done_callback(lambda _t, cid=conv.id: self._stage_writers.pop(cid, None))
+            cid = conv.id
+
+            def forget(_task: "asyncio.Task[None]") -> None:
+                self._stage_writers.pop(cid, None)
+
+            task.add_done_callback(forget)
 
     async def _write_stages(self, conv: Conversation) -> None:
         try:
