@@ -1,17 +1,24 @@
-"""Stage records the engine defers (engine.lazy_tuple) are stored at the answer's end, not while it streams.
+"""Stage records the engine defers (engine.lazy_tuple) are stored after the answer, not while it streams.
 
 While an answer streams, the chat flushes its tokens every 50 ms (`Conversation.flush(defer_stages=True)`): a
 token whose records no one has read yet is written without them, so building them is not paid while the model
-runs; the answer's last flush writes them, built then, and a restart reads them back as they were. A crash in
-between keeps every token.
+runs. Once it has ended they are built and written in slices (`Conversation.write_due_stages`), or all at once
+by a plain `flush()`, and a restart reads them back as they were. A crash in between keeps every token.
 """
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from engine.events import StageSnapshot, TokenEvent, TokenProb
 from engine.lazy_tuple import LazyTuple
 
+from app.controllers import chat as chat_module
+from app.controllers.chat import ChatController
 from app.state.conversation_list import Library
+from app.state.settings import SettingsState
 
 STAGES = (StageSnapshot("top_k", 40, 0.97, 2.5, (TokenProb(5, "a", -0.1),)),
           StageSnapshot("temperature", 40, 1.0, 2.9, (TokenProb(5, "a", -0.2),)))
@@ -76,12 +83,8 @@ def test_due_records_are_written_in_slices_in_order_and_a_failed_slice_keeps_the
         raise OSError("disk full")
 
     monkeypatch.setattr(store, "write_tokens", broken)
-    try:
+    with pytest.raises(OSError):
         conv.write_due_stages(0.0)
-    except OSError:
-        pass
-    else:
-        raise AssertionError("the failed write was not raised")
     monkeypatch.undo()
     assert conv.has_due_stages  # the token whose write failed is still due, first in line
 
@@ -96,16 +99,15 @@ def _none_stages(store, message_id: int) -> int:
     return sum(t.stages is None for t in store.tokens(message_id))
 
 
-def test_the_chat_writes_them_after_the_answer_and_waits_while_another_runs(store, host) -> None:
-    """Through the chat controller on the mock model (its tokens go through the real sampler chain)."""
-    import asyncio
-
-    from app.controllers.chat import ChatController
-    from app.state.settings import SettingsState
-
+def _chat(store, host) -> tuple[Library, ChatController]:
     library, settings = Library(store), SettingsState(store)
     settings.set_max_new_tokens(24)
-    chat = ChatController(library, settings, host)
+    return library, ChatController(library, settings, host)
+
+
+def test_the_chat_writes_them_after_the_answer_and_waits_while_another_runs(store, host) -> None:
+    """Through the chat controller on the mock model (its tokens go through the real sampler chain)."""
+    library, chat = _chat(store, host)
 
     async def two_answers() -> tuple:
         assert await host.load("mock", "mock")
@@ -127,17 +129,8 @@ def test_the_chat_writes_them_after_the_answer_and_waits_while_another_runs(stor
 
 
 def test_a_loop_that_closes_first_writes_what_is_left_at_once(store, host, monkeypatch) -> None:
-    import asyncio
-
-    from app.controllers import chat as chat_module
-    from app.controllers.chat import ChatController
-    from app.state.settings import SettingsState
-
     monkeypatch.setattr(chat_module, "STAGE_SLICE_S", 0.0)  # a token a slice: the loop closes with most still due
-
-    library, settings = Library(store), SettingsState(store)
-    settings.set_max_new_tokens(24)
-    chat = ChatController(library, settings, host)
+    _, chat = _chat(store, host)
 
     async def one_answer():
         assert await host.load("mock", "mock")
