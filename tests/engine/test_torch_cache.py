@@ -179,6 +179,7 @@ def test_compiled_step_gives_the_eager_tokens_and_logprobs(tiny_llama_folder, sm
     """Built in the background, swapped in when ready, crossing a buffer growth: same greedy run as eager."""
     # Not faster: inductor's build is ~50 s of CPU here, the same with one layer (measured: kernels are shared).
     from engine.backends.torch.backend import TorchBackend
+    from engine.backends.torch.static_lean import SPAN_FLOOR
 
     req = GenerationRequest(prompt="compile me", sampler=GREEDY, max_new_tokens=40, ignore_eos=True, top_n=5)
     compiled = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny", compile_step=True)
@@ -191,7 +192,9 @@ def test_compiled_step_gives_the_eager_tokens_and_logprobs(tiny_llama_folder, sm
         compiled.compiled.step = lambda *a: calls.append(1) or step(*a)
         with_compile = list(generate_events(compiled, req))
         assert len(calls) == 39  # every decode step after the first token ran compiled
-        assert compiled._cache.layers[0].capacity == 64  # grew from 32 slots while compiled
+        # Grew from 32 slots while compiled: the compiled lean step keeps the buffer longer than its attention
+        # span (static_lean.py), at least SPAN_FLOOR + 1 slots.
+        assert compiled._cache.layers[0].capacity > SPAN_FLOOR
     finally:
         compiled.close()
     eager = TorchBackend(tiny_llama_folder, spec="tiny", display_name="tiny", compile_step=False)

@@ -36,6 +36,7 @@ from engine.backends.torch.device_rows import TorchDeviceRows
 from engine.backends.torch.compile import CompiledDecodeStep, compile_wanted, relative_logit_error
 from engine.backends.torch.foreground import foreground_step
 from engine.backends.torch.lean import LeanDecodeStep
+from engine.backends.torch.static_lean import StaticLeanStep
 from engine.backends.torch.overlap import OverlapPool
 from engine.backends.torch.runner import TorchRunner
 from engine.backends.torch.steering import TorchSteering
@@ -162,7 +163,9 @@ class TorchBackend(CachedTokens, TorchSteering):  # steering: a hook on the deco
         if self.offload is None:
             self.lean = LeanDecodeStep.for_model(self.model)
             if compile_wanted(self.device, compile_step):
-                self.compiled = CompiledDecodeStep(self.model)  # its check's tolerance is per dtype (compile.py)
+                # The lean step's arithmetic where the model has one; its check's tolerance is per dtype.
+                static = StaticLeanStep(self.lean) if self.lean is not None else None
+                self.compiled = CompiledDecodeStep(self.model, lean=static)
 
     def _describe(self, folder: Path, spec: str, display_name: str) -> ModelInfo:
         cfg = self.model.config.get_text_config()

@@ -83,9 +83,15 @@ class GrowingLayer(CacheLayerMixin):
     def _allocate(self, capacity: int, head_dim: int) -> torch.Tensor:
         # zeros, not empty: the compiled step attends over the whole buffer with a mask, and a NaN left in a
         # masked slot would still poison the output (0 * NaN). The zeroing is once per allocation.
-        return torch.zeros(
+        buffer = torch.zeros(
             (self.batch_size, self.num_heads, capacity, head_dim), dtype=self.dtype, device=self.device
         )
+        if buffer.device.type == "cuda":
+            # A compiled step's CUDA graph writes the new token into this buffer in place: marked as living at a
+            # fixed address, the graph is recorded over it rather than skipped for mutating an input. Unguarded:
+            # a grown buffer re-records the graph instead of recompiling it.
+            torch._dynamo.mark_static_address(buffer, guard=False)
+        return buffer
 
     @property
     def capacity(self) -> int:
@@ -118,9 +124,12 @@ class GrowingLayer(CacheLayerMixin):
         return capacity
 
     def _make_room(self, new_tokens: int) -> None:
-        needed = self.length + new_tokens - self.start
-        if needed > self.capacity:
-            self._resize(self._grown_capacity(needed), self.start)
+        self.reserve(self.length + new_tokens - self.start)
+
+    def reserve(self, slots: int) -> None:
+        """At least `slots` buffer slots, grown as the cache grows (so possibly more)."""
+        if slots > self.capacity:
+            self._resize(self._grown_capacity(slots), self.start)
 
     # --- the CacheLayerMixin interface ---------------------------------------------
 

@@ -6,10 +6,13 @@ logits against the eager model on the same tokens, and only then publishes
 it. The backend uses it from its next decode step on, when it is ready; until
 then (and forever if building fails) the eager step runs.
 
-The compiled step runs the model over a `GrowingCache` in its fixed-shape
-mode (`GrowingCache.static_step`), compiled with dynamic shapes so that the
-cache growing to a larger buffer does not recompile. Caches with sliding-
-window layers keep the eager step.
+The compiled step runs over a `GrowingCache` in its fixed-shape mode
+(`GrowingCache.static_step`), compiled with dynamic shapes so that the
+cache growing to a larger buffer does not recompile. For a model the lean
+step takes (lean.py), what is compiled is the lean step's arithmetic in
+fixed shapes (static_lean.py), attending over a power-of-two span of the
+buffer; for any other, transformers' forward, attending over the whole
+buffer. Caches with sliding-window layers keep the eager step.
 
 The build yields to the foreground (foreground.py: it pauses while an answer
 runs model steps, at the lowest CPU priority), and a build that fails, its
@@ -34,7 +37,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,6 +46,9 @@ from engine.background_threads import BackgroundThread
 from engine.backends.torch.compat import HFModel, cache_argument
 from engine.backends.torch.compile_failures import known_failure, model_key, remember_failure
 from engine.backends.torch.foreground import yielding_to_foreground
+
+if TYPE_CHECKING:  # static_lean imports the lean step, whose kernels' check imports this module
+    from engine.backends.torch.static_lean import StaticLeanStep
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +108,14 @@ def _logits(model: HFModel, ids: torch.Tensor, cache: object) -> torch.Tensor:
 class CompiledDecodeStep:
     """Builds the compiled step in a daemon thread; `step` is None until it is built and checked."""
 
-    def __init__(self, model: HFModel, *, tolerance: float | None = None) -> None:
-        """`tolerance`: a fixed bound on the check's relative error (default: per dtype, see the module's notes)."""
-        self.step: Callable[..., Any] | None = None  # (ids (1, 1), GrowingCache) -> logits (1, 1, V), once ready
+    def __init__(self, model: HFModel, *, tolerance: float | None = None, lean: StaticLeanStep | None = None) -> None:
+        """`tolerance`: a fixed bound on the check's relative error (default: per dtype, see the module's notes);
+        `lean`: the model's lean step in fixed shapes, compiled instead of transformers' forward."""
+        self.step: Callable[..., Any] | None = None  # (model, ids (1, 1), GrowingCache) -> logits (1, 1, V), once ready
         self.error: BaseException | None = None
+        self.form = "transformers' forward" if lean is None else "the lean step's arithmetic"
         self._model = model
+        self._lean = lean
         self._tolerance = tolerance
         self._built = threading.Event()
         self._key = model_key(model)
@@ -134,19 +143,35 @@ class CompiledDecodeStep:
 
     def _build(self) -> None:
         try:
-            compiled = torch.compile(_logits_under(cache_argument(self._model)), dynamic=True, mode=_mode(self._model))
+            compiled = self._compiled()
             with torch.inference_mode(), yielding_to_foreground():
                 self._check(compiled)
             self.step = compiled
-            log.info("compiled decode step ready")
+            log.info("compiled decode step ready (%s)", self.form)
         except Exception as e:  # a compiler missing or failing costs speed, never an answer
             self.error = e
             remember_failure(self._key, f"{type(e).__name__}: {e}")
             log.warning("torch.compile of the decode step failed; decoding stays eager (not tried again for this "
                         "model): %s: %s", type(e).__name__, e)
         finally:
-            self._model = None
+            self._model = self._lean = None
             self._built.set()
+
+    def _compiled(self) -> Callable[[HFModel, torch.Tensor, object], torch.Tensor]:
+        """The step to check, compiled lazily (torch.compile compiles at the first call, inside the check)."""
+        model = self._model
+        if self._lean is None:
+            return torch.compile(_logits_under(cache_argument(model)), dynamic=True, mode=_mode(model))
+        # The span of the buffer attention reads is the core's one int argument: dynamic, so a longer context
+        # reuses the graph (on CUDA, one recorded graph per span).
+        mode = _mode(model)
+        # Off CUDA, inductor's wrapper that calls the graph's ~300 kernels is C++, not Python: measured on the
+        # default model (2-core EPYC), the Python one cost the step ~10% against the eager lean step; the C++
+        # one took it to par, for a build of 77 s instead of 55. CUDA graphs replay without any wrapper.
+        options: dict[str, str | int | bool | Callable[..., Any]] | None = (
+            None if mode is not None else {"cpp_wrapper": True})
+        self._lean.core = torch.compile(self._lean.core, dynamic=True, mode=mode, options=options)
+        return self._lean
 
     def _check(self, compiled: Callable[[HFModel, torch.Tensor, object], torch.Tensor]) -> None:
         """Compile on a scratch cache and require the same logits as the eager model, step by step."""

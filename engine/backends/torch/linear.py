@@ -44,6 +44,22 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 KERNELS: dict[str, Linear] = {"torch": F.linear, "onednn": onednn_linear}
 
 
+# oneDNN's linear as an op torch.compile keeps whole (static_lean.py): inductor has a lowering for
+# `mkldnn._linear_pointwise` only with the pre-packed weights of its freezing pass and fails on a plain one.
+# Eager steps call `onednn_linear` itself, without the custom op's dispatch.
+@torch.library.custom_op("logitlab::onednn_linear", mutates_args=())
+def onednn_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return onednn_linear(x, weight, bias)
+
+
+@onednn_linear_op.register_fake
+def _onednn_linear_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+COMPILABLE_KERNELS: dict[str, Linear] = {"torch": F.linear, "onednn": onednn_linear_op}
+
+
 def candidates(weight: torch.Tensor) -> list[str]:
     """The kernels worth timing for `weight`: oneDNN only for float32 on the CPU where this torch has it."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
