@@ -37,7 +37,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -47,10 +47,16 @@ from engine.backends.torch.compat import HFModel, cache_argument
 from engine.backends.torch.compile_failures import known_failure, model_key, remember_failure
 from engine.backends.torch.foreground import yielding_to_foreground
 
-if TYPE_CHECKING:  # static_lean imports the lean step, whose kernels' check imports this module
-    from engine.backends.torch.static_lean import StaticLeanStep
-
 log = logging.getLogger(__name__)
+
+
+class FixedShapeStep(Protocol):
+    """A step in compile.py's call form whose `core` is what gets compiled (static_lean.StaticLeanStep: named
+    here by its shape, as static_lean imports the lean step, whose kernels' check imports this module)."""
+
+    core: Callable[..., torch.Tensor]
+
+    def __call__(self, model: HFModel, ids: torch.Tensor, cache: object) -> torch.Tensor: ...
 
 ENV_SWITCH = "LOGITLAB_TORCH_COMPILE"  # "1" on, "0" off; unset: on for CUDA, off for the CPU
 PROBE_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8)  # a scratch prompt for the build's check; any ids in every vocabulary
@@ -108,7 +114,7 @@ def _logits(model: HFModel, ids: torch.Tensor, cache: object) -> torch.Tensor:
 class CompiledDecodeStep:
     """Builds the compiled step in a daemon thread; `step` is None until it is built and checked."""
 
-    def __init__(self, model: HFModel, *, tolerance: float | None = None, lean: StaticLeanStep | None = None) -> None:
+    def __init__(self, model: HFModel, *, tolerance: float | None = None, lean: FixedShapeStep | None = None) -> None:
         """`tolerance`: a fixed bound on the check's relative error (default: per dtype, see the module's notes);
         `lean`: the model's lean step in fixed shapes, compiled instead of transformers' forward."""
         self.step: Callable[..., Any] | None = None  # (model, ids (1, 1), GrowingCache) -> logits (1, 1, V), once ready
