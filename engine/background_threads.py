@@ -56,6 +56,12 @@ class BackgroundThread(threading.Thread):
         except BackgroundStopped:
             log.debug("%s stopped", self.name)
 
+    @property
+    def stop_requested(self) -> bool:
+        """`stop()` raised into the thread: what its target catches from here on may be that stop in disguise
+        (a library that wraps every exception of its callee in its own type)."""
+        return self._raised
+
     def stop(self, timeout: float | None = EXIT_WAIT_S) -> bool:
         """Raise `BackgroundStopped` in the thread (once) and wait up to `timeout` s; True when it has ended.
 

@@ -125,13 +125,13 @@ class CompiledDecodeStep:
         self._tolerance = tolerance
         self._built = threading.Event()
         self._key = model_key(model)
+        self._thread: BackgroundThread | None = None
         earlier = known_failure(self._key)
         if earlier is not None:  # reported when it happened; building again would fail again
             self.error = RuntimeError(f"an earlier build of this model's compiled step failed: {earlier}")
             log.debug("compiled decode step not built: %s", self.error)
             self._model = None
             self._built.set()
-            self._thread = None
             return
         # Stoppable: a build still running at close or at interpreter exit is ended, never left inside
         # torch while the interpreter is torn down (that aborts the process: issue 31).
@@ -156,6 +156,11 @@ class CompiledDecodeStep:
             log.info("compiled decode step ready (%s)", self.form)
         except Exception as e:  # a compiler missing or failing costs speed, never an answer
             self.error = e
+            if self._thread is not None and self._thread.stop_requested:
+                # Closed mid-build: torch's compiler can hand the stop back wrapped in its own exception type, and
+                # a build that was ended is no build that failed, so nothing is kept against the model.
+                log.debug("compiled decode step stopped while building: %s: %s", type(e).__name__, e)
+                return
             remember_failure(self._key, f"{type(e).__name__}: {e}")
             log.warning("torch.compile of the decode step failed; decoding stays eager (not tried again for this "
                         "model): %s: %s", type(e).__name__, e)
