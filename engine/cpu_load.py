@@ -5,7 +5,10 @@ token 138 vs 250 ms), but beside one busy program 2 threads collapse to a few to
 barrier after every graph node and wait there for the one that shares a core (engine/backends/llamacpp/
 threads.py has the figures). A fixed count is wrong one way or the other, so the count is chosen for each
 answer from what is free at that moment: every physical core when the machine is idle, one fewer for each
-core other programs keep busy.
+core other programs keep busy. llama.cpp's answers look again between decode steps, four times a second, over
+that last stretch only (`ThreadsPerAnswer.during`): a burst just before the answer (a client starting up
+before it sent the request) is gone from the reading within a quarter second, and a program that starts
+mid-answer gets its core back.
 
 "Busy" is measured, not guessed from the load average (which counts this process's own threads, so an
 answer just finished would make the machine look busy): the CPU time all programs used, from /proc/stat,
@@ -132,8 +135,10 @@ class LoadMonitor:
                 with self._lock:
                     self._samples.append(sample)
 
-    def others_busy(self) -> float | None:
-        """CPUs' worth of other programs' work over about the last `window_s`; None when it cannot be measured."""
+    def others_busy(self, window_s: float | None = None) -> float | None:
+        """CPUs' worth of other programs' work over about the last `window_s` (default: the monitor's); None when
+        it cannot be measured."""
+        window_s = self.window_s if window_s is None else window_s
         now = read_sample()
         if now is None:
             return None
@@ -142,7 +147,7 @@ class LoadMonitor:
         if not samples:
             return None
         # The newest sample at least a window old, else the oldest there is (just after start: a shorter window).
-        old = [s for s in samples if now.at - s.at >= self.window_s]
+        old = [s for s in samples if now.at - s.at >= window_s]
         base = old[-1] if old else samples[0]
         if now.at - base.at < 0.05:  # started a moment ago: too short a span to tell anything
             return None
@@ -188,10 +193,20 @@ class ThreadsPerAnswer:
         return f"up to {threads_text(self.physical)}, as cores are free"
 
     def now(self) -> int:
-        busy = self.monitor.others_busy()
+        """The count for an answer about to start, from the last second's reading."""
+        return self._count(None, "for this answer")
+
+    def during(self, window_s: float) -> int:
+        """The count for the rest of an answer under way, from the last `window_s` only: a burst just before it
+        started (a client's own start-up, importing its libraries before it sent the request) has passed, or a
+        program that started since then takes a core."""
+        return self._count(window_s, "from now on")
+
+    def _count(self, window_s: float | None, what: str) -> int:
+        busy = self.monitor.others_busy(window_s)
         self.last_busy = busy
         if busy is None:
             return self.fallback
         n = threads_for(self.physical, self.logical, busy)
-        log.debug("other programs use %.2f CPUs: %d threads for this answer", busy, n)
+        log.debug("other programs use %.2f CPUs: %d threads %s", busy, n, what)
         return n

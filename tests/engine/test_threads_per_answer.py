@@ -31,6 +31,25 @@ def test_other_programs_work_is_all_cpu_time_less_this_process():
     assert others_busy(a, a) == 0.0
 
 
+def test_a_reading_over_the_last_stretch_leaves_out_a_burst_before_it(monkeypatch):
+    """`ThreadsPerAnswer.during` reads only the last stretch: a client's start-up half a second ago (one core for
+    0.5 s) still fills the answer-start reading of the last second, not the quarter second since."""
+    from engine import cpu_load
+    from engine.cpu_load import ThreadsPerAnswer
+
+    monkeypatch.setattr(cpu_load, "read_sample", lambda: None)  # no sampling thread: the samples are these
+    monitor = LoadMonitor(every_s=0.25, window_s=1.0)
+    monitor._samples.extend([CpuSample(0.0, 0.0, 0.0), CpuSample(0.25, 0.25, 0.0), CpuSample(0.5, 0.5, 0.0),
+                             CpuSample(0.75, 0.5, 0.0)])
+    monkeypatch.setattr(cpu_load, "read_sample", lambda: CpuSample(1.0, 0.5, 0.0))
+    assert monitor.others_busy() == pytest.approx(0.5)  # the last second: the burst is in it
+    assert monitor.others_busy(0.25) == 0.0 and monitor.others_busy(0.5) == 0.0
+    free = ThreadsPerAnswer(fallback=1, physical=2, logical=2)
+    free.monitor = monitor
+    assert free.now() == 1  # an answer starting now: the burst takes a core
+    assert free.during(0.25) == 2  # a quarter second in: both
+
+
 def _cpu_seconds(pid: int) -> float:
     """A process's user + system CPU time (/proc/PID/stat fields 14 and 15)."""
     import os
@@ -92,6 +111,57 @@ def test_llamacpp_sets_the_threads_before_each_answer(tiny_gguf):
         assert int(llama_cpp.llama_n_threads(fixed.ctx)) == 1
     finally:
         fixed.close()
+
+
+def test_llamacpp_follows_the_free_cores_between_decode_steps_with_the_same_floats(monkeypatch):
+    """An answer's count is read again between its decode steps (issue 47): a client that imported its libraries
+    in the second before its request no longer holds a whole answer to one thread, and a program that starts
+    mid-answer takes its core back. llama.cpp's CPU floats do not depend on the count, so the logits of steps
+    that changed threads are the ones a single count gives, bit for bit; the fingerprint keeps the count the
+    answer started on."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import numpy as np
+
+    from engine.backend import prefill
+    from engine.backends.llamacpp import LlamaCppBackend
+    from engine.backends.llamacpp import backend as llamacpp_backend
+    from engine.sources import resolve_spec
+
+    monkeypatch.setattr(llamacpp_backend, "RECHOOSE_EVERY_S", 0.0)  # every decode step looks again
+    source = resolve_spec(None)
+    backend = LlamaCppBackend(source.path, spec="default", display_name=source.name, n_ctx=256)
+    try:
+        free = backend._threads_per_answer
+        asked: list[float] = []
+        prompt = backend.tokenizer.encode("The lighthouse keeper opened the bottle and read")
+        steps = backend.tokenizer.encode(" a message from a ship that had sunk long ago")
+
+        def answer(start: int, during: list[int]) -> tuple[list[np.ndarray], list[int]]:
+            free.now = lambda: start  # what the second before the answer said
+            readings = iter(during)
+            free.during = lambda window_s: (asked.append(window_s), next(readings))[1]
+            backend.trim_cache(0)
+            logits, _ = prefill(backend, prompt)
+            rows, counts = [logits], [int(llama_cpp.llama_n_threads(backend.ctx))]
+            for token in steps[:len(during)]:
+                rows.append(backend.forward([token]))
+                counts.append(int(llama_cpp.llama_n_threads(backend.ctx)))
+            return rows, counts
+
+        moving, counts = answer(1, [2, 2, 1, 2])
+        assert counts == [1, 2, 2, 1, 2]  # the prompt on the start's count, each step on the reading before it
+        assert int(llama_cpp.llama_n_threads_batch(backend.ctx)) == 2  # the prompt's count follows the decode's
+        assert asked == [0.0] * 4  # the reading over the last stretch only, not the second before the answer
+        assert dict(backend.numeric_facts().settings)["n_threads"] == 1  # the count the answer started on
+        held, counts = answer(1, [1, 1, 1, 1])
+        assert counts == [1] * 5
+        for a, b in zip(moving, held, strict=True):
+            np.testing.assert_array_equal(a, b)
+        asked.clear()
+        backend.forward(steps[:3])  # several tokens at once (a prompt's chunk): no reading
+        assert asked == []
+    finally:
+        backend.close()
 
 
 def test_torch_on_the_cpu_sets_its_threads_before_each_answer(tiny_llama_folder):

@@ -10,6 +10,7 @@ its new tokens. Sampling stays ours (`engine.sampling`), as on torch and MLX.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 N_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch); a cancel stops inside one
+# How often an answer's decode steps look at the free cores again (`_follow_free_cores`), reading this last stretch
+# only (one of the load monitor's sampling periods): a burst before the answer is gone from it a quarter second in.
+# Measured with bench/serve.py (its client a fresh process): every 0.5 s, 0.78; every 0.25 s, 0.80.
+RECHOOSE_EVERY_S = 0.25
 NO_GPU = "this llama.cpp build runs on the CPU only (no Metal, CUDA or Vulkan), so no layers can go to a GPU"
 
 
@@ -145,6 +150,8 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         # Not asked for: chosen again for each answer from the cores free then (engine/cpu_load.py).
         self._threads_per_answer = ThreadsPerAnswer(fallback=self.n_threads) if not n_threads else None
         self._batch_threads_follow = not n_threads_batch
+        self._rechoose_at = 0.0  # time.monotonic() at which an answer's decode steps look at the free cores again
+        self._answer_threads = (self.n_threads, self.n_threads_batch)  # the counts the last answer started on
 
     def _context_params(self, n_batch: int, flash_attn: bool | None) -> Any:
         """llama.cpp's context parameters for this model: one sequence, logits of one position, the chosen
@@ -249,6 +256,8 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         bad = [t for t in ids if not 0 <= t < self.n_vocab]
         if bad:  # llama.cpp aborts on an out-of-range id
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+        if len(ids) == 1 and self._threads_per_answer is not None and time.monotonic() >= self._rechoose_at:
+            self._follow_free_cores()  # a decode step: the free cores looked at again, four times a second
         start = len(self._tokens)
         try:
             for lo in range(0, len(ids), self.n_batch):
@@ -287,13 +296,28 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         leave free now, unless the user chose a count. Returns (decode, prompt) threads."""
         if self._threads_per_answer is None or not self.ctx:
             return self.n_threads, self.n_threads_batch
-        n = self._threads_per_answer.now()
+        self._set_threads(self._threads_per_answer.now())
+        self._answer_threads = (self.n_threads, self.n_threads_batch)
+        return self.n_threads, self.n_threads_batch
+
+    def _follow_free_cores(self) -> None:
+        """Between two decode steps of an answer, every `RECHOOSE_EVERY_S`: the count again, from the cores free
+        over that last stretch only. The count at the answer's start read the second before it, and a client
+        that imported its libraries just before it sent the request looks like a busy program there: the whole
+        answer then ran on one thread of two (`bench/serve.py`'s client, 0.62-0.67 of the direct rate). And a
+        program that starts mid-answer now takes its core back within a stretch, where two threads beside it
+        fall to a few tokens a second (threads.py). llama.cpp's CPU floats do not depend on the count (its
+        threads split rows, not sums), so the answer's numbers are the same either way."""
+        assert self._threads_per_answer is not None
+        self._set_threads(self._threads_per_answer.during(RECHOOSE_EVERY_S))
+
+    def _set_threads(self, n: int) -> None:
+        self._rechoose_at = time.monotonic() + RECHOOSE_EVERY_S
         batch = n if self._batch_threads_follow else self.n_threads_batch
         if (n, batch) != (self.n_threads, self.n_threads_batch):
             llama_cpp.llama_set_n_threads(self.ctx, n, batch)
-            log.debug("llama.cpp: %d decode threads, %d prompt threads for this answer", n, batch)
+            log.debug("llama.cpp: %d decode threads, %d prompt threads", n, batch)
             self.n_threads, self.n_threads_batch = n, batch
-        return self.n_threads, self.n_threads_batch
 
     def forward_during(self, token_ids: Sequence[int], work: Callable[[], T]) -> tuple[np.ndarray, T]:
         """`forward` on this thread, `work()` on a helper thread meanwhile (OverlappedForward).
@@ -333,11 +357,13 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
     # --- capabilities (engine.capabilities) ----------------------------------------------
 
     def numeric_facts(self) -> NumericSetup:
-        """What changes the numbers here (NumericFacts): the library, the threads this answer used, the batch
-        sizes (a prompt is summed in n_ubatch-token pieces), flash attention, the layers on a GPU."""
+        """What changes the numbers here (NumericFacts): the library, the threads this answer started on (its
+        decode steps may follow the free cores after: `_follow_free_cores`), the batch sizes (a prompt is summed
+        in n_ubatch-token pieces), flash attention, the layers on a GPU."""
         device = "cpu" if self.gpu_plan.n_gpu_layers <= 0 else self.info.device.split(":")[0]
+        n_threads, n_threads_batch = self._answer_threads
         return NumericSetup.of(
-            ("llama-cpp-python",), device=device, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
+            ("llama-cpp-python",), device=device, n_threads=n_threads, n_threads_batch=n_threads_batch,
             n_batch=self.n_batch, n_ubatch=self.n_batch, flash_attn=self.flash_attn,
             n_gpu_layers=self.gpu_plan.n_gpu_layers, kv_cache="f16", gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
         )

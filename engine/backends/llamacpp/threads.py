@@ -26,7 +26,8 @@ when only that is given, as in llama.cpp).
 
 That static count is where a model starts; when the user chose no count, each answer then runs on the
 cores free at its start (engine/cpu_load.py: every physical core when the machine is idle, fewer beside
-busy programs), so an idle machine is not left a core short.
+busy programs), and looks again between its decode steps (`LlamaCppBackend._follow_free_cores`), so an
+idle machine is not left a core short.
 """
 
 from __future__ import annotations
