@@ -132,9 +132,12 @@ def test_a_failed_build_is_reported_once_and_not_tried_again(private_cache_dir, 
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
     assert "earlier build" in str(again.error)
     monkeypatch.setattr(compile_failures, "_seen", {})  # a new process: the failure is kept on disk
-    assert compile_failures.known_failure(compile_failures.model_key(model))
+    assert compile_failures.known_failure(compile_failures.model_key(model, first.form))
     other = _tiny_llama(torch.float32, "another-model")
-    assert compile_failures.known_failure(compile_failures.model_key(other)) is None
+    assert compile_failures.known_failure(compile_failures.model_key(other, first.form)) is None
+    # The other form of the step is another graph: its build is still tried.
+    assert first.form == "transformers' forward"
+    assert compile_failures.known_failure(compile_failures.model_key(model, "the lean step's arithmetic")) is None
 
 
 def _compiler_available() -> bool:

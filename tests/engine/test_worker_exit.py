@@ -228,4 +228,4 @@ def test_a_build_closed_inside_a_library_that_wraps_the_stop_is_not_kept_as_a_fa
     assert entered.wait(30)
     assert step.close(timeout=5)
     assert isinstance(step.error, RuntimeError) and step.step is None
-    assert known_failure(model_key(model)) is None
+    assert known_failure(model_key(model, step.form)) is None

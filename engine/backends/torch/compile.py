@@ -16,8 +16,8 @@ buffer. Caches with sliding-window layers keep the eager step.
 
 The build yields to the foreground (foreground.py: it pauses while an answer
 runs model steps, at the lowest CPU priority), and a build that fails, its
-check included, is reported once and never tried again for that model
-(compile_failures.py).
+check included, is reported once and never tried again for that model and
+form (compile_failures.py).
 
 The check: the compiled logits against the eager model's, step by step,
 relative to the largest logit. In float32 they must agree within 1e-3
@@ -124,7 +124,7 @@ class CompiledDecodeStep:
         self._lean = lean
         self._tolerance = tolerance
         self._built = threading.Event()
-        self._key = model_key(model)
+        self._key = model_key(model, self.form)
         self._thread: BackgroundThread | None = None
         earlier = known_failure(self._key)
         if earlier is not None:  # reported when it happened; building again would fail again

@@ -2,7 +2,7 @@
 
 A build takes a minute on a GPU and a failed one changes nothing on the next
 try with the same weights, torch and transformers. So a failure is kept per
-model (its folder, class, dtype, device kind and the two libraries' versions)
+model (its folder, class, dtype, device kind and the two libraries' versions) and form of the step
 in this process and in a small JSON file in the user cache dir, and the next
 load of that model skips the build with one debug line instead of a warning.
 A new torch or transformers is a new key; deleting the file
@@ -28,14 +28,17 @@ _lock = threading.Lock()
 _seen: dict[str, str] = {}  # this process's failures, key -> reason (also when the file cannot be written)
 
 
-def model_key(model: HFModel) -> str:
-    """What identifies a compiled step's outcome: the model's folder and class, dtype, device kind, versions."""
+def model_key(model: HFModel, form: str = "") -> str:
+    """What identifies a compiled step's outcome: the model's folder and class, dtype, device kind, versions, and
+    the step's form (compile.CompiledDecodeStep.form: transformers' forward or the lean step's arithmetic are two
+    different graphs, and one failing says nothing of the other)."""
     import transformers
 
     param = next(model.parameters())
     folder = str(getattr(model.config, "_name_or_path", "") or "")
-    return "|".join((folder, type(model).__name__, str(param.dtype).removeprefix("torch."), param.device.type,
-                     f"torch {torch.__version__}", f"transformers {transformers.__version__}"))
+    parts = [folder, type(model).__name__, str(param.dtype).removeprefix("torch."), param.device.type,
+             f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
+    return "|".join([*parts, form] if form else parts)
 
 
 def _path() -> Path | None:
