@@ -18,7 +18,7 @@ Two ways to know what is allowed:
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -42,8 +42,10 @@ class ConstraintRun:
         self._mask = mask
         self.note = mask.note
         self.failure: str | None = None
-        self._log_kept: list[float] = []  # one per accepted token
-        self._pending = 0.0  # this step's log mass kept, until the token is accepted
+        # One per accepted token: the log mass kept, or what computes it when read (the grammar stage builds its
+        # record after the token is chosen: engine.sampling.grammar.GrammarStage)
+        self._log_kept: list[float | Callable[[], float]] = []
+        self._pending: float | Callable[[], float] = 0.0  # this step's, until the token is accepted
 
     # --- the mask ---------------------------------------------------------------------
 
@@ -75,8 +77,9 @@ class ConstraintRun:
             if why and (not limits_only or is_engine_limit(why)):
                 self.failure = engine_failure(why, len(self._log_kept), self.constraint.label)
 
-    def record(self, log_kept: float) -> None:
-        """The log mass the mask kept at the step being picked (committed by `accept`)."""
+    def record(self, log_kept: float | Callable[[], float]) -> None:
+        """The log mass the mask kept at the step being picked, or a function that gives it (committed by
+        `accept`)."""
         self._pending = log_kept
 
     def accept(self, token: int) -> None:
@@ -112,7 +115,7 @@ class ConstraintRun:
     @property
     def log_mass_kept(self) -> float:
         """Sum over the answer's steps of log(mass kept): how far it is from what the model would have said."""
-        return float(math.fsum(self._log_kept))
+        return float(math.fsum(v() if callable(v) else v for v in self._log_kept))
 
     def is_accepting(self) -> bool:
         return self._mask.is_accepting()

@@ -19,6 +19,7 @@ decode loop then stops with that message instead of taking a token.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -55,14 +56,35 @@ class GrammarStep:
 
 
 class GrammarStage:
-    """The stage function (`stage(scores, ctx) -> scores`) for one run's constraint."""
+    """The stage function (`stage(scores, ctx) -> scores`) for one run's constraint.
+
+    The stage makes the mask and applies it; its record (the mass kept, the most likely removed tokens: a
+    softmax over the whole row) is built when first read (`last`), which the decode loop does when it makes
+    the token's event, after the token is chosen: with an overlapped forward (engine/decode), while the model
+    computes the next token. That softmax was ~0.4 ms of a token's ~0.6 ms of constraint work at 49k tokens,
+    every token of an answer with tools (bench/tools.py, `ratio_tools_vs_same_prompt`). A record no one read
+    is built at the next call, before the stage's buffer is reused, so at most one row waits.
+    """
 
     def __init__(self, run: ConstraintRun) -> None:
         self.run = run
-        self.last: GrammarStep | None = None  # the latest call's record (the decode loop puts it on the event)
+        self._last: GrammarStep | _PendingStep | None = None  # the latest call's record, or what builds it
         self._w: np.ndarray | None = None  # the exp row, reused (see _exp_buffer)
 
+    @property
+    def last(self) -> GrammarStep | None:
+        """The latest call's record (the decode loop puts it on the event), built now if it was not yet."""
+        last = self._last
+        if isinstance(last, _PendingStep):
+            last = self._last = last.build()
+        return last
+
+    @last.setter
+    def last(self, step: GrammarStep | None) -> None:  # the torch chain's grammar stage records its own
+        self._last = step
+
     def __call__(self, scores: np.ndarray, ctx: StageContext) -> np.ndarray:
+        self.last  # noqa: B018  (the previous step's record, built before its buffer is this step's)
         run = self.run
         v = scores.size
         forced = run.fast_forward()
@@ -79,27 +101,17 @@ class GrammarStage:
         # The ids not kept, when they are few (a text-or-call grammar bans a few dozen tokens): the report
         # and the masked row are then made from them alone instead of from passes over the whole row.
         dead = np.flatnonzero(~live) if (v - n) * 8 <= v else None
-        top = float(scores.max())  # the chain guarantees one finite score
-        w = self._exp_buffer(scores)
-        np.subtract(scores, np.float32(top), out=w)
-        np.exp(w, out=w)  # (V,) unnormalised probabilities; -inf -> 0
-        z = float(w.sum(dtype=np.float64))
-        lse = top + math.log(z)
         if n == 0:
             run.fail(self.dead_end_reason(keep))
-            self.last = GrammarStep(0, 0.0, _top_removed(scores, live, top, lse), False, run.note)
+            self._last = self._record(scores, live, None, 0, None, run.note)  # the answer ends here: built now
             return scores
-        # One kept token: the masked sum is that one value (0.0 + x, exact), without a masked pass.
-        if n == 1:
-            kept = float(w[forced if forced is not None else int(np.flatnonzero(live)[0])])
-        else:
-            kept = float(w.sum(dtype=np.float64, where=live))
-        mass = min(max(kept / z, 0.0), 1.0)
-        run.record(math.log(mass) if mass > 0 else -math.inf)
         if n == 1 and not note:
             note = "the only token the grammar allows"
         notes = "; ".join(x for x in (note, run.note) if x)
-        self.last = GrammarStep(n, mass, _top_removed(scores, live, top, lse, dead=dead), n == 1, notes)
+        # A copy: the stages after this one may change the row they are handed in place.
+        pending = _PendingStep(self, scores.copy(), live, dead, n, forced, notes)
+        run.record(pending.log_mass_kept)
+        self._last = pending
         if dead is None:
             return keep_only(scores, live)
         if dead.size == 0:
@@ -107,6 +119,25 @@ class GrammarStage:
         out = scores.copy()  # the same row as keep_only's np.where, by writing only the few removed entries
         out[dead] = NEG_INF
         return out
+
+    def _record(self, scores: np.ndarray, live: np.ndarray, dead: np.ndarray | None, n: int, forced: int | None,
+                notes: str) -> GrammarStep:
+        """The step's record: the allowed tokens' share of the entering distribution, the most likely removed."""
+        top = float(scores.max())  # the chain guarantees one finite score
+        w = self._exp_buffer(scores)
+        np.subtract(scores, np.float32(top), out=w)
+        np.exp(w, out=w)  # (V,) unnormalised probabilities; -inf -> 0
+        z = float(w.sum(dtype=np.float64))
+        lse = top + math.log(z)
+        if n == 0:
+            return GrammarStep(0, 0.0, _top_removed(scores, live, top, lse), False, notes)
+        # One kept token: the masked sum is that one value (0.0 + x, exact), without a masked pass.
+        if n == 1:
+            kept = float(w[forced if forced is not None else int(np.flatnonzero(live)[0])])
+        else:
+            kept = float(w.sum(dtype=np.float64, where=live))
+        mass = min(max(kept / z, 0.0), 1.0)
+        return GrammarStep(n, mass, _top_removed(scores, live, top, lse, dead=dead), n == 1, notes)
 
     def _exp_buffer(self, scores: np.ndarray) -> np.ndarray:
         """A row like `scores` reused every step: a fresh 49k-262k temporary each token costs page faults."""
@@ -135,6 +166,32 @@ class GrammarStage:
 
     def restore(self, state: tuple[int, int]) -> None:
         self.run.restore(state)
+
+
+class _PendingStep:
+    """A grammar step's record, built once when first asked for (by `GrammarStage.last`, or by the answer's
+    `log_mass_kept`), from the entering row and mask kept for it; then it lets go of them."""
+
+    __slots__ = ("_args", "_lock", "_stage", "step")
+
+    def __init__(self, stage: GrammarStage, scores: np.ndarray, live: np.ndarray, dead: np.ndarray | None, n: int,
+                 forced: int | None, notes: str) -> None:
+        self._stage = stage
+        self._args: tuple[Any, ...] | None = (scores, live, dead, n, forced, notes)
+        self._lock = threading.Lock()  # the loop's report thread and the next pick may both ask
+        self.step: GrammarStep | None = None
+
+    def build(self) -> GrammarStep:
+        with self._lock:
+            if self.step is None:
+                assert self._args is not None
+                self.step = self._stage._record(*self._args)
+                self._args = None
+            return self.step
+
+    def log_mass_kept(self) -> float:
+        mass = self.build().mass_kept
+        return math.log(mass) if mass > 0 else -math.inf
 
 
 def _top_removed(scores: np.ndarray, live: np.ndarray, top: float, lse: float, n: int = TOP_DISALLOWED,
