@@ -124,10 +124,10 @@ def test_llamacpp_follows_the_free_cores_between_decode_steps_with_the_same_floa
 
     from engine.backend import prefill
     from engine.backends.llamacpp import LlamaCppBackend
-    from engine.backends.llamacpp import backend as llamacpp_backend
+    from engine.backends.llamacpp import threads as llamacpp_threads
     from engine.sources import resolve_spec
 
-    monkeypatch.setattr(llamacpp_backend, "RECHOOSE_EVERY_S", 0.0)  # every decode step looks again
+    monkeypatch.setattr(llamacpp_threads, "RECHOOSE_EVERY_S", 0.0)  # every decode step looks again
     source = resolve_spec(None)
     backend = LlamaCppBackend(source.path, spec="default", display_name=source.name, n_ctx=256)
     try:
@@ -162,6 +162,45 @@ def test_llamacpp_follows_the_free_cores_between_decode_steps_with_the_same_floa
         assert asked == []
     finally:
         backend.close()
+
+
+def test_the_batch_runner_rows_follow_the_free_cores_between_steps_with_the_same_floats(monkeypatch,
+                                                                                         default_llamacpp):
+    """The rows of a batch (served answers that share one, the loom, beam search) re-read the free cores between
+    their steps as a single answer does, and their logits are the same floats whatever the count."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import numpy as np
+
+    from engine.backends.llamacpp import threads as llamacpp_threads
+
+    monkeypatch.setattr(llamacpp_threads, "RECHOOSE_EVERY_S", 0.0)
+    tok = default_llamacpp.tokenizer
+    prompts = [tok.encode("The keeper of the lighthouse"), tok.encode("A message in a bottle said")]
+    steps = [tok.encode(" and then")[:1] * 2, tok.encode(" it was")[:1] * 2, tok.encode(" late")[:1] * 2]
+    free = default_llamacpp._threads_per_answer
+    if free is None:
+        pytest.skip("the shared default model was loaded with a thread count")
+    monkeypatch.setattr(free, "now", lambda: 1)
+
+    def rows(during: list[int]) -> tuple[list[np.ndarray], list[int]]:
+        readings = iter(during)
+        monkeypatch.setattr(free, "during", lambda window_s: next(readings))
+        runner = default_llamacpp.batch_runner()
+        try:
+            out, counts = [runner.start(prompts)], []
+            for s in steps:
+                out.append(runner.step(s))
+                counts.append(int(llama_cpp.llama_n_threads(runner.ctx)))
+            return out, counts
+        finally:
+            runner.close()
+
+    moving, counts = rows([2, 1, 2])
+    assert counts == [2, 1, 2]
+    held, counts = rows([1, 1, 1])
+    assert counts == [1, 1, 1]
+    for a, b in zip(moving, held, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_torch_on_the_cpu_sets_its_threads_before_each_answer(tiny_llama_folder):

@@ -27,6 +27,7 @@ from engine.backends.llamacpp.gguf_header import GGUFHeader, kv_bytes_per_token,
 from engine.backends.llamacpp.placement import GpuPlan, layers_as_asked, plan_gpu_layers
 from engine.backends.llamacpp.runner import LlamaCppRunner
 from engine.backends.llamacpp.steering import LlamaCppSteering
+from engine.backends.llamacpp import threads as llamacpp_threads
 from engine.backends.llamacpp.threads import default_threads
 from engine.cache_schedule import CacheSchedule
 from engine.backends.llamacpp.tokenizer import LlamaCppTokenizer
@@ -43,10 +44,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 N_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch); a cancel stops inside one
-# How often an answer's decode steps look at the free cores again (`_follow_free_cores`), reading this last stretch
-# only (one of the load monitor's sampling periods): a burst before the answer is gone from it a quarter second in.
-# Measured with bench/serve.py (its client a fresh process): every 0.5 s, 0.78; every 0.25 s, 0.80.
-RECHOOSE_EVERY_S = 0.25
 NO_GPU = "this llama.cpp build runs on the CPU only (no Metal, CUDA or Vulkan), so no layers can go to a GPU"
 
 
@@ -300,19 +297,28 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         self._answer_threads = (self.n_threads, self.n_threads_batch)
         return self.n_threads, self.n_threads_batch
 
+    def threads_during(self) -> tuple[int, int] | None:
+        """The (decode, prompt) counts for the rest of a run under way, from the cores free over the last
+        `RECHOOSE_EVERY_S` (threads.py) only; None when the user chose the counts."""
+        if self._threads_per_answer is None:
+            return None
+        n = self._threads_per_answer.during(llamacpp_threads.RECHOOSE_EVERY_S)
+        return n, (n if self._batch_threads_follow else self.n_threads_batch)
+
     def _follow_free_cores(self) -> None:
-        """Between two decode steps of an answer, every `RECHOOSE_EVERY_S`: the count again, from the cores free
-        over that last stretch only. The count at the answer's start read the second before it, and a client
+        """Between two decode steps of an answer, every `RECHOOSE_EVERY_S` (threads.py): the count again, from
+        the cores free over that last stretch only. The count at the answer's start read the second before it, and a client
         that imported its libraries just before it sent the request looks like a busy program there: the whole
         answer then ran on one thread of two (`bench/serve.py`'s client, 0.62-0.67 of the direct rate). And a
         program that starts mid-answer now takes its core back within a stretch, where two threads beside it
         fall to a few tokens a second (threads.py). llama.cpp's CPU floats do not depend on the count (its
         threads split rows, not sums), so the answer's numbers are the same either way."""
-        assert self._threads_per_answer is not None
-        self._set_threads(self._threads_per_answer.during(RECHOOSE_EVERY_S))
+        counts = self.threads_during()
+        assert counts is not None
+        self._set_threads(counts[0])
 
     def _set_threads(self, n: int) -> None:
-        self._rechoose_at = time.monotonic() + RECHOOSE_EVERY_S
+        self._rechoose_at = time.monotonic() + llamacpp_threads.RECHOOSE_EVERY_S
         batch = n if self._batch_threads_follow else self.n_threads_batch
         if (n, batch) != (self.n_threads, self.n_threads_batch):
             llama_cpp.llama_set_n_threads(self.ctx, n, batch)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -35,6 +36,7 @@ import numpy as np
 
 from engine.backends.llamacpp import native
 from engine.backends.llamacpp.kv_share import reuse_backend_state
+from engine.backends.llamacpp import threads as llamacpp_threads
 from engine.backends.llamacpp.threads import usable_cpus
 from engine.cache_schedule import pieces_upto
 from engine.backend import shared_prefix_length
@@ -85,6 +87,7 @@ class LlamaCppRunner:
         params.kv_unified = True  # one pool of cells shared by every sequence: seq_cp shares, not copies
         params.swa_full = True
         params.n_threads, params.n_threads_batch = self._threads = backend.n_threads, backend.n_threads_batch
+        self._rechoose_at = 0.0  # time.monotonic() at which the rows' steps look at the free cores again
         params.offload_kqv = backend.gpu_plan.offload_kqv
         params.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(backend.model, params)
@@ -106,7 +109,10 @@ class LlamaCppRunner:
     def _follow_threads(self) -> None:
         """Run the coming call on the threads an answer would get now (the cores other programs leave free:
         the backend's `choose_threads`); a runner made at load would otherwise keep that moment's count."""
-        wanted = self.backend.choose_threads()
+        self._set_threads(self.backend.choose_threads())
+
+    def _set_threads(self, wanted: tuple[int, int]) -> None:
+        self._rechoose_at = time.monotonic() + llamacpp_threads.RECHOOSE_EVERY_S
         if wanted != self._threads:
             llama_cpp.llama_set_n_threads(self.ctx, *wanted)
             self._threads = wanted
@@ -238,6 +244,10 @@ class LlamaCppRunner:
         return logits
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:
+        if time.monotonic() >= self._rechoose_at:  # the rows' steps follow the free cores, as an answer's do
+            wanted = self.backend.threads_during()
+            if wanted is not None:
+                self._set_threads(wanted)
         logits = self._run([(i, self._lens[i], [int(t)]) for i, t in enumerate(tokens)])
         self._lens = [n + 1 for n in self._lens]
         return logits

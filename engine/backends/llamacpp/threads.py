@@ -35,7 +35,13 @@ from __future__ import annotations
 # No llama_cpp import here: the window can show the default without loading llama.cpp.
 from engine.cpu_load import physical_cores, usable_cpus
 
-__all__ = ["choose_threads", "default_threads", "physical_cores", "usable_cpus"]
+__all__ = ["RECHOOSE_EVERY_S", "choose_threads", "default_threads", "physical_cores", "usable_cpus"]
+
+# How often a run's decode steps look at the free cores again (`LlamaCppBackend._follow_free_cores`, the batch
+# runner's steps), reading this last stretch only (one of the load monitor's sampling periods): a burst before
+# the answer is gone from it a quarter second in. Measured with bench/serve.py (its client a fresh process):
+# every 0.5 s, 0.78; every 0.25 s, 0.80.
+RECHOOSE_EVERY_S = 0.25
 
 
 def choose_threads(physical: int, logical: int) -> int:
