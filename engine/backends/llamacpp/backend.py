@@ -307,12 +307,12 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
 
     def _follow_free_cores(self) -> None:
         """Between two decode steps of an answer, every `RECHOOSE_EVERY_S` (threads.py): the count again, from
-        the cores free over that last stretch only. The count at the answer's start read the second before it, and a client
-        that imported its libraries just before it sent the request looks like a busy program there: the whole
-        answer then ran on one thread of two (`bench/serve.py`'s client, 0.62-0.67 of the direct rate). And a
-        program that starts mid-answer now takes its core back within a stretch, where two threads beside it
-        fall to a few tokens a second (threads.py). llama.cpp's CPU floats do not depend on the count (its
-        threads split rows, not sums), so the answer's numbers are the same either way."""
+        the cores free over that last stretch only. The count at the answer's start read the second before it,
+        and a client that imported its libraries just before it sent the request looks like a busy program
+        there: the whole answer then ran on one thread of two (`bench/serve.py`'s client, 0.67-0.70 of the
+        direct rate). And a program that starts mid-answer now takes its core back within a stretch, where two
+        threads beside it fall to a few tokens a second (threads.py). llama.cpp's CPU floats do not depend on
+        the count (its threads split rows, not sums), so the answer's numbers are the same either way."""
         counts = self.threads_during()
         assert counts is not None
         self._set_threads(counts[0])
