@@ -194,19 +194,20 @@ class ThreadsPerAnswer:
 
     def now(self) -> int:
         """The count for an answer about to start, from the last second's reading."""
-        return self._count(None, "for this answer")
+        n = self._count(None, "for this answer")
+        return self.fallback if n is None else n
 
-    def during(self, window_s: float) -> int:
+    def during(self, window_s: float) -> int | None:
         """The count for the rest of an answer under way, from the last `window_s` only: a burst just before it
         started (a client's own start-up, importing its libraries before it sent the request) has passed, or a
-        program that started since then takes a core."""
+        program that started since then takes a core. None when nothing can be measured: keep the count."""
         return self._count(window_s, "from now on")
 
-    def _count(self, window_s: float | None, what: str) -> int:
+    def _count(self, window_s: float | None, what: str) -> int | None:
         busy = self.monitor.others_busy(window_s)
         self.last_busy = busy
         if busy is None:
-            return self.fallback
+            return None
         n = threads_for(self.physical, self.logical, busy)
         log.debug("other programs use %.2f CPUs: %d threads %s", busy, n, what)
         return n

@@ -48,6 +48,10 @@ def test_a_reading_over_the_last_stretch_leaves_out_a_burst_before_it(monkeypatc
     free.monitor = monitor
     assert free.now() == 1  # an answer starting now: the burst takes a core
     assert free.during(0.25) == 2  # a quarter second in: both
+    # Nothing to read (not Linux, or a span too short): an answer starts on the fallback, one under way keeps its
+    # count rather than falling back to it mid-answer.
+    monkeypatch.setattr(cpu_load, "read_sample", lambda: None)
+    assert free.now() == 1 and free.during(0.25) is None
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -155,6 +159,8 @@ def test_llamacpp_follows_the_free_cores_between_decode_steps_with_the_same_floa
         assert dict(backend.numeric_facts().settings)["n_threads"] == 1  # the count the answer started on
         held, counts = answer(1, [1, 1, 1, 1])
         assert counts == [1] * 5
+        _, counts = answer(2, [None, None])  # nothing measured mid-answer: the count stays
+        assert counts == [2, 2, 2]
         for a, b in zip(moving, held, strict=True):
             np.testing.assert_array_equal(a, b)
         asked.clear()

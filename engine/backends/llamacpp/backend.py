@@ -299,10 +299,13 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
 
     def threads_during(self) -> tuple[int, int] | None:
         """The (decode, prompt) counts for the rest of a run under way, from the cores free over the last
-        `RECHOOSE_EVERY_S` (threads.py) only; None when the user chose the counts."""
+        `RECHOOSE_EVERY_S` (threads.py) only; None when the user chose the counts or nothing can be measured
+        (keep the counts then)."""
         if self._threads_per_answer is None:
             return None
         n = self._threads_per_answer.during(llamacpp_threads.RECHOOSE_EVERY_S)
+        if n is None:
+            return None
         return n, (n if self._batch_threads_follow else self.n_threads_batch)
 
     def _follow_free_cores(self) -> None:
@@ -314,7 +317,9 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         threads beside it fall to a few tokens a second (threads.py). llama.cpp's CPU floats do not depend on
         the count (its threads split rows, not sums), so the answer's numbers are the same either way."""
         counts = self.threads_during()
-        assert counts is not None
+        if counts is None:  # nothing measured this time (no /proc/stat, or too short a span): keep the count
+            self._rechoose_at = time.monotonic() + llamacpp_threads.RECHOOSE_EVERY_S
+            return
         self._set_threads(counts[0])
 
     def _set_threads(self, n: int) -> None:

@@ -246,7 +246,9 @@ class LlamaCppRunner:
     def step(self, tokens: Sequence[int]) -> np.ndarray:
         if time.monotonic() >= self._rechoose_at:  # the rows' steps follow the free cores, as an answer's do
             wanted = self.backend.threads_during()
-            if wanted is not None:
+            if wanted is None:  # nothing measured (or the user's count): keep the count
+                self._rechoose_at = time.monotonic() + llamacpp_threads.RECHOOSE_EVERY_S
+            else:
                 self._set_threads(wanted)
         logits = self._run([(i, self._lens[i], [int(t)]) for i, t in enumerate(tokens)])
         self._lens = [n + 1 for n in self._lens]
