@@ -62,8 +62,8 @@ class GrammarStage:
     softmax over the whole row) is built when first read (`last`), which the decode loop does when it makes
     the token's event, after the token is chosen: with an overlapped forward (engine/decode), while the model
     computes the next token. Under cProfile that took the stage's share of a pick from 0.58 to 0.32 ms a token
-    at 49k tokens, on every token of an answer with tools (bench/tools.py, `ratio_tools_vs_same_prompt`). A record no one read
-    is built at the next call, before the stage's buffer is reused, so at most one row waits.
+    at 49k tokens, on every token of an answer with tools (bench/tools.py, `ratio_tools_vs_same_prompt`). A
+    record no one read is built at the next call, before the stage's buffer is reused, so at most one row waits.
     """
 
     def __init__(self, run: ConstraintRun) -> None:
