@@ -74,6 +74,9 @@ class GrammarStage:
     @property
     def last(self) -> GrammarStep | None:
         """The latest call's record (the decode loop puts it on the event), built now if it was not yet."""
+        return self._settle()
+
+    def _settle(self) -> GrammarStep | None:
         last = self._last
         if isinstance(last, _PendingStep):
             last = self._last = last.build()
@@ -84,7 +87,7 @@ class GrammarStage:
         self._last = step
 
     def __call__(self, scores: np.ndarray, ctx: StageContext) -> np.ndarray:
-        self.last  # noqa: B018  (the previous step's record, built before its buffer is this step's)
+        self._settle()  # the previous step's record, built before its buffer is this step's
         run = self.run
         v = scores.size
         forced = run.fast_forward()

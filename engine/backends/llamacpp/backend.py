@@ -316,11 +316,8 @@ class LlamaCppBackend(CachedTokens, LlamaCppSteering):  # steering: control vect
         direct rate). And a program that starts mid-answer now takes its core back within a stretch, where two
         threads beside it fall to a few tokens a second (threads.py). llama.cpp's CPU floats do not depend on
         the count (its threads split rows, not sums), so the answer's numbers are the same either way."""
-        counts = self.threads_during()
-        if counts is None:  # nothing measured this time (no /proc/stat, or too short a span): keep the count
-            self._rechoose_at = time.monotonic() + llamacpp_threads.RECHOOSE_EVERY_S
-            return
-        self._set_threads(counts[0])
+        counts = self.threads_during()  # None: nothing measured this time, so the count stays
+        self._set_threads(self.n_threads if counts is None else counts[0])
 
     def _set_threads(self, n: int) -> None:
         self._rechoose_at = time.monotonic() + llamacpp_threads.RECHOOSE_EVERY_S

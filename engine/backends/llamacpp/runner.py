@@ -245,11 +245,7 @@ class LlamaCppRunner:
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:
         if time.monotonic() >= self._rechoose_at:  # the rows' steps follow the free cores, as an answer's do
-            wanted = self.backend.threads_during()
-            if wanted is None:  # nothing measured (or the user's count): keep the count
-                self._rechoose_at = time.monotonic() + llamacpp_threads.RECHOOSE_EVERY_S
-            else:
-                self._set_threads(wanted)
+            self._set_threads(self.backend.threads_during() or self._threads)  # None: the count stays
         logits = self._run([(i, self._lens[i], [int(t)]) for i, t in enumerate(tokens)])
         self._lens = [n + 1 for n in self._lens]
         return logits
