@@ -76,15 +76,15 @@ class GrammarStage:
         """The latest call's record (the decode loop puts it on the event), built now if it was not yet."""
         return self._settle()
 
+    @last.setter
+    def last(self, step: GrammarStep | None) -> None:  # the torch chain's grammar stage records its own
+        self._last = step
+
     def _settle(self) -> GrammarStep | None:
         last = self._last
         if isinstance(last, _PendingStep):
             last = self._last = last.build()
         return last
-
-    @last.setter
-    def last(self, step: GrammarStep | None) -> None:  # the torch chain's grammar stage records its own
-        self._last = step
 
     def __call__(self, scores: np.ndarray, ctx: StageContext) -> np.ndarray:
         self._settle()  # the previous step's record, built before its buffer is this step's
