@@ -110,6 +110,24 @@ class _Layer:
         self.scaling = float(attn.scaling)
         self.intermediate = mlp.gate_proj.weight.shape[0]
         self.rope_rows = (heads + kv_heads) * head_dim  # q and k: the columns that get the rotary embedding
+        self.qk_heads, self.head_dim = heads + kv_heads, head_dim
+
+    # The layer's arithmetic that the one-row step, the rows' step (lean_rows.py) and the fixed-shape step
+    # (static_lean.py) share; each writes and reads its own cache around it.
+
+    def rotated_qk(self, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """(B, H + KV, hd): the queries and keys of `qkv` (B, (H + 2 KV) * hd), the rotary embedding applied."""
+        qk = qkv[:, : self.rope_rows].view(qkv.shape[0], self.qk_heads, self.head_dim)
+        # rotate_half(x) * sin == roll(x, half) * (sin, first half negated): 4 ops, not 7; the same floats
+        return qk * cos + torch.roll(qk, self.head_dim // 2, -1) * signed_sin
+
+    def feed_forward(self, h: torch.Tensor, gate_up_linear: cpu_linear.Linear,
+                     down_linear: cpu_linear.Linear) -> torch.Tensor:
+        """`h` (B, D) with the layer's MLP of its post-attention norm added: the layer's second half."""
+        x = rms_norm(h, self.norm_post, self.eps_post)
+        gate_up = gate_up_linear(x, self.gate_up, self.gate_up_bias)
+        mixed = self.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
+        return h + down_linear(mixed, self.down, self.down_bias)
 
 
 class LeanDecodeStep:
@@ -231,6 +249,13 @@ class LeanDecodeStep:
             return "the weights are spread over several devices or dtypes"
         return None
 
+    def rope(self, h: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin with its first half negated), (1, 1, head_dim) each: the model's own rope at `position`
+        (1, 1), in the form `_Layer.rotated_qk` takes."""
+        cos, sin = self.rotary(h, position)
+        half = self.head_dim // 2
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
     @torch.inference_mode()
     def step(self, token_id: int, cache: GrowingCache, steer: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (1, 1, V) after `token_id`; the caller has checked `cache.supports_static_step`.
@@ -243,9 +268,7 @@ class LeanDecodeStep:
         self._ids.fill_(token_id)
         self._position.fill_(position)
         h = self.embed(self._ids)[0]  # (1, D)
-        cos, sin = self.rotary(h, self._position)  # (1, 1, head_dim), the model's own rope
-        half = self.head_dim // 2
-        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        cos, signed_sin = self.rope(h, self._position)
         heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
         grouped = position + 1 >= GROUPED_ATTENTION_FROM
         linears = self._linears
@@ -253,9 +276,7 @@ class LeanDecodeStep:
         for index, (weights, cached) in enumerate(zip(self.layers, layers)):
             x = rms_norm(h, weights.norm_in, weights.eps_in)
             qkv = qkv_linear(x, weights.qkv, weights.qkv_bias)  # (1, (H + 2 KV) * hd)
-            qk = qkv[:, : weights.rope_rows].view(1, heads + kv_heads, hd)
-            # rotate_half(x) * sin == roll(x, half) * (sin, first half negated): 4 ops, not 7; the same floats
-            qk = qk * cos + torch.roll(qk, half, -1) * signed_sin
+            qk = weights.rotated_qk(qkv, cos, signed_sin)
             cached._make_room(1)
             slot = cached.length - cached.start
             cached.keys.narrow(2, slot, 1).copy_(qk[:, heads:].unsqueeze(2))
@@ -270,10 +291,7 @@ class LeanDecodeStep:
                     qk[:, :heads].unsqueeze(2), keys, values, scale=weights.scaling, enable_gqa=heads != kv_heads
                 )
             h = h + o_linear(attn.view(1, heads * hd), weights.o, weights.o_bias)
-            x = rms_norm(h, weights.norm_post, weights.eps_post)
-            gate_up = gate_up_linear(x, weights.gate_up, weights.gate_up_bias)
-            mixed = weights.act(gate_up[:, : weights.intermediate]) * gate_up[:, weights.intermediate :]
-            h = h + down_linear(mixed, weights.down, weights.down_bias)
+            h = weights.feed_forward(h, gate_up_linear, down_linear)
             if steer is not None:
                 h = h + steer[index]
         for cached in layers:

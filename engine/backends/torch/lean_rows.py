@@ -37,17 +37,14 @@ def step_rows(lean: LeanDecodeStep, tokens: torch.Tensor, position: int, cache: 
     b = tokens.shape[0]
     h = lean.embed(tokens)  # (B, D)
     pos = torch.full((1, 1), position, dtype=torch.long, device=tokens.device)
-    cos, sin = lean.rotary(h, pos)  # (1, 1, head_dim), the model's own rope
-    half = lean.head_dim // 2
-    signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    cos, signed_sin = lean.rope(h, pos)
     heads, kv_heads, hd = lean.heads, lean.kv_heads, lean.head_dim
     linears = lean.linears_for_rows(b)  # the kernels timed for this many rows
     qkv_linear, o_linear, gate_up_linear, down_linear = (linears[role] for role in LAYER_ROLES)
     for index, weights in enumerate(lean.layers):
         x = rms_norm(h, weights.norm_in, weights.eps_in)
         qkv = qkv_linear(x, weights.qkv, weights.qkv_bias)  # (B, (H + 2 KV) * hd)
-        qk = qkv[:, : weights.rope_rows].view(b, heads + kv_heads, hd)
-        qk = qk * cos + torch.roll(qk, half, -1) * signed_sin  # rotate_half(x) * sin, as in the one-row step
+        qk = weights.rotated_qk(qkv, cos, signed_sin)
         new_keys = qk[:, heads:].unsqueeze(2)  # (B, KV, 1, hd)
         new_values = qkv[:, weights.rope_rows :].reshape(b, kv_heads, 1, hd)
         keys, values = cache.update(new_keys, new_values, index)  # (B, KV, T, hd)
@@ -55,8 +52,5 @@ def step_rows(lean: LeanDecodeStep, tokens: torch.Tensor, position: int, cache: 
             qk[:, :heads].unsqueeze(2), keys, values, scale=weights.scaling, enable_gqa=heads != kv_heads
         )  # (B, H, 1, hd)
         h = h + o_linear(attn.reshape(b, heads * hd), weights.o, weights.o_bias)
-        x = rms_norm(h, weights.norm_post, weights.eps_post)
-        gate_up = gate_up_linear(x, weights.gate_up, weights.gate_up_bias)
-        mixed = weights.act(gate_up[:, : weights.intermediate]) * gate_up[:, weights.intermediate :]
-        h = h + down_linear(mixed, weights.down, weights.down_bias)
+        h = weights.feed_forward(h, gate_up_linear, down_linear)
     return linears["head"](rms_norm(h, lean.norm, lean.norm_eps), lean.head, lean.head_bias)

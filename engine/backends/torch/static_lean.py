@@ -18,7 +18,9 @@ token:
   for the pre-packed weights of its freezing pass;
 - query heads sharing a KV head always go in as that head's queries (lean.py's grouped form).
 
-The compiled step is built and checked against transformers' forward by compile.py before use.
+The layer's rotary embedding and MLP are the lean step's own (`_Layer.rotated_qk`, `feed_forward`); the
+cache writes and the attention are this step's. The compiled step is built and checked against
+transformers' forward by compile.py before use.
 """
 
 from __future__ import annotations
@@ -75,18 +77,15 @@ class StaticLeanStep:
                values: list[torch.Tensor]) -> torch.Tensor:
         lean = self.lean
         heads, kv_heads, hd = lean.heads, lean.kv_heads, lean.head_dim
-        half = hd // 2
         qkv_linear, o_linear, gate_up_linear, down_linear = (self.linears[role] for role in LAYER_ROLES)
         h = lean.embed(ids)  # (1, D)
-        cos, sin = lean.rotary(h, position.view(1, 1))
-        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        cos, signed_sin = lean.rope(h, position.view(1, 1))
         # Slots up to the token's own: the rest of the span holds nothing of this sequence (zeros or older tokens).
         visible = (torch.arange(span, device=position.device) <= position).view(1, 1, 1, span)
         for weights, layer_keys, layer_values in zip(lean.layers, keys, values):
             x = rms_norm(h, weights.norm_in, weights.eps_in)
             qkv = qkv_linear(x, weights.qkv, weights.qkv_bias)
-            qk = qkv[:, : weights.rope_rows].view(1, heads + kv_heads, hd)
-            qk = qk * cos + torch.roll(qk, half, -1) * signed_sin
+            qk = weights.rotated_qk(qkv, cos, signed_sin)
             layer_keys.index_copy_(2, position, qk[:, heads:].unsqueeze(2))
             layer_values.index_copy_(2, position, qkv[:, weights.rope_rows :].view(1, kv_heads, 1, hd))
             grouped_q = qk[:, :heads].reshape(1, kv_heads, heads // kv_heads, hd)
@@ -96,8 +95,5 @@ class StaticLeanStep:
                                                   layer_values.narrow(2, 0, span), attn_mask=visible,
                                                   scale=weights.scaling)
             h = h + o_linear(attn.reshape(1, heads * hd), weights.o, weights.o_bias)
-            x = rms_norm(h, weights.norm_post, weights.eps_post)
-            gate_up = gate_up_linear(x, weights.gate_up, weights.gate_up_bias)
-            mixed = weights.act(gate_up[:, : weights.intermediate]) * gate_up[:, weights.intermediate :]
-            h = h + down_linear(mixed, weights.down, weights.down_bias)
+            h = weights.feed_forward(h, gate_up_linear, down_linear)
         return self.linears["head"](rms_norm(h, lean.norm, lean.norm_eps), lean.head, lean.head_bias).view(1, 1, -1)
